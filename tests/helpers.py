@@ -1,0 +1,54 @@
+"""One-line op tests: run a function on tracers and under torch autograd, then against finite differences."""
+from typing import Any, Callable
+
+import torch
+
+import torchtrace as tt
+from torchtrace.check import flatten
+
+
+def as_double(inputs: Any) -> list:
+    leaves, rebuild = flatten(list(inputs))
+    return rebuild([x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in leaves])
+
+
+def check_op(fn: Callable, *inputs: Any, rtol: float = 1e-5, atol: float = 1e-6, gradcheck: bool = True,
+             gradcheck_atol: float = 1e-5) -> None:
+    """tt.check in the inputs' own dtype, and tt.gradcheck on float64 copies."""
+    report = tt.check(fn, *inputs, rtol=rtol, atol=atol)
+    assert report.ok
+    if gradcheck:
+        assert tt.gradcheck(fn, *as_double(inputs), atol=gradcheck_atol)
+
+
+def non_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """The same values laid out non-contiguously (a transposed copy viewed back)."""
+    if t.dim() < 2:
+        return torch.stack([t, t], -1)[..., 0]
+    return t.transpose(0, 1).contiguous().transpose(0, 1)
+
+
+def double_backward_matches(fn: Callable, *inputs: torch.Tensor) -> None:
+    """Gradient of (sum of first-order gradients) w.r.t. the inputs: torchtrace create_graph vs torch."""
+    ours = [tt.tracer(x, requires_grad=True) for x in inputs]
+    grads = tt.grad(fn(*ours).sum(), ours, create_graph=True)
+    second = tt.grad(sum((g * g).sum() for g in grads), ours, allow_unused=True)
+    theirs = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*theirs).sum()
+    total = sum((g * g).sum() for g in _torch_grads(out, theirs))
+    expected = _torch_grads(total, theirs)
+    for a, b in zip(second, expected):
+        a = torch.zeros_like(b) if a is None else a
+        torch.testing.assert_close(a.as_subclass(torch.Tensor), b, rtol=1e-5, atol=1e-6)
+
+
+def _torch_grads(out: torch.Tensor, inputs: list) -> list:
+    grads = [torch.zeros_like(x) for x in inputs]
+    for x in inputs:
+        x.grad = None
+    out.backward(create_graph=True, inputs=inputs)
+    for i, x in enumerate(inputs):
+        if x.grad is not None:
+            grads[i] = x.grad
+        x.grad = None
+    return grads

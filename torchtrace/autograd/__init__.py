@@ -1,0 +1,1 @@
+"""The engine: Function and its registry, the dispatcher, backward, grad mode."""

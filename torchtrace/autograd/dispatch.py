@@ -1,0 +1,165 @@
+"""Every torch call on a tracer lands here: look up the rule, run forward on plain tensors, link a Node."""
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+from torchtrace.autograd.function import RULES, AccumulateGrad, Node
+from torchtrace.errors import UnsupportedOperationError
+
+_guard = torch._C.DisableTorchFunctionSubclass
+_grad_enabled = torch.is_grad_enabled
+_sequence = (list, tuple)
+
+TRACER: type = torch.Tensor  # replaced by torchtrace.tracer.tracer when that module loads
+INPLACE: Dict[Callable, tuple] = {}  # in-place callable -> (rule, out-of-place twin)
+NON_DIFFERENTIABLE: set = set()  # callables whose floating outputs never carry a gradient
+KEEP_ARGS = False  # tt.check sets this to keep each node's arguments for its local cross-check
+
+
+def torch_function(cls: type, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+    """tracer.__torch_function__: the one entry point of every intercepted torch call."""
+    rule = RULES.get(func)
+    if rule is not None:
+        return run_rule(rule, func, args, kwargs or {})
+    return _run_without_rule(func, args, kwargs or {})
+
+
+def run_rule(rule: type, func: Optional[Callable], args: tuple, kwargs: dict) -> Any:
+    """Run `rule` (forward of func); record a Node when some tracer argument requires a gradient."""
+    with _guard():
+        inputs = _grad_inputs(rule, args, kwargs) if _grad_enabled() else None
+        if not inputs:
+            out = func(*args, **kwargs) if func is not None else rule.forward(Node(rule, None, []), *args, **kwargs)
+            return _as_tracers(out)
+        node = Node(rule, func, inputs)
+        if KEEP_ARGS:
+            node.call = args, kwargs
+        return _link_outputs(rule.forward(node, *args, **kwargs), node)
+
+
+def _grad_inputs(rule: type, args: tuple, kwargs: dict) -> list:
+    """(position, next node, output nr, shape, dtype) for every argument that requires a gradient."""
+    found = []
+    for i, arg in enumerate(args):
+        if isinstance(arg, TRACER):
+            if arg._tt_requires_grad:
+                found.append(_edge(i, arg))
+        elif type(arg) in _sequence:
+            found.extend(_edge((i, j), e) for j, e in enumerate(arg) if isinstance(e, TRACER) and e._tt_requires_grad)
+    for name, arg in kwargs.items():
+        if isinstance(arg, TRACER) and arg._tt_requires_grad:
+            found.append(_edge(rule.param_index(name), arg))
+    return found
+
+
+def _edge(key: Any, t: torch.Tensor) -> tuple:
+    node = t._tt_node
+    if node is None:
+        return key, leaf_accumulator(t), 0, t.shape, t.dtype
+    if t._version != t._tt_version:
+        raise RuntimeError(
+            f"A tracer produced by {node.name} was modified in place (through itself or a view sharing its "
+            "storage) outside the recorded graph, so its gradient would be wrong. Use out-of-place ops."
+        )
+    return key, node, t._tt_nr, t.shape, t.dtype
+
+
+def leaf_accumulator(leaf: torch.Tensor) -> AccumulateGrad:
+    """The leaf's AccumulateGrad node; the leaf holds it weakly, the graph strongly (as torch does)."""
+    acc = leaf._tt_acc() if leaf._tt_acc is not None else None
+    if acc is None:
+        acc = AccumulateGrad(leaf)
+        leaf._tt_acc = acc.weak_self
+    return acc
+
+
+def _link_outputs(out: Any, node: Node) -> Any:
+    if isinstance(out, torch.Tensor):
+        node.n_outputs = 1
+        outputs = (out,)
+        result = link_output(out, node, 0)
+    else:
+        outputs = tuple(out)
+        node.n_outputs = len(outputs)
+        node.out_meta = [(o.shape, o.dtype, o.device) for o in outputs]
+        linked = [link_output(o, node, nr) for nr, o in enumerate(outputs)]
+        result = linked if isinstance(out, list) else type(out)(linked)
+    if node.saved:
+        node.saved_output = [(i, nr) for i, s in enumerate(node.saved) for nr, o in enumerate(outputs) if s is o]
+    return result
+
+
+def link_output(raw: torch.Tensor, node: Node, nr: int) -> torch.Tensor:
+    """Wrap a plain forward result as a tracer whose grad_fn is `node` (integer results get no node)."""
+    t = raw.as_subclass(TRACER)
+    if raw.is_floating_point() or raw.is_complex():
+        t._tt_node, t._tt_nr, t._tt_requires_grad, t._tt_version = node, nr, True, raw._version
+    return t
+
+
+def _as_tracers(out: Any) -> Any:
+    """Results of ops that record nothing are still tracers (as torch's subclass convention)."""
+    if isinstance(out, torch.Tensor):
+        return out if isinstance(out, TRACER) else out.as_subclass(TRACER)
+    if isinstance(out, _sequence):
+        converted = [_as_tracers(o) for o in out]
+        return converted if isinstance(out, list) else type(out)(converted)
+    return out
+
+
+def _needs_grad(args: tuple, kwargs: dict) -> bool:
+    items = list(args) + list(kwargs.values())
+    items += [e for a in items if type(a) in _sequence for e in a]
+    return any(isinstance(a, TRACER) and a._tt_requires_grad for a in items)
+
+
+def _run_without_rule(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """No rule: in-place ops are recorded through their out-of-place twin; other ops must be non-differentiable."""
+    recording = _grad_enabled() and _needs_grad(args, kwargs)
+    if recording and func in INPLACE:
+        return _record_inplace(*INPLACE[func], func, args, kwargs)
+    with _guard():
+        out = func(*args, **kwargs)
+    if recording and func not in NON_DIFFERENTIABLE and _has_floating(out):
+        name = getattr(func, "__qualname__", repr(func))
+        raise UnsupportedOperationError(
+            f"torchtrace has no gradient rule for {getattr(func, '__module__', None) or 'torch'}.{name}, "
+            "and one of its inputs requires a gradient. Write one with tt.Function and connect it with "
+            f"tt.register({name}, YourFunction), or run this call under tt.no_grad()."
+        )
+    return _as_tracers(out)
+
+
+def _has_floating(out: Any) -> bool:
+    if isinstance(out, torch.Tensor):
+        return out.is_floating_point() or out.is_complex()
+    return isinstance(out, tuple) and any(_has_floating(o) for o in out)
+
+
+def _record_inplace(rule: type, twin: Callable, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
+    """x.op_(...) = rebind x to op(x_before, ...): the data changes in place, the graph gains a node."""
+    target = args[0]
+    name = getattr(func, "__name__", "in-place op")
+    if target._tt_requires_grad and target._tt_node is None:
+        raise RuntimeError(
+            f"A leaf tracer that requires grad is used in the in-place operation {name}. Do it under "
+            "tt.no_grad() (as optimizers do), or use the out-of-place form."
+        )
+    with _guard():
+        before = target.clone()
+        before = link_output(before, target._tt_node, target._tt_nr) if target._tt_node else before.as_subclass(TRACER)
+        func(*args, **kwargs)
+    result = run_rule(rule, twin, (before,) + tuple(args[1:]), kwargs)
+    with _guard():
+        target._tt_node, target._tt_nr, target._tt_requires_grad = result._tt_node, result._tt_nr, True
+        target._tt_version = target._version
+    return target
+
+
+def pair_inplace_methods() -> None:
+    """Map every `torch.Tensor.op_` to the rule of `torch.Tensor.op`, so in-place calls are recorded."""
+    for func, rule in list(RULES.items()):
+        name = getattr(func, "__name__", "")
+        twin = getattr(torch.Tensor, name + "_", None) if getattr(torch.Tensor, name, None) is func else None
+        if twin is not None and twin not in RULES:
+            INPLACE.setdefault(twin, (rule, func))

@@ -1,0 +1,174 @@
+"""Function (a forward/backward pair), the graph Node that doubles as its ctx, and the rule registry."""
+import inspect
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+_guard = torch._C.DisableTorchFunctionSubclass
+
+RULES: Dict[Callable, type] = {}
+
+
+class BackwardMode:
+    """Set by the engine while a backward with create_graph=True runs."""
+
+    create_graph = False
+
+
+class Function:
+    """Subclass with static `forward(ctx, *args)` and `backward(ctx, *grads)`; call with `.apply(...)`.
+
+    `backward` returns one gradient per positional parameter of `forward` (None where there is none);
+    a list parameter (as in `torch.cat`) gets a list of gradients.
+    """
+
+    @staticmethod
+    def forward(ctx: "Node", *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("a Function must define forward(ctx, *args)")
+
+    @staticmethod
+    def backward(ctx: "Node", *grads: Any) -> Any:
+        raise NotImplementedError("a Function must define backward(ctx, *grads)")
+
+    @classmethod
+    def apply(cls, *args: Any, **kwargs: Any) -> Any:
+        from torchtrace.autograd.dispatch import run_rule
+
+        return run_rule(cls, None, args, kwargs)
+
+    @classmethod
+    def param_index(cls, name: str) -> int:
+        """Position of forward's parameter `name` (so keyword tensors get their gradient routed)."""
+        names = cls.__dict__.get("_param_names")
+        if names is None:
+            names = list(inspect.signature(cls.forward).parameters)[1:]
+            cls._param_names = names
+        if name in names:
+            return names.index(name)
+        if name in ("input", "self") and names:
+            return 0
+        raise TypeError(f"{cls.__name__}: cannot route the gradient of keyword argument '{name}'")
+
+
+def register(*torch_callables: Callable, rule: Optional[type] = None) -> Any:
+    """`register(torch.mul, Mul)` or `@register(torch.mul, torch.Tensor.mul)` above a Function class."""
+    if len(torch_callables) > 1 and isinstance(torch_callables[-1], type) and issubclass(torch_callables[-1], Function):
+        *torch_callables, rule = torch_callables
+
+    def add(fn_class: type) -> type:
+        for target in torch_callables:
+            RULES[target] = fn_class
+        return fn_class
+
+    return add if rule is None else add(rule)
+
+
+def supported_ops() -> List[Callable]:
+    """Every torch callable that has a gradient rule (function, method and operator forms)."""
+    return list(RULES)
+
+
+class RemovableHandle:
+    """Returned by register_hook; `.remove()` takes the hook out again."""
+
+    def __init__(self, hooks: list, fn: Callable):
+        self._hooks, self._fn = hooks, fn
+
+    def remove(self) -> None:
+        if self._fn in self._hooks:
+            self._hooks.remove(self._fn)
+
+
+class Node:
+    """One recorded op: the rule's ctx during forward, the grad_fn of its outputs, a graph node in backward."""
+
+    released = False
+    saved = ()
+    saved_output = None
+    func = None
+    hooks = None
+    retained = None
+    module = None
+
+    def __init__(self, rule: type, func: Optional[Callable], inputs: List[Tuple]):
+        self.rule, self.func, self.inputs = rule, func, inputs
+
+    @property
+    def name(self) -> str:
+        return self.rule.__name__ + "Backward"
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+    @property
+    def next_functions(self) -> Tuple[Tuple[Any, int], ...]:
+        return tuple((nxt, nr) for _, nxt, nr, _, _ in self.inputs)
+
+    @property
+    def needs_input_grad(self) -> Tuple[bool, ...]:
+        """One flag per positional parameter of forward: does that argument need a gradient?"""
+        if "_needs" in self.__dict__:
+            return self._needs
+        keys = {key if isinstance(key, int) else key[0] for key, *_ in self.inputs}
+        return tuple(i in keys for i in range(max(keys, default=-1) + 1)) + (False,) * 8
+
+    @needs_input_grad.setter
+    def needs_input_grad(self, flags: Tuple[bool, ...]) -> None:
+        self._needs = tuple(flags)
+
+    def save_for_backward(self, *tensors: Any) -> None:
+        self.saved = tensors
+        with _guard():
+            self.saved_versions = [t._version if isinstance(t, torch.Tensor) else None for t in tensors]
+
+    @property
+    def saved_tensors(self) -> Tuple[Any, ...]:
+        if self.released:
+            raise RuntimeError(
+                f"Trying to backward through the graph a second time ({self.name}): its saved tensors were "
+                "freed after the first backward. Pass retain_graph=True to the first backward()."
+            )
+        with _guard():
+            for t, version in zip(self.saved, self.saved_versions):
+                if version is not None and t._version != version:
+                    raise RuntimeError(
+                        f"A tensor saved by {self.name} for backward was modified by an in-place operation "
+                        f"(version {version} -> {t._version}). Use the out-of-place form of that op "
+                        "(e.g. x = x + 1 instead of x += 1), or .clone() before modifying it."
+                    )
+        if self.saved_output and BackwardMode.create_graph:
+            return self._saved_with_graph()
+        return self.saved
+
+    def _saved_with_graph(self) -> Tuple[Any, ...]:
+        """Saved outputs re-linked to this node, so a backward recorded with create_graph sees them."""
+        from torchtrace.autograd.dispatch import link_output
+
+        saved = list(self.saved)
+        for index, nr in self.saved_output:
+            saved[index] = link_output(saved[index], self, nr)
+        return tuple(saved)
+
+    def release(self) -> None:
+        """Free what forward saved (called after this node ran, unless retain_graph)."""
+        if self.saved:
+            self.saved = ()
+            self.released = True
+
+
+class AccumulateGrad:
+    """The graph node of a leaf tracer: gradients that reach it are accumulated into `leaf.grad`."""
+
+    name = "AccumulateGrad"
+    inputs = ()
+    next_functions = ()
+    released = False
+    module = None
+
+    def __init__(self, leaf: torch.Tensor):
+        self.variable = leaf
+        self.weak_self = weakref.ref(self)
+
+    def __repr__(self) -> str:
+        return "<AccumulateGrad>"

@@ -1,0 +1,192 @@
+"""tt.check (against torch autograd) and tt.gradcheck (against central finite differences)."""
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from torchtrace.autograd import dispatch, engine
+from torchtrace.autograd.function import Node
+from torchtrace.errors import GradientMismatch
+from torchtrace.tracer import as_tracer
+
+_guard = torch._C.DisableTorchFunctionSubclass
+
+
+def flatten(tree: Any) -> Tuple[List[Any], Callable[[List[Any]], Any]]:
+    """Leaves of nested tuples / lists / dicts, and a function that rebuilds the tree from new leaves."""
+    if isinstance(tree, (list, tuple)):
+        parts = [flatten(item) for item in tree]
+        sizes = [len(leaves) for leaves, _ in parts]
+
+        def rebuild_sequence(leaves: List[Any]) -> Any:
+            items, start = [], 0
+            for (_, rebuild), size in zip(parts, sizes):
+                items.append(rebuild(leaves[start:start + size]))
+                start += size
+            return type(tree)(items) if type(tree) in (list, tuple) else type(tree)(*items)
+
+        return [leaf for leaves, _ in parts for leaf in leaves], rebuild_sequence
+    if isinstance(tree, dict):
+        keys = list(tree)
+        leaves, rebuild_values = flatten([tree[k] for k in keys])
+        return leaves, lambda new: dict(zip(keys, rebuild_values(new)))
+    return [tree], lambda new: new[0]
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    with _guard():
+        return t.detach().clone().as_subclass(torch.Tensor)
+
+
+def _differentiable(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())
+
+
+class CheckReport:
+    """What tt.check compared: outputs, input gradients, graph nodes, and the largest difference seen."""
+
+    def __init__(self, n_outputs: int, n_gradients: int, n_nodes: int, max_abs_diff: float):
+        self.n_outputs, self.n_gradients, self.n_nodes, self.max_abs_diff = n_outputs, n_gradients, n_nodes, max_abs_diff
+        self.ok = True
+
+    def __repr__(self) -> str:
+        return (f"CheckReport(ok: {self.n_outputs} outputs and {self.n_gradients} input gradients match torch "
+                f"autograd over {self.n_nodes} graph nodes, max |diff| = {self.max_abs_diff:.3g})")
+
+
+def check(fn: Callable, *inputs: Any, check_inputs: Optional[Sequence[Sequence[Any]]] = None,
+          rtol: float = 1e-5, atol: float = 1e-6) -> CheckReport:
+    """Run fn on tracers and under torch autograd; compare outputs and every input gradient."""
+    reports = [_check_once(fn, args, rtol, atol) for args in [inputs, *(check_inputs or [])]]
+    total = reports[0]
+    for extra in reports[1:]:
+        total.n_nodes += extra.n_nodes
+        total.max_abs_diff = max(total.max_abs_diff, extra.max_abs_diff)
+    return total
+
+
+def _weights(outputs: List[Any], seed: int = 0) -> List[Optional[torch.Tensor]]:
+    """A fixed random cotangent per floating output, so every output's gradient is checked."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(o.shape, generator=generator, dtype=o.dtype).to(o.device) if _differentiable(o) else None
+            for o in outputs]
+
+
+def _compare(what: str, ours: Any, theirs: Any, rtol: float, atol: float) -> float:
+    if ours.shape != theirs.shape:
+        raise GradientMismatch(f"{what}: shape {tuple(ours.shape)} differs from torch's {tuple(theirs.shape)}")
+    diff = (ours.double() - theirs.double()).abs().nan_to_num(0.0)
+    same_nan = torch.equal(ours.isnan(), theirs.isnan())
+    if not same_nan or not torch.allclose(ours.double(), theirs.double(), rtol=rtol, atol=atol, equal_nan=True):
+        raise GradientMismatch(f"{what} differs from torch autograd: max |diff| = {diff.max().item():.3g}")
+    return diff.max().item() if diff.numel() else 0.0
+
+
+def _check_once(fn: Callable, inputs: Sequence[Any], rtol: float, atol: float) -> CheckReport:
+    leaves, rebuild = flatten(list(inputs))
+    ours = [as_tracer(_plain(x), _differentiable(x)) if isinstance(x, torch.Tensor) else x for x in leaves]
+    theirs = [_plain(x).requires_grad_(_differentiable(x)) if isinstance(x, torch.Tensor) else x for x in leaves]
+    observed: List[Tuple[Node, List[Any], Tuple[Any, ...]]] = []
+    dispatch.KEEP_ARGS, engine.OBSERVER = True, lambda node, grads, result: observed.append((node, grads, result))
+    try:
+        out_ours, _ = flatten(fn(*rebuild(ours)))
+        out_theirs, _ = flatten(fn(*rebuild(theirs)))
+        weights = _weights(out_ours)
+        worst = max([_compare(f"output {i}", _plain(a), b.detach(), rtol, atol)
+                     for i, (a, b) in enumerate(zip(out_ours, out_theirs)) if isinstance(a, torch.Tensor)] or [0.0])
+        pairs = [(o, w) for o, w in zip(out_ours, weights) if w is not None and o.requires_grad]
+        if pairs:
+            engine.backward([o for o, _ in pairs], [w for _, w in pairs])
+        loss = sum((o * w).sum() for o, w in zip(out_theirs, weights) if w is not None and o.requires_grad)
+        if isinstance(loss, torch.Tensor):
+            loss.backward()
+    finally:
+        dispatch.KEEP_ARGS, engine.OBSERVER = False, None
+    n_grads = 0
+    try:
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            if isinstance(b, torch.Tensor) and b.requires_grad:
+                expected = b.grad if b.grad is not None else torch.zeros_like(b)
+                got = a.grad if a.grad is not None else torch.zeros_like(expected)
+                worst = max(worst, _compare(f"gradient of input {i}", got, expected, rtol, atol))
+                n_grads += 1
+    except GradientMismatch as mismatch:
+        raise GradientMismatch(f"{mismatch}\n{_first_diverging_node(observed, rtol, atol)}") from None
+    return CheckReport(len(out_ours), n_grads, len(observed), worst)
+
+
+def _local_reference(node: Node, grads: List[Any]) -> Dict[Any, torch.Tensor]:
+    """torch autograd's vector-Jacobian product of this one node, on copies of its recorded inputs."""
+    args, kwargs = node.call
+    keys = [key for key, *_ in node.inputs]
+    copies: Dict[Any, torch.Tensor] = {}
+
+    def leaf(key: Any, x: Any) -> Any:
+        if key in keys:
+            copies[key] = _plain(x).requires_grad_(True)
+            return copies[key]
+        return _plain(x) if isinstance(x, torch.Tensor) else x
+
+    new_args = [[leaf((i, j), e) for j, e in enumerate(a)] if isinstance(a, (list, tuple)) else leaf(i, a)
+                for i, a in enumerate(args)]
+    new_kwargs = {k: leaf(node.rule.param_index(k), v) for k, v in kwargs.items()}
+    out = node.func(*new_args, **new_kwargs) if node.func else node.rule.forward(Node(node.rule, None, []), *new_args, **new_kwargs)
+    outs, _ = flatten(out)
+    total = sum((o * g).sum() for o, g in zip(outs, grads) if g is not None and o.requires_grad)
+    if isinstance(total, torch.Tensor):
+        total.backward()
+    return {key: c.grad for key, c in copies.items()}
+
+
+def _first_diverging_node(observed: List[Tuple[Node, List[Any], Tuple[Any, ...]]], rtol: float, atol: float) -> str:
+    """Walk the nodes in the order gradients flowed; report the first whose own rule disagrees with torch."""
+    for node, grads, result in observed:
+        if getattr(node, "call", None) is None:
+            continue
+        reference = _local_reference(node, grads)
+        for key, *_ in node.inputs:
+            ours = result[key] if type(key) is int else result[key[0]][key[1]]
+            theirs = reference.get(key)
+            if theirs is None:
+                continue
+            ours = torch.zeros_like(theirs) if ours is None else ours.sum_to_size(theirs.shape)
+            if not torch.allclose(ours.double(), theirs.double(), rtol=rtol, atol=atol, equal_nan=True):
+                where = getattr(node.func, "__qualname__", node.rule.__name__)
+                diff = (ours.double() - theirs.double()).abs().max().item()
+                return f"First diverging node: {node.name} ({where}), gradient for argument {key}: max |diff| = {diff:.3g}"
+    return "No single node's rule disagrees with torch; the difference comes from how gradients were combined."
+
+
+def gradcheck(fn: Callable, *inputs: Any, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3) -> bool:
+    """Compare torchtrace's gradients with central finite differences, in float64."""
+    leaves, rebuild = flatten(list(inputs))
+    leaves = [_plain(x).double() if _differentiable(x) else x for x in leaves]
+    ours = [as_tracer(x.clone(), True) if _differentiable(x) else x for x in leaves]
+    out_ours, _ = flatten(fn(*rebuild(ours)))
+    weights = _weights(out_ours)
+    pairs = [(o, w) for o, w in zip(out_ours, weights) if w is not None and o.requires_grad]
+    if pairs:
+        engine.backward([o for o, _ in pairs], [w for _, w in pairs])
+
+    def projected() -> float:
+        outs, _ = flatten(fn(*rebuild(leaves)))
+        return sum(float((_plain(o).double() * w).sum()) for o, w in zip(outs, weights) if w is not None)
+
+    for i, (x, t) in enumerate(zip(leaves, ours)):
+        if not _differentiable(x):
+            continue
+        numeric = torch.zeros_like(x)
+        with torch.no_grad():
+            flat, out = x.view(-1), numeric.view(-1)
+            for k in range(flat.numel()):
+                original = flat[k].item()
+                flat[k] = original + eps
+                plus = projected()
+                flat[k] = original - eps
+                minus = projected()
+                flat[k] = original
+                out[k] = (plus - minus) / (2 * eps)
+        analytic = t.grad if t.grad is not None else torch.zeros_like(x)
+        if not torch.allclose(analytic, numeric, atol=atol, rtol=rtol):
+            diff = (analytic - numeric).abs().max().item()
+            raise GradientMismatch(f"gradient of input {i} differs from finite differences: max |diff| = {diff:.3g}")
+    return True

@@ -1,0 +1,94 @@
+"""Gradient rules for + - * / ** and their reflected forms (2 - x, 1 / x, 2 ** x)."""
+import math
+
+import torch
+
+from torchtrace.autograd.function import Function, register
+from torchtrace.ops.rule_tables import binary, reflected, unary
+
+T = torch.Tensor
+
+
+@register(torch.add, T.add, T.__add__, T.__radd__)
+class Add(Function):
+    """z = a + alpha*b  ->  dz/da = 1, dz/db = alpha"""
+
+    @staticmethod
+    def forward(ctx, a, b, *, alpha=1):
+        ctx.alpha = alpha
+        return torch.add(a, b, alpha=alpha)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, g if ctx.alpha == 1 else g * ctx.alpha
+
+
+@register(torch.sub, torch.subtract, T.sub, T.subtract, T.__sub__)
+class Sub(Function):
+    """z = a - alpha*b  ->  dz/da = 1, dz/db = -alpha"""
+
+    @staticmethod
+    def forward(ctx, a, b, *, alpha=1):
+        ctx.alpha = alpha
+        return torch.sub(a, b, alpha=alpha)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, -g if ctx.alpha == 1 else g * -ctx.alpha
+
+
+reflected("Rsub", Sub, [T.__rsub__, torch.rsub])
+
+binary("Mul", [torch.mul, torch.multiply, T.mul, T.multiply, T.__mul__, T.__rmul__],
+       "z = a * b  ->  dz/da = b, dz/db = a",
+       lambda g, a, b, z: g * b,
+       lambda g, a, b, z: g * a)
+
+
+@register(torch.div, torch.divide, torch.true_divide, T.div, T.divide, T.true_divide, T.__truediv__)
+class Div(Function):
+    """z = a / b  ->  dz/da = 1/b, dz/db = -z/b   (zero with a rounding_mode: floor/trunc are flat)"""
+
+    @staticmethod
+    def forward(ctx, a, b, *, rounding_mode=None):
+        z = torch.div(a, b, rounding_mode=rounding_mode)
+        ctx.rounded = rounding_mode is not None
+        ctx.save_for_backward(a, b, z)
+        return z
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b, z = ctx.saved_tensors
+        if ctx.rounded:
+            return g * 0, g * 0 if isinstance(b, torch.Tensor) else None
+        need_a, need_b = ctx.needs_input_grad[:2]
+        return (g / b if need_a else None), (-g * z / b if need_b else None)
+
+
+reflected("Rdiv", Div, [T.__rdiv__, T.__rtruediv__])
+
+
+def _pow_grad_base(g, a, b, z):
+    """d(a^b)/da = b * a^(b-1), defined as 0 where b == 0."""
+    if isinstance(b, torch.Tensor):
+        return torch.where(b == 0, 0.0, g * b * torch.pow(a, b - 1))
+    return g * 0 if b == 0 else g * b * torch.pow(a, b - 1)
+
+
+def _pow_grad_exponent(g, a, b, z):
+    """d(a^b)/db = a^b * ln a, defined as 0 where a == 0 and b >= 0."""
+    if isinstance(a, torch.Tensor):
+        return torch.where((a == 0) & (b >= 0), 0.0, g * z * torch.log(a))
+    return g * z * math.log(a)
+
+
+Pow = binary("Pow", [torch.pow, T.pow, T.__pow__],
+       "z = a ^ b  ->  dz/da = b a^(b-1), dz/db = a^b ln a",
+       _pow_grad_base, _pow_grad_exponent)
+
+reflected("Rpow", Pow, [T.__rpow__])
+
+unary("Neg", [torch.neg, torch.negative, T.neg, T.negative, T.__neg__], "y = -x  ->  dy/dx = -1",
+      lambda g, x, y: -g)
+unary("Reciprocal", [torch.reciprocal, T.reciprocal], "y = 1/x  ->  dy/dx = -y^2",
+      lambda g, x, y: -g * y * y)

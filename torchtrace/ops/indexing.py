@@ -1,0 +1,1 @@
+"""Gradient rules: indexing ops (placeholder until written)."""

@@ -1,0 +1,1 @@
+"""Gradient rules: linalg ops (placeholder until written)."""

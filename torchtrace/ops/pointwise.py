@@ -1,0 +1,1 @@
+"""Gradient rules: pointwise ops (placeholder until written)."""

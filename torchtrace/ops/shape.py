@@ -1,0 +1,1 @@
+"""Gradient rules: shape ops (placeholder until written)."""
