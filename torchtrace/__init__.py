@@ -5,7 +5,19 @@ from torchtrace.autograd.function import Function, register, supported_ops
 from torchtrace.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from torchtrace.check import check, gradcheck
 from torchtrace.errors import GradientMismatch, UnsupportedOperationError
-from torchtrace.factories import arange, eye, from_numpy, full, linspace, ones, ones_like, rand, randn, zeros, zeros_like
+from torchtrace.factories import (
+    arange,
+    eye,
+    from_numpy,
+    full,
+    linspace,
+    ones,
+    ones_like,
+    rand,
+    randn,
+    zeros,
+    zeros_like,
+)
 from torchtrace.tracer import as_tracer, tracer
 
 __all__ = [

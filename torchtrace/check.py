@@ -45,7 +45,8 @@ class CheckReport:
     """What tt.check compared: outputs, input gradients, graph nodes, and the largest difference seen."""
 
     def __init__(self, n_outputs: int, n_gradients: int, n_nodes: int, max_abs_diff: float):
-        self.n_outputs, self.n_gradients, self.n_nodes, self.max_abs_diff = n_outputs, n_gradients, n_nodes, max_abs_diff
+        self.n_outputs, self.n_gradients = n_outputs, n_gradients
+        self.n_nodes, self.max_abs_diff = n_nodes, max_abs_diff
         self.ok = True
 
     def __repr__(self) -> str:
@@ -129,7 +130,10 @@ def _local_reference(node: Node, grads: List[Any]) -> Dict[Any, torch.Tensor]:
     new_args = [[leaf((i, j), e) for j, e in enumerate(a)] if isinstance(a, (list, tuple)) else leaf(i, a)
                 for i, a in enumerate(args)]
     new_kwargs = {k: leaf(node.rule.param_index(k), v) for k, v in kwargs.items()}
-    out = node.func(*new_args, **new_kwargs) if node.func else node.rule.forward(Node(node.rule, None, []), *new_args, **new_kwargs)
+    if node.func is not None:
+        out = node.func(*new_args, **new_kwargs)
+    else:
+        out = node.rule.forward(Node(node.rule, None, []), *new_args, **new_kwargs)
     outs, _ = flatten(out)
     total = sum((o * g).sum() for o, g in zip(outs, grads) if g is not None and o.requires_grad)
     if isinstance(total, torch.Tensor):
@@ -152,7 +156,8 @@ def _first_diverging_node(observed: List[Tuple[Node, List[Any], Tuple[Any, ...]]
             if not torch.allclose(ours.double(), theirs.double(), rtol=rtol, atol=atol, equal_nan=True):
                 where = getattr(node.func, "__qualname__", node.rule.__name__)
                 diff = (ours.double() - theirs.double()).abs().max().item()
-                return f"First diverging node: {node.name} ({where}), gradient for argument {key}: max |diff| = {diff:.3g}"
+                return (f"First diverging node: {node.name} ({where}), gradient for argument {key}: "
+                        f"max |diff| = {diff:.3g}")
     return "No single node's rule disagrees with torch; the difference comes from how gradients were combined."
 
 

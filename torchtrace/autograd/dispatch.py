@@ -1,4 +1,5 @@
 """Every torch call on a tracer lands here: look up the rule, run forward on plain tensors, link a Node."""
+import inspect
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -26,6 +27,8 @@ def torch_function(cls: type, func: Callable, types: Any, args: tuple = (), kwar
 
 def run_rule(rule: type, func: Optional[Callable], args: tuple, kwargs: dict) -> Any:
     """Run `rule` (forward of func); record a Node when some tracer argument requires a gradient."""
+    if kwargs:
+        args, kwargs = _keywords_to_positions(func or rule.forward, args, kwargs)
     with _guard():
         inputs = _grad_inputs(rule, args, kwargs) if _grad_enabled() else None
         if not inputs:
@@ -35,6 +38,43 @@ def run_rule(rule: type, func: Optional[Callable], args: tuple, kwargs: dict) ->
         if KEEP_ARGS:
             node.call = args, kwargs
         return _link_outputs(rule.forward(node, *args, **kwargs), node)
+
+
+_POSITIONAL: Dict[Callable, list] = {}
+
+
+def _positional_parameters(func: Callable) -> list:
+    """(name, default) of the parameters that can be passed by position, from torch's own signatures."""
+    if func not in _POSITIONAL:
+        try:
+            signature = inspect.signature(func)
+        except (TypeError, ValueError):
+            fallback = torch.overrides.get_testing_overrides().get(func)
+            signature = inspect.signature(fallback) if fallback else None
+        params = list(signature.parameters.values()) if signature else []
+        if params and params[0].name == "ctx":
+            params = params[1:]
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        _POSITIONAL[func] = [(p.name, p.default) for p in params if p.kind in kinds and p.name != "out"]
+    return _POSITIONAL[func]
+
+
+def _keywords_to_positions(func: Callable, args: tuple, kwargs: dict) -> tuple:
+    """torch.add(x, other=y) -> torch.add(x, y): rules see torch's positional order whatever names they use."""
+    if "out" in kwargs and kwargs["out"] is not None:
+        raise RuntimeError(f"{getattr(func, '__name__', func)}(): out= is not supported on tracers (no gradient "
+                           "can flow into a preallocated output); assign the result instead")
+    params = _positional_parameters(func)
+    names = [name for name, _ in params]
+    last = max((names.index(k) for k in kwargs if k in names), default=-1)
+    if last < len(args):
+        return args, kwargs
+    moved = params[len(args):last + 1]
+    filled = [kwargs[name] if name in kwargs else default for name, default in moved]
+    if any(value is inspect.Parameter.empty for value in filled):
+        return args, kwargs
+    rest = {k: v for k, v in kwargs.items() if k not in {name for name, _ in moved}}
+    return tuple(args) + tuple(filled), rest
 
 
 def _grad_inputs(rule: type, args: tuple, kwargs: dict) -> list:
@@ -107,10 +147,14 @@ def _as_tracers(out: Any) -> Any:
     return out
 
 
-def _needs_grad(args: tuple, kwargs: dict) -> bool:
+def flat_arguments(args: tuple, kwargs: dict) -> list:
+    """Positional and keyword arguments, and the items of list/tuple arguments (as torch.cat's)."""
     items = list(args) + list(kwargs.values())
-    items += [e for a in items if type(a) in _sequence for e in a]
-    return any(isinstance(a, TRACER) and a._tt_requires_grad for a in items)
+    return items + [e for a in items if type(a) in _sequence for e in a]
+
+
+def _needs_grad(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(a, TRACER) and a._tt_requires_grad for a in flat_arguments(args, kwargs))
 
 
 def _run_without_rule(func: Callable, args: tuple, kwargs: dict) -> Any:

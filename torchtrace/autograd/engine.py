@@ -153,7 +153,8 @@ def _add(buffers: Dict[Any, List[Any]], node: Any, nr: int, g: Any) -> None:
 def _propagate(node: Node, grads: List[Any], buffers: Dict[Any, List[Any]]) -> None:
     """Call the rule's backward and send each input gradient, unbroadcast and cast, to the next node."""
     if node.n_outputs > 1:
-        grads = [torch.zeros(s, dtype=d, device=dev) if g is None else g for g, (s, d, dev) in zip(grads, node.out_meta)]
+        grads = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
+                 for g, (shape, dtype, device) in zip(grads, node.out_meta)]
     result = node.rule.backward(node, *grads)
     if not isinstance(result, tuple):
         result = (result,)

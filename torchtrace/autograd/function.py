@@ -33,8 +33,10 @@ class Function:
 
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
-        from torchtrace.autograd.dispatch import run_rule
+        from torchtrace.autograd.dispatch import TRACER, flat_arguments, run_rule
 
+        if not any(isinstance(v, TRACER) for v in flat_arguments(args, kwargs)):
+            return cls.forward(Node(cls, None, []), *args, **kwargs)  # plain tensors: torch semantics
         return run_rule(cls, None, args, kwargs)
 
     @classmethod
@@ -53,7 +55,8 @@ class Function:
 
 def register(*torch_callables: Callable, rule: Optional[type] = None) -> Any:
     """`register(torch.mul, Mul)` or `@register(torch.mul, torch.Tensor.mul)` above a Function class."""
-    if len(torch_callables) > 1 and isinstance(torch_callables[-1], type) and issubclass(torch_callables[-1], Function):
+    last = torch_callables[-1] if torch_callables else None
+    if len(torch_callables) > 1 and isinstance(last, type) and issubclass(last, Function):
         *torch_callables, rule = torch_callables
 
     def add(fn_class: type) -> type:

@@ -84,7 +84,7 @@ def _pow_grad_exponent(g, a, b, z):
 
 Pow = binary("Pow", [torch.pow, T.pow, T.__pow__],
        "z = a ^ b  ->  dz/da = b a^(b-1), dz/db = a^b ln a",
-       _pow_grad_base, _pow_grad_exponent)
+       _pow_grad_base, _pow_grad_exponent, save_output=True)
 
 reflected("Rpow", Pow, [T.__rpow__])
 

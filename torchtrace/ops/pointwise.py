@@ -1,1 +1,253 @@
-"""Gradient rules: pointwise ops (placeholder until written)."""
+"""Gradient rules for elementwise math: exp/log, roots, trig, activations, clamp, where, lerp, addcmul/addcdiv."""
+import math
+from typing import Any, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from torchtrace.autograd.function import Function, register
+from torchtrace.ops.rule_tables import binary, unary
+
+T = torch.Tensor
+LN2, LN10 = math.log(2.0), math.log(10.0)
+
+# ---- one line of math per rule ------------------------------------------------------------------------------------
+
+unary("Exp", [torch.exp, T.exp], "y = e^x  ->  dy/dx = y",
+      lambda g, x, y: g * y)
+unary("Exp2", [torch.exp2, T.exp2, torch.special.exp2], "y = 2^x  ->  dy/dx = y ln 2",
+      lambda g, x, y: g * y * LN2)
+unary("Expm1", [torch.expm1, T.expm1, torch.special.expm1], "y = e^x - 1  ->  dy/dx = y + 1",
+      lambda g, x, y: g * (y + 1))
+unary("Log", [torch.log, T.log], "y = ln x  ->  dy/dx = 1/x",
+      lambda g, x, y: g / x)
+unary("Log2", [torch.log2, T.log2], "y = log2 x  ->  dy/dx = 1/(x ln 2)",
+      lambda g, x, y: g / (x * LN2))
+unary("Log10", [torch.log10, T.log10], "y = log10 x  ->  dy/dx = 1/(x ln 10)",
+      lambda g, x, y: g / (x * LN10))
+unary("Log1p", [torch.log1p, T.log1p, torch.special.log1p], "y = ln(1 + x)  ->  dy/dx = 1/(1 + x)",
+      lambda g, x, y: g / (x + 1))
+unary("Sqrt", [torch.sqrt, T.sqrt], "y = sqrt x  ->  dy/dx = 1/(2y)",
+      lambda g, x, y: g / (2 * y))
+unary("Rsqrt", [torch.rsqrt, T.rsqrt], "y = x^(-1/2)  ->  dy/dx = -y^3/2",
+      lambda g, x, y: g * y * y * y * -0.5)
+unary("Square", [torch.square, T.square], "y = x^2  ->  dy/dx = 2x",
+      lambda g, x, y: g * x * 2)
+unary("Abs", [torch.abs, torch.absolute, T.abs, T.absolute, T.__abs__], "y = |x|  ->  dy/dx = sign x",
+      lambda g, x, y: g * torch.sign(x))
+unary("Sin", [torch.sin, T.sin], "y = sin x  ->  dy/dx = cos x",
+      lambda g, x, y: g * torch.cos(x))
+unary("Cos", [torch.cos, T.cos], "y = cos x  ->  dy/dx = -sin x",
+      lambda g, x, y: -g * torch.sin(x))
+unary("Tan", [torch.tan, T.tan], "y = tan x  ->  dy/dx = 1 + y^2",
+      lambda g, x, y: g * (1 + y * y))
+unary("Tanh", [torch.tanh, T.tanh, F.tanh], "y = tanh x  ->  dy/dx = 1 - y^2",
+      lambda g, x, y: g * (1 - y * y))
+unary("Sigmoid", [torch.sigmoid, T.sigmoid, torch.special.expit, F.sigmoid], "y = 1/(1 + e^-x)  ->  dy/dx = y (1 - y)",
+      lambda g, x, y: g * y * (1 - y))
+
+
+def _flat(g: torch.Tensor, x: Any, y: Any) -> torch.Tensor:
+    """Piecewise-constant functions have derivative 0 (almost everywhere)."""
+    return torch.zeros_like(g)
+
+
+for _name, _targets in {
+    "Sign": [torch.sign, T.sign],
+    "Floor": [torch.floor, T.floor],
+    "Ceil": [torch.ceil, T.ceil],
+    "Round": [torch.round, T.round, torch.special.round],
+    "Trunc": [torch.trunc, torch.fix, T.trunc, T.fix],
+}.items():
+    unary(_name, _targets, f"y = {_name.lower()} x  ->  dy/dx = 0", _flat)
+
+
+def _max_grad(g: torch.Tensor, tie: torch.Tensor, loses: torch.Tensor) -> torch.Tensor:
+    """Gradient of one operand of max/min: all of g where it wins, half of g on a tie (as torch)."""
+    return torch.where(tie, g / 2, torch.where(loses, 0.0, g))
+
+
+binary("Maximum", [torch.maximum, T.maximum], "z = max(a, b)  ->  dz/da = [a > b] + [a = b]/2, dz/db likewise",
+       lambda g, a, b, z: _max_grad(g, a == b, a < b),
+       lambda g, a, b, z: _max_grad(g, a == b, b < a))
+binary("Minimum", [torch.minimum, T.minimum], "z = min(a, b)  ->  dz/da = [a < b] + [a = b]/2, dz/db likewise",
+       lambda g, a, b, z: _max_grad(g, a == b, a > b),
+       lambda g, a, b, z: _max_grad(g, a == b, b > a))
+binary("Atan2", [torch.atan2, torch.arctan2, T.atan2, T.arctan2],
+       "z = atan2(a, b)  ->  dz/da = b/(a^2 + b^2), dz/db = -a/(a^2 + b^2)",
+       lambda g, a, b, z: g * b / (a * a + b * b),
+       lambda g, a, b, z: -g * a / (a * a + b * b))
+
+
+# ---- rules with options, several tensor arguments or a different argument order --------------------------------------
+
+
+@register(torch.relu, T.relu, F.relu)
+class Relu(Function):
+    """y = max(x, 0)  ->  dy/dx = [y > 0]   (F.relu's inplace= is ignored: the result is computed out of place)"""
+
+    @staticmethod
+    def forward(ctx, input, inplace=False):
+        y = torch.relu(input)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return torch.where(y > 0, g, 0.0)
+
+
+def _clamp_grads(g: torch.Tensor, x: torch.Tensor, low: Any, high: Any, need_low: bool,
+                 need_high: bool) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """(dz/dx, dz/dmin, dz/dmax) of z = clamp(x, min, max), with torch's conventions: x keeps the gradient where
+    min <= x <= max, min gets it where x < min < max, max where x > max or max < min (a crossed range gives max)."""
+    if low is None:
+        inside = x <= high
+    elif high is None:
+        inside = x >= low
+    else:
+        inside = (x >= low) & (x <= high)
+    grad_low = grad_high = None
+    if need_low:
+        grad_low = torch.where(x < low if high is None else (x < low) & (low < high), g, 0.0)
+    if need_high:
+        grad_high = torch.where(x > high if low is None else (x > high) | (high < low), g, 0.0)
+    return torch.where(inside, g, 0.0), grad_low, grad_high
+
+
+@register(torch.clamp, torch.clip, T.clamp, T.clip)
+class Clamp(Function):
+    """z = min(max(x, lo), hi)  ->  dz/dx = [lo <= x <= hi], dz/dlo = [x < lo < hi], dz/dhi = [x > hi or hi < lo]"""
+
+    @staticmethod
+    def forward(ctx, input, min=None, max=None):
+        ctx.save_for_backward(input, min, max)
+        return torch.clamp(input, min, max)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, low, high = ctx.saved_tensors
+        return _clamp_grads(g, x, low, high, *ctx.needs_input_grad[1:3])
+
+
+@register(torch.clamp_min, T.clamp_min)
+class ClampMin(Function):
+    """z = max(x, lo)  ->  dz/dx = [x >= lo], dz/dlo = [x < lo]"""
+
+    @staticmethod
+    def forward(ctx, input, min):
+        ctx.save_for_backward(input, min)
+        return torch.clamp_min(input, min)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, low = ctx.saved_tensors
+        return _clamp_grads(g, x, low, None, ctx.needs_input_grad[1], False)[:2]
+
+
+@register(torch.clamp_max, T.clamp_max)
+class ClampMax(Function):
+    """z = min(x, hi)  ->  dz/dx = [x <= hi], dz/dhi = [x > hi]"""
+
+    @staticmethod
+    def forward(ctx, input, max):
+        ctx.save_for_backward(input, max)
+        return torch.clamp_max(input, max)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, high = ctx.saved_tensors
+        grad_x, _, grad_high = _clamp_grads(g, x, None, high, False, ctx.needs_input_grad[1])
+        return grad_x, grad_high
+
+
+def _where_grads(g: torch.Tensor, condition: torch.Tensor, need_x: bool,
+                 need_y: bool) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """g goes to x where the condition holds and to y elsewhere."""
+    return (torch.where(condition, g, 0.0) if need_x else None), (torch.where(condition, 0.0, g) if need_y else None)
+
+
+@register(torch.where)
+class Where(Function):
+    """z = where(c, x, y)  ->  dz/dx = [c], dz/dy = [not c]   (the one-argument where(c) has no gradient)"""
+
+    @staticmethod
+    def forward(ctx, condition, input, other):
+        ctx.save_for_backward(condition)
+        return torch.where(condition, input, other)
+
+    @staticmethod
+    def backward(ctx, g):
+        (condition,) = ctx.saved_tensors
+        return (None, *_where_grads(g, condition, *ctx.needs_input_grad[1:3]))
+
+
+@register(T.where)
+class TensorWhere(Function):
+    """z = x.where(c, y)  ->  dz/dx = [c], dz/dy = [not c]"""
+
+    @staticmethod
+    def forward(ctx, input, condition, other):
+        ctx.save_for_backward(condition)
+        return torch.where(condition, input, other)
+
+    @staticmethod
+    def backward(ctx, g):
+        (condition,) = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        grad_x, grad_y = _where_grads(g, condition, need[0], need[2])
+        return grad_x, None, grad_y
+
+
+@register(torch.lerp, T.lerp)
+class Lerp(Function):
+    """z = a + w (b - a)  ->  dz/da = 1 - w, dz/db = w, dz/dw = b - a"""
+
+    @staticmethod
+    def forward(ctx, input, end, weight):
+        ctx.save_for_backward(input, end, weight)
+        return torch.lerp(input, end, weight)
+
+    @staticmethod
+    def backward(ctx, g):
+        start, end, weight = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        return (g * (1 - weight) if need[0] else None, g * weight if need[1] else None,
+                g * (end - start) if need[2] else None)
+
+
+@register(torch.addcmul, T.addcmul)
+class Addcmul(Function):
+    """z = x + v t1 t2  ->  dz/dx = 1, dz/dt1 = v t2, dz/dt2 = v t1"""
+
+    @staticmethod
+    def forward(ctx, input, tensor1, tensor2, *, value=1):
+        ctx.value = value
+        ctx.save_for_backward(tensor1, tensor2)
+        return torch.addcmul(input, tensor1, tensor2, value=value)
+
+    @staticmethod
+    def backward(ctx, g):
+        t1, t2 = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        scaled = g * ctx.value
+        return g, scaled * t2 if need[1] else None, scaled * t1 if need[2] else None
+
+
+@register(torch.addcdiv, T.addcdiv)
+class Addcdiv(Function):
+    """z = x + v t1 / t2  ->  dz/dx = 1, dz/dt1 = v / t2, dz/dt2 = -v t1 / t2^2"""
+
+    @staticmethod
+    def forward(ctx, input, tensor1, tensor2, *, value=1):
+        ctx.value = value
+        ctx.save_for_backward(tensor1, tensor2)
+        return torch.addcdiv(input, tensor1, tensor2, value=value)
+
+    @staticmethod
+    def backward(ctx, g):
+        t1, t2 = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        scaled = g * ctx.value / t2
+        return g, scaled if need[1] else None, -scaled * t1 / t2 if need[2] else None

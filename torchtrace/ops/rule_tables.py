@@ -4,6 +4,12 @@ from typing import Any, Callable, Sequence
 from torchtrace.autograd.function import Function, register
 
 
+def make_rule(name: str, math: str, forward: Callable, backward: Callable, targets: Sequence[Callable]) -> type:
+    """A Function subclass named `name` from a forward and a backward, registered for `targets`."""
+    members = {"__doc__": math, "forward": staticmethod(forward), "backward": staticmethod(backward)}
+    return register(*targets, rule=type(name, (Function,), members))
+
+
 def unary(name: str, targets: Sequence[Callable], math: str, grad: Callable) -> type:
     """Rule for y = f(x, *options); grad(g, x, y) is the vector-Jacobian product."""
     op = targets[0]
@@ -17,26 +23,29 @@ def unary(name: str, targets: Sequence[Callable], math: str, grad: Callable) -> 
         x, y = ctx.saved_tensors
         return grad(g, x, y)
 
-    rule = type(name, (Function,), {"__doc__": math, "forward": staticmethod(forward), "backward": staticmethod(backward)})
-    return register(*targets, rule=rule)
+    return make_rule(name, math, forward, backward, targets)
 
 
-def binary(name: str, targets: Sequence[Callable], math: str, grad_a: Callable, grad_b: Callable) -> type:
-    """Rule for z = f(a, b); grad_a(g, a, b, z) and grad_b(g, a, b, z) are computed only when needed."""
+def binary(name: str, targets: Sequence[Callable], math: str, grad_a: Callable, grad_b: Callable,
+           save_output: bool = False) -> type:
+    """Rule for z = f(a, b); grad_a(g, a, b, z) and grad_b(g, a, b, z) are computed only when needed.
+
+    z is saved (and passed, else None) only with save_output=True: a saved output makes a later in-place
+    change of it an error, as in torch.
+    """
     op = targets[0]
 
     def forward(ctx: Any, a: Any, b: Any, *args: Any, **kwargs: Any) -> Any:
         z = op(a, b, *args, **kwargs)
-        ctx.save_for_backward(a, b, z)
+        ctx.save_for_backward(a, b, z) if save_output else ctx.save_for_backward(a, b)
         return z
 
     def backward(ctx: Any, g: Any) -> Any:
-        a, b, z = ctx.saved_tensors
+        a, b, z = (*ctx.saved_tensors, None)[:3]
         need_a, need_b = ctx.needs_input_grad[:2]
         return (grad_a(g, a, b, z) if need_a else None, grad_b(g, a, b, z) if need_b else None)
 
-    rule = type(name, (Function,), {"__doc__": math, "forward": staticmethod(forward), "backward": staticmethod(backward)})
-    return register(*targets, rule=rule)
+    return make_rule(name, math, forward, backward, targets)
 
 
 def reflected(name: str, rule: type, targets: Sequence[Callable]) -> type:
@@ -50,6 +59,4 @@ def reflected(name: str, rule: type, targets: Sequence[Callable]) -> type:
         grad_b, grad_a = rule.backward(ctx, g)[:2]
         return grad_a, grad_b
 
-    doc = f"{rule.__doc__} (operands swapped)"
-    swapped = type(name, (Function,), {"__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward)})
-    return register(*targets, rule=swapped)
+    return make_rule(name, f"{rule.__doc__} (operands swapped)", forward, backward, targets)

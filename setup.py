@@ -1,0 +1,19 @@
+"""torchtrace: an educational autograd engine built on a torch.Tensor subclass."""
+from setuptools import find_packages, setup
+
+VIZ = ["graphviz", "matplotlib"]
+EXAMPLES = VIZ + ["tqdm", "scikit-learn"]
+TEST = EXAMPLES + ["pytest", "hypothesis", "ruff", "nbmake", "nbclient", "ipykernel"]
+
+setup(
+    name="torchtrace",
+    version="0.1.0",
+    description="An educational autograd engine: hand-written gradient rules recorded on a torch.Tensor subclass",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["torchtrace", "torchtrace.*"]),
+    python_requires=">=3.9",
+    install_requires=["torch", "numpy"],  # torch's version is pinned in constraints.txt (pip install -c ...)
+    extras_require={"viz": VIZ, "examples": EXAMPLES, "test": TEST},
+    entry_points={"console_scripts": ["torchtrace=torchtrace.__main__:main"]},
+)

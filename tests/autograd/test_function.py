@@ -1,0 +1,123 @@
+"""tt.Function, tt.register, tt.supported_ops."""
+import pytest
+import torch
+
+import torchtrace as tt
+from torchtrace.autograd.function import RULES
+
+
+class Cube(tt.Function):
+    """y = x^3  ->  dy/dx = 3x^2"""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 3 * x ** 2
+
+
+class ScaledSigmoid(tt.Function):
+    """y = s * sigmoid(x), s a number  ->  dy/dx = y (1 - y / s)"""
+
+    @staticmethod
+    def forward(ctx, x, scale=1.0):
+        y = scale / (1 + (-x).exp()) if hasattr(x, "exp") else None
+        ctx.scale = scale
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        return grad * y * (1 - y / ctx.scale), None
+
+
+@pytest.fixture
+def restore_rules():
+    saved = dict(RULES)
+    yield
+    RULES.clear()
+    RULES.update(saved)
+
+
+def test_apply_records_a_node_and_gets_the_right_gradient():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    y = Cube.apply(x)
+    assert y.grad_fn.name == "CubeBackward" and y.tolist() == [1.0, 8.0]
+    y.sum().backward()
+    assert x.grad.tolist() == [3.0, 12.0]
+
+
+def test_apply_without_grad_computes_only():
+    y = Cube.apply(tt.tracer([2.0]))
+    assert y.grad_fn is None and y.tolist() == [8.0]
+
+
+def test_needs_input_grad():
+    seen = []
+
+    class Probe(tt.Function):
+        """z = a * b"""
+
+        @staticmethod
+        def forward(ctx, a, b):
+            seen.append(ctx.needs_input_grad[:2])
+            return a * b
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, g
+
+    Probe.apply(tt.tracer([1.0], requires_grad=True), tt.tracer([2.0]))
+    Probe.apply(tt.tracer([1.0]), tt.tracer([2.0], requires_grad=True))
+    assert seen == [(True, False), (False, True)]
+
+
+def test_custom_function_is_checked_against_torch_and_finite_differences():
+    assert tt.check(Cube.apply, torch.rand(3, 2)).ok
+    assert tt.gradcheck(Cube.apply, torch.rand(3, 2))
+
+
+def test_register_makes_a_torch_callable_dispatch_to_a_function(restore_rules):
+    tt.register(torch.special.expit, Cube)
+    assert torch.special.expit in tt.supported_ops()
+    x = tt.tracer([2.0], requires_grad=True)
+    y = torch.special.expit(x)  # forward is Cube's: the rule is what runs when recording
+    assert y.grad_fn.name == "CubeBackward" and y.tolist() == [8.0]
+
+
+def test_register_as_decorator(restore_rules):
+    @tt.register(torch.i0)
+    class I0(tt.Function):
+        """y = I0(x)  ->  dy/dx = I1(x)"""
+
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.i0(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * torch.special.i1(x)
+
+    x = tt.tracer([0.5, 1.0], requires_grad=True)
+    torch.i0(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.special.i1(torch.tensor([0.5, 1.0])))
+
+
+def test_supported_ops_counts_every_form():
+    ops = tt.supported_ops()
+    assert torch.mul in ops and torch.Tensor.mul in ops and torch.Tensor.__rsub__ in ops
+    assert len(set(ops)) == len(ops)
+
+
+def test_keyword_tensor_arguments_get_their_gradient():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    y = tt.tracer([3.0, 4.0], requires_grad=True)
+    torch.add(x, other=y, alpha=2).sum().backward()
+    assert x.grad.tolist() == [1.0, 1.0] and y.grad.tolist() == [2.0, 2.0]

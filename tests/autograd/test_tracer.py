@@ -1,0 +1,193 @@
+"""The tracer tensor: construction, flags, aliases, repr, hooks, grad mode, errors."""
+import copy
+import io
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import torchtrace as tt
+
+
+def torch_requires_grad(t: torch.Tensor) -> bool:
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.requires_grad.__get__(t)
+
+
+@pytest.mark.parametrize("data, dtype", [
+    ([1, 2, 3], torch.float32),
+    (3, torch.float32),
+    ([[1.5, 2.0]], torch.float32),
+    (np.arange(3, dtype=np.float64), torch.float64),
+    (torch.tensor([1, 2]), torch.int64),
+    (torch.tensor([1.0], dtype=torch.float16), torch.float16),
+])
+def test_construction_dtype(data, dtype):
+    t = tt.tracer(data)
+    assert isinstance(t, tt.tracer) and isinstance(t, torch.Tensor)
+    assert t.dtype == dtype
+
+
+def test_construction_copies_but_as_tracer_shares():
+    base = torch.zeros(3)
+    copied, shared = tt.tracer(base), tt.as_tracer(base)
+    base += 1
+    assert copied.tolist() == [0.0, 0.0, 0.0]
+    assert shared.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_construction_dtype_and_requires_grad():
+    t = tt.tracer([1, 2], dtype=torch.float64, requires_grad=True)
+    assert t.dtype == torch.float64 and t.requires_grad and t.is_leaf
+
+
+@pytest.mark.parametrize("factory, args", [
+    (tt.zeros, (2, 3)), (tt.ones, (2,)), (tt.rand, (2, 2)), (tt.randn, (4,)),
+    (tt.zeros_like, (torch.ones(2),)), (tt.ones_like, (torch.ones(2),)),
+])
+def test_factories(factory, args):
+    t = factory(*args, requires_grad=True)
+    assert isinstance(t, tt.tracer) and t.requires_grad and t.is_leaf and t.grad is None
+
+
+def test_from_numpy_shares_memory():
+    array = np.zeros(3)
+    t = tt.from_numpy(array)
+    array[0] = 5
+    assert t.tolist()[0] == 5
+
+
+def test_torch_autograd_stays_off_underneath():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    y = (x * x).sum()
+    y.backward()
+    assert x.requires_grad and y.requires_grad
+    assert not torch_requires_grad(x) and not torch_requires_grad(y) and not torch_requires_grad(x.grad)
+    assert type(x.grad) is torch.Tensor
+
+
+def test_integer_tracer_refuses_requires_grad():
+    with pytest.raises(RuntimeError, match="Only floating point tracers can require gradients.*int64"):
+        tt.tracer(torch.tensor([1, 2]), requires_grad=True)
+    with pytest.raises(RuntimeError, match="floating point"):
+        tt.tracer(torch.tensor([True])).requires_grad_()
+
+
+def test_repr_names_the_node():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    assert repr(x) == "tracer([1., 2.], requires_grad=True)"
+    assert repr(x * 2) == "tracer([2., 4.], grad_fn=<MulBackward>)"
+    assert repr(tt.tracer([1.0])) == "tracer([1.])"
+
+
+def test_grad_fn_and_next_functions():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    y = x * 2 + x
+    assert y.grad_fn.name == "AddBackward" and not y.is_leaf and x.grad_fn is None
+    names = [fn.name for fn, _ in y.grad_fn.next_functions]
+    assert names == ["MulBackward", "AccumulateGrad"]
+
+
+def test_results_stay_tracers():
+    x = tt.tracer([1.0, -2.0])
+    assert all(isinstance(r, tt.tracer) for r in [x * 2, x > 0, x + x, -x])
+    assert x.shape == torch.Size([2]) and x.tolist() == [1.0, -2.0] and x.sum().item() == -1.0
+    assert isinstance(x.numpy(), np.ndarray)
+
+
+def test_snippet_a_of_the_original_readme():
+    a = tt.tracer([1, 2, 3, 4])
+    a.requires_grad_()
+    b = a.Sum()
+    b.backward()
+    assert torch.equal(a.grad, torch.tensor([1.0, 1.0, 1.0, 1.0]))
+    assert b.grad_fn.name == "SumBackward"
+
+
+def test_sum_of_a_non_leaf_which_the_original_crashed_on():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    (x + x).Sum().backward()
+    assert x.grad.tolist() == [2.0, 2.0]
+
+
+def test_detach_cuts_the_graph():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    d = (x * 2).detach()
+    assert isinstance(d, tt.tracer) and not d.requires_grad and d.is_leaf
+
+
+def test_retain_grad_on_non_leaf():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    y = x * 3
+    y.retain_grad()
+    (y * y).sum().backward()
+    assert y.retains_grad
+    assert torch.allclose(y.grad, 2 * y.detach().as_subclass(torch.Tensor))
+    assert (x * 3).grad is None
+
+
+def test_hooks_replace_gradients_and_can_be_removed():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    seen = []
+    handle = x.register_hook(lambda g: g * 10)
+    y = x * 2
+    y.register_hook(lambda g: seen.append(g.clone()))
+    y.sum().backward()
+    assert x.grad.tolist() == [20.0, 20.0] and seen[0].tolist() == [1.0, 1.0]
+    handle.remove()
+    x.grad = None
+    (x * 2).sum().backward()
+    assert x.grad.tolist() == [2.0, 2.0]
+
+
+def test_hook_on_tracer_without_grad_is_refused():
+    with pytest.raises(RuntimeError, match="doesn't require gradient"):
+        tt.tracer([1.0]).register_hook(print)
+
+
+@pytest.mark.parametrize("context", [tt.no_grad, torch.no_grad])
+def test_no_grad_stops_recording(context):
+    x = tt.tracer([1.0], requires_grad=True)
+    with context():
+        y = x * 2
+        with tt.enable_grad():
+            z = x * 2
+    assert y.grad_fn is None and not y.requires_grad and z.grad_fn is not None
+    assert tt.is_grad_enabled()
+
+
+def test_no_grad_as_decorator():
+    @tt.no_grad()
+    def double(t):
+        return t * 2
+
+    assert double(tt.tracer([1.0], requires_grad=True)).grad_fn is None
+
+
+def test_leaf_updates_in_place_under_no_grad():
+    w = tt.tracer([1.0, 2.0], requires_grad=True)
+    (w * w).sum().backward()
+    with torch.no_grad():
+        w.add_(w.grad, alpha=-0.5)
+    assert w.tolist() == [0.0, 0.0] and w.is_leaf and w.requires_grad
+
+
+def test_unsupported_op_names_the_callable():
+    x = tt.tracer([0.5], requires_grad=True)
+    with pytest.raises(tt.UnsupportedOperationError, match=r"i0.*tt.register") as info:
+        torch.i0(x)
+    assert isinstance(info.value, NotImplementedError)
+    assert torch.i0(tt.tracer([0.5])).grad_fn is None  # no gradient needed: it just runs
+
+
+def test_pickle_and_deepcopy_drop_the_graph():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    for copied in (pickle.loads(pickle.dumps(x)), copy.deepcopy(x)):
+        assert isinstance(copied, tt.tracer) and copied.requires_grad and copied.tolist() == [1.0, 2.0]
+    y = copy.deepcopy(x * 2)
+    assert y.grad_fn is None and not y.requires_grad
+    buffer = io.BytesIO()
+    torch.save({"w": x.as_subclass(torch.Tensor)}, buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True)["w"].tolist() == [1.0, 2.0]
