@@ -95,7 +95,8 @@ def _grad_inputs(rule: type, args: tuple, kwargs: dict) -> list:
 def _edge(key: Any, t: torch.Tensor) -> tuple:
     node = t._tt_node
     if node is None:
-        return key, leaf_accumulator(t), 0, t.shape, t.dtype
+        acc = t._tt_acc() if t._tt_acc is not None else None
+        return key, acc or leaf_accumulator(t), 0, t.shape, t.dtype
     if t._version != t._tt_version:
         raise RuntimeError(
             f"A tracer produced by {node.name} was modified in place (through itself or a view sharing its "
@@ -115,7 +116,8 @@ def leaf_accumulator(leaf: torch.Tensor) -> AccumulateGrad:
 
 def _link_outputs(out: Any, node: Node) -> Any:
     if isinstance(out, torch.Tensor):
-        node.n_outputs = 1
+        if not node.saved:
+            return link_output(out, node, 0)
         outputs = (out,)
         result = link_output(out, node, 0)
     else:

@@ -134,9 +134,10 @@ def _run(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bo
                 if isinstance(node, AccumulateGrad):
                     _accumulate(node, grads[0], create_graph, captured, handed_out)
                     continue
-                _tensor_hooks(node, grads, captured, handed_out)
+                if node.hooks or node.retained or captured is not None:
+                    _tensor_hooks(node, grads, captured, handed_out)
                 _propagate(node, grads, buffers)
-                if not retain_graph:
+                if not retain_graph and node.saved:
                     node.release()
     finally:
         BackwardMode.create_graph = previous[0]
@@ -146,7 +147,7 @@ def _run(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bo
 def _add(buffers: Dict[Any, List[Any]], node: Any, nr: int, g: Any) -> None:
     buf = buffers.get(node)
     if buf is None:
-        buffers[node] = buf = [None] * getattr(node, "n_outputs", 1)
+        buffers[node] = buf = [None] * node.n_outputs
     buf[nr] = g if buf[nr] is None else buf[nr] + g
 
 

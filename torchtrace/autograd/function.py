@@ -87,6 +87,7 @@ class Node:
     """One recorded op: the rule's ctx during forward, the grad_fn of its outputs, a graph node in backward."""
 
     released = False
+    n_outputs = 1
     saved = ()
     saved_output = None
     func = None
@@ -121,9 +122,9 @@ class Node:
         self._needs = tuple(flags)
 
     def save_for_backward(self, *tensors: Any) -> None:
+        """Keep tensors for backward (forward runs under the dispatcher's guard: plain tensor reads)."""
         self.saved = tensors
-        with _guard():
-            self.saved_versions = [t._version if isinstance(t, torch.Tensor) else None for t in tensors]
+        self.saved_versions = [t._version if isinstance(t, torch.Tensor) else None for t in tensors]
 
     @property
     def saved_tensors(self) -> Tuple[Any, ...]:
@@ -132,17 +133,23 @@ class Node:
                 f"Trying to backward through the graph a second time ({self.name}): its saved tensors were "
                 "freed after the first backward. Pass retain_graph=True to the first backward()."
             )
-        with _guard():
-            for t, version in zip(self.saved, self.saved_versions):
-                if version is not None and t._version != version:
-                    raise RuntimeError(
-                        f"A tensor saved by {self.name} for backward was modified by an in-place operation "
-                        f"(version {version} -> {t._version}). Use the out-of-place form of that op "
-                        "(e.g. x = x + 1 instead of x += 1), or .clone() before modifying it."
-                    )
+        if BackwardMode.create_graph:  # rules run with the hook active: read versions as plain tensors
+            with _guard():
+                self._check_versions()
+        else:
+            self._check_versions()
         if self.saved_output and BackwardMode.create_graph:
             return self._saved_with_graph()
         return self.saved
+
+    def _check_versions(self) -> None:
+        for t, version in zip(self.saved, self.saved_versions):
+            if version is not None and t._version != version:
+                raise RuntimeError(
+                    f"A tensor saved by {self.name} for backward was modified by an in-place operation "
+                    f"(version {version} -> {t._version}). Use the out-of-place form of that op "
+                    "(e.g. x = x + 1 instead of x += 1), or .clone() before modifying it."
+                )
 
     def _saved_with_graph(self) -> Tuple[Any, ...]:
         """Saved outputs re-linked to this node, so a backward recorded with create_graph sees them."""
@@ -164,6 +171,7 @@ class AccumulateGrad:
     """The graph node of a leaf tracer: gradients that reach it are accumulated into `leaf.grad`."""
 
     name = "AccumulateGrad"
+    n_outputs = 1
     inputs = ()
     next_functions = ()
     released = False
