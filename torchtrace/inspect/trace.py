@@ -9,7 +9,9 @@ from torchtrace.autograd.function import AccumulateGrad
 
 def label(node: object) -> str:
     """`Mul()` for MulBackward; a node made inside a module can carry that module's own label."""
-    return getattr(node, "module", None) or f"{type(node).__name__ if isinstance(node, AccumulateGrad) else node.rule.__name__}()"
+    if getattr(node, "module", None):
+        return node.module
+    return f"{'AccumulateGrad' if isinstance(node, AccumulateGrad) else node.rule.__name__}()"
 
 
 def backprop_lines(output: torch.Tensor) -> List[str]:
