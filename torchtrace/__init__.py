@@ -1,5 +1,6 @@
 """torchtrace: an educational autograd engine on a torch.Tensor subclass. Public names only."""
 from torchtrace import ops  # noqa: F401  (registers every gradient rule)
+from torchtrace import optim
 from torchtrace.autograd.engine import backward, grad
 from torchtrace.autograd.function import Function, register, supported_ops
 from torchtrace.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
@@ -24,5 +25,5 @@ __all__ = [
     "tracer", "as_tracer", "zeros", "ones", "rand", "randn", "zeros_like", "ones_like", "full", "arange",
     "linspace", "eye", "from_numpy", "backward", "grad", "Function", "register", "supported_ops",
     "no_grad", "enable_grad", "is_grad_enabled", "check", "gradcheck", "GradientMismatch",
-    "UnsupportedOperationError",
+    "UnsupportedOperationError", "optim",
 ]

@@ -179,6 +179,8 @@ def _unbroadcast(node: Node, g: torch.Tensor, shape: torch.Size) -> torch.Tensor
     """Sum a gradient over the dimensions that forward broadcast, back to the input's shape."""
     try:
         return g.sum_to_size(shape)
+    except NotImplementedError:
+        raise
     except RuntimeError:
         raise RuntimeError(
             f"{node.name}.backward returned a gradient of shape {tuple(g.shape)} for an input of shape {tuple(shape)}"

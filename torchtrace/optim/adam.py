@@ -1,0 +1,70 @@
+"""Adam and AdamW: adaptive moment estimation, with L2 (Adam) or decoupled (AdamW) weight decay and AMSGrad."""
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from torchtrace.optim.optimizer import Optimizer, Params, check_non_negative, l2_regularised, next_step, refuse_flags
+
+
+class Adam(Optimizer):
+    r"""Adam (torch.optim.Adam), one parameter theta with gradient g at step t = 1, 2, ...:
+
+        g <- -g                                   if maximize
+        theta <- theta * (1 - lr * weight_decay)  if decoupled_weight_decay (AdamW)
+        g <- g + weight_decay * theta             otherwise (L2 penalty)
+        m <- beta1 * m + (1 - beta1) * g          first moment,  state['exp_avg']
+        v <- beta2 * v + (1 - beta2) * g^2        second moment, state['exp_avg_sq']
+        v <- v_max = max(v_max, v)                if amsgrad,    state['max_exp_avg_sq']
+        theta <- theta - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+    """
+
+    def __init__(self, params: Params, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False, *,
+                 foreach: Optional[bool] = None, maximize: bool = False, capturable: bool = False,
+                 differentiable: bool = False, fused: Optional[bool] = None, decoupled_weight_decay: bool = False):
+        check_non_negative(lr=lr, epsilon=eps, weight_decay=weight_decay)
+        for i, beta in enumerate(betas):
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
+        refuse_flags(capturable=capturable, differentiable=differentiable, fused=fused)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        maximize=maximize, decoupled_weight_decay=decoupled_weight_decay)
+        super().__init__(params, defaults)
+
+    def update(self, param: torch.Tensor, grad: torch.Tensor, state: Dict[str, Any], group: Dict[str, Any]) -> None:
+        lr, (beta1, beta2), weight_decay = float(group["lr"]), group["betas"], group["weight_decay"]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(param)
+            state["exp_avg_sq"] = torch.zeros_like(param)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = torch.zeros_like(param)
+        step = next_step(state)
+        decoupled = group.get("decoupled_weight_decay", False)
+        grad = l2_regularised(grad, param, group["maximize"], 0 if decoupled else weight_decay)
+        if decoupled and weight_decay != 0:
+            param.mul_(1 - lr * weight_decay)
+
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        if group["amsgrad"]:
+            torch.maximum(state["max_exp_avg_sq"], exp_avg_sq, out=state["max_exp_avg_sq"])
+            exp_avg_sq = state["max_exp_avg_sq"]
+
+        step_size = lr / (1 - beta1**step)
+        denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(group["eps"])
+        param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+class AdamW(Adam):
+    r"""AdamW (torch.optim.AdamW): Adam with decoupled weight decay, theta <- theta * (1 - lr * weight_decay)
+    before the Adam step instead of an L2 term in the gradient; weight_decay defaults to 1e-2."""
+
+    def __init__(self, params: Params, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
+                 foreach: Optional[bool] = None, capturable: bool = False, differentiable: bool = False,
+                 fused: Optional[bool] = None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
+                         capturable=capturable, differentiable=differentiable, fused=fused,
+                         decoupled_weight_decay=True)
