@@ -164,7 +164,7 @@ def _first_diverging_node(observed: List[Tuple[Node, List[Any], Tuple[Any, ...]]
 def gradcheck(fn: Callable, *inputs: Any, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3) -> bool:
     """Compare torchtrace's gradients with central finite differences, in float64."""
     leaves, rebuild = flatten(list(inputs))
-    leaves = [_plain(x).double() if _differentiable(x) else x for x in leaves]
+    leaves = [_plain(x).double().contiguous() if _differentiable(x) else x for x in leaves]
     ours = [as_tracer(x.clone(), True) if _differentiable(x) else x for x in leaves]
     out_ours, _ = flatten(fn(*rebuild(ours)))
     weights = _weights(out_ours)

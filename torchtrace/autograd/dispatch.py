@@ -1,5 +1,6 @@
 """Every torch call on a tracer lands here: look up the rule, run forward on plain tensors, link a Node."""
 import inspect
+import weakref
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -40,33 +41,43 @@ def run_rule(rule: type, func: Optional[Callable], args: tuple, kwargs: dict) ->
         return _link_outputs(rule.forward(node, *args, **kwargs), node)
 
 
-_POSITIONAL: Dict[Callable, list] = {}
+_POSITIONAL: Dict[Callable, tuple] = {}
 
 
-def _positional_parameters(func: Callable) -> list:
-    """(name, default) of the parameters that can be passed by position, from torch's own signatures."""
+def _positional_parameters(func: Callable) -> tuple:
+    """((name, default), ...) of parameters passable by position, and whether that signature is exact.
+
+    Python functions (torch.nn.functional) have exact signatures; torch's builtins only the approximate
+    ones of torch.overrides.get_testing_overrides(), which do not mark keyword-only parameters.
+    """
     if func not in _POSITIONAL:
+        exact = True
         try:
             signature = inspect.signature(func)
         except (TypeError, ValueError):
-            fallback = torch.overrides.get_testing_overrides().get(func)
+            exact, fallback = False, torch.overrides.get_testing_overrides().get(func)
             signature = inspect.signature(fallback) if fallback else None
         params = list(signature.parameters.values()) if signature else []
         if params and params[0].name == "ctx":
             params = params[1:]
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        _POSITIONAL[func] = [(p.name, p.default) for p in params if p.kind in kinds and p.name != "out"]
+        _POSITIONAL[func] = [(p.name, p.default) for p in params if p.kind in kinds and p.name != "out"], exact
     return _POSITIONAL[func]
 
 
 def _keywords_to_positions(func: Callable, args: tuple, kwargs: dict) -> tuple:
-    """torch.add(x, other=y) -> torch.add(x, y): rules see torch's positional order whatever names they use."""
-    if "out" in kwargs and kwargs["out"] is not None:
+    """torch.add(x, other=y) -> torch.add(x, y): rules see tensors in torch's positional order.
+
+    Builtins move only tensor keywords (whose gradients must be routed); options such as alpha= stay
+    keywords, which rules accept under torch's names.
+    """
+    if kwargs.get("out") is not None:
         raise RuntimeError(f"{getattr(func, '__name__', func)}(): out= is not supported on tracers (no gradient "
                            "can flow into a preallocated output); assign the result instead")
-    params = _positional_parameters(func)
+    params, exact = _positional_parameters(func)
     names = [name for name, _ in params]
-    last = max((names.index(k) for k in kwargs if k in names), default=-1)
+    movable = [k for k, v in kwargs.items() if k in names and (exact or isinstance(v, torch.Tensor))]
+    last = max((names.index(k) for k in movable), default=-1)
     if last < len(args):
         return args, kwargs
     moved = params[len(args):last + 1]
@@ -116,26 +127,28 @@ def leaf_accumulator(leaf: torch.Tensor) -> AccumulateGrad:
 
 def _link_outputs(out: Any, node: Node) -> Any:
     if isinstance(out, torch.Tensor):
-        if not node.saved:
-            return link_output(out, node, 0)
-        outputs = (out,)
-        result = link_output(out, node, 0)
-    else:
-        outputs = tuple(out)
-        node.n_outputs = len(outputs)
-        node.out_meta = [(o.shape, o.dtype, o.device) for o in outputs]
-        linked = [link_output(o, node, nr) for nr, o in enumerate(outputs)]
-        result = linked if isinstance(out, list) else type(out)(linked)
+        if node.saved:
+            node.raw_outputs = (weakref.ref(out),)  # to re-link saved outputs for create_graph
+        return link_output(out, node, 0)
+    outputs = tuple(out)
+    node.n_outputs = len(outputs)
+    node.out_meta = [(o.shape, o.dtype, o.device) for o in outputs]
     if node.saved:
-        node.saved_output = [(i, nr) for i, s in enumerate(node.saved) for nr, o in enumerate(outputs) if s is o]
-    return result
+        node.raw_outputs = tuple(weakref.ref(o) for o in outputs)
+    linked = [link_output(o, node, nr) for nr, o in enumerate(outputs)]
+    return linked if isinstance(out, list) else type(out)(linked)
 
 
 def link_output(raw: torch.Tensor, node: Node, nr: int) -> torch.Tensor:
     """Wrap a plain forward result as a tracer whose grad_fn is `node` (integer results get no node)."""
     t = raw.as_subclass(TRACER)
     if raw.is_floating_point() or raw.is_complex():
-        t._tt_node, t._tt_nr, t._tt_requires_grad, t._tt_version = node, nr, True, raw._version
+        t._tt_node, t._tt_requires_grad = node, True
+        if nr:
+            t._tt_nr = nr
+        version = raw._version
+        if version:
+            t._tt_version = version
     return t
 
 

@@ -172,7 +172,10 @@ def _propagate(node: Node, grads: List[Any], buffers: Dict[Any, List[Any]]) -> N
             g = _unbroadcast(node, g, shape)
         if g.dtype != dtype:
             g = g.to(dtype)
-        _add(buffers, nxt, nr, g)
+        buf = buffers.get(nxt)
+        if buf is None:
+            buffers[nxt] = buf = [None] * nxt.n_outputs
+        buf[nr] = g if buf[nr] is None else buf[nr] + g
 
 
 def _unbroadcast(node: Node, g: torch.Tensor, shape: torch.Size) -> torch.Tensor:

@@ -89,7 +89,7 @@ class Node:
     released = False
     n_outputs = 1
     saved = ()
-    saved_output = None
+    raw_outputs = ()  # weak references to forward's plain results, kept only when something was saved
     func = None
     hooks = None
     retained = None
@@ -138,7 +138,7 @@ class Node:
                 self._check_versions()
         else:
             self._check_versions()
-        if self.saved_output and BackwardMode.create_graph:
+        if BackwardMode.create_graph and self.raw_outputs:
             return self._saved_with_graph()
         return self.saved
 
@@ -155,10 +155,8 @@ class Node:
         """Saved outputs re-linked to this node, so a backward recorded with create_graph sees them."""
         from torchtrace.autograd.dispatch import link_output
 
-        saved = list(self.saved)
-        for index, nr in self.saved_output:
-            saved[index] = link_output(saved[index], self, nr)
-        return tuple(saved)
+        outputs = [ref() for ref in self.raw_outputs]
+        return tuple(next((link_output(s, self, nr) for nr, o in enumerate(outputs) if s is o), s) for s in self.saved)
 
     def release(self) -> None:
         """Free what forward saved (called after this node ran, unless retain_graph)."""
