@@ -1,6 +1,4 @@
 """Gradient rules for + - * / ** and their reflected forms (2 - x, 1 / x, 2 ** x)."""
-import math
-
 import torch
 
 from torchtrace.autograd.function import Function, register
@@ -76,10 +74,9 @@ def _pow_grad_base(g, a, b, z):
 
 
 def _pow_grad_exponent(g, a, b, z):
-    """d(a^b)/db = a^b * ln a, defined as 0 where a == 0 and b >= 0."""
-    if isinstance(a, torch.Tensor):
-        return torch.where((a == 0) & (b >= 0), 0.0, g * z * torch.log(a))
-    return g * z * math.log(a)
+    """d(a^b)/db = a^b * ln a, defined as 0 where a == 0 and b >= 0 (NaN for a negative base)."""
+    base = a if isinstance(a, torch.Tensor) else torch.as_tensor(a, dtype=z.dtype, device=z.device)
+    return torch.where((base == 0) & (b >= 0), 0.0, g * z * torch.log(base))
 
 
 Pow = binary("Pow", [torch.pow, T.pow, T.__pow__],

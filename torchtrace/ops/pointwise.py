@@ -222,7 +222,7 @@ class Addcmul(Function):
     """z = x + v t1 t2  ->  dz/dx = 1, dz/dt1 = v t2, dz/dt2 = v t1"""
 
     @staticmethod
-    def forward(ctx, input, tensor1, tensor2, *, value=1):
+    def forward(ctx, input, tensor1, tensor2, value=1):
         ctx.value = value
         ctx.save_for_backward(tensor1, tensor2)
         return torch.addcmul(input, tensor1, tensor2, value=value)
@@ -240,7 +240,7 @@ class Addcdiv(Function):
     """z = x + v t1 / t2  ->  dz/dx = 1, dz/dt1 = v / t2, dz/dt2 = -v t1 / t2^2"""
 
     @staticmethod
-    def forward(ctx, input, tensor1, tensor2, *, value=1):
+    def forward(ctx, input, tensor1, tensor2, value=1):
         ctx.value = value
         ctx.save_for_backward(tensor1, tensor2)
         return torch.addcdiv(input, tensor1, tensor2, value=value)

@@ -52,10 +52,11 @@ def reflected(name: str, rule: type, targets: Sequence[Callable]) -> type:
     """`2 - x` arrives as Tensor.__rsub__(x, 2): run `rule` on the swapped operands, swap the gradients back."""
 
     def forward(ctx: Any, a: Any, b: Any, *args: Any, **kwargs: Any) -> Any:
+        flags = ctx.needs_input_grad
+        ctx.needs_input_grad = (flags[1], flags[0]) + flags[2:]  # the rule sees (b, a) from now on
         return rule.forward(ctx, b, a, *args, **kwargs)
 
     def backward(ctx: Any, g: Any) -> Any:
-        ctx.needs_input_grad = ctx.needs_input_grad[1::-1]
         grad_b, grad_a = rule.backward(ctx, g)[:2]
         return grad_a, grad_b
 

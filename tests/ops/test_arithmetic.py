@@ -1,0 +1,278 @@
+"""Arithmetic rules (torchtrace/ops/arithmetic.py): + - * / ** in operator, method and function form."""
+from typing import Any, Callable, NamedTuple, Optional
+
+import pytest
+import torch
+from helpers import check_op, double_backward_matches, non_contiguous
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import mutually_broadcastable_shapes
+
+import torchtrace as tt
+
+
+class In(NamedTuple):
+    """A tensor input drawn uniformly from [low, high) when the test runs (optionally with a random sign)."""
+
+    shape: tuple
+    low: float = -2.0
+    high: float = 2.0
+    nc: bool = False
+    dtype: Optional[torch.dtype] = None  # None: the dtype the test is parametrised with
+    signed: bool = False
+
+    def build(self, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+        t = torch.rand(self.shape, generator=gen, dtype=torch.float64) * (self.high - self.low) + self.low
+        if self.signed:
+            t = t * (torch.randint(0, 2, self.shape, generator=gen) * 2 - 1)
+        t = t.to(self.dtype or dtype)
+        return non_contiguous(t) if self.nc else t
+
+
+def x(*shape: int, nc: bool = False, dtype: Optional[torch.dtype] = None) -> In:
+    return In(shape, nc=nc, dtype=dtype)
+
+
+def positive(*shape: int, nc: bool = False) -> In:
+    """[0.5, 2): a safe base for a ** b with a tensor exponent."""
+    return In(shape, 0.5, 2.0, nc)
+
+
+def nonzero(*shape: int, nc: bool = False) -> In:
+    """|v| in [0.5, 2) with either sign: a safe divisor."""
+    return In(shape, 0.5, 2.0, nc, signed=True)
+
+
+def run(fn: Callable, specs: tuple, dtype: torch.dtype) -> None:
+    """tt.check in `dtype`; finite differences (always float64) once, with the float64 case."""
+    gen = torch.Generator().manual_seed(0)
+    inputs = [s.build(dtype, gen) if isinstance(s, In) else s for s in specs]
+    check_op(fn, *inputs, gradcheck=dtype == torch.float64)
+
+
+def case(name: str, fn: Callable, *specs: Any, marks: Any = ()) -> Any:
+    return pytest.param(fn, specs, id=name, marks=marks)
+
+
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+INTS = torch.tensor([1, -2, 3, 0])
+
+ADD_SUB = [
+    case("add-operator", lambda a, b: a + b, x(3, 4), x(3, 4)),
+    case("add-broadcast", lambda a, b: a + b, x(3, 1), x(4)),
+    case("add-broadcast-ranks", lambda a, b: a + b, x(2, 1, 4), x(3, 1)),
+    case("add-number", lambda a: a + 2.5, x(3)),
+    case("radd-number", lambda a: 2.5 + a, x(3)),
+    case("add-0d", lambda a, b: a + b, x(), x(3)),
+    case("add-0d-both", lambda a, b: a + b, x(), x()),
+    case("add-noncontig", lambda a, b: a + b, x(3, 4, nc=True), x(4, nc=True)),
+    case("add-twice", lambda a: a + a, x(4)),
+    case("add-int-tensor", lambda a, i: a + i, x(4), INTS),
+    case("add-mixed-dtype", lambda a, b: a + b, x(4), x(4, dtype=torch.float64)),
+    case("add-method", lambda a, b: a.add(b), x(3, 4), x(4)),
+    case("add-method-alpha", lambda a, b: a.add(b, alpha=2), x(3, 4), x(3, 1)),
+    case("add-function", torch.add, x(3, 4), x(4)),
+    case("add-function-alpha", lambda a, b: torch.add(a, b, alpha=-0.5), x(3, 4), x(4)),
+    case("add-function-number-alpha", lambda a: torch.add(a, 3, alpha=2), x(4)),
+    case("add-function-other-kw", lambda a, b: torch.add(a, other=b, alpha=3), x(4), x(2, 1)),
+    case("add-dunder", lambda a, b: a.__add__(b), x(4), x(4)),
+    case("add-inplace-method", lambda a, b: (a * 1).add_(b, alpha=2), x(3, 4), x(4)),
+    case("sub-operator", lambda a, b: a - b, x(3, 4), x(3, 4)),
+    case("sub-broadcast", lambda a, b: a - b, x(4), x(3, 1)),
+    case("sub-number", lambda a: a - 1.5, x(3)),
+    case("sub-0d", lambda a, b: a - b, x(3), x()),
+    case("sub-twice", lambda a: a - a * a, x(4)),
+    case("sub-method-alpha", lambda a, b: a.sub(b, alpha=2), x(3, 4), x(4)),
+    case("sub-function-alpha", lambda a, b: torch.sub(a, b, alpha=-1.5), x(3, 4, nc=True), x(3, 4)),
+    case("sub-function-number", lambda a: torch.sub(a, 2, alpha=3), x(4)),
+    case("subtract", torch.subtract, x(3, 4), x(4)),
+    case("subtract-method", lambda a, b: a.subtract(b, alpha=0.5), x(3, 4), x(4)),
+    case("sub-inplace-method", lambda a, b: (a * 1).sub_(b, alpha=2), x(3, 4), x(4)),
+    case("rsub-operator", lambda a: 2 - a, x(3, 4)),
+    case("rsub-operator-0d", lambda a: 2 - a, x()),
+    case("rsub-function", torch.rsub, x(3, 4), x(4)),
+    case("rsub-function-alpha", lambda a, b: torch.rsub(a, b, alpha=2), x(3, 4), x(3, 1)),
+    case("rsub-function-number", lambda a: torch.rsub(a, 2), x(4, nc=True)),
+    case("rsub-twice", lambda a: 1 - a * (3 - a), x(4)),
+]
+
+MUL_DIV = [
+    case("mul-operator", lambda a, b: a * b, x(3, 4), x(3, 4)),
+    case("mul-broadcast", lambda a, b: a * b, x(2, 1, 4), x(3, 1)),
+    case("mul-number", lambda a: a * 3, x(4)),
+    case("rmul-number", lambda a: 3 * a, x(4)),
+    case("mul-0d", lambda a, b: a * b, x(), x(2, 3)),
+    case("mul-noncontig", lambda a, b: a * b, x(3, 4, nc=True), x(3, 4, nc=True)),
+    case("mul-twice", lambda a: a * a, x(3, 4)),
+    case("mul-int-tensor", lambda a, i: a * i, x(4), INTS),
+    case("mul-mixed-dtype", lambda a, b: a * b, x(3, 1), x(4, dtype=torch.float64)),
+    case("mul-method", lambda a, b: a.mul(b), x(3, 4), x(4)),
+    case("mul-function", torch.mul, x(3, 4), x(4)),
+    case("multiply", torch.multiply, x(3, 4), x(3, 1)),
+    case("multiply-method", lambda a, b: a.multiply(b), x(4), x(4)),
+    case("mul-inplace-method", lambda a, b: (a * 1).mul_(b), x(3, 4), x(4)),
+    case("div-operator", lambda a, b: a / b, x(3, 4), nonzero(3, 4)),
+    case("div-broadcast", lambda a, b: a / b, x(4), nonzero(3, 1)),
+    case("div-number", lambda a: a / 4, x(4)),
+    case("div-0d", lambda a, b: a / b, x(3), nonzero()),
+    case("div-noncontig", lambda a, b: a / b, x(3, 4, nc=True), nonzero(4, nc=True)),
+    case("div-twice", lambda a: (a + 3) / a, nonzero(4)),
+    case("div-method", lambda a, b: a.div(b), x(3, 4), nonzero(4)),
+    case("div-function", torch.div, x(3, 4), nonzero(4)),
+    case("divide", torch.divide, x(3, 4), nonzero(3, 1)),
+    case("divide-method", lambda a, b: a.divide(b), x(4), nonzero(4)),
+    case("true_divide", torch.true_divide, x(4), nonzero(4)),
+    case("true_divide-method", lambda a, b: a.true_divide(b), x(4), nonzero(2, 1)),
+    case("div-inplace-method", lambda a, b: (a * 1).div_(b), x(3, 4), nonzero(4)),
+    case("div-floor", lambda a, b: torch.div(a, b, rounding_mode="floor"), x(3, 4), nonzero(3, 4)),
+    case("div-trunc-method", lambda a, b: a.div(b, rounding_mode="trunc"), x(3, 4), nonzero(4)),
+    case("div-floor-number", lambda a: a.div(0.7, rounding_mode="floor"), x(4)),
+    case("divide-trunc", lambda a, b: torch.divide(a, b, rounding_mode="trunc"), x(4), nonzero(3, 1)),
+    case("div-floor-twice", lambda a: a * torch.div(a, 0.3, rounding_mode="floor"), x(4)),
+    case("rdiv-operator", lambda a: 1 / a, nonzero(3, 4)),
+    case("rdiv-operator-number", lambda a: 2.5 / a, nonzero(4, nc=True)),
+    case("rdiv-0d", lambda a: 1 / a, nonzero()),
+    case("rdiv-function-number-first", lambda a: torch.div(2, a), nonzero(4)),
+    case("rdiv-twice", lambda a: a * (1 / a) + 1 / (a * a), nonzero(4)),
+]
+
+POWERS = [
+    case("pow-square", lambda a: a ** 2, x(3, 4)),
+    case("pow-cube-noncontig", lambda a: a ** 3, x(3, 4, nc=True)),
+    case("pow-zero", lambda a: a ** 0, x(4)),
+    case("pow-zero-float", lambda a: a.pow(0.0), x(4)),
+    case("pow-negative", lambda a: a ** -2, nonzero(4)),
+    case("pow-negative-fraction", lambda a: a ** -1.5, positive(4)),
+    case("pow-half", lambda a: a ** 0.5, positive(3, 4)),
+    case("pow-0d", lambda a: a ** 3, x()),
+    case("pow-tensor", lambda a, b: a ** b, positive(3, 4), x(3, 4)),
+    case("pow-tensor-broadcast", lambda a, b: a ** b, positive(3, 1), x(4)),
+    case("pow-tensor-0d-exponent", lambda a, b: a ** b, positive(3), x()),
+    case("pow-tensor-with-zero-exponents", lambda a, b: a ** (b * 0), positive(4), x(4)),
+    case("pow-int-exponent", lambda a, i: a ** i, nonzero(4), INTS),
+    case("pow-twice", lambda a: a ** a, positive(4)),
+    case("pow-method", lambda a, b: a.pow(b), positive(3, 4), x(4)),
+    case("pow-method-number", lambda a: a.pow(3), x(4)),
+    case("pow-function", torch.pow, positive(3, 4), x(3, 1)),
+    case("pow-function-number", lambda a: torch.pow(a, -1), nonzero(4)),
+    case("pow-function-exponent-kw", lambda a, b: torch.pow(a, exponent=b), positive(4), x(4)),
+    case("pow-dunder", lambda a, b: a.__pow__(b), positive(4), x(4)),
+    case("pow-inplace-method", lambda a: (a * 1).pow_(2), x(3, 4)),
+    case("rpow-operator", lambda a: 2 ** a, x(3, 4)),
+    case("rpow-operator-fraction", lambda a: 0.5 ** a, x(4, nc=True)),
+    case("rpow-0d", lambda a: 3 ** a, x()),
+    case("rpow-function", lambda a: torch.pow(2, a), x(3, 4)),
+    case("rpow-twice", lambda a: a * 2 ** a, x(4)),
+]
+
+UNARY = [
+    case("neg-operator", lambda a: -a, x(3, 4)),
+    case("neg-operator-0d", lambda a: -a, x()),
+    case("neg-function", torch.neg, x(3, 4, nc=True)),
+    case("negative", torch.negative, x(4)),
+    case("neg-method", lambda a: a.neg(), x(4)),
+    case("negative-method", lambda a: a.negative(), x(2, 3)),
+    case("neg-dunder", lambda a: a.__neg__(), x(4)),
+    case("neg-twice", lambda a: a * -a, x(4)),
+    case("reciprocal", torch.reciprocal, nonzero(3, 4)),
+    case("reciprocal-method", lambda a: a.reciprocal(), nonzero(4, nc=True)),
+    case("reciprocal-0d", torch.reciprocal, nonzero()),
+    case("reciprocal-twice", lambda a: a * torch.reciprocal(a * a), nonzero(4)),
+]
+
+
+@DTYPES
+@pytest.mark.parametrize("fn, specs", ADD_SUB + MUL_DIV + POWERS + UNARY)
+def test_arithmetic(fn: Callable, specs: tuple, dtype: torch.dtype) -> None:
+    run(fn, specs, dtype)
+
+
+def test_rounding_division_has_zero_gradient() -> None:
+    a = tt.tracer([3.5, -2.5, 7.0], requires_grad=True)
+    b = tt.tracer([2.0, 2.0, -3.0], requires_grad=True)
+    for mode in ("floor", "trunc"):
+        a.grad = b.grad = None
+        torch.div(a, b, rounding_mode=mode).sum().backward()
+        assert a.grad.tolist() == [0.0, 0.0, 0.0] and b.grad.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_pow_at_zero_base_follows_torch() -> None:
+    """0 ** b: d/da is b * 0^(b-1) (1 for b == 1, 0 for b == 0 by convention); d/db is 0 for b >= 0."""
+    base = torch.tensor([0.0, 0.0, 0.0, 0.0, 2.0])
+    exponent = torch.tensor([0.0, 1.0, 2.0, 3.0, 0.0])
+    check_op(torch.pow, base, exponent, gradcheck=False)
+    check_op(lambda a: a ** 0, base, gradcheck=False)
+
+
+@pytest.mark.parametrize("fn", [lambda e: 0.0 ** e, lambda e: torch.pow(0, e), lambda e: (-2.0) ** e],
+                         ids=["zero-operator", "zero-function", "negative-operator"])
+def test_rpow_with_non_positive_number_base(fn: Callable) -> None:
+    """torch: d(0^e)/de = 0 where e >= 0, and NaN for a negative base."""
+    check_op(fn, torch.tensor([1.0, 2.0, 3.0]), gradcheck=False)
+
+
+@pytest.mark.parametrize("fn", [lambda a: 1 / a, lambda a: 2 ** a], ids=["rdiv", "rpow"])
+def test_reflected_rule_backward_twice_with_retain_graph(fn: Callable) -> None:
+    a = tt.tracer([1.0, 2.0, 3.0], requires_grad=True)
+    y = fn(a).sum()
+    y.backward(retain_graph=True)
+    first = a.grad.clone()
+    a.grad = None
+    y.backward()
+    assert a.grad is not None and torch.equal(a.grad, first)
+
+
+# ---- property: every broadcast-compatible pair of shapes -------------------------------------------------------------
+
+BROADCAST_OPS = {
+    "add": (lambda a, b: a + b, x),
+    "sub": (lambda a, b: torch.sub(a, b, alpha=2), x),
+    "mul": (lambda a, b: a * b, x),
+    "div": (lambda a, b: a / b, nonzero),
+    "pow": (lambda a, b: b ** a, positive),  # the second operand is the base
+}
+SHAPE_PAIRS = mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, min_side=1, max_side=4)
+
+
+@pytest.mark.parametrize("name", list(BROADCAST_OPS))
+@settings(max_examples=40, deadline=None)
+@given(shapes=SHAPE_PAIRS, dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 2 ** 16))
+def test_broadcasting_property(name: str, shapes: Any, dtype: torch.dtype, seed: int) -> None:
+    fn, second = BROADCAST_OPS[name]
+    gen = torch.Generator().manual_seed(seed)
+    a, b = x(*shapes.input_shapes[0]).build(dtype, gen), second(*shapes.input_shapes[1]).build(dtype, gen)
+    report = tt.check(fn, a, b)
+    assert report.ok and report.n_gradients == 2
+
+
+# ---- double backward -------------------------------------------------------------------------------------------------
+
+_gen = torch.Generator().manual_seed(1)
+
+
+def _double(*shape: int, low: float = -2.0, high: float = 2.0) -> torch.Tensor:
+    return torch.rand(shape, generator=_gen, dtype=torch.float64) * (high - low) + low
+
+
+DOUBLE_BACKWARD = [
+    case("mul", lambda a, b: a * b * a, _double(3, 4), _double(4)),
+    case("mul-number", lambda a: 3 * a * a, _double(4)),
+    case("div", lambda a, b: a / b, _double(3, 4), _double(4, low=0.5)),
+    case("div-twice", lambda a: (a + 3) / a, _double(4, low=0.5)),
+    case("rdiv", lambda a: 2 / a, _double(4, low=0.5)),
+    case("rdiv-function", lambda a: torch.div(2, a), _double(4, low=0.5)),
+    case("pow-number", lambda a: a ** 3, _double(3, 4)),
+    case("pow-negative", lambda a: a ** -2, _double(4, low=0.5)),
+    case("pow-tensor", lambda a, b: a ** b, _double(3, 4, low=0.5), _double(4)),
+    case("rpow", lambda a: 2 ** a, _double(4)),
+    case("rpow-function", lambda a: torch.pow(2, a), _double(4)),
+    case("rsub", lambda a: (2 - a) * a, _double(4)),
+    case("add-sub-alpha", lambda a, b: torch.sub(a * b, b, alpha=2) + torch.add(a, a * a, alpha=3),
+         _double(3), _double(3)),
+    case("neg-reciprocal", lambda a: -torch.reciprocal(a), _double(4, low=0.5)),
+]
+
+
+@pytest.mark.parametrize("fn, inputs", DOUBLE_BACKWARD)
+def test_double_backward(fn: Callable, inputs: tuple) -> None:
+    double_backward_matches(fn, *inputs)
