@@ -6,7 +6,7 @@ from typing import List, Optional
 import torch
 
 import torchtrace as tt
-from torchtrace.autograd.function import RULES
+from torchtrace.autograd.function import RULES, callable_name
 
 
 def demo() -> None:
@@ -48,9 +48,7 @@ def list_ops() -> None:
     """Print the supported torch callables grouped by the file that holds their rule."""
     families = defaultdict(list)
     for func, rule in RULES.items():
-        name = getattr(func, "__qualname__", None) or repr(func)
-        module = getattr(func, "__module__", None) or "torch"
-        families[rule.__module__.rsplit(".", 1)[-1]].append(f"{module}.{name}")
+        families[rule.__module__.rsplit(".", 1)[-1]].append(callable_name(func))
     for family in sorted(families):
         print(f"{family} ({len(families[family])}):")
         for name in sorted(families[family]):

@@ -3,8 +3,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from torchtrace.autograd import dispatch, engine
-from torchtrace.autograd.function import Node
+from torchtrace.autograd import engine
+from torchtrace.autograd.function import Node, callable_name
+from torchtrace.autograd.observers import observing
 from torchtrace.errors import GradientMismatch
 from torchtrace.tracer import as_tracer
 
@@ -82,13 +83,17 @@ def _compare(what: str, ours: Any, theirs: Any, rtol: float, atol: float) -> flo
     return diff.max().item() if diff.numel() else 0.0
 
 
+def _keep_call(node: Node, args: tuple, kwargs: dict, result: Any) -> None:
+    """Remember each node's arguments, so its rule can be re-checked alone if gradients disagree."""
+    node.call = args, kwargs
+
+
 def _check_once(fn: Callable, inputs: Sequence[Any], rtol: float, atol: float) -> CheckReport:
     leaves, rebuild = flatten(list(inputs))
     ours = [as_tracer(_plain(x), _differentiable(x)) if isinstance(x, torch.Tensor) else x for x in leaves]
     theirs = [_plain(x).requires_grad_(_differentiable(x)) if isinstance(x, torch.Tensor) else x for x in leaves]
     observed: List[Tuple[Node, List[Any], Tuple[Any, ...]]] = []
-    dispatch.KEEP_ARGS, engine.OBSERVER = True, lambda node, grads, result: observed.append((node, grads, result))
-    try:
+    with observing(_keep_call, lambda node, grads, result: observed.append((node, grads, result))):
         out_ours, _ = flatten(fn(*rebuild(ours)))
         out_theirs, _ = flatten(fn(*rebuild(theirs)))
         weights = _weights(out_ours)
@@ -100,8 +105,6 @@ def _check_once(fn: Callable, inputs: Sequence[Any], rtol: float, atol: float) -
         loss = sum((o * w).sum() for o, w in zip(out_theirs, weights) if w is not None and o.requires_grad)
         if isinstance(loss, torch.Tensor):
             loss.backward()
-    finally:
-        dispatch.KEEP_ARGS, engine.OBSERVER = False, None
     n_grads = 0
     try:
         for i, (a, b) in enumerate(zip(ours, theirs)):
@@ -154,7 +157,7 @@ def _first_diverging_node(observed: List[Tuple[Node, List[Any], Tuple[Any, ...]]
                 continue
             ours = torch.zeros_like(theirs) if ours is None else ours.sum_to_size(theirs.shape)
             if not torch.allclose(ours.double(), theirs.double(), rtol=rtol, atol=atol, equal_nan=True):
-                where = getattr(node.func, "__qualname__", node.rule.__name__)
+                where = callable_name(node.func) if node.func else f"{node.rule.__name__}.apply"
                 diff = (ours.double() - theirs.double()).abs().max().item()
                 return (f"First diverging node: {node.name} ({where}), gradient for argument {key}: "
                         f"max |diff| = {diff:.3g}")

@@ -1,11 +1,13 @@
 """Every torch call on a tracer lands here: look up the rule, run forward on plain tensors, link a Node."""
 import inspect
+import itertools
 import weakref
 from typing import Any, Callable, Dict, Optional
 
 import torch
 
-from torchtrace.autograd.function import RULES, AccumulateGrad, Node
+from torchtrace.autograd.function import RULES, AccumulateGrad, Node, callable_name
+from torchtrace.autograd.observers import ON_RECORD
 from torchtrace.errors import UnsupportedOperationError
 
 _guard = torch._C.DisableTorchFunctionSubclass
@@ -15,7 +17,6 @@ _sequence = (list, tuple)
 TRACER: type = torch.Tensor  # replaced by torchtrace.tracer.tracer when that module loads
 INPLACE: Dict[Callable, tuple] = {}  # in-place callable -> (rule, out-of-place twin)
 NON_DIFFERENTIABLE: set = set()  # callables whose floating outputs never carry a gradient
-KEEP_ARGS = False  # tt.check sets this to keep each node's arguments for its local cross-check
 
 
 def torch_function(cls: type, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
@@ -36,9 +37,11 @@ def run_rule(rule: type, func: Optional[Callable], args: tuple, kwargs: dict) ->
             out = func(*args, **kwargs) if func is not None else rule.forward(Node(rule, None, []), *args, **kwargs)
             return _as_tracers(out)
         node = Node(rule, func, inputs)
-        if KEEP_ARGS:
-            node.call = args, kwargs
-        return _link_outputs(rule.forward(node, *args, **kwargs), node)
+        result = _link_outputs(rule.forward(node, *args, **kwargs), node)
+    if ON_RECORD:
+        for observe in ON_RECORD:
+            observe(node, args, kwargs, result)
+    return result
 
 
 _POSITIONAL: Dict[Callable, tuple] = {}
@@ -61,7 +64,8 @@ def _positional_parameters(func: Callable) -> tuple:
         if params and params[0].name == "ctx":
             params = params[1:]
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        _POSITIONAL[func] = [(p.name, p.default) for p in params if p.kind in kinds and p.name != "out"], exact
+        positional = list(itertools.takewhile(lambda p: p.kind in kinds and p.name != "out", params))
+        _POSITIONAL[func] = [(p.name, p.default) for p in positional], exact
     return _POSITIONAL[func]
 
 
@@ -180,11 +184,11 @@ def _run_without_rule(func: Callable, args: tuple, kwargs: dict) -> Any:
     with _guard():
         out = func(*args, **kwargs)
     if recording and func not in NON_DIFFERENTIABLE and _has_floating(out):
-        name = getattr(func, "__qualname__", repr(func))
+        name = callable_name(func)
         raise UnsupportedOperationError(
-            f"torchtrace has no gradient rule for {getattr(func, '__module__', None) or 'torch'}.{name}, "
-            "and one of its inputs requires a gradient. Write one with tt.Function and connect it with "
-            f"tt.register({name}, YourFunction), or run this call under tt.no_grad()."
+            f"torchtrace has no gradient rule for {name}, and one of its inputs requires a gradient. Write one "
+            f"with tt.Function and connect it with tt.register({name}, YourFunction), or run this call under "
+            "tt.no_grad()."
         )
     return _as_tracers(out)
 

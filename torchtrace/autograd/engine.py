@@ -6,10 +6,10 @@ import torch
 
 from torchtrace.autograd import dispatch
 from torchtrace.autograd.function import AccumulateGrad, BackwardMode, Node
+from torchtrace.autograd.observers import ON_BACKWARD
 
 _guard = torch._C.DisableTorchFunctionSubclass
 Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
-OBSERVER = None  # tt.check sets this to see each node's incoming and outgoing gradients
 
 
 def backward(
@@ -159,8 +159,9 @@ def _propagate(node: Node, grads: List[Any], buffers: Dict[Any, List[Any]]) -> N
     result = node.rule.backward(node, *grads)
     if not isinstance(result, tuple):
         result = (result,)
-    if OBSERVER is not None:
-        OBSERVER(node, grads, result)
+    if ON_BACKWARD:
+        for observe in ON_BACKWARD:
+            observe(node, grads, result)
     for key, nxt, nr, shape, dtype in node.inputs:
         try:
             g = result[key] if type(key) is int else result[key[0]][key[1]]

@@ -1,5 +1,14 @@
 """Gradient rules for tensor-level torch ops, one module per family."""
 from torchtrace.autograd.dispatch import pair_inplace_methods
-from torchtrace.ops import arithmetic, indexing, linalg, nondifferentiable, pointwise, reduction, shape  # noqa: F401
+from torchtrace.ops import (  # noqa: F401
+    arithmetic,
+    indexing,
+    linalg,
+    nondifferentiable,
+    pointwise,
+    reduction,
+    shape,
+    softmax,
+)
 
 pair_inplace_methods()

@@ -1,29 +1,333 @@
-"""Gradient rules for reductions: sum, mean, prod, max/min, logsumexp, var/std, norms, cumsum."""
+"""Gradient rules for reductions: sum, mean, prod, max/min, amax/amin, logsumexp, var/std, norms, cumsum."""
+import functools
+import math
+from typing import Any, Callable, Sequence, Tuple, Union
+
 import torch
 
 from torchtrace.autograd.function import Function, register
 
 T = torch.Tensor
+Dims = Union[None, int, Sequence[int]]
 
 
-def expand_reduced(g: torch.Tensor, shape: torch.Size, dim, keepdim: bool) -> torch.Tensor:
+def numpy_names(forward: Callable) -> Callable:
+    """Let a forward accept torch's numpy-style keyword aliases: input=, axis= (dim), keepdims= (keepdim)."""
+
+    @functools.wraps(forward)
+    def renamed(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        for alias, name in (("axis", "dim"), ("keepdims", "keepdim")):
+            if alias in kwargs:
+                kwargs[name] = kwargs.pop(alias)
+        if "input" in kwargs:
+            args = (kwargs.pop("input"), *args)
+        return forward(ctx, *args, **kwargs)
+
+    return renamed
+
+
+def reduced_dims(dim: Dims, ndim: int) -> Tuple[int, ...]:
+    """The dims a reduction runs over, sorted and non-negative (None or an empty tuple means all dims)."""
+    if dim is None or (not isinstance(dim, int) and len(dim) == 0):
+        return tuple(range(ndim))
+    dims = [dim] if isinstance(dim, int) else dim
+    return tuple(sorted(d % ndim for d in dims)) if ndim else ()
+
+
+def restore_dims(t: torch.Tensor, ndim: int, dim: Dims, keepdim: bool) -> torch.Tensor:
+    """Re-insert (with size 1) the dims a reduction dropped, so `t` broadcasts against the reduction's input."""
+    if not keepdim:
+        for d in reduced_dims(dim, ndim):
+            t = t.unsqueeze(d)
+    return t
+
+
+def expand_reduced(g: torch.Tensor, shape: torch.Size, dim: Dims, keepdim: bool) -> torch.Tensor:
     """Broadcast a reduced gradient back to the input's shape (re-inserting the dims that keepdim dropped)."""
-    if dim is not None and not keepdim:
-        dims = [dim] if isinstance(dim, int) else list(dim)
-        for d in sorted(d % len(shape) for d in dims):
-            g = g.unsqueeze(d)
-    return g.expand(shape)
+    return restore_dims(g, len(shape), dim, keepdim).expand(shape)
+
+
+def reduced_count(shape: torch.Size, dim: Dims) -> int:
+    """How many input elements went into each output element."""
+    return math.prod(shape[d] for d in reduced_dims(dim, len(shape)))
 
 
 @register(torch.sum, T.sum)
 class Sum(Function):
     """y = sum_i x_i (over dim)  ->  dy/dx_i = 1"""
 
+    op = staticmethod(torch.sum)
+
     @staticmethod
+    @numpy_names
     def forward(ctx, x, dim=None, keepdim=False, *, dtype=None):
         ctx.shape, ctx.dim, ctx.keepdim = x.shape, dim, keepdim
-        return torch.sum(x, dim, keepdim, dtype=dtype)
+        return ctx.rule.op(x, dim, keepdim, dtype=dtype)
 
     @staticmethod
     def backward(ctx, g):
         return expand_reduced(g, ctx.shape, ctx.dim, ctx.keepdim)
+
+
+@register(torch.mean, T.mean)
+class Mean(Sum):
+    """y = (1/N) sum_i x_i (over dim)  ->  dy/dx_i = 1/N"""
+
+    op = staticmethod(torch.mean)
+
+    @staticmethod
+    def backward(ctx, g):
+        return expand_reduced(g, ctx.shape, ctx.dim, ctx.keepdim) / reduced_count(ctx.shape, ctx.dim)
+
+
+def product_of_others(x: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+    """prod_{j != i} x_j along dim, for every i (y: the product, with dim kept); exact when x has zeros."""
+    zeros = x == 0
+    if not zeros.any():
+        return y / x
+    if torch.is_grad_enabled():  # create_graph: row i = x with x_i replaced by 1, so derivatives stay exact
+        n, shape = x.shape[dim], [1] * (x.dim() + 1)
+        shape[dim] = shape[dim + 1] = n
+        eye = torch.eye(n, dtype=x.dtype, device=x.device).view(shape)
+        return (x.unsqueeze(dim) * (1 - eye) + eye).prod(dim + 1)
+    count = zeros.sum(dim, keepdim=True)
+    nonzero = x + zeros  # zeros replaced by ones
+    product = nonzero.prod(dim, keepdim=True)
+    return product / nonzero * (count == 0) + product * (zeros & (count == 1))
+
+
+@register(torch.prod, T.prod)
+class Prod(Function):
+    """y = prod_i x_i (over dim)  ->  dy/dx_i = prod_{j != i} x_j"""
+
+    @staticmethod
+    @numpy_names
+    def forward(ctx, x, dim=None, keepdim=False, *, dtype=None):
+        y = torch.prod(x, dtype=dtype) if dim is None else torch.prod(x, dim, keepdim, dtype=dtype)
+        ctx.dim, ctx.keepdim = dim, keepdim
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        if ctx.dim is None or x.dim() == 0:
+            return g * product_of_others(x.reshape(-1), y.reshape(1), 0).reshape(x.shape)
+        dim = ctx.dim % x.dim()
+        others = product_of_others(x, restore_dims(y, x.dim(), dim, ctx.keepdim), dim)
+        return restore_dims(g, x.dim(), dim, ctx.keepdim) * others
+
+
+def split_among_ties(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dim: Dims, keepdim: bool) -> torch.Tensor:
+    """Gradient of a max/min reduction: g shared evenly by the elements equal to the result (NaN counts as equal)."""
+    y = restore_dims(y, x.dim(), dim, keepdim)
+    hits = (x == y) | (x.isnan() & y.isnan())
+    count = hits.sum(reduced_dims(dim, x.dim()), keepdim=True)
+    return restore_dims(g, x.dim(), dim, keepdim) * hits / count
+
+
+@register(torch.amax, T.amax)
+class Amax(Function):
+    """y = max x (over dim)  ->  dy/dx_i = 1/k at the k elements equal to y, 0 elsewhere"""
+
+    op = staticmethod(torch.amax)
+
+    @staticmethod
+    @numpy_names
+    def forward(ctx, x, dim=(), keepdim=False):
+        y = ctx.rule.op(x, dim, keepdim)
+        ctx.dim, ctx.keepdim = dim, keepdim
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        return split_among_ties(g, x, y, ctx.dim, ctx.keepdim)
+
+
+@register(torch.amin, T.amin)
+class Amin(Amax):
+    """y = min x (over dim)  ->  dy/dx_i = 1/k at the k elements equal to y, 0 elsewhere"""
+
+    op = staticmethod(torch.amin)
+
+
+@register(torch.max, T.max)
+class Max(Function):
+    """y = max x  ->  1/k to each of k tied maxima;  max(x, dim) -> 1 at the returned index;  max(a, b) = maximum"""
+
+    op, sign = staticmethod(torch.max), 1
+
+    @staticmethod
+    @numpy_names
+    def forward(ctx, x, other=None, keepdim=False, *, dim=None):
+        ctx.mode = "binary" if isinstance(other, torch.Tensor) else "all" if other is None and dim is None else "dim"
+        if ctx.mode == "binary":
+            out = ctx.rule.op(x, other)
+            ctx.save_for_backward(x, other)
+            return out
+        if ctx.mode == "all":
+            out = ctx.rule.op(x)
+            ctx.save_for_backward(x, out)
+            return out
+        ctx.dim, ctx.keepdim, ctx.shape = dim if other is None else other, keepdim, x.shape
+        out = ctx.rule.op(x, ctx.dim, keepdim)
+        ctx.save_for_backward(out.indices)
+        return out
+
+    @staticmethod
+    def backward(ctx, g, *_):
+        if ctx.mode == "binary":
+            a, b = ctx.saved_tensors
+            return elementwise_extreme_grads(g, a * ctx.rule.sign, b * ctx.rule.sign)
+        if ctx.mode == "all":
+            x, y = ctx.saved_tensors
+            return split_among_ties(g, x, y, None, False)
+        (indices,) = ctx.saved_tensors
+        if len(ctx.shape) == 0:
+            return g
+        dim = ctx.dim % len(ctx.shape)
+        positions = torch.arange(ctx.shape[dim], device=g.device).view([-1] + [1] * (len(ctx.shape) - dim - 1))
+        chosen = positions == restore_dims(indices, len(ctx.shape), dim, ctx.keepdim)
+        return restore_dims(g, len(ctx.shape), dim, ctx.keepdim) * chosen
+
+
+@register(torch.min, T.min)
+class Min(Max):
+    """y = min x  ->  1/k to each of k tied minima;  min(x, dim) -> 1 at the returned index;  min(a, b) = minimum"""
+
+    op, sign = staticmethod(torch.min), -1
+
+
+def elementwise_extreme_grads(g: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """z = maximum(a, b): g to the larger operand, g/2 to each on a tie (as torch); NaN operands get g."""
+    tie = (a == b) * 0.5
+    return g * (1 - (a < b).to(g.dtype) - tie), g * (1 - (b < a).to(g.dtype) - tie)
+
+
+@register(torch.logsumexp, T.logsumexp, torch.special.logsumexp)
+class LogSumExp(Function):
+    """y = log sum_i exp(x_i)  ->  dy/dx_i = exp(x_i - y)  (the softmax of x)"""
+
+    @staticmethod
+    @numpy_names
+    def forward(ctx, x, dim, keepdim=False):
+        y = torch.logsumexp(x, dim, keepdim)
+        ctx.dim, ctx.keepdim = dim, keepdim
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        y = restore_dims(y, x.dim(), ctx.dim, ctx.keepdim)
+        return restore_dims(g, x.dim(), ctx.dim, ctx.keepdim) * (x - y).exp()
+
+
+def var_options(args: tuple, kwargs: dict) -> Tuple[Dims, float, bool]:
+    """(dim, correction, keepdim) from any var/std overload: (unbiased), (dim, unbiased, keepdim), (dim, correction=)"""
+    names = ("unbiased",) if args and isinstance(args[0], bool) else ("dim", "unbiased", "keepdim")
+    options = {**dict(zip(names, args)), **kwargs}
+    correction = options.get("correction")
+    if correction is None:
+        correction = 1 if options.get("unbiased") is None else int(options["unbiased"])
+    return options.get("dim"), correction, bool(options.get("keepdim", False))
+
+
+@register(torch.var, T.var)
+class Var(Function):
+    """y = sum_i (x_i - mean)^2 / (N - correction)  ->  dy/dx_i = 2 (x_i - mean) / (N - correction)"""
+
+    op = staticmethod(torch.var)
+
+    @staticmethod
+    @numpy_names
+    def forward(ctx, x, *args, **kwargs):
+        y = ctx.rule.op(x, *args, **kwargs)
+        ctx.dim, ctx.correction, ctx.keepdim = var_options(args, kwargs)
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, _ = ctx.saved_tensors
+        centred = x - x.mean(reduced_dims(ctx.dim, x.dim()), keepdim=True)
+        dof = reduced_count(x.shape, ctx.dim) - ctx.correction
+        return restore_dims(g, x.dim(), ctx.dim, ctx.keepdim) * centred * (2 / dof if dof else math.inf)
+
+
+@register(torch.std, T.std)
+class Std(Var):
+    """y = sqrt(var x)  ->  dy/dx_i = dvar/dx_i / (2y) = (x_i - mean) / ((N - correction) y), 0 where y = 0 (torch)"""
+
+    op = staticmethod(torch.std)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        y = restore_dims(y, x.dim(), ctx.dim, ctx.keepdim)
+        return Var.backward(ctx, g) / (2 * y + (y == 0)) * (y != 0)
+
+
+@register(torch.linalg.vector_norm)
+class VectorNorm(Function):
+    """y = (sum_i |x_i|^p)^(1/p)  ->  dy/dx_i = sign(x_i) |x_i|^(p-1) / y^(p-1)  (p=2: x/y; p=inf: ties share)"""
+
+    @staticmethod
+    @numpy_names
+    def forward(ctx, x, ord=2, dim=None, keepdim=False, dtype=None, *, out=None):
+        if out is not None:
+            raise RuntimeError("torchtrace: vector_norm(..., out=) cannot be recorded; assign the result instead")
+        y = torch.linalg.vector_norm(x, ord, dim, keepdim, dtype=dtype)
+        ctx.ord, ctx.dim, ctx.keepdim = float(ord), dim, keepdim
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        p = ctx.ord
+        g, y = (restore_dims(t, x.dim(), ctx.dim, ctx.keepdim) for t in (g, y))
+        if p == 0:
+            return torch.zeros_like(x)
+        if math.isinf(p):
+            hits = (x.abs() == y) | x.isnan()
+            return x.sign() * g * hits / hits.sum(reduced_dims(ctx.dim, x.dim()), keepdim=True)
+        if p == 1:
+            return x.sign() * g
+        if p == 2:
+            return x * g / (y + (y == 0))  # y = 0 only when x = 0: gradient 0, as torch
+        if p > 1:
+            return x.sign() * x.abs() ** (p - 1) * g / (y + (y == 0)) ** (p - 1)
+        zero = x == 0  # p < 1: |x|^(p-1) blows up at 0, where torch defines the gradient as 0
+        return x.sign() * (x.abs() + zero) ** (p - 1) * ~zero * g * y ** (1 - p)
+
+
+@register(torch.norm, T.norm)
+class Norm(VectorNorm):
+    """torch.norm / Tensor.norm: the vector p-norm over dim ('fro' = 2-norm); 'nuc' is refused"""
+
+    @staticmethod
+    @numpy_names
+    def forward(ctx, x, p="fro", dim=None, keepdim=False, dtype=None, *, out=None):
+        if isinstance(p, str) and p != "fro":
+            raise NotImplementedError(f"torchtrace: torch.norm(p={p!r}) has no gradient rule; use p='fro' or a number")
+        ord = 2 if p in ("fro", None) else p
+        return VectorNorm.forward(ctx, x, ord, dim, keepdim, dtype, out=out)
+
+
+@register(torch.cumsum, T.cumsum)
+class Cumsum(Function):
+    """y_i = sum_{j<=i} x_j  ->  dL/dx_j = sum_{i>=j} g_i  (a cumsum of g from the other end)"""
+
+    @staticmethod
+    @numpy_names
+    def forward(ctx, x, dim, dtype=None):
+        ctx.dim = dim
+        return torch.cumsum(x, dim, dtype=dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.flip(ctx.dim).cumsum(ctx.dim).flip(ctx.dim)
+
