@@ -43,6 +43,7 @@ class tracer(torch.Tensor):
     _tt_acc = None  # weak reference to the leaf's AccumulateGrad node
     _tt_hooks: Optional[list] = None
     _tt_version = 0
+    _tt_view = False  # the forward result was a view of another tensor (in-place on it is refused)
 
     __torch_function__ = classmethod(dispatch.torch_function)
 

@@ -157,7 +157,7 @@ def test_in_place_op_with_a_grad_requiring_argument_on_a_constant():
 
 def test_in_place_on_a_leaf_that_requires_grad_raises():
     x = leaf(1.0)
-    with pytest.raises(RuntimeError, match="leaf tracer that requires grad.*in-place operation add_"):
+    with pytest.raises(RuntimeError, match="leaf tracer that requires grad.*in-place operation torch.Tensor.add_"):
         x.add_(1)
 
 
@@ -208,3 +208,38 @@ def test_backward_with_create_graph_stores_a_differentiable_grad():
     assert isinstance(x.grad, tt.tracer) and x.grad.requires_grad
     gradient_of_grad = tt.grad(x.grad, x)[0]
     assert gradient_of_grad.tolist() == [12.0]
+
+
+def test_in_place_on_a_view_is_refused_with_the_way_out():
+    x = leaf(1.0, 2.0, 3.0)
+    y = x * 1
+    with pytest.raises(RuntimeError, match=r"view of another tensor.*y\[i\] = y\[i\] \+ v"):
+        y[1] += x[0]
+    buffer = tt.zeros(3)
+    with pytest.raises(RuntimeError, match="view of another tensor"):
+        buffer[1:].add_(x[1:])
+
+
+def test_writing_a_grad_requiring_tracer_into_a_plain_tensor_is_refused():
+    x = leaf(1.0, 2.0)
+    with pytest.raises(RuntimeError, match="plain torch.Tensor"):
+        torch.zeros(2).add_(x)
+
+
+def test_change_through_a_view_makes_the_base_stale():
+    x = leaf(1.0, 2.0)
+    y = x * 1
+    view = y.view(2)
+    with torch.no_grad():
+        view.mul_(10)
+    with pytest.raises(RuntimeError, match="modified in place.*outside the recorded graph"):
+        (y * 2).sum()
+
+
+def test_mul_by_a_number_saves_nothing_that_a_later_write_could_spoil():
+    x = leaf(1.0, 2.0)
+    y = x * 1
+    f = y * 3
+    y.add_(1)
+    f.sum().backward()
+    assert x.grad.tolist() == [3.0, 3.0]

@@ -134,6 +134,8 @@ def _link_outputs(out: Any, node: Node) -> Any:
         if node.saved:
             node.raw_outputs = (weakref.ref(out),)  # to re-link saved outputs for create_graph
         return link_output(out, node, 0)
+    if not isinstance(out, _sequence) or not all(isinstance(o, torch.Tensor) for o in out):
+        return out  # not a tensor result (e.g. x.type() returns a string): nothing to record
     outputs = tuple(out)
     node.n_outputs = len(outputs)
     node.out_meta = [(o.shape, o.dtype, o.device) for o in outputs]
@@ -153,13 +155,20 @@ def link_output(raw: torch.Tensor, node: Node, nr: int) -> torch.Tensor:
         version = raw._version
         if version:
             t._tt_version = version
+    if raw._is_view():
+        t._tt_view = True
     return t
 
 
 def _as_tracers(out: Any) -> Any:
     """Results of ops that record nothing are still tracers (as torch's subclass convention)."""
     if isinstance(out, torch.Tensor):
-        return out if isinstance(out, TRACER) else out.as_subclass(TRACER)
+        if isinstance(out, TRACER):
+            return out
+        t = out.as_subclass(TRACER)
+        if out._is_view():
+            t._tt_view = True
+        return t
     if isinstance(out, _sequence):
         converted = [_as_tracers(o) for o in out]
         return converted if isinstance(out, list) else type(out)(converted)
@@ -200,20 +209,25 @@ def _has_floating(out: Any) -> bool:
 
 
 def _record_inplace(rule: type, twin: Callable, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
-    """x.op_(...) = rebind x to op(x_before, ...): the data changes in place, the graph gains a node."""
-    target = args[0]
-    name = getattr(func, "__name__", "in-place op")
+    """x.op_(...) = rebind x to op(x_before, ...): the graph gains a node, then the data changes in place."""
+    target, name = args[0], callable_name(func)
+    if not isinstance(target, TRACER):
+        raise RuntimeError(f"{name} would write a tracer that requires grad into a plain torch.Tensor, which "
+                           "cannot record it. Make the destination a tracer (e.g. tt.zeros(...)), or build the "
+                           "result out of place (torch.stack / torch.cat / torch.where).")
     if target._tt_requires_grad and target._tt_node is None:
-        raise RuntimeError(
-            f"A leaf tracer that requires grad is used in the in-place operation {name}. Do it under "
-            "tt.no_grad() (as optimizers do), or use the out-of-place form."
-        )
+        raise RuntimeError(f"A leaf tracer that requires grad is used in the in-place operation {name}. Do it "
+                           "under tt.no_grad() (as optimizers do), or use the out-of-place form.")
+    if target._tt_view:
+        raise RuntimeError(f"{name} changes a view of another tensor in place, which torchtrace cannot record "
+                           "(the base tensor would not know). Write y[i] = y[i] + v instead of y[i] += v, or use "
+                           "the out-of-place form.")
     with _guard():
         before = target.clone()
         before = link_output(before, target._tt_node, target._tt_nr) if target._tt_node else before.as_subclass(TRACER)
-        func(*args, **kwargs)
     result = run_rule(rule, twin, (before,) + tuple(args[1:]), kwargs)
     with _guard():
+        func(*args, **kwargs)
         target._tt_node, target._tt_nr, target._tt_requires_grad = result._tt_node, result._tt_nr, True
         target._tt_version = target._version
     return target

@@ -136,8 +136,12 @@ class Node:
         """One flag per positional parameter of forward: does that argument need a gradient?"""
         if "_needs" in self.__dict__:
             return self._needs
-        keys = {key if isinstance(key, int) else key[0] for key, *_ in self.inputs}
-        return tuple(i in keys for i in range(max(keys, default=-1) + 1)) + (False,) * 8
+        flags = [False] * 8
+        for key, *_ in self.inputs:
+            position = key if type(key) is int else key[0]
+            flags.extend([False] * (position + 1 - len(flags)))
+            flags[position] = True
+        return tuple(flags)
 
     @needs_input_grad.setter
     def needs_input_grad(self, flags: Tuple[bool, ...]) -> None:

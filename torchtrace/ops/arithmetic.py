@@ -37,10 +37,21 @@ class Sub(Function):
 
 reflected("Rsub", Sub, [T.__rsub__, torch.rsub])
 
-binary("Mul", [torch.mul, torch.multiply, T.mul, T.multiply, T.__mul__, T.__rmul__],
-       "z = a * b  ->  dz/da = b, dz/db = a",
-       lambda g, a, b, z: g * b,
-       lambda g, a, b, z: g * a)
+@register(torch.mul, torch.multiply, T.mul, T.multiply, T.__mul__, T.__rmul__)
+class Mul(Function):
+    """z = a * b  ->  dz/da = b, dz/db = a   (each operand is saved only if the other needs its gradient)"""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        need_a, need_b = ctx.needs_input_grad[:2]
+        ctx.save_for_backward(b if need_a else None, a if need_b else None)
+        return torch.mul(a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        b, a = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad[:2]
+        return (g * b if need_a else None), (g * a if need_b else None)
 
 
 @register(torch.div, torch.divide, torch.true_divide, T.div, T.divide, T.true_divide, T.__truediv__)

@@ -1,12 +1,22 @@
 """Build Function classes from one line of math: most pointwise rules are data, not code."""
+import sys
 from typing import Any, Callable, Sequence
 
 from torchtrace.autograd.function import Function, register
 
 
+def _caller_module() -> str:
+    """The module that declared the rule (outside this file), so `python -m torchtrace ops` files it there."""
+    frame = sys._getframe(1)
+    while frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    return frame.f_globals.get("__name__", __name__)
+
+
 def make_rule(name: str, math: str, forward: Callable, backward: Callable, targets: Sequence[Callable]) -> type:
     """A Function subclass named `name` from a forward and a backward, registered for `targets`."""
-    members = {"__doc__": math, "forward": staticmethod(forward), "backward": staticmethod(backward)}
+    members = {"__doc__": math, "forward": staticmethod(forward), "backward": staticmethod(backward),
+               "__module__": _caller_module()}
     return register(*targets, rule=type(name, (Function,), members))
 
 

@@ -1,1 +1,331 @@
-"""Gradient rules: shape ops (placeholder until written)."""
+"""Gradient rules for shape ops: views, permutations, expand/repeat, cat/stack/split, casts and copies.
+
+None of these ops does arithmetic: each only moves, copies or drops elements. So every backward moves the
+gradient back the same way (reshape back, permute back, sum the copies, cut the joined gradient apart).
+"""
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+import torch
+
+from torchtrace.autograd.function import Function, register
+from torchtrace.ops.indexing import add_at, positions
+from torchtrace.ops.rule_tables import make_rule as rule
+
+T = torch.Tensor
+
+
+def sizes(args: Sequence[Any]) -> Tuple[int, ...]:
+    """view(2, 3), view((2, 3)) and view([2, 3]) all mean (2, 3)."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        return tuple(args[0])
+    return tuple(args)
+
+
+def structural(name: str, targets: Sequence[Callable], math: str, grad: Callable,
+               op: Optional[Callable] = None) -> type:
+    """Rule for y = op(x, *args): grad(ctx, g, *args) maps dL/dy back to dL/dx.
+
+    ctx holds x's shape, dtype and device and `op`. Tensor arguments (view_as(other), to(other)) are not
+    kept: they only lend their shape, dtype or device, and get no gradient.
+    """
+    op = op or targets[0]
+
+    def forward(ctx: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        ctx.shape, ctx.dtype, ctx.device, ctx.op = x.shape, x.dtype, x.device, op
+        ctx.args = tuple(None if isinstance(a, torch.Tensor) else a for a in args)
+        ctx.kwargs = kwargs
+        return op(x, *args, **kwargs)
+
+    def backward(ctx: Any, g: torch.Tensor) -> Tuple[torch.Tensor, None]:
+        return grad(ctx, g, *ctx.args, **ctx.kwargs), None
+
+    return rule(name, math, forward, backward, targets)
+
+
+# ------------------------------------------------------------------ same elements, new shape: reshape g back
+
+def _view(x: torch.Tensor, *shape: Any, **kwargs: Any) -> torch.Tensor:
+    if "dtype" in kwargs or (len(shape) == 1 and isinstance(shape[0], torch.dtype)):
+        raise NotImplementedError("torchtrace: Tensor.view(dtype) reinterprets the bits of each element; it has no "
+                                  "gradient. Use x.to(dtype) to convert values, or call it under tt.no_grad().")
+    return T.view(x, *shape, **kwargs)
+
+
+def _reshape_back(ctx: Any, g: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
+    return g.reshape(ctx.shape)
+
+
+for _name, _targets, _op in [
+    ("View", [T.view], _view),
+    ("ViewAs", [T.view_as], None),
+    ("Reshape", [T.reshape, torch.reshape], None),
+    ("ReshapeAs", [T.reshape_as], None),
+    ("Flatten", [T.flatten, torch.flatten], None),
+    ("Ravel", [T.ravel, torch.ravel], None),
+    ("Unflatten", [T.unflatten, torch.unflatten], None),
+    ("Squeeze", [T.squeeze, torch.squeeze], None),
+    ("Unsqueeze", [T.unsqueeze, torch.unsqueeze], None),
+]:
+    structural(_name, _targets, "y = x with a new shape  ->  dx = g reshaped to x's shape", _reshape_back, _op)
+
+
+# ------------------------------------------------------------------ dims reordered: reorder g back
+
+def _same_op(ctx: Any, g: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """For ops that undo themselves (transpose, flip): apply the op again."""
+    return ctx.op(g, *args, **kwargs)
+
+
+def _unpermute(ctx: Any, g: torch.Tensor, *dims: Any) -> torch.Tensor:
+    perm = [d % len(ctx.shape) for d in sizes(dims)] if ctx.shape else []
+    return g.permute(sorted(range(len(perm)), key=perm.__getitem__))
+
+
+def _reverse_dims(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+    return g.permute(tuple(reversed(range(g.dim()))))
+
+
+def _unmove(ctx: Any, g: torch.Tensor, source: Any, destination: Any) -> torch.Tensor:
+    return g.movedim(destination, source)
+
+
+def _unroll(ctx: Any, g: torch.Tensor, shifts: Any, dims: Any = None) -> torch.Tensor:
+    back = -shifts if isinstance(shifts, int) else tuple(-s for s in shifts)
+    return g.roll(back, dims) if dims is not None else g.roll(back)
+
+
+structural("Permute", [T.permute, torch.permute], "y = x.permute(p)  ->  dx = g.permute(p^-1)", _unpermute)
+structural("Transpose", [T.transpose, torch.transpose, T.swapdims, torch.swapdims],
+           "y = x with dims a, b swapped  ->  dx = g with dims a, b swapped", _same_op)
+structural("Swapaxes", [T.swapaxes, torch.swapaxes], "y = x with axes a, b swapped  ->  dx = g with a, b swapped",
+           _same_op)
+structural("T", [T.t, torch.t], "y = x^T (2-D or less)  ->  dx = g^T", _same_op)
+structural("TProperty", [T.T.__get__], "y = x.T (all dims reversed)  ->  dx = g with all dims reversed", _reverse_dims)
+structural("MT", [T.mT.__get__], "y = x.mT (last two dims swapped)  ->  dx = g.mT", _same_op)
+structural("Movedim", [T.movedim, torch.movedim, T.moveaxis, torch.moveaxis],
+           "y = x with dims moved src -> dst  ->  dx = g with dims moved dst -> src", _unmove)
+structural("Flip", [T.flip, torch.flip], "y = x reversed along dims  ->  dx = g reversed along dims", _same_op)
+structural("Fliplr", [T.fliplr, torch.fliplr], "y = x reversed along dim 1  ->  dx = g reversed along dim 1", _same_op)
+structural("Flipud", [T.flipud, torch.flipud], "y = x reversed along dim 0  ->  dx = g reversed along dim 0", _same_op)
+structural("Roll", [T.roll, torch.roll], "y = x rolled by s  ->  dx = g rolled by -s", _unroll)
+
+
+# ------------------------------------------------------------------ elements copied: sum the copies' gradients
+
+def _sum_copies(ctx: Any, g: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
+    return g.sum_to_size(ctx.shape)
+
+
+def _unrepeat(ctx: Any, g: torch.Tensor, *repeats: Any) -> torch.Tensor:
+    """g of shape (r0*s0, r1*s1, ...) viewed as (r0, s0, r1, s1, ...), summed over the r's."""
+    repeats = sizes(repeats)
+    shape = (1,) * (len(repeats) - len(ctx.shape)) + tuple(ctx.shape)
+    split = [n for pair in zip(repeats, shape) for n in pair]
+    if not split:
+        return g
+    return g.reshape(split).sum(tuple(range(0, len(split), 2))).reshape(ctx.shape)
+
+
+def _untile(ctx: Any, g: torch.Tensor, dims: Any) -> torch.Tensor:
+    dims = tuple(dims)
+    return _unrepeat(ctx, g, (1,) * (len(ctx.shape) - len(dims)) + dims)
+
+
+def _broadcast_back(ctx: Any, g: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
+    return g.expand(ctx.shape)
+
+
+structural("Expand", [T.expand], "y = x broadcast to a shape  ->  dx = g summed over the broadcast dims", _sum_copies)
+structural("ExpandAs", [T.expand_as], "y = x broadcast to other's shape  ->  dx = g summed over broadcast dims",
+           _sum_copies)
+structural("BroadcastTo", [T.broadcast_to, torch.broadcast_to],
+           "y = x broadcast to a shape  ->  dx = g summed over the broadcast dims", _sum_copies)
+structural("Repeat", [T.repeat], "y = x tiled r_i times along dim i  ->  dx = sum of g over the tiles", _unrepeat)
+structural("Tile", [T.tile, torch.tile], "y = x tiled r_i times along dim i  ->  dx = sum of g over the tiles", _untile)
+structural("SumToSize", [T.sum_to_size], "y = x summed down to a shape  ->  dx = g broadcast to x's shape",
+           _broadcast_back)
+
+
+# ------------------------------------------------------------------ copies and conversions: g passes through
+
+def _identity(ctx: Any, g: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
+    return g
+
+
+def _convert_back(ctx: Any, g: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
+    return g.to(device=ctx.device, dtype=ctx.dtype)
+
+
+structural("Contiguous", [T.contiguous], "y = x laid out contiguously  ->  dx = g", _identity)
+structural("Clone", [T.clone, torch.clone], "y = copy of x  ->  dx = g", _identity)
+for _name, _target in [("To", T.to), ("TypeAs", T.type_as), ("Float", T.float), ("Double", T.double),
+                       ("Half", T.half), ("BFloat16", T.bfloat16), ("Cpu", T.cpu), ("Cuda", T.cuda)]:
+    structural(_name, [_target], "y = x converted to another dtype / device  ->  dx = g converted back", _convert_back)
+
+
+# ------------------------------------------------------------------ part of x: embed g into zeros; and the inverse
+
+def _narrow_scatter(base: torch.Tensor, src: torch.Tensor, dim: int, start: Any, length: int) -> torch.Tensor:
+    start = int(start)
+    start = start + base.shape[dim] if start < 0 else start
+    return torch.slice_scatter(base, src, dim, start, start + length)
+
+
+def _slice(x: torch.Tensor, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> torch.Tensor:
+    """The part of x that slice_scatter(x, src, dim, start, end, step) overwrites."""
+    return x[(slice(None),) * (dim % x.dim()) + (slice(start, end, step),)]
+
+
+def part_of(name: str, targets: Sequence[Callable], embed: Callable) -> type:
+    """y = view(x, *args) picks part of x  ->  dx = embed(zeros like x, g, *args)."""
+
+    def forward(ctx: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        ctx.shape, ctx.args, ctx.kwargs = x.shape, args, kwargs
+        return targets[0](x, *args, **kwargs)
+
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return embed(g.new_zeros(ctx.shape), g, *ctx.args, **ctx.kwargs)
+
+    return rule(name, f"y = {name.lower()} of x  ->  dx = g written into zeros where y came from", forward,
+                     backward, targets)
+
+
+def written_into(name: str, targets: Sequence[Callable], part: Callable) -> type:
+    """y = scatter(x, src, *args): src overwrites part of x  ->  dx = g with that part zeroed, dsrc = that part of g."""
+
+    def forward(ctx: Any, x: torch.Tensor, src: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        ctx.src_shape, ctx.args, ctx.kwargs = src.shape, args, kwargs
+        return targets[0](x, src, *args, **kwargs)
+
+    def backward(ctx: Any, g: torch.Tensor) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        need_x, need_src = ctx.needs_input_grad[:2]
+        dx = targets[0](g, g.new_zeros(ctx.src_shape), *ctx.args, **ctx.kwargs) if need_x else None
+        return dx, part(g, *ctx.args, **ctx.kwargs) if need_src else None
+
+    math_line = f"y = x with src written in ({name})  ->  dx = g zeroed there, dsrc = g there"
+    return rule(name, math_line, forward, backward, targets)
+
+
+part_of("Select", [T.select, torch.select], torch.select_scatter)
+part_of("Narrow", [T.narrow, torch.narrow], _narrow_scatter)
+part_of("Diagonal", [T.diagonal, torch.diagonal], torch.diagonal_scatter)
+written_into("SelectScatter", [torch.select_scatter, T.select_scatter], T.select)
+written_into("SliceScatter", [torch.slice_scatter, T.slice_scatter], _slice)
+written_into("DiagonalScatter", [torch.diagonal_scatter, T.diagonal_scatter], T.diagonal)
+
+
+@register(T.unfold)
+class Unfold(Function):
+    """y = sliding windows of x along dim (windows may overlap)  ->  dx = g added back at each window's elements"""
+
+    @staticmethod
+    def forward(ctx, x, dimension, size, step):
+        ctx.shape, ctx.args = x.shape, (dimension, size, step)
+        return T.unfold(x, dimension, size, step)
+
+    @staticmethod
+    def backward(ctx, g):
+        return add_at(g, ctx.shape, positions(ctx.shape, g.device).unfold(*ctx.args))
+
+
+# ------------------------------------------------------------------ joining and cutting
+
+@register(torch.cat, torch.concat, torch.concatenate)
+class Cat(Function):
+    """y = [x_1, ..., x_n] joined along dim  ->  dx_i = the slice of g where x_i went"""
+
+    @staticmethod
+    def forward(ctx, tensors, dim=0, *, axis=None):
+        dim = dim if axis is None else axis  # torch.concatenate names it axis
+        y = torch.cat(tensors, dim)
+        ctx.dim = dim % y.dim()
+        ctx.shapes = [t.shape for t in tensors]
+        # torch skips 1-D empty tensors whatever dim is: they take up no slice of y
+        legacy_empty = [t.dim() == 1 and t.numel() == 0 and y.dim() != 1 for t in tensors]
+        ctx.sizes = [0 if skip else t.shape[ctx.dim] for t, skip in zip(tensors, legacy_empty)]
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        pieces = g.split(ctx.sizes, ctx.dim)
+        return [p if p.shape == s else p.reshape(s) for p, s in zip(pieces, ctx.shapes)], None
+
+
+@register(torch.stack)
+class Stack(Function):
+    """y = [x_1, ..., x_n] stacked along a new dim  ->  dx_i = g[..., i, ...]"""
+
+    @staticmethod
+    def forward(ctx, tensors, dim=0):
+        ctx.dim = dim
+        return torch.stack(tensors, dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        return list(g.unbind(ctx.dim)), None
+
+
+def joined(name: str, targets: Sequence[Callable], lift: Callable, dim_of: Callable) -> type:
+    """y = cat([lift(x_i)], dim_of(lifted)) (hstack, vstack, ...)  ->  dx_i = its slice of g, reshaped to x_i."""
+
+    def forward(ctx: Any, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        lifted = [lift(t) for t in tensors]
+        ctx.dim, ctx.shapes = dim_of(lifted), [t.shape for t in tensors]
+        ctx.sizes = [t.shape[ctx.dim] for t in lifted]
+        return targets[0](tensors)
+
+    def backward(ctx: Any, g: torch.Tensor) -> Tuple[list]:
+        return ([p.reshape(s) for p, s in zip(g.split(ctx.sizes, ctx.dim), ctx.shapes)],)
+
+    return rule(name, "y = the x_i (made at least k-D) joined along a dim  ->  dx_i = its slice of g", forward,
+                     backward, targets)
+
+
+def _as_column(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, 1) if t.dim() < 2 else t
+
+
+joined("Hstack", [torch.hstack], torch.atleast_1d, lambda lifted: 0 if lifted[0].dim() == 1 else 1)
+joined("Vstack", [torch.vstack, torch.row_stack], torch.atleast_2d, lambda lifted: 0)
+joined("Dstack", [torch.dstack], torch.atleast_3d, lambda lifted: 2)
+joined("ColumnStack", [torch.column_stack], _as_column, lambda lifted: 1)
+
+
+def cut(name: str, targets: Sequence[Callable]) -> type:
+    """(y_1, ..., y_n) = x cut into consecutive pieces along one dim  ->  dx = the pieces' gradients joined."""
+    op = targets[0]
+
+    def forward(ctx: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> Tuple[torch.Tensor, ...]:
+        pieces = op(x, *args, **kwargs)
+        # the cut dim is the one where a piece is shorter than x (any dim when there is a single piece)
+        ctx.dim = next((d for d in range(x.dim()) if any(p.shape[d] != x.shape[d] for p in pieces)), 0)
+        return pieces
+
+    def backward(ctx: Any, *grads: torch.Tensor) -> torch.Tensor:
+        return torch.cat(grads, ctx.dim)
+
+    return rule(name, "(y_1..y_n) = pieces of x along dim  ->  dx = cat(dy_1..dy_n, dim)", forward, backward,
+                     targets)
+
+
+cut("Split", [T.split, torch.split])
+cut("SplitWithSizes", [T.split_with_sizes, torch.split_with_sizes])
+cut("Chunk", [T.chunk, torch.chunk])
+cut("TensorSplit", [T.tensor_split, torch.tensor_split])
+cut("Hsplit", [T.hsplit, torch.hsplit])
+cut("Vsplit", [T.vsplit, torch.vsplit])
+cut("Dsplit", [T.dsplit, torch.dsplit])
+
+
+@register(T.unbind, torch.unbind)
+class Unbind(Function):
+    """(y_1, ..., y_n) = the slices x[..., i, ...]  ->  dx = stack(dy_1, ..., dy_n)"""
+
+    @staticmethod
+    def forward(ctx, x, dim=0):
+        ctx.dim = dim
+        return torch.unbind(x, dim)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return torch.stack(grads, ctx.dim)
