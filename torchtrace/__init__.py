@@ -1,6 +1,9 @@
 """torchtrace: an educational autograd engine on a torch.Tensor subclass. Public names only."""
-from torchtrace import ops  # noqa: F401  (registers every gradient rule)
-from torchtrace import optim
+from torchtrace import (
+    nn,
+    ops,  # noqa: F401  (registers every gradient rule)
+    optim,
+)
 from torchtrace.autograd.engine import backward, grad
 from torchtrace.autograd.function import Function, register, supported_ops
 from torchtrace.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
@@ -25,5 +28,5 @@ __all__ = [
     "tracer", "as_tracer", "zeros", "ones", "rand", "randn", "zeros_like", "ones_like", "full", "arange",
     "linspace", "eye", "from_numpy", "backward", "grad", "Function", "register", "supported_ops",
     "no_grad", "enable_grad", "is_grad_enabled", "check", "gradcheck", "GradientMismatch",
-    "UnsupportedOperationError", "optim",
+    "UnsupportedOperationError", "nn", "optim",
 ]

@@ -182,7 +182,8 @@ class Node:
         from torchtrace.autograd.dispatch import link_output
 
         outputs = [ref() for ref in self.raw_outputs]
-        return tuple(next((link_output(s, self, nr) for nr, o in enumerate(outputs) if s is o), s) for s in self.saved)
+        linked = {id(o): link_output(o, self, nr) for nr, o in enumerate(outputs) if o is not None}
+        return tuple(linked.get(id(s), s) if s is not None else s for s in self.saved)
 
     def release(self) -> None:
         """Free what forward saved (called after this node ran, unless retain_graph)."""

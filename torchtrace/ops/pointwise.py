@@ -27,6 +27,10 @@ unary("Log10", [torch.log10, T.log10], "y = log10 x  ->  dy/dx = 1/(x ln 10)",
       lambda g, x, y: g / (x * LN10))
 unary("Log1p", [torch.log1p, T.log1p, torch.special.log1p], "y = ln(1 + x)  ->  dy/dx = 1/(1 + x)",
       lambda g, x, y: g / (x + 1))
+unary("Erf", [torch.erf, T.erf, torch.special.erf], "y = erf x  ->  dy/dx = 2/sqrt(pi) e^(-x^2)",
+      lambda g, x, y: g * (2 / math.sqrt(math.pi)) * torch.exp(-x * x))
+unary("Erfc", [torch.erfc, T.erfc, torch.special.erfc], "y = erfc x  ->  dy/dx = -2/sqrt(pi) e^(-x^2)",
+      lambda g, x, y: g * (-2 / math.sqrt(math.pi)) * torch.exp(-x * x))
 unary("Sqrt", [torch.sqrt, T.sqrt], "y = sqrt x  ->  dy/dx = 1/(2y)",
       lambda g, x, y: g / (2 * y))
 unary("Rsqrt", [torch.rsqrt, T.rsqrt], "y = x^(-1/2)  ->  dy/dx = -y^3/2",

@@ -1,0 +1,238 @@
+"""Loss rules (F.mse_loss ... F.kl_div) and loss modules, against torch autograd and finite differences."""
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import check_op, double_backward_matches, non_contiguous
+
+import torchtrace as tt
+import torchtrace.nn as nn
+
+torch.manual_seed(0)
+X, T = torch.randn(4, 3), torch.randn(4, 3)
+W = torch.rand(4, 3) + 0.5
+LOGITS = torch.randn(5, 4)
+LABELS = torch.tensor([0, 3, 1, 1, 2])
+WITH_IGNORED = torch.tensor([0, -100, 1, 3, -100])
+CLASS_WEIGHT = torch.tensor([0.2, 1.0, 2.0, 0.7])
+SOFT = torch.softmax(torch.randn(5, 4), 1)
+LABELS_2D = torch.randint(0, 4, (2, 3, 2))
+PROB, TARGET01 = torch.sigmoid(torch.randn(4, 3)), torch.rand(4, 3)
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using a target size", "ignore:reduction", "ignore:size_average")
+
+
+def like(x, value):
+    """Closure constants follow the input's dtype (gradcheck runs in float64)."""
+    if isinstance(value, dict):
+        return {k: like(x, v) for k, v in value.items()}
+    return value.to(x.dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
+
+REDUCTIONS = ["mean", "sum", "none"]
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("fn", [
+    F.mse_loss,
+    F.l1_loss,
+    F.smooth_l1_loss,
+    lambda x, t, reduction: F.smooth_l1_loss(x, t, reduction=reduction, beta=0.5),
+    lambda x, t, reduction: F.smooth_l1_loss(x, t, reduction=reduction, beta=0.0),
+    F.huber_loss,
+    lambda x, t, reduction: F.huber_loss(x, t, reduction, 0.3),
+    lambda x, t, reduction: F.mse_loss(x, t, reduction=reduction, weight=like(x, W)),
+    lambda x, t, reduction: F.huber_loss(x, t, reduction=reduction, delta=0.5, weight=like(x, W)),
+])
+def test_pointwise_losses(fn, reduction):
+    check_op(lambda x, t: fn(x, t, reduction=reduction), X, T)
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (F.mse_loss, (X, T[0])),  # broadcast target
+    (F.l1_loss, (X[:, :1], T)),  # broadcast input
+    (F.mse_loss, (X.double(), T.double())),
+    (F.huber_loss, (non_contiguous(X), T)),
+    (F.mse_loss, (torch.tensor(0.3), torch.tensor(-1.0))),  # 0-d
+    (lambda x, t: F.mse_loss(x, t, size_average=False), (X, T)),  # deprecated flags
+    (lambda x, t: F.l1_loss(x, t, reduce=False), (X, T)),
+    (lambda x, t: F.smooth_l1_loss(x, t, None, True, beta=2.0), (X, T)),
+    (lambda x: F.mse_loss(x * 3, x) + F.huber_loss(x, 2 * x), (X,)),  # one input in both roles
+    (lambda x, t: F.mse_loss(input=x, target=t), (X, T)),
+])
+def test_pointwise_loss_forms(fn, inputs):
+    check_op(fn, *inputs)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"weight": CLASS_WEIGHT},
+    {"label_smoothing": 0.1},
+    {"weight": CLASS_WEIGHT, "label_smoothing": 0.2},
+])
+@pytest.mark.parametrize("target", [LABELS, WITH_IGNORED])
+def test_cross_entropy_class_indices(target, kwargs, reduction):
+    check_op(lambda x: F.cross_entropy(x, target, reduction=reduction, **like(x, kwargs)), LOGITS)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("kwargs", [{}, {"weight": CLASS_WEIGHT}, {"label_smoothing": 0.3},
+                                    {"weight": CLASS_WEIGHT, "label_smoothing": 0.1}])
+def test_cross_entropy_probabilities(kwargs, reduction):
+    """Probability targets get a gradient too."""
+    check_op(lambda x, t: F.cross_entropy(x, t, reduction=reduction, **like(x, kwargs)), LOGITS, SOFT)
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (lambda x: F.cross_entropy(x, LABELS, None, None, 1), (LOGITS,)),  # ignore a real class, positionally
+    (lambda x: F.cross_entropy(x, LABELS_2D), (torch.randn(2, 4, 3, 2),)),  # (N, C, d1, d2)
+    (lambda x: F.cross_entropy(x, LABELS_2D[..., 0], reduction="none", label_smoothing=0.1), (torch.randn(2, 4, 3),)),
+    (lambda x, t: F.cross_entropy(x, t), (torch.randn(2, 4, 3), torch.softmax(torch.randn(2, 4, 3), 1))),
+    (lambda x: F.cross_entropy(x, torch.tensor(2)), (torch.randn(4),)),  # unbatched
+    (lambda x: F.cross_entropy(x, torch.tensor(2), reduction="none", weight=like(x, CLASS_WEIGHT)), (torch.randn(4),)),
+    (lambda x: F.cross_entropy(x, LABELS, size_average=False), (LOGITS,)),
+    (lambda x: F.cross_entropy(x, LABELS, reduce=False), (LOGITS,)),
+    (lambda x: F.cross_entropy(non_contiguous(x), LABELS), (LOGITS.double(),)),
+    (lambda x: F.cross_entropy(x * x, LABELS) + x.sum(), (LOGITS,)),
+])
+def test_cross_entropy_forms(fn, inputs):
+    check_op(fn, *inputs)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("target, kwargs", [
+    (LABELS, {}), (LABELS, {"weight": CLASS_WEIGHT}), (LABELS, {"ignore_index": 3}),
+    (LABELS, {"weight": CLASS_WEIGHT, "ignore_index": 1}), (WITH_IGNORED, {}), (WITH_IGNORED, {"weight": CLASS_WEIGHT}),
+])
+def test_nll_loss(target, kwargs, reduction):
+    check_op(lambda x: F.nll_loss(x, target, reduction=reduction, **like(x, kwargs)), LOGITS.log_softmax(1))
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (lambda x: F.nll_loss(x, LABELS_2D[..., 0]), (torch.randn(2, 4, 3),)),
+    (lambda x: F.nll_loss(x, torch.tensor(1), weight=like(x, CLASS_WEIGHT)), (torch.randn(4),)),
+    (lambda x: F.nll_loss(F.log_softmax(x, 1) if F.log_softmax in tt.supported_ops() else x, LABELS), (LOGITS,)),
+])
+def test_nll_loss_forms(fn, inputs):
+    check_op(fn, *inputs)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("weight", [None, torch.rand(3) + 0.5, W])
+def test_binary_cross_entropy(weight, reduction):
+    check_op(lambda p, t: F.binary_cross_entropy(p, t, like(p, weight), reduction=reduction), PROB, TARGET01)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("weight, pos_weight", [
+    (None, None), (W, None), (None, torch.tensor([0.5, 2.0, 3.0])), (torch.rand(3), torch.tensor([0.5, 2.0, 3.0])),
+    (None, torch.tensor(2.5)),
+])
+def test_binary_cross_entropy_with_logits(weight, pos_weight, reduction):
+    check_op(lambda x, t: F.binary_cross_entropy_with_logits(x, t, like(x, weight), reduction=reduction,
+                                                             pos_weight=like(x, pos_weight)), X * 2, TARGET01)
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (lambda p, t: F.binary_cross_entropy(p, t, reduce=False), (PROB, TARGET01)),
+    (lambda p: F.binary_cross_entropy(p, torch.ones_like(p)), (PROB.double(),)),
+    (lambda x: F.binary_cross_entropy_with_logits(x, torch.ones_like(x), size_average=False), (X,)),
+    (lambda x, t: F.binary_cross_entropy_with_logits(x, t), (torch.tensor(0.3), torch.tensor(1.0))),
+])
+def test_binary_cross_entropy_forms(fn, inputs):
+    check_op(fn, *inputs)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "batchmean", "sum", "none"])
+@pytest.mark.parametrize("log_target", [False, True])
+def test_kl_div(log_target, reduction):
+    target = SOFT.log() if log_target else SOFT
+    check_op(lambda x, t: F.kl_div(x, t, reduction=reduction, log_target=log_target), LOGITS.log_softmax(1), target)
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (lambda x, t: F.kl_div(x, t, reduction="batchmean"), (torch.tensor(-0.5), torch.tensor(0.3))),  # 0-d
+    (lambda x, t: F.kl_div(x, t, None, False), (LOGITS, SOFT)),
+    (lambda x, t: F.kl_div(x, t[0], reduction="sum"), (LOGITS, SOFT)),  # broadcast target
+])
+def test_kl_div_forms(fn, inputs):
+    check_op(fn, *inputs)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda x, w: F.mse_loss(x, T, weight=w), "weight"),
+    (lambda x, w: F.huber_loss(x, T, "mean", 1.0, w), "weight"),
+    (lambda x, w: F.cross_entropy(x, LABELS[:4], w[0, :3]), "weight"),
+    (lambda x, w: F.nll_loss(x, LABELS[:4], weight=w[0, :3]), "weight"),
+    (lambda x, w: F.binary_cross_entropy(torch.sigmoid(x), TARGET01, w), "weight"),
+    (lambda x, w: F.binary_cross_entropy_with_logits(x, TARGET01, w), "weight"),
+    (lambda x, w: F.binary_cross_entropy_with_logits(x, TARGET01, pos_weight=w[0]), "pos_weight"),
+])
+def test_weights_that_require_grad_are_refused(call, name):
+    x = tt.tracer(X)
+    with pytest.raises(RuntimeError, match=f"not differentiable with respect to '{name}'"):
+        call(x, tt.tracer(W, requires_grad=True))
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (lambda x, t: F.mse_loss(x, t) * F.mse_loss(x, t, reduction="sum"), (X, T)),
+    (lambda x, t: F.huber_loss(x * x, t, delta=0.5), (X, T)),
+    (lambda x: F.binary_cross_entropy_with_logits(x, TARGET01, pos_weight=torch.tensor(2.0)), (X,)),
+    (lambda x: F.binary_cross_entropy(torch.sigmoid(x), TARGET01), (X,)),
+    (lambda x: F.cross_entropy(x, LABELS, weight=CLASS_WEIGHT, label_smoothing=0.1), (LOGITS,)),
+    (lambda x, t: F.cross_entropy(x, t), (LOGITS, SOFT)),
+    (lambda x, t: F.kl_div(x, t, reduction="batchmean", log_target=True), (LOGITS, SOFT.log())),
+])
+def test_double_backward(fn, inputs):
+    double_backward_matches(fn, *inputs)
+
+
+@pytest.mark.parametrize("name, kwargs, inputs", [
+    ("MSELoss", {}, (X, T)),
+    ("MSELoss", {"reduction": "sum"}, (X, T)),
+    ("L1Loss", {"reduction": "none"}, (X, T)),
+    ("SmoothL1Loss", {"beta": 0.5}, (X, T)),
+    ("HuberLoss", {"delta": 0.5}, (X, T)),
+    ("CrossEntropyLoss", {"weight": CLASS_WEIGHT, "ignore_index": 1, "label_smoothing": 0.1}, (LOGITS, LABELS)),
+    ("CrossEntropyLoss", {}, (LOGITS, SOFT)),
+    ("NLLLoss", {"weight": CLASS_WEIGHT, "reduction": "sum"}, (LOGITS, LABELS)),
+    ("BCELoss", {"weight": torch.rand(3)}, (PROB, TARGET01)),
+    ("BCEWithLogitsLoss", {"pos_weight": torch.tensor([1.0, 2.0, 0.5])}, (X, TARGET01)),
+    ("KLDivLoss", {"reduction": "batchmean", "log_target": True}, (LOGITS.log_softmax(1), SOFT.log())),
+])
+def test_loss_modules_match_torch(name, kwargs, inputs):
+    ours, theirs = getattr(nn, name)(**kwargs), getattr(torch.nn, name)(**kwargs)
+    assert isinstance(ours, nn.Module) and isinstance(ours, type(theirs)) and repr(ours) == repr(theirs)
+    check_op(ours, *inputs, gradcheck=False)  # the F-level tests above run the finite differences
+    first = tt.tracer(inputs[0], requires_grad=True)
+    loss = ours(first, inputs[1])
+    torch.testing.assert_close(loss.as_subclass(torch.Tensor), theirs(*inputs))
+    assert loss.grad_fn.module is ours
+
+
+def test_mse_is_the_original_name_of_mse_loss():
+    assert nn.MSE is nn.MSELoss
+    loss = nn.MSE()(tt.tracer(X, requires_grad=True), T)
+    assert loss.grad_fn.name == "MseLossBackward"
+
+
+@pytest.mark.parametrize("fn, name", [
+    (lambda x: F.cross_entropy(x, LABELS), "CrossEntropyBackward"),
+    (lambda x: F.nll_loss(x, LABELS), "NllLossBackward"),
+    (lambda x: F.kl_div(x, SOFT, reduction="batchmean"), "KlDivBackward"),
+    (lambda x: F.smooth_l1_loss(x, SOFT), "SmoothL1LossBackward"),
+])
+def test_node_names(fn, name):
+    assert fn(tt.tracer(LOGITS, requires_grad=True)).grad_fn.name == name
+
+
+def test_cross_entropy_with_every_target_ignored():
+    """The loss is 0 / 0 = nan, as in torch; the gradient is zero, as in torch."""
+    check_op(lambda x: F.cross_entropy(x, torch.full((5,), -100)), LOGITS, gradcheck=False)
+
+
+def test_no_node_when_nothing_requires_grad():
+    loss = F.cross_entropy(tt.tracer(LOGITS), LABELS)
+    assert isinstance(loss, tt.tracer) and loss.grad_fn is None
+    torch.testing.assert_close(loss.as_subclass(torch.Tensor), F.cross_entropy(LOGITS, LABELS))

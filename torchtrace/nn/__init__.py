@@ -1,0 +1,48 @@
+"""torchtrace.nn: torch.nn layers whose gradients come from torchtrace's rules.
+
+Each layer file holds the torch.nn.functional rules of its family (forward, hand-derived backward)
+and its modules. Modules are torch.nn.Modules whose parameters are tracers (`Parameter`), so torch
+code calling F.* on tracers is differentiated by the same rules.
+"""
+from torch.nn import functional, init  # noqa: F401  (torch's initialisers fill tracer parameters, same seeds)
+
+from torchtrace.nn.activation import (
+    ELU,
+    GELU,
+    Hardtanh,
+    LeakyReLU,
+    LogSoftmax,
+    Mish,
+    ReLU,
+    ReLU6,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Softplus,
+    Tanh,
+)
+from torchtrace.nn.attention import MultiheadAttention
+from torchtrace.nn.container import Flatten, Identity, ModuleDict, ModuleList, Sequential, Unflatten
+from torchtrace.nn.linear import Bilinear, Linear
+from torchtrace.nn.loss import (
+    MSE,
+    BCELoss,
+    BCEWithLogitsLoss,
+    CrossEntropyLoss,
+    HuberLoss,
+    KLDivLoss,
+    L1Loss,
+    MSELoss,
+    NLLLoss,
+    SmoothL1Loss,
+)
+from torchtrace.nn.module import Model, Module, Parameter
+from torchtrace.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
+
+__all__ = [
+    "Module", "Model", "Parameter", "Sequential", "ModuleList", "ModuleDict", "Identity", "Flatten", "Unflatten",
+    "Linear", "Bilinear", "ReLU", "ReLU6", "LeakyReLU", "ELU", "GELU", "SiLU", "Mish", "Softplus", "Sigmoid",
+    "Tanh", "Hardtanh", "Softmax", "LogSoftmax", "MSELoss", "MSE", "L1Loss", "SmoothL1Loss", "HuberLoss",
+    "CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "KLDivLoss", "MultiheadAttention",
+    "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell", "init", "functional",
+]

@@ -1,0 +1,133 @@
+"""Activations: one table line per torch.nn.functional rule (math, gradient), then the modules.
+
+F.relu, torch.sigmoid, torch.tanh, F.softmax and F.log_softmax have their rules in torchtrace/ops;
+the ReLU, Sigmoid, Tanh, Softmax and LogSoftmax modules below just call them. `inplace=True` is
+ignored: the result is computed out of place and returned.
+"""
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from torchtrace.autograd.function import Function, register
+from torchtrace.nn.module import Module
+
+
+def activation(name: str, target: Callable, math_line: str, grad: Callable, **defaults: Any) -> type:
+    """Rule for y = target(x, **options); grad(g, x, y, **options) is the vector-Jacobian product.
+
+    `defaults` lists target's options in positional order, with their default values.
+    """
+    names = list(defaults)
+
+    def forward(ctx: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+        options = {**defaults, **dict(zip(names, args)), **kwargs}
+        options.pop("inplace", None)
+        y = target(input, **options)
+        ctx.options = options
+        ctx.save_for_backward(input, y)
+        return y
+
+    def backward(ctx: Any, g: Any) -> Any:
+        x, y = ctx.saved_tensors
+        return grad(g, x, y, **ctx.options)
+
+    body = {"__doc__": math_line, "forward": staticmethod(forward), "backward": staticmethod(backward)}
+    return register(target, rule=type(name, (Function,), body))
+
+
+def _inside(g: torch.Tensor, x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """g where low < x < high, 0 elsewhere (torch's convention at the corners too)."""
+    return g * ((x > low) & (x < high))
+
+
+def _gelu(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, approximate: str) -> torch.Tensor:
+    if approximate == "tanh":
+        c = math.sqrt(2 / math.pi)
+        t = torch.tanh(c * (x + 0.044715 * x ** 3))
+        return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x))
+    cdf = 0.5 * (1 + torch.erf(x / math.sqrt(2)))
+    pdf = torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    return g * (cdf + x * pdf)
+
+
+def _mish(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    t = torch.tanh(F.softplus(x))
+    return g * (t + x * torch.sigmoid(x) * (1 - t * t))
+
+
+def _silu(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    s = torch.sigmoid(x)
+    return g * s * (1 + x * (1 - s))
+
+
+activation("Relu6", F.relu6, "y = min(max(x, 0), 6)  ->  dy/dx = 1 for 0 < x < 6, else 0",
+           lambda g, x, y: _inside(g, x, 0, 6), inplace=False)
+activation("Hardtanh", F.hardtanh, "y = clamp(x, lo, hi)  ->  dy/dx = 1 for lo < x < hi, else 0",
+           lambda g, x, y, min_val, max_val: _inside(g, x, min_val, max_val), min_val=-1.0, max_val=1.0, inplace=False)
+activation("LeakyRelu", F.leaky_relu, "y = x if x > 0 else a x  ->  dy/dx = 1 if x > 0 else a",
+           lambda g, x, y, negative_slope: torch.where(x > 0, g, g * negative_slope),
+           negative_slope=0.01, inplace=False)
+activation("Elu", F.elu, "y = x if x > 0 else a (e^x - 1)  ->  dy/dx = 1 if x > 0 else y + a",
+           lambda g, x, y, alpha: torch.where(x > 0, g, g * (y + alpha)), alpha=1.0, inplace=False)
+activation("Gelu", F.gelu, "y = x Phi(x)  ->  dy/dx = Phi(x) + x phi(x)  (approximate='tanh': that form's derivative)",
+           _gelu, approximate="none")
+activation("Silu", F.silu, "y = x s(x), s = sigmoid  ->  dy/dx = s (1 + x (1 - s))", _silu, inplace=False)
+activation("Mish", F.mish, "y = x tanh(softplus x)  ->  dy/dx = t + x s(x) (1 - t^2), t = tanh(softplus x)",
+           _mish, inplace=False)
+activation("Softplus", F.softplus, "y = log(1 + e^(b x)) / b (x if b x > threshold)  ->  dy/dx = s(b x) (1 past it)",
+           lambda g, x, y, beta, threshold: torch.where(x * beta > threshold, g, g * torch.sigmoid(x * beta)),
+           beta=1.0, threshold=20.0)
+
+
+class ReLU(Module, torch.nn.ReLU):
+    """max(x, 0)."""
+
+
+class ReLU6(Module, torch.nn.ReLU6):
+    """min(max(x, 0), 6)."""
+
+
+class LeakyReLU(Module, torch.nn.LeakyReLU):
+    """x if x > 0 else negative_slope * x."""
+
+
+class ELU(Module, torch.nn.ELU):
+    """x if x > 0 else alpha (e^x - 1)."""
+
+
+class GELU(Module, torch.nn.GELU):
+    """x Phi(x), exact or with approximate='tanh'."""
+
+
+class SiLU(Module, torch.nn.SiLU):
+    """x sigmoid(x)."""
+
+
+class Mish(Module, torch.nn.Mish):
+    """x tanh(softplus(x))."""
+
+
+class Softplus(Module, torch.nn.Softplus):
+    """log(1 + e^(beta x)) / beta, linear past the threshold."""
+
+
+class Sigmoid(Module, torch.nn.Sigmoid):
+    """1 / (1 + e^-x)."""
+
+
+class Tanh(Module, torch.nn.Tanh):
+    """tanh(x)."""
+
+
+class Hardtanh(Module, torch.nn.Hardtanh):
+    """clamp(x, min_val, max_val)."""
+
+
+class Softmax(Module, torch.nn.Softmax):
+    """e^x / sum e^x along dim."""
+
+
+class LogSoftmax(Module, torch.nn.LogSoftmax):
+    """x - logsumexp(x) along dim."""

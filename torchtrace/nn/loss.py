@@ -1,0 +1,283 @@
+"""Losses: the torch.nn.functional rules (math, forward, hand-derived backward), then the modules.
+
+Every loss is an elementwise (or per-sample) loss l followed by a reduction: 'none' keeps l, 'sum'
+adds it up, 'mean' divides the sum by a divisor (the element count, the summed class weights, or
+the batch size for kl_div's 'batchmean'). So each backward is dl/d(input) times `_scale(g, ...)`.
+Class and sample weights are constants, as in torch: a weight that requires a gradient is refused.
+"""
+import inspect
+from typing import Any, Callable, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from torchtrace.autograd.function import Function, register
+from torchtrace.nn.module import Module
+
+
+def _reduction(size_average: Optional[bool], reduce: Optional[bool], reduction: str) -> str:
+    """The reduction string, honouring the deprecated size_average / reduce flags as torch does."""
+    if size_average is None and reduce is None:
+        return reduction
+    if reduce is False:
+        return "none"
+    return "sum" if size_average is False else "mean"
+
+
+def _scale(g: torch.Tensor, reduction: str, divisor: Any) -> torch.Tensor:
+    """d(reduced loss) / d(elementwise loss): g for 'none' and 'sum', g / divisor for 'mean' and 'batchmean'."""
+    return g / divisor if reduction in ("mean", "batchmean") else g
+
+
+def _refuse_grad(ctx: Any, position: int, op: str, name: str) -> None:
+    """Raise when the argument at `position` (a class / sample weight) requires a gradient."""
+    if ctx.needs_input_grad[position]:
+        raise RuntimeError(
+            f"torchtrace's rule for {op} is not differentiable with respect to '{name}' (nor is torch's): "
+            f"pass {name}.detach()."
+        )
+
+
+def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mean_over_weights: bool) -> type:
+    """Rule for a loss of d = input - target, elementwise times an optional weight w, then reduced.
+
+    slope(d, **options) is dl/dd. 'mean' divides by the summed weights when mean_over_weights
+    (mse_loss, l1_loss), else by the element count.
+    """
+    signature = inspect.signature(fn)
+    names = list(signature.parameters)
+
+    def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        arguments = call.arguments
+        if "weight" in names:
+            _refuse_grad(ctx, names.index("weight"), fn.__name__, "weight")
+        ctx.reduction = _reduction(arguments.get("size_average"), arguments.get("reduce"), arguments["reduction"])
+        ctx.options = {k: v for k, v in arguments.items() if k in ("beta", "delta")}
+        ctx.save_for_backward(arguments["input"], arguments["target"], arguments.get("weight"))
+        return fn(*call.args, **call.kwargs)
+
+    def backward(ctx: Any, g: Any) -> Any:
+        input, target, weight = ctx.saved_tensors
+        d = input - target
+        local = slope(d, **ctx.options)
+        divisor = d.numel()
+        if weight is not None:
+            local = local * weight
+            divisor = weight.sum() if mean_over_weights else divisor
+        grad = local * _scale(g, ctx.reduction, divisor)
+        need_input, need_target = ctx.needs_input_grad[:2]
+        return (grad if need_input else None), (-grad if need_target else None)
+
+    body = {"__doc__": math_line, "_param_names": names,
+            "forward": staticmethod(forward), "backward": staticmethod(backward)}
+    return register(fn, rule=type(name, (Function,), body))
+
+
+pointwise_loss("MseLoss", F.mse_loss, "l = (x - t)^2  ->  dl/dx = 2 (x - t), dl/dt = -2 (x - t)",
+               lambda d: 2 * d, mean_over_weights=True)
+pointwise_loss("L1Loss", F.l1_loss, "l = |x - t|  ->  dl/dx = sign(x - t), dl/dt = -sign(x - t)",
+               torch.sign, mean_over_weights=True)
+pointwise_loss("SmoothL1Loss", F.smooth_l1_loss,
+               "l = d^2 / 2b if |d| < b else |d| - b/2, d = x - t  ->  dl/dx = clamp(d / b, -1, 1), dl/dt = -dl/dx",
+               lambda d, beta: (d / beta).clamp(-1, 1) if beta > 0 else torch.sign(d), mean_over_weights=False)
+pointwise_loss("HuberLoss", F.huber_loss,
+               "l = d^2 / 2 if |d| <= delta else delta (|d| - delta/2), d = x - t  ->  dl/dx = clamp(d, -delta, delta)",
+               lambda d, delta: d.clamp(-delta, delta), mean_over_weights=False)
+
+
+def _class_coefficients(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
+                        smoothing: float) -> Tuple[torch.Tensor, Any]:
+    """a[n, c], how much -log p[n, c] (or -x[n, c] for nll_loss) weighs in sample n's loss, and 'mean''s divisor.
+
+    Class indices y: a = w_c ((1 - eps) [c = y_n] + eps / C), zero for samples with y_n = ignore_index;
+    'mean' divides by the summed weights w_{y_n} of the counted samples.
+    Class probabilities t: a = w_c ((1 - eps) t_nc + eps / C); 'mean' divides by the number of samples.
+    """
+    class_dim = 0 if x.dim() == 1 else 1
+    n_classes = x.shape[class_dim]
+    along_classes = [n_classes if d == class_dim else 1 for d in range(x.dim())]
+    w = None if weight is None else weight.reshape(along_classes)
+    if target.is_floating_point():
+        a = target * (1 - smoothing) + smoothing / n_classes
+        return (a if w is None else a * w), x.numel() // n_classes
+    valid = (target != ignore_index).unsqueeze(class_dim)
+    classes = torch.arange(n_classes, device=x.device).reshape(along_classes)
+    hot = ((target.unsqueeze(class_dim) == classes) & valid).to(x.dtype)
+    a = hot * (1 - smoothing) + valid.to(x.dtype) * (smoothing / n_classes)
+    if w is not None:
+        a, divisor = a * w, (hot * w).sum()
+    else:
+        divisor = valid.sum()
+    return a, divisor + (divisor == 0)  # every sample ignored: a is all zeros, avoid 0 / 0
+
+
+def _per_sample_scale(g: torch.Tensor, reduction: str, divisor: Any, x: torch.Tensor) -> torch.Tensor:
+    """_scale for per-sample losses: with 'none', g (one entry per sample) gains the class dimension back."""
+    return g.unsqueeze(0 if x.dim() == 1 else 1) if reduction == "none" else _scale(g, reduction, divisor)
+
+
+@register(F.cross_entropy)
+class CrossEntropy(Function):
+    """l_n = -sum_c a_nc log p_nc, p = softmax x_n (a: _class_coefficients)
+    ->  dl/dx_n = p_n sum_c a_nc - a_n,  dl/dt_nc = -(1 - eps) w_c log p_nc (probability targets)"""
+
+    @staticmethod
+    def forward(ctx, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                reduction="mean", label_smoothing=0.0):
+        _refuse_grad(ctx, 2, "cross_entropy", "weight")
+        ctx.reduction = _reduction(size_average, reduce, reduction)
+        ctx.ignore_index, ctx.smoothing = ignore_index, label_smoothing
+        ctx.save_for_backward(input, target, weight)
+        return F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, target, weight = ctx.saved_tensors
+        a, divisor = _class_coefficients(x, target, weight, ctx.ignore_index, ctx.smoothing)
+        scale = _per_sample_scale(g, ctx.reduction, divisor, x)
+        class_dim = 0 if x.dim() == 1 else 1
+        log_p = F.log_softmax(x, class_dim)
+        need_x, need_target = ctx.needs_input_grad[:2]
+        grad_x = (log_p.exp() * a.sum(class_dim, keepdim=True) - a) * scale if need_x else None
+        grad_target = None
+        if need_target:
+            along_classes = [-1 if d == class_dim else 1 for d in range(x.dim())]
+            w = 1 if weight is None else weight.reshape(along_classes)
+            grad_target = -(1 - ctx.smoothing) * w * log_p * scale
+        return grad_x, grad_target
+
+
+@register(F.nll_loss)
+class NllLoss(Function):
+    """l_n = -w_{y_n} x_{n, y_n}  ->  dl/dx_nc = -w_c [c = y_n]  (0 for samples with y_n = ignore_index)"""
+
+    @staticmethod
+    def forward(ctx, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+        _refuse_grad(ctx, 2, "nll_loss", "weight")
+        ctx.reduction = _reduction(size_average, reduce, reduction)
+        ctx.ignore_index = ignore_index
+        ctx.save_for_backward(input, target, weight)
+        return F.nll_loss(input, target, weight, size_average, ignore_index, reduce, reduction)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, target, weight = ctx.saved_tensors
+        a, divisor = _class_coefficients(x, target, weight, ctx.ignore_index, 0.0)
+        return -a * _per_sample_scale(g, ctx.reduction, divisor, x), None
+
+
+@register(F.binary_cross_entropy)
+class BinaryCrossEntropy(Function):
+    """l = -w [t log x + (1 - t) log(1 - x)]  ->  dl/dx = w (x - t) / (x (1 - x)),  dl/dt = -w log(x / (1 - x))"""
+
+    @staticmethod
+    def forward(ctx, input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+        _refuse_grad(ctx, 2, "binary_cross_entropy", "weight")
+        ctx.reduction = _reduction(size_average, reduce, reduction)
+        ctx.save_for_backward(input, target, weight)
+        return F.binary_cross_entropy(input, target, weight, size_average, reduce, reduction)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, t, weight = ctx.saved_tensors
+        scale = _scale(g, ctx.reduction, x.numel())
+        scale = scale if weight is None else scale * weight
+        need_x, need_t = ctx.needs_input_grad[:2]
+        grad_x = (x - t) / (x * (1 - x)).clamp(min=1e-12) * scale if need_x else None  # torch's clamp, too
+        grad_t = -(torch.log(x) - torch.log1p(-x)) * scale if need_t else None
+        return grad_x, grad_t
+
+
+@register(F.binary_cross_entropy_with_logits)
+class BinaryCrossEntropyWithLogits(Function):
+    """l = -w [p t log s(x) + (1 - t) log(1 - s(x))], s = sigmoid, p = pos_weight
+    ->  dl/dx = w (s(x) (1 + (p - 1) t) - p t),  dl/dt = w ((p - 1) softplus(-x) - x)"""
+
+    @staticmethod
+    def forward(ctx, input, target, weight=None, size_average=None, reduce=None, reduction="mean", pos_weight=None):
+        _refuse_grad(ctx, 2, "binary_cross_entropy_with_logits", "weight")
+        _refuse_grad(ctx, 6, "binary_cross_entropy_with_logits", "pos_weight")
+        ctx.reduction = _reduction(size_average, reduce, reduction)
+        ctx.save_for_backward(input, target, weight, pos_weight)
+        return F.binary_cross_entropy_with_logits(input, target, weight, size_average, reduce, reduction, pos_weight)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, t, weight, p = ctx.saved_tensors
+        scale = _scale(g, ctx.reduction, x.numel())  # F checks that target has the shape of input
+        scale = scale if weight is None else scale * weight
+        need_x, need_t = ctx.needs_input_grad[:2]
+        if p is None:
+            grad_x = (torch.sigmoid(x) - t) * scale if need_x else None
+            return grad_x, -x * scale if need_t else None
+        grad_x = (torch.sigmoid(x) * (1 + (p - 1) * t) - p * t) * scale if need_x else None
+        grad_t = ((p - 1) * F.softplus(-x) - x) * scale if need_t else None
+        return grad_x, grad_t
+
+
+@register(F.kl_div)
+class KlDiv(Function):
+    """l = t (log t - x)  ->  dl/dx = -t, dl/dt = log t + 1 - x;   log_target: l = e^t (t - x)
+    ->  dl/dx = -e^t, dl/dt = e^t (t - x + 1)"""
+
+    @staticmethod
+    def forward(ctx, input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+        ctx.reduction = _reduction(size_average, reduce, reduction)
+        ctx.log_target = log_target
+        ctx.save_for_backward(input, target)
+        return F.kl_div(input, target, size_average, reduce, reduction, log_target)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, t = ctx.saved_tensors
+        shape = torch.broadcast_shapes(x.shape, t.shape)
+        divisor = (x.shape[0] if x.dim() else 1) if ctx.reduction == "batchmean" else shape.numel()
+        scale = _scale(g, ctx.reduction, divisor)
+        need_x, need_t = ctx.needs_input_grad[:2]
+        p = torch.exp(t) if ctx.log_target else t
+        grad_x = (-p * scale).expand(shape) if need_x else None  # a broadcast target still reaches every x
+        if not need_t:
+            return grad_x, None
+        grad_t = p * (t - x + 1) if ctx.log_target else torch.log(t) + 1 - x
+        return grad_x, grad_t * scale
+
+
+class MSELoss(Module, torch.nn.MSELoss):
+    """mean((input - target)^2) (reduction='mean'; also 'sum', 'none')."""
+
+
+MSE = MSELoss  # the original torchtrace's name
+
+
+class L1Loss(Module, torch.nn.L1Loss):
+    """mean |input - target|."""
+
+
+class SmoothL1Loss(Module, torch.nn.SmoothL1Loss):
+    """Squared below beta, absolute above it."""
+
+
+class HuberLoss(Module, torch.nn.HuberLoss):
+    """Squared below delta, delta-scaled absolute above it."""
+
+
+class CrossEntropyLoss(Module, torch.nn.CrossEntropyLoss):
+    """-log softmax(input)[target], with class weights, ignore_index and label smoothing; or probability targets."""
+
+
+class NLLLoss(Module, torch.nn.NLLLoss):
+    """-input[target]: the negative log-likelihood of log-probabilities."""
+
+
+class BCELoss(Module, torch.nn.BCELoss):
+    """Binary cross entropy of probabilities."""
+
+
+class BCEWithLogitsLoss(Module, torch.nn.BCEWithLogitsLoss):
+    """Binary cross entropy of logits, with pos_weight."""
+
+
+class KLDivLoss(Module, torch.nn.KLDivLoss):
+    """Kullback-Leibler divergence of log-probabilities input from target."""

@@ -1,0 +1,161 @@
+"""tt.nn.Module: a torch.nn.Module whose parameters are tracers; tt.nn.Model, the original torchtrace's name for it.
+
+A parameter is a `Parameter`: a tracer that torch's Module machinery accepts as a `torch.nn.Parameter`
+(torch's Parameter metaclass answers `isinstance(p, torch.nn.Parameter)` with the `_is_param` flag), so
+named_parameters, state_dict, load_state_dict, to(), double(), deepcopy and the optimizers all work,
+while torch's own requires_grad stays False underneath and gradients come from torchtrace's engine.
+"""
+from typing import Any, Iterable, List, Optional
+
+import torch
+
+from torchtrace.autograd.dispatch import NON_DIFFERENTIABLE
+from torchtrace.tracer import tracer
+
+_guard = torch._C.DisableTorchFunctionSubclass
+
+# torch.nn.init's initialisers fill a tensor in place under torch.no_grad(): on tracers they record nothing.
+# So torch's layers, built with tracer parameters, draw exactly torch's initial values for a given seed.
+NON_DIFFERENTIABLE.update(
+    getattr(torch.nn.init, name) for name in dir(torch.nn.init) if name.endswith("_") and not name.startswith("_")
+)
+
+
+class Parameter(tracer):
+    """A leaf tracer that torch.nn.Module registers as a parameter (requires_grad=True by default).
+
+    `Parameter(tensor)` shares the tensor's storage, as `torch.nn.Parameter` does.
+    """
+
+    _is_param = True  # torch.nn.Parameter's metaclass: isinstance(p, torch.nn.Parameter) is True
+
+    def __new__(cls, data: Any = None, requires_grad: bool = True) -> "Parameter":
+        if data is None:
+            data = torch.empty(0)
+        elif not isinstance(data, torch.Tensor):
+            data = tracer(data)
+        with _guard():
+            param = torch.Tensor.detach(data).as_subclass(cls)
+        return param.requires_grad_(requires_grad)
+
+    def __repr__(self, **kwargs: Any) -> str:
+        with _guard():
+            data = torch.Tensor.detach(self).as_subclass(tracer)
+        data._tt_requires_grad = self._tt_requires_grad
+        return "Parameter containing:\n" + data.__repr__(**kwargs)
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        with _guard():
+            plain = torch.Tensor.detach(self).as_subclass(torch.Tensor)
+        return Parameter, (plain, self._tt_requires_grad)
+
+
+def original_form(layer: Any) -> Optional[str]:
+    """The original torchtrace's one-line description of a layer, or None when it has none."""
+    describe = getattr(layer, "original_repr", None)
+    return describe() if callable(describe) else None
+
+
+def sequence_repr(layers: Iterable[Any]) -> Optional[str]:
+    """`Sequence(` / `    (0):Linear layer (8 X 256)` / ... / `)`; None when some layer has no original form."""
+    lines = ["Sequence("]
+    for i, layer in enumerate(layers):
+        text = original_form(layer)
+        if text is None:
+            return None
+        lines.append(f"    ({i}):" + text.replace("\n", "\n    "))
+    lines.append(")")
+    return "\n".join(lines)
+
+
+def _label(module: torch.nn.Module, out: Any, args: tuple) -> None:
+    """Name the module on the graph node its forward produced, so traces can print `Linear layer (98 X 1)`."""
+    node = getattr(out, "_tt_node", None)
+    if node is not None and node.module is None and not any(out is arg for arg in args):
+        node.module = module
+
+
+class Module(torch.nn.Module):
+    """A torch.nn.Module whose parameters are `Parameter` tracers.
+
+    torch.nn.Parameters assigned to it (by torch's own layer code, or by load_state_dict(assign=True))
+    become tracer Parameters sharing the same storage. state_dict() holds plain tensors, so it loads
+    into the torch twin and survives torch.save / torch.load(weights_only=True). A layer (a module
+    without sub-modules) labels the graph node its forward returns with itself (`node.module`).
+    """
+
+    def register_parameter(self, name: str, param: Optional[torch.Tensor]) -> None:
+        if isinstance(param, torch.nn.Parameter) and not isinstance(param, Parameter):
+            with _guard():
+                requires_grad = param.requires_grad
+            param = Parameter(param, requires_grad)
+        super().register_parameter(name, param)
+
+    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if keep_vars:
+            return
+        for name in [*self._parameters, *self._buffers]:
+            value = destination.get(prefix + name)
+            if isinstance(value, tracer):
+                with _guard():
+                    destination[prefix + name] = value.as_subclass(torch.Tensor)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().__call__(*args, **kwargs)
+        if not self._modules:
+            _label(self, out, args)
+        return out
+
+    def original_repr(self) -> Optional[str]:
+        """How the original torchtrace printed this layer inside a `Sequence(...)`; None: it has no such form.
+
+        A layer without sub-modules prints as torch prints it (`ReLU()`); layers override this
+        (`Linear layer (98 X 1)`, `Conv2d 3 -> 8`), containers list their layers.
+        """
+        return None if self._modules else torch.nn.Module.__repr__(self)
+
+
+def original_or_torch_repr(module: torch.nn.Module) -> str:
+    """The original `Sequence(...)` printing when every layer has an original form, torch's printing otherwise."""
+    return original_form(module) or torch.nn.Module.__repr__(module)
+
+
+class Model(Module):
+    """The original torchtrace's Module: attributes may be assigned before `super().__init__()`.
+
+    An optional `construct()` returns the ordered layers (already assigned as attributes): `print(model)`
+    lists them as `Sequence(...)`, and, unless `forward` is overridden, the model runs them one after
+    the other.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Model":
+        model = super().__new__(cls)
+        torch.nn.Module.__init__(model)  # so attributes can be set before the subclass calls super().__init__()
+        return model
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Initialised in __new__ already: keeps every attribute assigned before this call."""
+
+    def construct(self) -> Optional[List[torch.nn.Module]]:
+        """Override to return the ordered layers of the model."""
+        return None
+
+    def layers(self) -> List[torch.nn.Module]:
+        """construct()'s layers, or the sub-modules in the order they were assigned."""
+        layers = self.construct()
+        return list(self._modules.values()) if layers is None else list(layers)
+
+    def forward(self, *inputs: Any) -> Any:
+        layers = self.construct()
+        if not layers:
+            raise NotImplementedError(f"{type(self).__name__} defines neither forward() nor construct()")
+        out = layers[0](*inputs)
+        for layer in layers[1:]:
+            out = layer(out)
+        return out
+
+    def original_repr(self) -> Optional[str]:
+        return sequence_repr(self.layers())
+
+    __repr__ = original_or_torch_repr
