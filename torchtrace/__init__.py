@@ -22,11 +22,17 @@ from torchtrace.factories import (
     zeros,
     zeros_like,
 )
+from torchtrace.inspect.anomaly import AnomalyError, detect_anomaly
+from torchtrace.inspect.dot import draw, recording
+from torchtrace.inspect.flow import flow
+from torchtrace.inspect.graph import trace
+from torchtrace.inspect.trace import show
 from torchtrace.tracer import as_tracer, tracer
 
 __all__ = [
     "tracer", "as_tracer", "zeros", "ones", "rand", "randn", "zeros_like", "ones_like", "full", "arange",
     "linspace", "eye", "from_numpy", "backward", "grad", "Function", "register", "supported_ops",
     "no_grad", "enable_grad", "is_grad_enabled", "check", "gradcheck", "GradientMismatch",
-    "UnsupportedOperationError", "nn", "optim",
+    "UnsupportedOperationError", "nn", "optim", "draw", "recording", "flow", "trace", "show",
+    "detect_anomaly", "AnomalyError",
 ]

@@ -17,6 +17,7 @@ _sequence = (list, tuple)
 TRACER: type = torch.Tensor  # replaced by torchtrace.tracer.tracer when that module loads
 INPLACE: Dict[Callable, tuple] = {}  # in-place callable -> (rule, out-of-place twin)
 NON_DIFFERENTIABLE: set = set()  # callables whose floating outputs never carry a gradient
+MODULE_STACK: list = []  # the tt.nn modules running now; each recorded node remembers the innermost one
 
 
 def torch_function(cls: type, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
@@ -37,6 +38,8 @@ def run_rule(rule: type, func: Optional[Callable], args: tuple, kwargs: dict) ->
             out = func(*args, **kwargs) if func is not None else rule.forward(Node(rule, None, []), *args, **kwargs)
             return _as_tracers(out)
         node = Node(rule, func, inputs)
+        if MODULE_STACK:
+            node.module = MODULE_STACK[-1]
         result = _link_outputs(rule.forward(node, *args, **kwargs), node)
     if ON_RECORD:
         for observe in ON_RECORD:

@@ -23,6 +23,8 @@ from torchtrace.nn.activation import (
 )
 from torchtrace.nn.attention import MultiheadAttention
 from torchtrace.nn.container import Flatten, Identity, ModuleDict, ModuleList, Sequential, Unflatten
+from torchtrace.nn.dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
+from torchtrace.nn.embedding import Embedding
 from torchtrace.nn.linear import Bilinear, Linear
 from torchtrace.nn.loss import (
     MSE,
@@ -37,6 +39,17 @@ from torchtrace.nn.loss import (
     SmoothL1Loss,
 )
 from torchtrace.nn.module import Model, Module, Parameter
+from torchtrace.nn.normalization import (
+    BatchNorm1d,
+    BatchNorm2d,
+    BatchNorm3d,
+    GroupNorm,
+    InstanceNorm1d,
+    InstanceNorm2d,
+    InstanceNorm3d,
+    LayerNorm,
+    RMSNorm,
+)
 from torchtrace.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 
 __all__ = [
@@ -44,5 +57,7 @@ __all__ = [
     "Linear", "Bilinear", "ReLU", "ReLU6", "LeakyReLU", "ELU", "GELU", "SiLU", "Mish", "Softplus", "Sigmoid",
     "Tanh", "Hardtanh", "Softmax", "LogSoftmax", "MSELoss", "MSE", "L1Loss", "SmoothL1Loss", "HuberLoss",
     "CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "KLDivLoss", "MultiheadAttention",
-    "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell", "init", "functional",
+    "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
+    "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LayerNorm", "GroupNorm", "RMSNorm", "Dropout",
+    "Dropout1d", "Dropout2d", "Dropout3d", "Embedding", "init", "functional",
 ]

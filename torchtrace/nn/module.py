@@ -9,7 +9,7 @@ from typing import Any, Iterable, List, Optional
 
 import torch
 
-from torchtrace.autograd.dispatch import NON_DIFFERENTIABLE
+from torchtrace.autograd.dispatch import MODULE_STACK, NON_DIFFERENTIABLE
 from torchtrace.tracer import tracer
 
 _guard = torch._C.DisableTorchFunctionSubclass
@@ -68,20 +68,14 @@ def sequence_repr(layers: Iterable[Any]) -> Optional[str]:
     return "\n".join(lines)
 
 
-def _label(module: torch.nn.Module, out: Any, args: tuple) -> None:
-    """Name the module on the graph node its forward produced, so traces can print `Linear layer (98 X 1)`."""
-    node = getattr(out, "_tt_node", None)
-    if node is not None and node.module is None and not any(out is arg for arg in args):
-        node.module = module
-
-
 class Module(torch.nn.Module):
     """A torch.nn.Module whose parameters are `Parameter` tracers.
 
     torch.nn.Parameters assigned to it (by torch's own layer code, or by load_state_dict(assign=True))
     become tracer Parameters sharing the same storage. state_dict() holds plain tensors, so it loads
     into the torch twin and survives torch.save / torch.load(weights_only=True). A layer (a module
-    without sub-modules) labels the graph node its forward returns with itself (`node.module`).
+    without sub-modules) is what traces print; every node recorded while a module runs has `node.module`,
+    the innermost tt.nn module running at the time.
     """
 
     def register_parameter(self, name: str, param: Optional[torch.Tensor]) -> None:
@@ -102,9 +96,15 @@ class Module(torch.nn.Module):
                     destination[prefix + name] = value.as_subclass(torch.Tensor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        out = super().__call__(*args, **kwargs)
-        if not self._modules:
-            _label(self, out, args)
+        MODULE_STACK.append(self)
+        try:
+            out = super().__call__(*args, **kwargs)
+        finally:
+            MODULE_STACK.pop()
+        node = getattr(out, "_tt_node", None)
+        if node is not None and node.module is self and args and isinstance(args[0], torch.Tensor):
+            with _guard():
+                node.call_shapes = args[0].shape, out.shape  # for the trace's GRAD: out -> in
         return out
 
     def original_repr(self) -> Optional[str]:

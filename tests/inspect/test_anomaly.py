@@ -1,0 +1,42 @@
+"""tt.detect_anomaly: NaN/Inf in forward or backward raises, naming op, module path and source line."""
+import pytest
+import torch
+
+import torchtrace as tt
+from torchtrace.inspect.anomaly import AnomalyError, detect_anomaly
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor([1.0, -1.0]))
+
+    def forward(self, x):
+        return torch.log(x * self.scale)  # negative entries give NaN
+
+
+def test_forward_nan_names_op_module_and_line():
+    model = Net()
+    model.scale = tt.nn.Parameter(torch.tensor([1.0, -1.0]))
+    x = tt.tracer([2.0, 3.0])
+    with pytest.raises(AnomalyError) as info, detect_anomaly(model):
+        model(x)
+    message = str(info.value)
+    assert "LogBackward (torch.log)" in message and "in model" in message
+    assert "test_anomaly.py" in message and "torch.log(x * self.scale)" in message
+
+
+def test_backward_nan_names_the_node():
+    x = tt.tracer([0.0, 4.0], requires_grad=True)
+    with detect_anomaly():
+        y = torch.sqrt(x).sum()  # d sqrt / dx = inf at 0
+        with pytest.raises(AnomalyError, match=r"backward of SqrtBackward \(torch.sqrt\).*y = torch.sqrt\(x\)"):
+            y.backward()
+
+
+def test_outside_the_mode_nothing_is_captured():
+    x = tt.tracer([0.0], requires_grad=True)
+    y = torch.sqrt(x).sum()
+    assert not hasattr(y.grad_fn, "created_at")
+    y.backward()
+    assert torch.isinf(x.grad).all()

@@ -1,0 +1,143 @@
+"""Dropout rules (F.dropout, dropout1d/2d/3d, torch.dropout, torch.feature_dropout) and modules.
+
+Every call reseeds torch's generator, so the tracer run, the torch autograd run and each finite-difference
+evaluation draw the same mask.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import check_op, double_backward_matches, non_contiguous
+
+import torchtrace as tt
+from torchtrace.nn.dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
+
+pytestmark = pytest.mark.filterwarnings("ignore:dropout2d. Received a 3D input")
+
+torch.manual_seed(0)
+X, X3, X4 = torch.randn(4, 5), torch.randn(2, 3, 4), torch.randn(2, 3, 2, 3)
+
+
+def seeded(fn, seed=7):
+    def run(*args):
+        torch.manual_seed(seed)
+        return fn(*args)
+
+    return run
+
+
+@pytest.mark.parametrize("fn, x", [
+    (lambda x: F.dropout(x), X),
+    (lambda x: F.dropout(x, 0.2), X),
+    (lambda x: F.dropout(x, p=0.8, training=True), X3),
+    (lambda x: F.dropout(x, 0.0), X),
+    (lambda x: F.dropout(x, 1.0), X),
+    (lambda x: F.dropout(x, 0.5, False), X),  # eval: identity
+    (lambda x: F.dropout(input=x, p=0.4), X),
+    (lambda x: torch.dropout(x, 0.3, True), X),
+    (lambda x: torch.dropout(x, 0.3, train=False), X),
+    (lambda x: F.dropout1d(x, 0.5), X3),
+    (lambda x: F.dropout1d(x, 0.5), X3[0]),  # unbatched (C, L)
+    (lambda x: F.dropout2d(x, 0.5), X4),
+    (lambda x: F.dropout2d(x, 0.5), X3),  # 3-D: torch's channel-wise 1-D behaviour
+    (lambda x: F.dropout3d(x, 0.5), X4.unsqueeze(2)),
+    (lambda x: torch.feature_dropout(x, 0.5, True), X4),
+    (lambda x: F.dropout(x, 0.5), non_contiguous(X)),
+    (lambda x: F.dropout(x, 0.5), X.double()),
+    (lambda x: F.dropout(x, 0.5), torch.tensor(1.5)),  # 0-d
+    (lambda x: F.dropout(x, 0.5) * x, X),  # input used twice
+    (lambda x: F.dropout(F.dropout(x, 0.3), 0.3), X),  # two independent masks
+])
+def test_dropout_functions(fn, x):
+    check_op(seeded(fn), x)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 123])
+@pytest.mark.parametrize("fn, x", [
+    (lambda x: F.dropout(x, 0.3), torch.randn(50)),
+    (lambda x: F.dropout(x, 0.5, True), torch.randn(6, 7).double()),
+    (lambda x: F.dropout2d(x, 0.4), torch.randn(4, 5, 2, 2)),
+    (lambda x: F.dropout1d(x, 0.6), torch.randn(3, 8, 2)),
+])
+def test_same_mask_as_torch_under_the_same_seed(fn, x, seed):
+    torch.manual_seed(seed)
+    ours = fn(tt.tracer(x, requires_grad=True))
+    after_ours = torch.rand(3)
+    torch.manual_seed(seed)
+    theirs = fn(x)
+    after_theirs = torch.rand(3)
+    assert torch.equal(ours.as_subclass(torch.Tensor), theirs)  # bit for bit
+    assert torch.equal(after_ours, after_theirs)  # and the generator advanced by as much
+
+
+@pytest.mark.parametrize("ours, theirs, x", [
+    (lambda: Dropout(), lambda: torch.nn.Dropout(), X),
+    (lambda: Dropout(0.25), lambda: torch.nn.Dropout(0.25), X3),
+    (lambda: Dropout(0.25, inplace=True), lambda: torch.nn.Dropout(0.25), X3),
+    (lambda: Dropout1d(0.5), lambda: torch.nn.Dropout1d(0.5), X3),
+    (lambda: Dropout2d(0.5), lambda: torch.nn.Dropout2d(0.5), X4),
+    (lambda: Dropout3d(0.5), lambda: torch.nn.Dropout3d(0.5), X4.unsqueeze(2)),
+])
+def test_modules_match_torch_in_train_and_eval(ours, theirs, x):
+    layer, twin = ours(), theirs()
+    assert repr(layer).replace("inplace=True", "inplace=False") == repr(twin)
+    for train in (True, False):
+        layer.train(train)
+        twin.train(train)
+        torch.manual_seed(11)
+        inputs = tt.tracer(x, requires_grad=True)
+        out = layer(inputs)
+        torch.manual_seed(11)
+        expected_input = x.clone().requires_grad_(True)
+        expected = twin(expected_input)
+        assert torch.equal(out.as_subclass(torch.Tensor), expected.detach())
+        out.backward(torch.ones_like(x))
+        expected.backward(torch.ones_like(x))
+        assert torch.equal(inputs.grad, expected_input.grad)  # m / (1 - p), or ones in eval
+        assert out.grad_fn.module is layer
+
+
+def test_gradient_is_the_mask_over_keep_probability():
+    x = tt.tracer(torch.randn(1000, dtype=torch.float64), requires_grad=True)
+    y = F.dropout(x, 0.25)
+    y.sum().backward()
+    kept = y.as_subclass(torch.Tensor) != 0
+    assert set(x.grad.unique().tolist()) == {0.0, 1 / 0.75}
+    assert torch.equal(x.grad != 0, kept)
+    assert 0.6 < kept.float().mean().item() < 0.9
+
+
+def test_same_seed_reproduces_and_other_seed_differs():
+    x = tt.tracer(torch.randn(200), requires_grad=True)
+    first, again, other = (seeded(lambda t: F.dropout(t, 0.5), seed)(x) for seed in (3, 3, 4))
+    assert torch.equal(first.as_subclass(torch.Tensor), again.as_subclass(torch.Tensor))
+    assert not torch.equal(first.as_subclass(torch.Tensor), other.as_subclass(torch.Tensor))
+
+
+def test_eval_mode_draws_no_random_numbers():
+    layer = Dropout(0.5).eval()
+    torch.manual_seed(5)
+    out = layer(tt.tracer(X, requires_grad=True))
+    drawn = torch.rand(2)
+    torch.manual_seed(5)
+    assert torch.equal(drawn, torch.rand(2))
+    assert torch.equal(out.as_subclass(torch.Tensor), X)
+
+
+def test_inplace_flag_leaves_the_input_unchanged():
+    x = tt.tracer(X, requires_grad=True)
+    F.dropout(x, 0.5, inplace=True).sum().backward()
+    assert torch.equal(x.as_subclass(torch.Tensor), X)
+
+
+@pytest.mark.parametrize("fn, error, message", [
+    (lambda x: F.dropout(x, 1.5), ValueError, "dropout probability has to be between 0 and 1, but got 1.5"),
+    (lambda x: F.dropout2d(x, -0.1), ValueError, "dropout probability has to be between 0 and 1"),
+    (lambda x: F.dropout1d(x, 0.5), RuntimeError, "dropout1d: Expected 2D or 3D input"),
+])
+def test_torchs_argument_errors(fn, error, message):
+    with pytest.raises(error, match=message):
+        fn(tt.tracer(X4, requires_grad=True))
+
+
+def test_double_backward():
+    double_backward_matches(seeded(lambda x: torch.tanh(F.dropout(x * x, 0.4))), X.double())

@@ -1,0 +1,72 @@
+"""tt.detect_anomaly(): NaN/Inf in forward or backward raises, naming the op, the module and the source line."""
+import os
+import traceback
+from typing import Any, Optional
+
+import torch
+
+from torchtrace.autograd.function import Node, callable_name
+from torchtrace.autograd.observers import observing
+from torchtrace.check import flatten
+from torchtrace.inspect.scope import module_names, module_path, module_scope
+
+_guard = torch._C.DisableTorchFunctionSubclass
+_LIBRARIES = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
+
+
+class AnomalyError(RuntimeError):
+    """A NaN or Inf appeared in a forward result or a gradient while tt.detect_anomaly() was active."""
+
+
+def _user_line() -> str:
+    """file:line: code of the innermost frame outside torchtrace and torch."""
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(_LIBRARIES):
+            return f"{frame.filename}:{frame.lineno}: {frame.line}"
+    return "<unknown>"
+
+
+def _bad(values: Any) -> bool:
+    leaves, _ = flatten(values if isinstance(values, (list, tuple)) else [values])
+    with _guard():
+        return any(isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()
+                   for t in leaves)
+
+
+class detect_anomaly:
+    """Context manager: each recorded op remembers where it was created, and NaN/Inf raises AnomalyError.
+
+    `model` (optional) gives modules their dotted names in the messages. The source line is captured
+    only in this mode, so ordinary runs stay fast.
+    """
+
+    def __init__(self, model: Optional[torch.nn.Module] = None):
+        self._names = module_names(model)
+        self._observing = observing(self._forward, self._backward)
+        self._scope = module_scope()
+
+    def __enter__(self) -> "detect_anomaly":
+        self._scope.__enter__()
+        self._observing.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._observing.__exit__(*exc)
+        self._scope.__exit__(*exc)
+
+    def _forward(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
+        node.created_at = _user_line()
+        node.module_path = module_path(self._names)
+        if _bad(result):
+            raise AnomalyError(f"forward of {self._describe(node)} produced NaN or Inf")
+
+    def _backward(self, node: Node, grads: Any, result: Any) -> None:
+        if _bad(list(result)):
+            raise AnomalyError(f"backward of {self._describe(node)} produced a NaN or Inf gradient "
+                               f"(its incoming gradient was {'finite' if not _bad(list(grads)) else 'not finite'})")
+
+    @staticmethod
+    def _describe(node: Node) -> str:
+        op = callable_name(node.func) if node.func else f"{node.rule.__name__}.apply"
+        where = getattr(node, "module_path", "") or "no module"
+        return f"{node.name} ({op}) in {where}, created at {getattr(node, 'created_at', '<before detect_anomaly>')}"

@@ -1,0 +1,65 @@
+"""Dropout: y = x * m / (1 - p) with a random 0/1 mask m (kept with probability 1 - p); dy/dx = m / (1 - p).
+
+The mask is torch's own: forward runs torch's dropout on a tensor of ones, which makes the very same
+random draws as running it on x, and returns exactly the scale m / (1 - p). So, after the same
+torch.manual_seed, torchtrace's Dropout drops the same elements as torch.nn.Dropout, bit for bit.
+Feature dropout (dropout1d/2d/3d) draws one m per (sample, channel) and broadcasts it over the spatial
+dims. In eval mode (training=False) or with p = 0 the scale is all ones and no random numbers are drawn.
+`inplace=True` is ignored: the result is computed out of place and the input is left as it was.
+"""
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from torchtrace.autograd.function import Function, register
+from torchtrace.nn.module import Module
+
+
+class DropoutFunction(Function):
+    """y = x * m / (1 - p), m ~ Bernoulli(1 - p) elementwise  ->  dy/dx = m / (1 - p)"""
+
+    op = staticmethod(F.dropout)
+
+    @staticmethod
+    def forward(ctx, input, p=0.5, training=True, inplace=False, *, train=None):
+        training = training if train is None else train  # torch.dropout(x, p, train=...) spells it `train`
+        scale = ctx.rule.op(torch.ones_like(input), p, training)  # torch's own draws: m / (1 - p)
+        ctx.save_for_backward(scale)
+        return input * scale
+
+    @staticmethod
+    def backward(ctx, g):
+        (scale,) = ctx.saved_tensors
+        return g * scale
+
+
+def dropout_rule(name: str, op: Callable, math_line: str) -> type:
+    """The rule of a dropout variant: DropoutFunction drawing its mask with `op`."""
+    body = {"__doc__": math_line, "op": staticmethod(op)}
+    return register(op, rule=type(name, (DropoutFunction,), body))
+
+
+register(F.dropout, DropoutFunction)
+dropout_rule("TorchDropout", torch.dropout, "torch.dropout(x, p, train): as F.dropout")
+FEATURE = "y = x * m / (1 - p), one m ~ Bernoulli(1 - p) per (sample, channel)  ->  dy/dx = m / (1 - p)"
+dropout_rule("Dropout1dFunction", F.dropout1d, FEATURE)
+dropout_rule("Dropout2dFunction", F.dropout2d, FEATURE)
+dropout_rule("Dropout3dFunction", F.dropout3d, FEATURE)
+dropout_rule("FeatureDropout", torch.feature_dropout, "torch.feature_dropout(x, p, train): as F.dropout2d")
+
+
+class Dropout(Module, torch.nn.Dropout):
+    """torch.nn.Dropout: zeroes each element with probability p in train(), identity in eval()."""
+
+
+class Dropout1d(Module, torch.nn.Dropout1d):
+    """torch.nn.Dropout1d: zeroes whole channels of (N, C, L) or (C, L) inputs."""
+
+
+class Dropout2d(Module, torch.nn.Dropout2d):
+    """torch.nn.Dropout2d: zeroes whole channels of (N, C, H, W) inputs."""
+
+
+class Dropout3d(Module, torch.nn.Dropout3d):
+    """torch.nn.Dropout3d: zeroes whole channels of (N, C, D, H, W) inputs."""
