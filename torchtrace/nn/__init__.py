@@ -23,6 +23,7 @@ from torchtrace.nn.activation import (
 )
 from torchtrace.nn.attention import MultiheadAttention
 from torchtrace.nn.container import Flatten, Identity, ModuleDict, ModuleList, Sequential, Unflatten
+from torchtrace.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from torchtrace.nn.dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
 from torchtrace.nn.embedding import Embedding
 from torchtrace.nn.linear import Bilinear, Linear
@@ -50,6 +51,20 @@ from torchtrace.nn.normalization import (
     LayerNorm,
     RMSNorm,
 )
+from torchtrace.nn.pooling import (
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AdaptiveAvgPool3d,
+    AdaptiveMaxPool1d,
+    AdaptiveMaxPool2d,
+    AdaptiveMaxPool3d,
+    AvgPool1d,
+    AvgPool2d,
+    AvgPool3d,
+    MaxPool1d,
+    MaxPool2d,
+    MaxPool3d,
+)
 from torchtrace.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 
 __all__ = [
@@ -59,5 +74,8 @@ __all__ = [
     "CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "KLDivLoss", "MultiheadAttention",
     "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
     "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LayerNorm", "GroupNorm", "RMSNorm", "Dropout",
-    "Dropout1d", "Dropout2d", "Dropout3d", "Embedding", "init", "functional",
+    "Dropout1d", "Dropout2d", "Dropout3d", "Embedding", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d",
+    "ConvTranspose2d", "ConvTranspose3d", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d",
+    "AvgPool3d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d",
+    "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "init", "functional",
 ]

@@ -1,0 +1,83 @@
+"""The backprop trace: the original torchtrace's exact format for chains, merges and branches for DAGs."""
+import torch
+
+import torchtrace as tt
+from torchtrace.inspect.trace import backprop_lines
+from torchtrace.nn import Conv2d, Linear, Model, ReLU, Sequential
+
+
+class myConv(Model):
+    def __init__(self):
+        self.conv = Sequential(
+            Conv2d(3, 8, kernel_size=8, stride=4), ReLU(),
+            Conv2d(8, 4, kernel_size=4, stride=2), ReLU(),
+            Conv2d(4, 2, kernel_size=3, stride=1), ReLU(),
+        )
+        self.fc = Linear(7 * 7 * 2, 1)
+        super(myConv, self).__init__()
+
+    def construct(self):
+        return [self.conv, self.fc]
+
+    def forward(self, x):
+        x = self.conv(x)
+        x = x.View(x.shape[0], -1)
+        return self.fc(x)
+
+
+MYCONV_TRACE = """BackProp:
+↘︎ Sum()
+↘︎ Linear layer (98 X 1)
+↘︎ View((3, -1))
+↘︎ ReLU()
+↘︎ Conv2d 4 -> 2   GRAD:torch.Size([3, 2, 7, 7]) -> torch.Size([3, 4, 9, 9])
+↘︎ ReLU()
+↘︎ Conv2d 8 -> 4   GRAD:torch.Size([3, 4, 9, 9]) -> torch.Size([3, 8, 20, 20])
+↘︎ ReLU()
+↘︎ Conv2d 3 -> 8   GRAD:torch.Size([3, 8, 20, 20]) -> torch.Size([3, 3, 84, 84])
+↘︎ Input"""
+
+
+def test_the_original_myconv_trace_exactly(capsys):
+    model = myConv()
+    for para in model.parameters():
+        para.data.fill_(0.001)
+    out = model(torch.rand(3, 3, 84, 84).float()).Sum()
+    out.backward(show=True)
+    assert capsys.readouterr().out.strip() == MYCONV_TRACE
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_a_dag_shows_merges_and_branches():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    y = x * 3
+    z = (y * y + y.exp()).sum()
+    lines = backprop_lines(z)
+    assert lines[0] == "BackProp:" and lines[-1] == "↘︎ Input"
+    assert lines[1] == "↘︎ [0] Sum()"
+    assert lines[2] == "↘︎ [1] Add()  ⑂ sends to [2], [3]"
+    assert lines[5].startswith("↘︎ [4] Mul()") and lines[5].endswith("⊕ sums gradients from [2], [3]")
+
+
+def test_shapes_and_norms(capsys):
+    x = tt.tracer([[1.0, 2.0]], requires_grad=True)
+    tt.show((x * 2).sum(), shapes=True, norms=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "↘︎ Sum()  grad []  |grad| 1"
+    assert lines[2] == "↘︎ Mul()  grad [1, 2]  |grad| 1.414"
+    assert x.grad.tolist() == [[2.0, 2.0]]  # norms=True ran the backward
+
+
+def test_ops_inside_layers_can_be_listed_one_by_one():
+    layer = Linear(2, 2)
+    out = torch.nn.functional.softplus(layer(tt.tracer([[1.0, 2.0]]))).sum()
+    assert backprop_lines(out)[2:4] == ["↘︎ Softplus()", "↘︎ Linear layer (2 X 2)"]
+    assert backprop_lines(out, modules=False)[3] == "↘︎ LinearFunction()  [in Linear]"
+
+
+def test_a_deep_chain_prints_without_recursion():
+    x = tt.tracer([1.0], requires_grad=True)
+    y = x
+    for _ in range(5000):
+        y = y * 1.0
+    assert len(backprop_lines(y.sum())) == 5003

@@ -1,0 +1,218 @@
+"""Convolutions: conv1d/2d/3d, conv_transpose1d/2d/3d and F.pad, their hand-derived gradients, and the modules.
+
+For one spatial dimension (the others behave the same), with stride s, padding p, dilation d, kernel size K:
+
+    conv:            y[n, o, q] = b[o] + sum_{c in group(o), k} w[o, c, k] x_pad[n, c, s q + d k]
+    conv_transpose:  the adjoint of that map: y = conv_transpose(x, w) is the gradient of conv with respect to
+                     its input, so each rule's backward is the other rule's forward.
+
+Both weight gradients are a correlation of the signal with the upstream gradient, computed as a convolution
+with roles swapped (`_correlate`): the batch becomes the channel axis, stride and dilation trade places.
+Every backward uses only ops with rules (conv, conv_transpose, pad, reshape, transpose, sum), so the
+backward pass can itself be recorded (create_graph=True): double backward works for free.
+"""
+from typing import Any, List, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+from torchtrace.autograd.function import Function, register
+from torchtrace.nn.module import Module
+
+IntOrTuple = Union[int, Sequence[int]]
+CONV = {1: torch.conv1d, 2: torch.conv2d, 3: torch.conv3d}
+CONV_TRANSPOSE = {1: torch.conv_transpose1d, 2: torch.conv_transpose2d, 3: torch.conv_transpose3d}
+
+
+def ntuple(value: IntOrTuple, n: int) -> Tuple[int, ...]:
+    """3 -> (3, 3) for n = 2; a sequence of length 1 is repeated, as torch does."""
+    if not isinstance(value, (list, tuple)):
+        return (int(value),) * n
+    value = tuple(int(v) for v in value)
+    return value * n if len(value) == 1 else value
+
+
+def pad_argument(pairs: Sequence[Tuple[int, int]]) -> List[int]:
+    """[(lo, hi) per spatial dim, first to last] -> F.pad's flat list, which starts at the last dim."""
+    return [side for lo_hi in reversed(pairs) for side in lo_hi]
+
+
+def padding_pairs(padding: Union[str, IntOrTuple], kernel: Sequence[int], dilation: Sequence[int]) -> list:
+    """(lo, hi) zero padding per spatial dim. 'same' pads d (K - 1) in all, the odd one on the high side (torch)."""
+    if padding == "valid":
+        return [(0, 0)] * len(kernel)
+    if padding == "same":
+        total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        return [(t // 2, t - t // 2) for t in total]
+    if isinstance(padding, str):
+        raise ValueError(f"torchtrace conv: invalid padding string {padding!r}; use 'same', 'valid' or numbers")
+    return [(p, p) for p in ntuple(padding, len(kernel))]
+
+
+def bias_grad(g: torch.Tensor) -> torch.Tensor:
+    """db[o] = sum of g over every dim but the channel dim (dim 1)."""
+    return g.sum([0, *range(2, g.dim())])
+
+
+def _correlate(signal: torch.Tensor, source: torch.Tensor, groups: int, stride: Sequence[int],
+               padding: Sequence[int], dilation: Sequence[int], kernel: Sequence[int]) -> torch.Tensor:
+    """r[j, i, k] = sum_{n, q} source[n, j, q] signal_pad[n, group(j) Cg + i, s q + d k]  (shape J x Cg x K).
+
+    That is a convolution whose batch is signal's channels (Cg per group) and whose channels are the G groups
+    times the batch; the kernel is `source` with batch and channels swapped; stride and dilation trade places.
+    Its spatial size can exceed K by the positions no window reached: those are cut off.
+    """
+    n_batch, channels, *size = signal.shape
+    per_group = channels // groups
+    if n_batch == 0:  # an empty batch: no term in the sum
+        return torch.zeros((source.shape[1], per_group, *kernel), dtype=source.dtype, device=source.device)
+    planes = signal.reshape(n_batch, groups, per_group, *size).transpose(0, 2).reshape(per_group, -1, *size)
+    out = CONV[len(kernel)](planes, source.transpose(0, 1), None, tuple(dilation), tuple(padding), tuple(stride),
+                            groups)
+    if tuple(out.shape[2:]) != tuple(kernel):
+        out = out[(slice(None), slice(None), *(slice(0, k) for k in kernel))]
+    return out.transpose(0, 1)
+
+
+def _batched(x: torch.Tensor, g: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+    """Unbatched (C, *spatial) inputs get a batch dim of 1 for the backward's convolutions."""
+    if x.dim() == n + 1:
+        return x.unsqueeze(0), g.unsqueeze(0), True
+    return x, g, False
+
+
+@register(torch.conv1d, torch.conv2d, torch.conv3d)  # F.conv1d/2d/3d are these; nn.Conv*d call them
+class Convolution(Function):
+    """y = conv(x, w) + b  ->  dx = conv_transpose(g, w) (same stride, padding, dilation, groups; output_padding
+    restores x's size),  dw[o, c, k] = sum_{n,q} g[n,o,q] x_pad[n,c,s q + d k] (conv with roles swapped),  db = sum g"""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        n = weight.dim() - 2
+        ctx.stride, ctx.dilation, ctx.groups = ntuple(stride, n), ntuple(dilation, n), groups
+        ctx.pads = padding_pairs(padding, weight.shape[2:], ctx.dilation)
+        ctx.save_for_backward(input, weight)
+        return CONV[n](input, weight, bias, stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        n = w.dim() - 2
+        x, g, unbatched = _batched(x, g, n)
+        low = [lo for lo, _ in ctx.pads]
+        extra = [(0, hi - lo) for lo, hi in ctx.pads]  # 'same' with an even kernel: one more zero on the high side
+        asymmetric = any(hi for _, hi in extra)
+        grad_x = grad_w = None
+        if need_x:
+            size = [length + hi for length, (_, hi) in zip(x.shape[2:], extra)]
+            produced = [(q - 1) * s - 2 * p + d * (k - 1) + 1
+                        for q, s, p, d, k in zip(g.shape[2:], ctx.stride, low, ctx.dilation, w.shape[2:])]
+            output_padding = tuple(want - got for want, got in zip(size, produced))
+            grad_x = CONV_TRANSPOSE[n](g, w, None, ctx.stride, tuple(low), output_padding, ctx.groups, ctx.dilation)
+            if asymmetric:
+                grad_x = F.pad(grad_x, [-side for side in pad_argument(extra)])
+            grad_x = grad_x.squeeze(0) if unbatched else grad_x
+        if need_w:
+            signal = F.pad(x, pad_argument(extra)) if asymmetric else x
+            grad_w = _correlate(signal, g, ctx.groups, ctx.stride, low, ctx.dilation, w.shape[2:])
+        return grad_x, grad_w, bias_grad(g) if need_b else None
+
+
+@register(torch.conv_transpose1d, torch.conv_transpose2d, torch.conv_transpose3d)  # = F.conv_transpose*d
+class ConvTranspose(Function):
+    """y = conv_transpose(x, w) + b, the adjoint of conv  ->  dx = conv(g, w) (same stride, padding, dilation,
+    groups),  dw[c, o, k] = sum_{n,q} x[n,c,q] g_pad[n,o,s q + d k] (conv with roles swapped),  db = sum g"""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+        n = weight.dim() - 2
+        ctx.stride, ctx.padding = ntuple(stride, n), ntuple(padding, n)
+        ctx.dilation, ctx.groups = ntuple(dilation, n), groups
+        ctx.save_for_backward(input, weight)
+        return CONV_TRANSPOSE[n](input, weight, bias, stride, padding, output_padding, groups, dilation)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        n = w.dim() - 2
+        x, g, unbatched = _batched(x, g, n)
+        grad_x = grad_w = None
+        if need_x:
+            grad_x = CONV[n](g, w, None, ctx.stride, ctx.padding, ctx.dilation, ctx.groups)
+            if grad_x.shape[2:] != x.shape[2:]:  # output_padding >= stride: windows past x's end, cut them off
+                grad_x = grad_x[(slice(None), slice(None), *(slice(0, size) for size in x.shape[2:]))]
+            grad_x = grad_x.squeeze(0) if unbatched else grad_x
+        if need_w:
+            grad_w = _correlate(g, x, ctx.groups, ctx.stride, ctx.padding, ctx.dilation, w.shape[2:])
+        return grad_x, grad_w, bias_grad(g) if need_b else None
+
+
+def _source_positions(mode: str, size: int, lo: int, hi: int, device: Any) -> torch.Tensor:
+    """For each position j of a padded dim, the input position it copies (reflect, replicate, circular)."""
+    j = torch.arange(-lo, size + hi, device=device)
+    if mode == "reflect":
+        return (size - 1) - ((size - 1) - j.abs()).abs()
+    if mode == "replicate":
+        return j.clamp(0, size - 1)
+    return j.remainder(size)
+
+
+@register(F.pad)
+class Pad(Function):
+    """constant: y = x with p_lo / p_hi values added (negative: removed) per dim  ->  dx = g with them removed
+    (added back as zeros);  reflect / replicate / circular: y_j = x_src(j)  ->  dx_i = sum_{j: src(j) = i} g_j"""
+
+    @staticmethod
+    def forward(ctx, input, pad, mode="constant", value=None):
+        if mode not in ("constant", "reflect", "replicate", "circular"):
+            raise NotImplementedError(f"torchtrace: F.pad(mode={mode!r}) has no gradient rule")
+        ctx.pad, ctx.mode, ctx.shape = list(pad), mode, input.shape
+        return F.pad(input, pad, mode, value)
+
+    @staticmethod
+    def backward(ctx, g):
+        if ctx.mode == "constant":
+            return F.pad(g, [-side for side in ctx.pad])
+        for i in range(len(ctx.pad) // 2):
+            dim = g.dim() - 1 - i
+            source = _source_positions(ctx.mode, ctx.shape[dim], ctx.pad[2 * i], ctx.pad[2 * i + 1], g.device)
+            shape = list(g.shape)
+            shape[dim] = ctx.shape[dim]
+            g = torch.zeros(shape, dtype=g.dtype, device=g.device).index_add(dim, source, g)
+        return g
+
+
+class _Conv(Module):
+    """A convolution module: prints as `Conv2d 3 -> 8` inside an original-style `Sequence(...)`."""
+
+    trace_grad_shapes = True  # the backprop trace shows GRAD: out -> in for conv layers, as the original
+
+    def original_repr(self) -> str:
+        return f"{type(self).__name__} {self.in_channels} -> {self.out_channels}"
+
+
+class Conv1d(_Conv, torch.nn.Conv1d):
+    """torch.nn.Conv1d with tracer parameters (same initialisation, so the same seed gives the same weights)."""
+
+
+class Conv2d(_Conv, torch.nn.Conv2d):
+    """torch.nn.Conv2d with tracer parameters; prints as `Conv2d 3 -> 8` inside an original-style model."""
+
+
+class Conv3d(_Conv, torch.nn.Conv3d):
+    """torch.nn.Conv3d with tracer parameters."""
+
+
+class ConvTranspose1d(_Conv, torch.nn.ConvTranspose1d):
+    """torch.nn.ConvTranspose1d with tracer parameters."""
+
+
+class ConvTranspose2d(_Conv, torch.nn.ConvTranspose2d):
+    """torch.nn.ConvTranspose2d with tracer parameters."""
+
+
+class ConvTranspose3d(_Conv, torch.nn.ConvTranspose3d):
+    """torch.nn.ConvTranspose3d with tracer parameters."""
+
