@@ -1,0 +1,23 @@
+"""python -m torchtrace demo / ops: the tour runs, learns, and its numbers agree with torch autograd."""
+import subprocess
+import sys
+
+from torchtrace.demo import run
+
+
+def test_demo_tour(tmp_path, capsys):
+    result = run(epochs=6, out_dir=str(tmp_path))
+    printed = capsys.readouterr().out
+    assert result["accuracy"] >= 0.95
+    assert result["max_abs_diff"] < 1e-4
+    assert "Sequence(\n    (0):Conv2d 1 -> 8" in printed
+    assert "↘︎ Conv2d 1 -> 8   GRAD:torch.Size([32, 8, 8, 8]) -> torch.Size([32, 1, 8, 8])" in printed
+    assert "match torch autograd" in printed
+    svg = (tmp_path / "torchtrace-demo-graph.svg").read_text()
+    assert svg.count('class="node"') >= 10
+
+
+def test_ops_listing_groups_rules_by_family():
+    listing = subprocess.run([sys.executable, "-m", "torchtrace", "ops"], capture_output=True, text=True, check=True)
+    assert "pointwise (" in listing.stdout and "    torch.exp" in listing.stdout
+    assert int(listing.stdout.strip().splitlines()[-1].split()[-1]) >= 150
