@@ -1,0 +1,34 @@
+"""The core (tracer.py + autograd/) must stay readable in one sitting: a budget on its lines of code.
+
+Docstrings, comments and blank lines do not count. DESIGN.md aimed at about 400; the engine with
+keyword normalisation, in-place recording, hooks, create_graph and tt.grad came to ~680. Raising the
+budget needs a reason; moving code out of the core is the better fix.
+"""
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "torchtrace"
+BUDGET = 700
+
+
+def code_lines(path: pathlib.Path) -> int:
+    source = path.read_text(encoding="utf-8")
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and ast.get_docstring(node) is not None:
+            first = node.body[0]
+            docstrings.update(range(first.lineno, first.end_lineno + 1))
+    return sum(1 for number, line in enumerate(source.splitlines(), 1)
+               if line.strip() and not line.strip().startswith("#") and number not in docstrings)
+
+
+def test_core_fits_its_line_budget():
+    files = [ROOT / "tracer.py", *sorted((ROOT / "autograd").glob("*.py"))]
+    sizes = {f.name: code_lines(f) for f in files}
+    assert sum(sizes.values()) <= BUDGET, f"core has {sum(sizes.values())} lines of code > {BUDGET}: {sizes}"
+
+
+def test_the_counter_ignores_docstrings_and_comments(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""doc"""\n# comment\n\ndef f():\n    """doc\n    more"""\n    return 1\n')
+    assert code_lines(sample) == 2
