@@ -27,6 +27,7 @@ from torchtrace.inspect.dot import draw, recording
 from torchtrace.inspect.flow import flow
 from torchtrace.inspect.graph import trace
 from torchtrace.inspect.trace import show
+from torchtrace.port import port
 from torchtrace.tracer import as_tracer, tracer
 
 __all__ = [
@@ -34,5 +35,5 @@ __all__ = [
     "linspace", "eye", "from_numpy", "backward", "grad", "Function", "register", "supported_ops",
     "no_grad", "enable_grad", "is_grad_enabled", "check", "gradcheck", "GradientMismatch",
     "UnsupportedOperationError", "nn", "optim", "draw", "recording", "flow", "trace", "show",
-    "detect_anomaly", "AnomalyError",
+    "detect_anomaly", "AnomalyError", "port",
 ]

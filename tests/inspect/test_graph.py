@@ -21,13 +21,7 @@ class Branchy(torch.nn.Module):
 
 def make_model():
     torch.manual_seed(0)
-    return tt.port(Branchy()) if hasattr(tt, "port") else _tracer_params(Branchy())
-
-
-def _tracer_params(model):
-    for name, p in list(model.fc.named_parameters()):
-        setattr(model.fc, name, tt.nn.Parameter(p.detach().clone()))
-    return model
+    return tt.port(Branchy())
 
 
 def test_trace_lists_nodes_edges_modules_and_shapes():
