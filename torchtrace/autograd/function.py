@@ -134,14 +134,16 @@ class Node:
     @property
     def needs_input_grad(self) -> Tuple[bool, ...]:
         """One flag per positional parameter of forward: does that argument need a gradient?"""
-        if "_needs" in self.__dict__:
-            return self._needs
-        flags = [False] * 8
-        for key, *_ in self.inputs:
-            position = key if type(key) is int else key[0]
-            flags.extend([False] * (position + 1 - len(flags)))
-            flags[position] = True
-        return tuple(flags)
+        needs = self.__dict__.get("_needs")
+        if needs is None:  # computed once per node, then kept
+            flags = [False] * 8
+            for entry in self.inputs:
+                position = entry[0] if type(entry[0]) is int else entry[0][0]
+                if position >= len(flags):
+                    flags += [False] * (position + 1 - len(flags))
+                flags[position] = True
+            needs = self._needs = tuple(flags)
+        return needs
 
     @needs_input_grad.setter
     def needs_input_grad(self, flags: Tuple[bool, ...]) -> None:

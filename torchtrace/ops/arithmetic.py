@@ -14,7 +14,7 @@ class Add(Function):
     @staticmethod
     def forward(ctx, a, b, *, alpha=1):
         ctx.alpha = alpha
-        return torch.add(a, b, alpha=alpha)
+        return torch.add(a, b) if alpha == 1 else torch.add(a, b, alpha=alpha)
 
     @staticmethod
     def backward(ctx, g):
@@ -28,7 +28,7 @@ class Sub(Function):
     @staticmethod
     def forward(ctx, a, b, *, alpha=1):
         ctx.alpha = alpha
-        return torch.sub(a, b, alpha=alpha)
+        return torch.sub(a, b) if alpha == 1 else torch.sub(a, b, alpha=alpha)
 
     @staticmethod
     def backward(ctx, g):
@@ -37,14 +37,17 @@ class Sub(Function):
 
 reflected("Rsub", Sub, [T.__rsub__, torch.rsub])
 
+def _requires_grad(x) -> bool:
+    return getattr(x, "_tt_requires_grad", False)
+
+
 @register(torch.mul, torch.multiply, T.mul, T.multiply, T.__mul__, T.__rmul__)
 class Mul(Function):
     """z = a * b  ->  dz/da = b, dz/db = a   (each operand is saved only if the other needs its gradient)"""
 
     @staticmethod
     def forward(ctx, a, b):
-        need_a, need_b = ctx.needs_input_grad[:2]
-        ctx.save_for_backward(b if need_a else None, a if need_b else None)
+        ctx.save_for_backward(b if _requires_grad(a) else None, a if _requires_grad(b) else None)
         return torch.mul(a, b)
 
     @staticmethod
