@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import check_op, double_backward_matches, non_contiguous
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import torchtrace as tt
@@ -300,6 +300,7 @@ def test_random_shapes_and_dims(data, keepdim, seed):
     name = data.draw(st.sampled_from(sorted(MULTI_DIM) + sorted(ONE_DIM)))
     shape, dims = data.draw(shape_and_dims(one_dim=name in ONE_DIM))
     fn = {**MULTI_DIM, **ONE_DIM}[name]
+    assume(not (name == "norm" and len(dims) > 2))  # torch itself: the default 'fro' norm takes at most 2 dims
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     check_op(lambda x: fn(x, dims, keepdim), x)
 
