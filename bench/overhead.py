@@ -1,6 +1,6 @@
 """torchtrace vs torch autograd, side by side in one process: forward + backward, interleaved, medians.
 
-    python bench/overhead.py [--repeats 30] [--device cpu]
+    python bench/overhead.py [--repeats 30] [--device cpu] [--threads 1]
 
 Prints the ratio (torchtrace time / torch autograd time) and microseconds per op for
   * a chain of 200 small ops on 8x8 tensors (the per-op overhead of the Python engine), and
@@ -72,7 +72,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--large-repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}")
     compare("200 small ops (8x8)", small_chain, [(8, 8), (8, 8), (8, 8)], 201, args.repeats, args.device, 1.0)
