@@ -2,7 +2,7 @@
 from setuptools import find_packages, setup
 
 VIZ = ["graphviz", "matplotlib"]
-EXAMPLES = VIZ + ["tqdm", "scikit-learn"]
+EXAMPLES = VIZ + ["tqdm", "scikit-learn", "gymnasium"]
 TEST = EXAMPLES + ["pytest", "hypothesis", "ruff", "nbmake", "nbclient", "ipykernel"]
 
 setup(

@@ -1,0 +1,145 @@
+"""Every example script runs in its smoke mode (few steps, small data), with assertions on its results."""
+import importlib.util
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from torchtrace.autograd.function import RULES
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load(name: str) -> ModuleType:
+    """Import examples/<name>.py as a module (examples/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def isolated():
+    """Examples set the thread count and register rules: give both back to the rest of the test session."""
+    threads, rules = torch.get_num_threads(), dict(RULES)
+    yield
+    torch.set_num_threads(threads)
+    RULES.clear()
+    RULES.update(rules)
+
+
+def test_snippet_a_prints_a_gradient_of_ones(capsys):
+    grad = load("snippet_a_tracer_sum").main([])
+    assert torch.equal(grad, torch.ones(4))
+    assert capsys.readouterr().out.strip() == "tensor([1., 1., 1., 1.])"
+
+
+def test_snippet_a_runs_as_a_script():
+    done = subprocess.run([sys.executable, str(EXAMPLES / "snippet_a_tracer_sum.py")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "tensor([1., 1., 1., 1.])"
+
+
+def test_snippet_b_prints_the_model_and_trains(capsys):
+    losses = load("snippet_b_mlp_rmsprop").main([])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:9] == [
+        "Sequence(",
+        "    (0):Linear layer (8 X 256)",
+        "    (1):ReLU()",
+        "    (2):Linear layer (256 X 128)",
+        "    (3):ReLU()",
+        "    (4):Linear layer (128 X 64)",
+        "    (5):ReLU()",
+        "    (6):Linear layer (64 X 4)",
+        ")",
+    ]
+    assert len(lines) == 19 and all(re.fullmatch(r"tracer\(\d+\.\d{4}, grad_fn=<\w+>\)", line) for line in lines[9:])
+    assert len(losses) == 10 and all(math.isfinite(v) for v in losses)
+    assert losses[-1] < losses[0]
+
+
+def test_snippet_c_prints_the_original_model_and_backprop_trace(capsys):
+    model, out = load("snippet_c_conv_trace").main([])
+    expected = """\
+Sequence(
+    (0):Sequence(
+        (0):Conv2d 3 -> 8
+        (1):ReLU()
+        (2):Conv2d 8 -> 4
+        (3):ReLU()
+        (4):Conv2d 4 -> 2
+        (5):ReLU()
+    )
+    (1):Linear layer (98 X 1)
+)
+BackProp:
+↘︎ Sum()
+↘︎ Linear layer (98 X 1)
+↘︎ View((3, -1))
+↘︎ ReLU()
+↘︎ Conv2d 4 -> 2   GRAD:torch.Size([3, 2, 7, 7]) -> torch.Size([3, 4, 9, 9])
+↘︎ ReLU()
+↘︎ Conv2d 8 -> 4   GRAD:torch.Size([3, 4, 9, 9]) -> torch.Size([3, 8, 20, 20])
+↘︎ ReLU()
+↘︎ Conv2d 3 -> 8   GRAD:torch.Size([3, 8, 20, 20]) -> torch.Size([3, 3, 84, 84])
+↘︎ Input
+"""
+    assert capsys.readouterr().out == expected
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in model.parameters())
+    assert out.grad_fn is not None and out.shape == ()
+
+
+def test_digits_cnn_learns_and_matches_torch_autograd(capsys):
+    result = load("digits_cnn").main(["--smoke"])
+    out = capsys.readouterr().out
+    assert len(result["losses"]) == 3 and result["losses"][-1] < result["losses"][0]
+    assert result["max_loss_difference"] < 1e-5
+    assert all(abs(a - b) < 1e-5 for a, b in zip(result["losses"], result["torch_losses"]))
+    assert result["test_accuracy"] > 0.8  # chance is 0.1; the full run reaches ~0.98
+    assert abs(result["test_accuracy"] - result["torch_test_accuracy"]) < 0.01
+    assert result["time_ratio"] > 0 and "ratio" in out and "Conv2d 1 -> 16" in out
+
+
+def test_char_gpt_loss_falls_and_samples_use_the_vocabulary(capsys):
+    result = load("char_gpt").main(["--smoke"])
+    out = capsys.readouterr().out
+    assert result["text"].startswith("The Zen of Python")
+    assert all(math.isfinite(v) for v in result["losses"])
+    assert result["losses"][-1] < 0.75 * result["losses"][0]
+    for sample in (result["sample_before"], result["sample_after"]):
+        assert len(sample) == 61 and set(sample) <= set(result["text"])
+    assert "--- sample before training ---" in out and "--- sample after training ---" in out
+
+
+def test_char_gpt_trains_on_a_given_text(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("abcd efgh " * 20, encoding="utf-8")
+    result = load("char_gpt").main(["--smoke", "--text", str(text), "--steps", "5"])
+    assert result["vocab_size"] == 9 and len(result["losses"]) == 5
+
+
+def test_dqn_cartpole_smoke_updates_through_gather(capsys):
+    result = load("dqn_cartpole").main(["--smoke"])
+    out = capsys.readouterr().out
+    assert "↘︎ Gather()" in out and "↘︎ SmoothL1Loss()" in out  # the first update's backprop trace
+    assert result["steps"] == 400 and len(result["losses"]) == 301
+    assert all(math.isfinite(v) for v in result["losses"])
+    assert len(result["eval_returns"]) == 5 and all(r >= 8 for r in result["eval_returns"])
+    assert result["average_return"] == sum(result["eval_returns"]) / 5
+
+
+def test_custom_function_rule_is_checked(capsys):
+    result = load("custom_function").main([])
+    assert result["refusal"] is None or "torch.logaddexp" in result["refusal"]
+    assert "First diverging node: BuggyLogAddExpBackward" in result["bug_report"]
+    assert result["check"].ok and result["check"].n_gradients == 2
+    assert result["gradcheck"] is True
+    assert result["second_derivative_error"] < 1e-5
+    assert "LogAddExp()" in capsys.readouterr().out
