@@ -540,3 +540,13 @@ def test_common_torch_layers_differentiate_like_torch(name):
     (theirs * weights).sum().backward()
     assert_same_grads(model, twin)
     assert_same_state(model, twin)
+
+
+def test_a_ported_model_names_its_layers_in_the_trace(capsys):
+    model = port(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1)))
+    port(model)  # hooks are installed once
+    model(torch.randn(2, 4)).sum().backward(show=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:5] == ["↘︎ Sum()", "↘︎ Linear(in_features=3, out_features=1, bias=True)", "↘︎ ReLU()",
+                          "↘︎ Linear(in_features=4, out_features=3, bias=True)"]
+    assert len(model[0]._forward_pre_hooks) == 1

@@ -4,7 +4,7 @@ from typing import Callable, Dict, TypeVar
 import torch
 
 from torchtrace.nn.attention import MultiheadAttention
-from torchtrace.nn.module import Parameter
+from torchtrace.nn.module import Module, Parameter, module_entered, module_left
 from torchtrace.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from torchtrace.tracer import as_tracer, tracer
 
@@ -55,6 +55,8 @@ def port(module: M) -> M:
       nn.PReLU, SELU, Hardswish, Hardsigmoid, AlphaDropout, Upsample, PixelShuffle, Unfold) raises
       tt.UnsupportedOperationError naming that callable at its first forward that needs a gradient.
     - Lazy modules (nn.LazyLinear, ...) must run one forward before they are ported.
+    - Forward hooks on every sub-module record which module made each graph node, as tt.nn modules do, so
+      `backward(show=True)`, `tt.draw` and `tt.trace` name the layers of a ported model.
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"tt.port expects a torch.nn.Module, got {type(module).__name__}")
@@ -73,6 +75,9 @@ def port(module: M) -> M:
         _swap(sub)
         if _plain_state_dict not in sub._state_dict_hooks.values():
             sub.register_state_dict_post_hook(_plain_state_dict)
+        if not isinstance(sub, Module) and module_entered not in sub._forward_pre_hooks.values():
+            sub.register_forward_pre_hook(module_entered)  # so traces and drawings know each op's module
+            sub.register_forward_hook(module_left, always_call=True)
     return module
 
 

@@ -68,6 +68,20 @@ def sequence_repr(layers: Iterable[Any]) -> Optional[str]:
     return "\n".join(lines)
 
 
+def module_entered(module: torch.nn.Module, args: tuple) -> None:
+    """A module starts running: nodes recorded from now on belong to it (its innermost running module)."""
+    MODULE_STACK.append(module)
+
+
+def module_left(module: torch.nn.Module, args: tuple, out: Any) -> None:
+    """A module finished: pop it, and note the shapes of its call on the node it returned (trace's GRAD:)."""
+    MODULE_STACK.pop()
+    node = getattr(out, "_tt_node", None)
+    if node is not None and node.module is module and args and isinstance(args[0], torch.Tensor):
+        with _guard():
+            node.call_shapes = args[0].shape, out.shape
+
+
 class Module(torch.nn.Module):
     """A torch.nn.Module whose parameters are `Parameter` tracers.
 
@@ -96,15 +110,12 @@ class Module(torch.nn.Module):
                     destination[prefix + name] = value.as_subclass(torch.Tensor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        MODULE_STACK.append(self)
+        module_entered(self, args)
+        out = None
         try:
             out = super().__call__(*args, **kwargs)
         finally:
-            MODULE_STACK.pop()
-        node = getattr(out, "_tt_node", None)
-        if node is not None and node.module is self and args and isinstance(args[0], torch.Tensor):
-            with _guard():
-                node.call_shapes = args[0].shape, out.shape  # for the trace's GRAD: out -> in
+            module_left(self, args, out)
         return out
 
     def original_repr(self) -> Optional[str]:
