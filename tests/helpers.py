@@ -1,4 +1,7 @@
 """One-line op tests: run a function on tracers and under torch autograd, then against finite differences."""
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 import torch
@@ -52,3 +55,14 @@ def _torch_grads(out: torch.Tensor, inputs: list) -> list:
             grads[i] = x.grad
         x.grad = None
     return grads
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example(name: str) -> ModuleType:
+    """Import examples/<name>.py as a module (examples/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

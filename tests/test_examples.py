@@ -1,26 +1,16 @@
 """Every example script runs in its smoke mode (few steps, small data), with assertions on its results."""
-import importlib.util
 import math
 import re
 import subprocess
 import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
+from helpers import EXAMPLES, load_example
 
 from torchtrace.autograd.function import RULES
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def load(name: str) -> ModuleType:
-    """Import examples/<name>.py as a module (examples/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+load = load_example
 
 
 @pytest.fixture(autouse=True)

@@ -1,29 +1,10 @@
 """The backprop trace: the original torchtrace's exact format for chains, merges and branches for DAGs."""
 import torch
+from helpers import load_example
 
 import torchtrace as tt
 from torchtrace.inspect.trace import backprop_lines
-from torchtrace.nn import Conv2d, Linear, Model, ReLU, Sequential
-
-
-class myConv(Model):
-    def __init__(self):
-        self.conv = Sequential(
-            Conv2d(3, 8, kernel_size=8, stride=4), ReLU(),
-            Conv2d(8, 4, kernel_size=4, stride=2), ReLU(),
-            Conv2d(4, 2, kernel_size=3, stride=1), ReLU(),
-        )
-        self.fc = Linear(7 * 7 * 2, 1)
-        super(myConv, self).__init__()
-
-    def construct(self):
-        return [self.conv, self.fc]
-
-    def forward(self, x):
-        x = self.conv(x)
-        x = x.View(x.shape[0], -1)
-        return self.fc(x)
-
+from torchtrace.nn import Linear
 
 MYCONV_TRACE = """BackProp:
 ↘︎ Sum()
@@ -39,7 +20,7 @@ MYCONV_TRACE = """BackProp:
 
 
 def test_the_original_myconv_trace_exactly(capsys):
-    model = myConv()
+    model = load_example("snippet_c_conv_trace").myConv()
     for para in model.parameters():
         para.data.fill_(0.001)
     out = model(torch.rand(3, 3, 84, 84).float()).Sum()

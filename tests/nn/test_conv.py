@@ -6,13 +6,12 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import check_op, double_backward_matches, non_contiguous
+from helpers import check_op, double_backward_matches, load_example, non_contiguous
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.func import functional_call
 
 import torchtrace as tt
-from torchtrace.nn import Linear, Model, ReLU, Sequential
 from torchtrace.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 
 
@@ -295,30 +294,9 @@ def test_printing():
     assert Conv1d(2, 5, 3).original_repr() == "Conv1d 2 -> 5"
 
 
-class SnippetC(Model):
-    """The original torchtrace README's snippet C model."""
-
-    def __init__(self):
-        self.conv = Sequential(
-            Conv2d(3, 8, kernel_size=8, stride=4), ReLU(),
-            Conv2d(8, 4, kernel_size=4, stride=2), ReLU(),
-            Conv2d(4, 2, kernel_size=3, stride=1), ReLU(),
-        )
-        self.fc = Linear(7 * 7 * 2, 1)
-        super().__init__()
-
-    def construct(self):
-        return [self.conv, self.fc]
-
-    def forward(self, x):
-        x = self.conv(x)
-        x = x.View(x.shape[0], -1)
-        return self.fc(x)
-
-
 def test_original_snippet_c_model():
     torch.manual_seed(3)
-    model = SnippetC()
+    model = load_example("snippet_c_conv_trace").myConv()
     assert repr(model).splitlines() == [
         "Sequence(", "    (0):Sequence(", "        (0):Conv2d 3 -> 8", "        (1):ReLU()",
         "        (2):Conv2d 8 -> 4", "        (3):ReLU()", "        (4):Conv2d 4 -> 2", "        (5):ReLU()",
