@@ -48,6 +48,7 @@ def run_rule(rule: type, func: Optional[Callable], args: tuple, kwargs: dict) ->
 
 
 _POSITIONAL: Dict[Callable, tuple] = {}
+_NUMPY_NAMES = (("axis", "dim"), ("keepdims", "keepdim"))
 
 
 def _positional_parameters(func: Callable) -> tuple:
@@ -81,6 +82,9 @@ def _keywords_to_positions(func: Callable, args: tuple, kwargs: dict) -> tuple:
     if kwargs.get("out") is not None:
         raise RuntimeError(f"{getattr(func, '__name__', func)}(): out= is not supported on tracers (no gradient "
                            "can flow into a preallocated output); assign the result instead")
+    for alias, name in _NUMPY_NAMES:  # x.sum(axis=0, keepdims=True) means x.sum(dim=0, keepdim=True)
+        if alias in kwargs and name not in kwargs:
+            kwargs = {name if k == alias else k: v for k, v in kwargs.items()}
     params, exact = _positional_parameters(func)
     names = [name for name, _ in params]
     movable = [k for k, v in kwargs.items() if k in names and (exact or isinstance(v, torch.Tensor))]

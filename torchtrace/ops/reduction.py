@@ -1,7 +1,6 @@
 """Gradient rules for reductions: sum, mean, prod, max/min, amax/amin, logsumexp, var/std, norms, cumsum."""
-import functools
 import math
-from typing import Any, Callable, Sequence, Tuple, Union
+from typing import Sequence, Tuple, Union
 
 import torch
 
@@ -9,21 +8,6 @@ from torchtrace.autograd.function import Function, register
 
 T = torch.Tensor
 Dims = Union[None, int, Sequence[int]]
-
-
-def numpy_names(forward: Callable) -> Callable:
-    """Let a forward accept torch's numpy-style keyword aliases: input=, axis= (dim), keepdims= (keepdim)."""
-
-    @functools.wraps(forward)
-    def renamed(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        for alias, name in (("axis", "dim"), ("keepdims", "keepdim")):
-            if alias in kwargs:
-                kwargs[name] = kwargs.pop(alias)
-        if "input" in kwargs:
-            args = (kwargs.pop("input"), *args)
-        return forward(ctx, *args, **kwargs)
-
-    return renamed
 
 
 def reduced_dims(dim: Dims, ndim: int) -> Tuple[int, ...]:
@@ -59,7 +43,6 @@ class Sum(Function):
     op = staticmethod(torch.sum)
 
     @staticmethod
-    @numpy_names
     def forward(ctx, x, dim=None, keepdim=False, *, dtype=None):
         ctx.shape, ctx.dim, ctx.keepdim = x.shape, dim, keepdim
         return ctx.rule.op(x, dim, keepdim, dtype=dtype)
@@ -101,7 +84,6 @@ class Prod(Function):
     """y = prod_i x_i (over dim)  ->  dy/dx_i = prod_{j != i} x_j"""
 
     @staticmethod
-    @numpy_names
     def forward(ctx, x, dim=None, keepdim=False, *, dtype=None):
         y = torch.prod(x, dtype=dtype) if dim is None else torch.prod(x, dim, keepdim, dtype=dtype)
         ctx.dim, ctx.keepdim = dim, keepdim
@@ -133,7 +115,6 @@ class Amax(Function):
     op = staticmethod(torch.amax)
 
     @staticmethod
-    @numpy_names
     def forward(ctx, x, dim=(), keepdim=False):
         y = ctx.rule.op(x, dim, keepdim)
         ctx.dim, ctx.keepdim = dim, keepdim
@@ -160,7 +141,6 @@ class Max(Function):
     op, sign = staticmethod(torch.max), 1
 
     @staticmethod
-    @numpy_names
     def forward(ctx, x, other=None, keepdim=False, *, dim=None):
         ctx.mode = "binary" if isinstance(other, torch.Tensor) else "all" if other is None and dim is None else "dim"
         if ctx.mode == "binary":
@@ -211,7 +191,6 @@ class LogSumExp(Function):
     """y = log sum_i exp(x_i)  ->  dy/dx_i = exp(x_i - y)  (the softmax of x)"""
 
     @staticmethod
-    @numpy_names
     def forward(ctx, x, dim, keepdim=False):
         y = torch.logsumexp(x, dim, keepdim)
         ctx.dim, ctx.keepdim = dim, keepdim
@@ -242,7 +221,6 @@ class Var(Function):
     op = staticmethod(torch.var)
 
     @staticmethod
-    @numpy_names
     def forward(ctx, x, *args, **kwargs):
         y = ctx.rule.op(x, *args, **kwargs)
         ctx.dim, ctx.correction, ctx.keepdim = var_options(args, kwargs)
@@ -275,7 +253,6 @@ class VectorNorm(Function):
     """y = (sum_i |x_i|^p)^(1/p)  ->  dy/dx_i = sign(x_i) |x_i|^(p-1) / y^(p-1)  (p=2: x/y; p=inf: ties share)"""
 
     @staticmethod
-    @numpy_names
     def forward(ctx, x, ord=2, dim=None, keepdim=False, dtype=None, *, out=None):
         if out is not None:
             raise RuntimeError("torchtrace: vector_norm(..., out=) cannot be recorded; assign the result instead")
@@ -309,7 +286,6 @@ class Norm(VectorNorm):
     """torch.norm / Tensor.norm: the vector p-norm over dim ('fro' = 2-norm); 'nuc' is refused"""
 
     @staticmethod
-    @numpy_names
     def forward(ctx, x, p="fro", dim=None, keepdim=False, dtype=None, *, out=None):
         if isinstance(p, str) and p != "fro":
             raise NotImplementedError(f"torchtrace: torch.norm(p={p!r}) has no gradient rule; use p='fro' or a number")
@@ -322,7 +298,6 @@ class Cumsum(Function):
     """y_i = sum_{j<=i} x_j  ->  dL/dx_j = sum_{i>=j} g_i  (a cumsum of g from the other end)"""
 
     @staticmethod
-    @numpy_names
     def forward(ctx, x, dim, dtype=None):
         ctx.dim = dim
         return torch.cumsum(x, dim, dtype=dtype)

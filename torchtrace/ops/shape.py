@@ -235,8 +235,7 @@ class Cat(Function):
     """y = [x_1, ..., x_n] joined along dim  ->  dx_i = the slice of g where x_i went"""
 
     @staticmethod
-    def forward(ctx, tensors, dim=0, *, axis=None):
-        dim = dim if axis is None else axis  # torch.concatenate names it axis
+    def forward(ctx, tensors, dim=0):
         y = torch.cat(tensors, dim)
         ctx.dim = dim % y.dim()
         ctx.shapes = [t.shape for t in tensors]

@@ -5,7 +5,6 @@ import torch
 import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
-from torchtrace.ops.reduction import numpy_names
 
 T = torch.Tensor
 
@@ -26,7 +25,6 @@ class Softmax(Function):
     op = staticmethod(torch.softmax)
 
     @staticmethod
-    @numpy_names
     def forward(ctx, x, dim=None, *options, dtype=None, _stacklevel=3):
         dtype = options[-1] if options else dtype  # options: (dtype) from torch.softmax, (_stacklevel, dtype) from F
         ctx.dim = softmax_dim(x, dim, ctx.rule.op.__name__)
