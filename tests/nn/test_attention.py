@@ -9,7 +9,7 @@ from helpers import check_op, double_backward_matches, non_contiguous
 from torch.func import functional_call
 
 import torchtrace as tt
-from torchtrace.nn.attention import AttentionWeights, MultiheadAttention, dropout
+from torchtrace.nn.attention import AttentionWeights, MultiheadAttention
 
 torch.manual_seed(0)
 sdpa = F.scaled_dot_product_attention
@@ -82,15 +82,6 @@ def test_sdpa_node_and_plain_tensors():
     assert sdpa(q, K, V).grad_fn.name == "ScaledDotProductAttentionBackward"
     torch.testing.assert_close(AttentionWeights.apply(Q, K, ALLOWED), torch.softmax(
         (Q @ K.transpose(-2, -1) / math.sqrt(2)).masked_fill(~ALLOWED, -math.inf), -1))
-
-
-@pytest.mark.parametrize("p", [0.0, 0.3, 1.0])
-def test_dropout_draws_like_torch(p):
-    x = torch.randn(6, 7)
-    torch.manual_seed(3)
-    expected = F.dropout(x, p)
-    torch.manual_seed(3)
-    torch.testing.assert_close(dropout(x, p), expected)
 
 
 def twins(**options):

@@ -125,15 +125,6 @@ class ScaledDotProductAttention(Function):
         return grad_q, grad_k, grad_v, grad_mask
 
 
-def dropout(x: Tensor, p: float) -> Tensor:
-    """F.dropout(x, p) in train mode as a product with a constant mask: the same draw as torch's CPU kernel
-    (an empty tensor like x filled by bernoulli_(1 - p), divided by 1 - p), so a seed gives torch's result."""
-    if p >= 1:
-        return x * 0.0
-    keep = torch.empty(x.shape, dtype=x.dtype, device=x.device).bernoulli_(1 - p).div_(1 - p)
-    return x * keep
-
-
 def additive_mask(mask: Optional[Tensor], name: str, dtype: torch.dtype) -> Optional[Tensor]:
     """MultiheadAttention's masks: a bool mask (True = do not attend) becomes 0 / -inf, a float mask is added."""
     if mask is None or mask.is_floating_point():
@@ -223,7 +214,7 @@ class MultiheadAttention(Module, torch.nn.MultiheadAttention):
         weights = None
         if need_weights or dropout_p > 0:
             weights = AttentionWeights.apply(q, k, attn_mask)
-            weights = dropout(weights, dropout_p) if dropout_p > 0 else weights
+            weights = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
             out = weights @ v
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask)

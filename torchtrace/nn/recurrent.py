@@ -17,7 +17,6 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from torchtrace.nn.attention import dropout
 from torchtrace.nn.module import Module
 
 Tensor = torch.Tensor
@@ -141,7 +140,7 @@ class RecurrentLayer(Module):
                 finals.append(final if isinstance(final, tuple) else (final,))
             x = torch.cat(outputs, -1) if directions == 2 else outputs[0]
             if self.dropout > 0 and self.training and layer < self.num_layers - 1:
-                x = dropout(x, self.dropout)
+                x = F.dropout(x, self.dropout)
         return x, tuple(torch.stack(parts) for parts in zip(*finals))
 
 
