@@ -66,3 +66,35 @@ def load_example(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# The original torchtrace README's snippet C: how its myConv model prints, and its backprop trace.
+ORIGINAL_SNIPPET_C_MODEL = """\
+Sequence(
+    (0):Sequence(
+        (0):Conv2d 3 -> 8
+        (1):ReLU()
+        (2):Conv2d 8 -> 4
+        (3):ReLU()
+        (4):Conv2d 4 -> 2
+        (5):ReLU()
+    )
+    (1):Linear layer (98 X 1)
+)"""
+ORIGINAL_SNIPPET_C_TRACE = """\
+BackProp:
+↘︎ Sum()
+↘︎ Linear layer (98 X 1)
+↘︎ View((3, -1))
+↘︎ ReLU()
+↘︎ Conv2d 4 -> 2   GRAD:torch.Size([3, 2, 7, 7]) -> torch.Size([3, 4, 9, 9])
+↘︎ ReLU()
+↘︎ Conv2d 8 -> 4   GRAD:torch.Size([3, 4, 9, 9]) -> torch.Size([3, 8, 20, 20])
+↘︎ ReLU()
+↘︎ Conv2d 3 -> 8   GRAD:torch.Size([3, 8, 20, 20]) -> torch.Size([3, 3, 84, 84])
+↘︎ Input"""
+
+
+def float_tolerances(dtype: torch.dtype) -> dict:
+    """check_op tolerances: float32 sums of many products round differently from torch's kernels."""
+    return {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {}

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from helpers import EXAMPLES, load_example
+from helpers import EXAMPLES, ORIGINAL_SNIPPET_C_MODEL, ORIGINAL_SNIPPET_C_TRACE, load_example
 
 from torchtrace.autograd.function import RULES
 
@@ -57,30 +57,7 @@ def test_snippet_b_prints_the_model_and_trains(capsys):
 
 def test_snippet_c_prints_the_original_model_and_backprop_trace(capsys):
     model, out = load("snippet_c_conv_trace").main([])
-    expected = """\
-Sequence(
-    (0):Sequence(
-        (0):Conv2d 3 -> 8
-        (1):ReLU()
-        (2):Conv2d 8 -> 4
-        (3):ReLU()
-        (4):Conv2d 4 -> 2
-        (5):ReLU()
-    )
-    (1):Linear layer (98 X 1)
-)
-BackProp:
-↘︎ Sum()
-↘︎ Linear layer (98 X 1)
-↘︎ View((3, -1))
-↘︎ ReLU()
-↘︎ Conv2d 4 -> 2   GRAD:torch.Size([3, 2, 7, 7]) -> torch.Size([3, 4, 9, 9])
-↘︎ ReLU()
-↘︎ Conv2d 8 -> 4   GRAD:torch.Size([3, 4, 9, 9]) -> torch.Size([3, 8, 20, 20])
-↘︎ ReLU()
-↘︎ Conv2d 3 -> 8   GRAD:torch.Size([3, 8, 20, 20]) -> torch.Size([3, 3, 84, 84])
-↘︎ Input
-"""
+    expected = f"{ORIGINAL_SNIPPET_C_MODEL}\n{ORIGINAL_SNIPPET_C_TRACE}\n"
     assert capsys.readouterr().out == expected
     assert all(p.grad is not None and p.grad.shape == p.shape for p in model.parameters())
     assert out.grad_fn is not None and out.shape == ()

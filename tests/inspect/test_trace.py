@@ -1,22 +1,12 @@
 """The backprop trace: the original torchtrace's exact format for chains, merges and branches for DAGs."""
 import torch
-from helpers import load_example
+from helpers import ORIGINAL_SNIPPET_C_TRACE, load_example
 
 import torchtrace as tt
 from torchtrace.inspect.trace import backprop_lines
 from torchtrace.nn import Linear
 
-MYCONV_TRACE = """BackProp:
-↘︎ Sum()
-↘︎ Linear layer (98 X 1)
-↘︎ View((3, -1))
-↘︎ ReLU()
-↘︎ Conv2d 4 -> 2   GRAD:torch.Size([3, 2, 7, 7]) -> torch.Size([3, 4, 9, 9])
-↘︎ ReLU()
-↘︎ Conv2d 8 -> 4   GRAD:torch.Size([3, 4, 9, 9]) -> torch.Size([3, 8, 20, 20])
-↘︎ ReLU()
-↘︎ Conv2d 3 -> 8   GRAD:torch.Size([3, 8, 20, 20]) -> torch.Size([3, 3, 84, 84])
-↘︎ Input"""
+MYCONV_TRACE = ORIGINAL_SNIPPET_C_TRACE
 
 
 def test_the_original_myconv_trace_exactly(capsys):

@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 import torch
-from helpers import check_op
+from helpers import ORIGINAL_SNIPPET_C_MODEL, check_op
 from torch.func import functional_call
 
 import torchtrace as tt
@@ -303,18 +303,7 @@ class MyConv(nn.Model):
         return self.fc(x)
 
 
-SNIPPET_C = """\
-Sequence(
-    (0):Sequence(
-        (0):Conv2d 3 -> 8
-        (1):ReLU()
-        (2):Conv2d 8 -> 4
-        (3):ReLU()
-        (4):Conv2d 4 -> 2
-        (5):ReLU()
-    )
-    (1):Linear layer (98 X 1)
-)"""
+SNIPPET_C = ORIGINAL_SNIPPET_C_MODEL
 
 
 def test_snippet_c_model_prints_like_the_original():

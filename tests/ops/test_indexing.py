@@ -1,7 +1,7 @@
 """Gradient rules of torchtrace/ops/indexing.py: x[index], x[index] = v, gather/scatter, index_* ops, masks."""
 import pytest
 import torch
-from helpers import check_op, double_backward_matches
+from helpers import check_op, double_backward_matches, float_tolerances
 
 import torchtrace as tt
 from torchtrace.autograd import dispatch
@@ -10,15 +10,6 @@ from torchtrace.ops.indexing import setitem
 
 T = torch.Tensor
 DTYPES = [torch.float64, torch.float32]
-
-
-@pytest.fixture(autouse=True)
-def seed():
-    torch.manual_seed(0)
-
-
-def tolerances(dtype):
-    return {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {}
 
 
 def ints(*values):
@@ -58,7 +49,7 @@ GETITEM = {
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(GETITEM))
 def test_getitem_matches_torch(name, dtype):
-    check_op(GETITEM[name], torch.randn(3, 4, 5, dtype=dtype), **tolerances(dtype))
+    check_op(GETITEM[name], torch.randn(3, 4, 5, dtype=dtype), **float_tolerances(dtype))
 
 
 @pytest.mark.parametrize("index", [(), Ellipsis, None, (None, None)], ids=["()", "...", "None", "None, None"])
@@ -217,7 +208,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_rule_matches_torch(name, dtype):
     fn, *shapes = CASES[name]
-    check_op(fn, *[torch.randn(s, dtype=dtype) for s in shapes], **tolerances(dtype))
+    check_op(fn, *[torch.randn(s, dtype=dtype) for s in shapes], **float_tolerances(dtype))
 
 
 # torch's own take_along_dim(dim=None) refuses non-contiguous input

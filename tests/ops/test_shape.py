@@ -3,7 +3,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import check_op, double_backward_matches, non_contiguous
+from helpers import check_op, double_backward_matches, float_tolerances, non_contiguous
 
 import torchtrace as tt
 from torchtrace.autograd import dispatch
@@ -11,15 +11,6 @@ from torchtrace.autograd.function import RULES
 
 T = torch.Tensor
 DTYPES = [torch.float64, torch.float32]
-
-
-@pytest.fixture(autouse=True)
-def seed():
-    torch.manual_seed(0)
-
-
-def tolerances(dtype):
-    return {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {}
 
 
 # One line per case: (fn, shapes of its inputs). Each registered callable appears at least once
@@ -166,7 +157,7 @@ def test_rule_matches_torch(name, dtype):
     fn, shapes = CASES[name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # x.T on a 0-d tensor is deprecated in torch
-        check_op(fn, *rand(shapes, dtype), **tolerances(dtype))
+        check_op(fn, *rand(shapes, dtype), **float_tolerances(dtype))
 
 
 def reversed_layout(x):
