@@ -1,14 +1,17 @@
 """The core (tracer.py + autograd/) must stay readable in one sitting: a budget on its lines of code.
 
 Docstrings, comments and blank lines do not count. DESIGN.md aimed at about 400; the engine with
-keyword normalisation, in-place recording, hooks, create_graph and tt.grad came to ~680. Raising the
-budget needs a reason; moving code out of the core is the better fix.
+keyword normalisation, in-place recording, hooks, create_graph and tt.grad came to ~680. Closing every
+silent-gradient path (containers of tracers by keyword, `inplace=` flags, plain torch leaves, autocast,
+Function.apply through torch's override protocol, per-thread state, checked backward results and hook
+returns, leaves that own their .grad, post-accumulate hooks, checked .grad assignment) brought it to
+~880. Raising the budget needs a reason; moving code out of the core is the better fix.
 """
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "torchtrace"
-BUDGET = 700
+BUDGET = 900
 
 
 def code_lines(path: pathlib.Path) -> int:

@@ -1,4 +1,7 @@
 """torchtrace: an educational autograd engine on a torch.Tensor subclass. Public names only."""
+import importlib
+from typing import Any
+
 from torchtrace import (
     nn,
     ops,  # noqa: F401  (registers every gradient rule)
@@ -22,13 +25,18 @@ from torchtrace.factories import (
     zeros,
     zeros_like,
 )
-from torchtrace.inspect.anomaly import AnomalyError, detect_anomaly
-from torchtrace.inspect.dot import draw, recording
-from torchtrace.inspect.flow import flow
-from torchtrace.inspect.graph import trace
-from torchtrace.inspect.trace import show
 from torchtrace.port import port
 from torchtrace.tracer import as_tracer, tracer
+
+# The tools that walk the graph load on first use, so the engine never imports them.
+_INSPECT = {"AnomalyError": "anomaly", "detect_anomaly": "anomaly", "draw": "dot", "recording": "dot",
+            "flow": "flow", "trace": "graph", "show": "trace"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _INSPECT:
+        return getattr(importlib.import_module(f"torchtrace.inspect.{_INSPECT[name]}"), name)
+    raise AttributeError(f"module 'torchtrace' has no attribute '{name}'")
 
 __all__ = [
     "tracer", "as_tracer", "zeros", "ones", "rand", "randn", "zeros_like", "ones_like", "full", "arange",

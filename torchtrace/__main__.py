@@ -3,7 +3,8 @@ import argparse
 from collections import defaultdict
 from typing import List, Optional
 
-from torchtrace.autograd.function import RULES, callable_name
+from torchtrace.autograd.function import RULES
+from torchtrace.naming import callable_name
 
 
 def list_ops() -> None:

@@ -4,9 +4,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from torchtrace.autograd import engine
-from torchtrace.autograd.function import Node, callable_name
-from torchtrace.autograd.observers import observing
+from torchtrace.autograd.function import Context
+from torchtrace.autograd.node import Node, gradient_for
+from torchtrace.autograd.state import observing
 from torchtrace.errors import GradientMismatch
+from torchtrace.naming import callable_name
 from torchtrace.tracer import as_tracer
 
 _guard = torch._C.DisableTorchFunctionSubclass
@@ -85,7 +87,7 @@ def _compare(what: str, ours: Any, theirs: Any, rtol: float, atol: float) -> flo
 
 def _keep_call(node: Node, args: tuple, kwargs: dict, result: Any) -> None:
     """Remember each node's arguments, so its rule can be re-checked alone if gradients disagree."""
-    node.call = args, kwargs
+    node.note(call=(args, kwargs))
 
 
 def _check_once(fn: Callable, inputs: Sequence[Any], rtol: float, atol: float) -> CheckReport:
@@ -120,8 +122,8 @@ def _check_once(fn: Callable, inputs: Sequence[Any], rtol: float, atol: float) -
 
 def _local_reference(node: Node, grads: List[Any]) -> Dict[Any, torch.Tensor]:
     """torch autograd's vector-Jacobian product of this one node, on copies of its recorded inputs."""
-    args, kwargs = node.call
-    keys = [key for key, *_ in node.inputs]
+    args, kwargs = node.notes["call"]
+    keys = [edge.position for edge in node.edges]
     copies: Dict[Any, torch.Tensor] = {}
 
     def leaf(key: Any, x: Any) -> Any:
@@ -136,7 +138,7 @@ def _local_reference(node: Node, grads: List[Any]) -> Dict[Any, torch.Tensor]:
     if node.func is not None:
         out = node.func(*new_args, **new_kwargs)
     else:
-        out = node.rule.forward(Node(node.rule, None, []), *new_args, **new_kwargs)
+        out = node.rule.forward(Context(node.rule), *new_args, **new_kwargs)
     outs, _ = flatten(out)
     total = sum((o * g).sum() for o, g in zip(outs, grads) if g is not None and o.requires_grad)
     if isinstance(total, torch.Tensor):
@@ -147,11 +149,11 @@ def _local_reference(node: Node, grads: List[Any]) -> Dict[Any, torch.Tensor]:
 def _first_diverging_node(observed: List[Tuple[Node, List[Any], Tuple[Any, ...]]], rtol: float, atol: float) -> str:
     """Walk the nodes in the order gradients flowed; report the first whose own rule disagrees with torch."""
     for node, grads, result in observed:
-        if getattr(node, "call", None) is None:
+        if "call" not in (node.notes or {}):
             continue
         reference = _local_reference(node, grads)
-        for key, *_ in node.inputs:
-            ours = result[key] if type(key) is int else result[key[0]][key[1]]
+        for edge in node.edges:
+            key, ours = edge.position, gradient_for(edge, result)
             theirs = reference.get(key)
             if theirs is None:
                 continue

@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 from torchtrace.autograd import dispatch, engine
-from torchtrace.autograd.function import Node, RemovableHandle
+from torchtrace.autograd.node import Node, RemovableHandle
+from torchtrace.tensor_protocols import TensorProtocols
 
 _guard = torch._C.DisableTorchFunctionSubclass
 
@@ -23,7 +24,7 @@ def _check_differentiable(t: torch.Tensor) -> None:
 def _to_tensor(data: Any, dtype: Optional[torch.dtype], device: Any) -> torch.Tensor:
     """Copy `data` into a tensor; Python numbers and lists of ints become float32 (legacy torch.Tensor)."""
     if isinstance(data, torch.Tensor):
-        with _guard():
+        with _guard(), torch.inference_mode(False):
             return data.detach().to(dtype=dtype, device=device, copy=True).as_subclass(torch.Tensor)
     if isinstance(data, np.ndarray):
         return torch.tensor(data, dtype=dtype, device=device)
@@ -33,7 +34,23 @@ def _to_tensor(data: Any, dtype: Optional[torch.dtype], device: Any) -> torch.Te
     return tensor
 
 
-class tracer(torch.Tensor):
+def _check_grad(t: torch.Tensor, value: Optional[torch.Tensor]) -> None:
+    """What torch checks when `.grad` is assigned: a tensor of the same shape, dtype and device."""
+    if value is None:
+        return
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"assigned grad expected to be a Tensor or None but got grad of type {type(value).__name__}")
+    with _guard():
+        if value.dtype != t.dtype:
+            raise RuntimeError(f"assigned grad has data of a different type ({value.dtype} vs the tracer's {t.dtype})")
+        if value.shape != t.shape:
+            raise RuntimeError(f"assigned grad has data of a different size ({tuple(value.shape)} vs the tracer's "
+                               f"{tuple(t.shape)})")
+        if value.device != t.device:
+            raise RuntimeError(f"assigned grad has data located on a different device ({value.device} vs {t.device})")
+
+
+class tracer(TensorProtocols, torch.Tensor):
     """A tensor that records its own computation graph; gradients come from torchtrace's rules."""
 
     _tt_node: Optional[Node] = None  # the node that produced this tracer (None for a leaf)
@@ -41,7 +58,8 @@ class tracer(torch.Tensor):
     _tt_requires_grad = False
     _tt_grad: Optional[torch.Tensor] = None
     _tt_acc = None  # weak reference to the leaf's AccumulateGrad node
-    _tt_hooks: Optional[list] = None
+    _tt_hooks: Optional[list] = None  # hooks of a leaf (a non-leaf's hooks live on its node)
+    _tt_post_hooks: Optional[list] = None  # post-accumulate-grad hooks of a leaf
     _tt_version = 0
     _tt_view = False  # the forward result was a view of another tensor (in-place on it is refused)
 
@@ -89,6 +107,7 @@ class tracer(torch.Tensor):
 
     @grad.setter
     def grad(self, value: Optional[torch.Tensor]) -> None:
+        _check_grad(self, value)
         self._tt_grad = value
 
     @grad.deleter
@@ -118,6 +137,16 @@ class tracer(torch.Tensor):
         hooks.append(hook)
         return RemovableHandle(hooks, hook)
 
+    def register_post_accumulate_grad_hook(self, hook: Callable) -> RemovableHandle:
+        """hook(leaf) runs after a backward has accumulated into this leaf's `.grad`."""
+        if self._tt_node is not None:
+            raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tracers")
+        if not self._tt_requires_grad:
+            raise RuntimeError("cannot register a hook on a tracer that doesn't require gradient")
+        hooks = self._tt_post_hooks = self._tt_post_hooks if self._tt_post_hooks is not None else []
+        hooks.append(hook)
+        return RemovableHandle(hooks, hook)
+
     def backward(
         self,
         gradient: Optional[torch.Tensor] = None,
@@ -136,36 +165,15 @@ class tracer(torch.Tensor):
         with _guard():
             return torch.Tensor.detach(self).as_subclass(tracer)
 
-    def __iter__(self) -> Any:
-        return iter(self.unbind(0))
-
-    def __reduce_ex__(self, protocol: int) -> Any:
-        with _guard():
-            plain = torch.Tensor.detach(self).as_subclass(torch.Tensor)
-        return _rebuild, (plain, self._tt_requires_grad if self._tt_node is None else False)
-
-    def __deepcopy__(self, memo: dict) -> "tracer":
-        with _guard():
-            copy = torch.Tensor.clone(self).as_subclass(type(self))
-        copy._tt_requires_grad = self._tt_requires_grad and self._tt_node is None
-        memo[id(self)] = copy
-        return copy
-
-    # Capitalised aliases of the original torchtrace, recorded exactly like their torch counterparts.
-    def Sum(self) -> "tracer":
-        """Sum of all elements."""
-        return self.sum()
-
-    def View(self, *shape: Any) -> "tracer":
-        return self.view(*shape)
-
-    def Gather(self, index: torch.Tensor) -> "tracer":
-        """For a 2-D tracer and a 1-D index of length N: picks self[i, index[i]], shape (N, 1)."""
-        return self.gather(1, index.reshape(-1, 1))
+    def detach_(self) -> "tracer":
+        """Make this tracer a leaf that does not require grad (as torch's detach_)."""
+        if self._tt_view:
+            raise RuntimeError("detach_() cannot be called on a view of another tracer; use detach() instead")
+        self._tt_node, self._tt_nr, self._tt_requires_grad = None, 0, False
+        return self
 
 
-def _rebuild(data: torch.Tensor, requires_grad: bool) -> tracer:
-    return as_tracer(data, requires_grad)
+tracer._tt_type = tracer  # what the dispatcher wraps results as (also for subclasses such as tt.nn.Parameter)
 
 
 def as_tracer(tensor: torch.Tensor, requires_grad: bool = False) -> tracer:
@@ -175,6 +183,3 @@ def as_tracer(tensor: torch.Tensor, requires_grad: bool = False) -> tracer:
     if requires_grad:
         t.requires_grad_(True)
     return t
-
-
-dispatch.TRACER = tracer

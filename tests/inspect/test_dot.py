@@ -8,8 +8,8 @@ import torch
 
 import torchtrace as tt
 import torchtrace.nn as nn
-from torchtrace.autograd.engine import _topological_order
-from torchtrace.autograd.observers import ON_BACKWARD, ON_RECORD
+from torchtrace.autograd.engine import topological_order
+from torchtrace.autograd.state import STATE
 from torchtrace.inspect.dot import COLOURS, SCOPES, DotNotFound, Drawing, draw, recording
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -244,7 +244,7 @@ def test_recording_labels_ops_and_edges_with_the_gradient_that_flowed():
     assert f"Mul (3, 4) |grad| {torch.ones(3, 4).norm().item():.2e}" in found
     edge_labels = [line.split('label="')[1].split('"')[0] for line in edge_lines(draw(y, {"w": w}))]
     assert f"{w.grad.norm().item():.2e}" in edge_labels  # the Mul -> w edge, summed over the broadcast dimension
-    assert not ON_BACKWARD and not ON_RECORD
+    assert not STATE.on_backward and not STATE.on_record
 
 
 def test_vanishing_gradients_get_a_red_border():
@@ -271,7 +271,7 @@ def test_depth_collapses_modules_into_boxes():
     model, loss = gpt_loss(record=True)
     full, collapsed = draw(loss, model), draw(loss, model, depth=2)
     boxes = sorted(label for label in labels(collapsed) if label.startswith("blocks."))
-    order = _topological_order([loss.grad_fn])
+    order = topological_order([loss.grad_fn])
     for i, box in enumerate(boxes):
         ops = sum(any(m is model.blocks[i] for m in SCOPES.get(node, ())) for node in order)
         assert box.startswith(f"blocks.{i} (Block) {ops} ops, ")

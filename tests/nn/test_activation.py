@@ -65,15 +65,25 @@ def test_reused_and_chained(fn):
     (F.silu, lambda x: F.silu(x, inplace=True)),
     (F.mish, lambda x: F.mish(x, inplace=True)),
 ])
-def test_inplace_flag_computes_out_of_place(fn, inplace_fn):
-    x = tt.tracer(X, requires_grad=True)
+def test_inplace_flag_changes_the_input_as_torch_does(fn, inplace_fn):
+    leaf = tt.tracer(X, requires_grad=True)
+    x = leaf * 2  # a non-leaf: torch allows in-place changes of it
     y = inplace_fn(x)
-    torch.testing.assert_close(y.as_subclass(torch.Tensor), fn(X))
-    torch.testing.assert_close(x.as_subclass(torch.Tensor), X)  # the input is left as it was
-    y.sum().backward()
-    expected = X.clone().requires_grad_(True)
-    fn(expected).sum().backward()
-    torch.testing.assert_close(x.grad, expected.grad)
+    assert y is x
+    expected_leaf = X.clone().requires_grad_(True)
+    expected = expected_leaf * 2
+    inplace_fn(expected)
+    torch.testing.assert_close(x.as_subclass(torch.Tensor), expected.detach())  # the input was changed
+    (x * x).sum().backward()
+    (expected * expected).sum().backward()
+    torch.testing.assert_close(leaf.grad, expected_leaf.grad)
+
+
+@pytest.mark.parametrize("fn, inplace_fn", [(F.relu6, lambda x: F.relu6(x, inplace=True)),
+                                            (F.relu, lambda x: torch.nn.ReLU(inplace=True)(x))])
+def test_inplace_flag_on_a_leaf_that_requires_grad_raises(fn, inplace_fn):
+    with pytest.raises(RuntimeError, match=r"\(inplace=True\): a leaf tracer that requires grad"):
+        inplace_fn(tt.tracer(X, requires_grad=True))
 
 
 @pytest.mark.parametrize("fn", [

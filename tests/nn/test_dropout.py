@@ -72,7 +72,6 @@ def test_same_mask_as_torch_under_the_same_seed(fn, x, seed):
 @pytest.mark.parametrize("ours, theirs, x", [
     (lambda: Dropout(), lambda: torch.nn.Dropout(), X),
     (lambda: Dropout(0.25), lambda: torch.nn.Dropout(0.25), X3),
-    (lambda: Dropout(0.25, inplace=True), lambda: torch.nn.Dropout(0.25), X3),
     (lambda: Dropout1d(0.5), lambda: torch.nn.Dropout1d(0.5), X3),
     (lambda: Dropout2d(0.5), lambda: torch.nn.Dropout2d(0.5), X4),
     (lambda: Dropout3d(0.5), lambda: torch.nn.Dropout3d(0.5), X4.unsqueeze(2)),
@@ -123,10 +122,22 @@ def test_eval_mode_draws_no_random_numbers():
     assert torch.equal(out.as_subclass(torch.Tensor), X)
 
 
-def test_inplace_flag_leaves_the_input_unchanged():
-    x = tt.tracer(X, requires_grad=True)
-    F.dropout(x, 0.5, inplace=True).sum().backward()
-    assert torch.equal(x.as_subclass(torch.Tensor), X)
+def test_inplace_flag_changes_a_non_leaf_as_torch_does():
+    leaf, expected_leaf = tt.tracer(X3, requires_grad=True), X3.clone().requires_grad_(True)
+    x, expected = leaf * 1.5, expected_leaf * 1.5
+    torch.manual_seed(3)
+    Dropout(0.25, inplace=True)(x)
+    torch.manual_seed(3)
+    torch.nn.Dropout(0.25, inplace=True)(expected)
+    assert torch.equal(x.as_subclass(torch.Tensor), expected.detach())
+    (x * x).sum().backward()
+    (expected * expected).sum().backward()
+    torch.testing.assert_close(leaf.grad, expected_leaf.grad)
+
+
+def test_inplace_flag_on_a_leaf_that_requires_grad_raises():
+    with pytest.raises(RuntimeError, match="a leaf tracer that requires grad is used in an in-place operation"):
+        F.dropout(tt.tracer(X, requires_grad=True), 0.5, inplace=True)
 
 
 @pytest.mark.parametrize("fn, error, message", [

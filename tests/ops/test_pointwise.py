@@ -301,13 +301,17 @@ def test_ternary(fn: Callable, args: tuple, dtype: torch.dtype) -> None:
     run(fn, args, dtype)
 
 
-def test_relu_inplace_flag_computes_out_of_place() -> None:
-    x = tt.tracer([-1.0, 2.0, -3.0], requires_grad=True)
+def test_relu_inplace_flag_changes_its_input_as_torch_does() -> None:
+    leaf = tt.tracer([-1.0, 2.0, -3.0], requires_grad=True)
+    x = leaf * 1.0
     y = F.relu(x, inplace=True)
-    assert x.tolist() == [-1.0, 2.0, -3.0]
-    assert y.tolist() == [0.0, 2.0, 0.0]
-    y.sum().backward()
-    assert x.grad.tolist() == [0.0, 1.0, 0.0]
+    assert y is x and x.tolist() == [0.0, 2.0, 0.0]
+    (x * leaf).sum().backward()  # x is used again after the in-place change: its new value counts
+    expected_leaf = torch.tensor([-1.0, 2.0, -3.0], requires_grad=True)
+    expected = expected_leaf * 1.0
+    F.relu(expected, inplace=True)
+    (expected * expected_leaf).sum().backward()
+    assert leaf.grad.tolist() == expected_leaf.grad.tolist() == [0.0, 4.0, 0.0]
 
 
 @pytest.mark.parametrize("fn", [torch.sign, torch.floor, torch.ceil, torch.round, torch.trunc])

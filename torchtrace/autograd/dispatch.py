@@ -2,92 +2,133 @@
 import inspect
 import itertools
 import weakref
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from torchtrace.autograd.function import RULES, AccumulateGrad, Node, callable_name
-from torchtrace.autograd.observers import ON_RECORD
+from torchtrace.autograd.function import RULES, Context, Function
+from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
+from torchtrace.autograd.state import STATE
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.naming import callable_name
 
 _guard = torch._C.DisableTorchFunctionSubclass
 _grad_enabled = torch.is_grad_enabled
-_sequence = (list, tuple)
+_set_grad_enabled = torch._C._set_grad_enabled
+_any_autocast = torch._C._is_any_autocast_enabled
+_new_edge = tuple.__new__  # Edge(...) without NamedTuple's Python-level __new__: this runs for every input
+_containers = (list, tuple)
 
-TRACER: type = torch.Tensor  # replaced by torchtrace.tracer.tracer when that module loads
 INPLACE: Dict[Callable, tuple] = {}  # in-place callable -> (rule, out-of-place twin)
+INPLACE_FLAG: Dict[Callable, int] = {}  # callable with an `inplace` parameter (F.relu) -> its position
 NON_DIFFERENTIABLE: set = set()  # callables whose floating outputs never carry a gradient
-MODULE_STACK: list = []  # the tt.nn modules running now; each recorded node remembers the innermost one
 
 
 def torch_function(cls: type, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
     """tracer.__torch_function__: the one entry point of every intercepted torch call."""
     rule = RULES.get(func)
     if rule is not None:
-        return run_rule(rule, func, args, kwargs or {})
-    return _run_without_rule(func, args, kwargs or {})
+        return run_rule(cls._tt_type, rule, func, args, kwargs or {})
+    return _run_without_rule(cls._tt_type, func, args, kwargs or {})
 
 
-def run_rule(rule: type, func: Optional[Callable], args: tuple, kwargs: dict) -> Any:
-    """Run `rule` (forward of func); record a Node when some tracer argument requires a gradient."""
+def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tuple, kwargs: dict) -> Any:
+    """Run `rule` (forward of func); record a Node when some argument requires a gradient."""
     if kwargs:
-        args, kwargs = _keywords_to_positions(func or rule.forward, args, kwargs)
+        args, kwargs = _keywords_to_positions(func, rule, args, kwargs)
+    if func in INPLACE_FLAG and _inplace_requested(INPLACE_FLAG[func], args, kwargs):
+        return _record_inplace_flag(tracer_type, rule, func, args, kwargs)
     with _guard():
-        inputs = _grad_inputs(rule, args, kwargs) if _grad_enabled() else None
-        if not inputs:
-            out = func(*args, **kwargs) if func is not None else rule.forward(Node(rule, None, []), *args, **kwargs)
-            return _as_tracers(out)
-        node = Node(rule, func, inputs)
-        if MODULE_STACK:
-            node.module = MODULE_STACK[-1]
-        result = _link_outputs(rule.forward(node, *args, **kwargs), node)
-    if ON_RECORD:
-        for observe in ON_RECORD:
+        edges, torch_leaf = _grad_edges(tracer_type, rule, args, kwargs) if _grad_enabled() else (None, False)
+        if not edges:
+            out = func(*args, **kwargs) if func is not None else rule.forward(Context(rule), *args, **kwargs)
+            return _as_tracers(out, tracer_type)
+        if kwargs and kwargs.get("out") is not None:
+            raise UnsupportedOperationError(
+                f"{_name(func, rule)}: out= cannot be recorded (no gradient can flow into a preallocated output) "
+                "— assign the result instead, or run the call under tt.no_grad()")
+        stack = STATE.module_stack
+        ctx = Context(rule, edges)
+        node = Node(rule, ctx, edges, func, tuple(stack) if stack else ())
+        if torch_leaf:  # torch's autograd must not record the plain tensors that require grad
+            _set_grad_enabled(False)
+        try:
+            result = _link_outputs(rule.forward(ctx, *args, **kwargs), node, tracer_type)
+        finally:
+            if torch_leaf:
+                _set_grad_enabled(True)
+        if _any_autocast():
+            node.autocast = _autocast_state(edges[0].shape, args)
+    if STATE.on_record:
+        for observe in STATE.on_record:
             observe(node, args, kwargs, result)
     return result
 
 
-_POSITIONAL: Dict[Callable, tuple] = {}
+def _name(func: Optional[Callable], rule: type) -> str:
+    return callable_name(func) if func is not None else f"{rule.__name__}.apply"
+
+
+_POSITIONAL: Dict[Callable, tuple] = {}  # keyed by registered torch callables only: it owns no user object
 _NUMPY_NAMES = (("axis", "dim"), ("keepdims", "keepdim"))
 
 
-def _positional_parameters(func: Callable) -> tuple:
+def _signature_parameters(target: Callable) -> tuple:
     """((name, default), ...) of parameters passable by position, and whether that signature is exact.
 
-    Python functions (torch.nn.functional) have exact signatures; torch's builtins only the approximate
-    ones of torch.overrides.get_testing_overrides(), which do not mark keyword-only parameters.
+    Python functions (torch.nn.functional, a Function's forward) have exact signatures; torch's builtins
+    only the approximate ones of torch.overrides.get_testing_overrides(), which do not mark keyword-only
+    parameters.
     """
-    if func not in _POSITIONAL:
-        exact = True
-        try:
-            signature = inspect.signature(func)
-        except (TypeError, ValueError):
-            exact, fallback = False, torch.overrides.get_testing_overrides().get(func)
-            signature = inspect.signature(fallback) if fallback else None
-        params = list(signature.parameters.values()) if signature else []
-        if params and params[0].name == "ctx":
-            params = params[1:]
-        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        positional = list(itertools.takewhile(lambda p: p.kind in kinds and p.name != "out", params))
-        _POSITIONAL[func] = [(p.name, p.default) for p in positional], exact
-    return _POSITIONAL[func]
+    exact = True
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        exact, fallback = False, torch.overrides.get_testing_overrides().get(target)
+        signature = inspect.signature(fallback) if fallback else None
+    params = list(signature.parameters.values()) if signature else []
+    if params and params[0].name == "ctx":
+        params = params[1:]
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = itertools.takewhile(lambda p: p.kind in kinds and p.name != "out", params)
+    return [(p.name, p.default) for p in positional], exact
 
 
-def _keywords_to_positions(func: Callable, args: tuple, kwargs: dict) -> tuple:
+def _positional_parameters(func: Callable) -> tuple:
+    """_signature_parameters of a registered torch callable, cached (the keys are torch's, no user object)."""
+    found = _POSITIONAL.get(func)
+    if found is None:
+        found = _POSITIONAL[func] = _signature_parameters(func)
+    return found
+
+
+def _forward_parameters(rule: type) -> tuple:
+    """_signature_parameters of a Function's forward, kept on the class (a class made in a loop can die)."""
+    found = rule.__dict__.get("_tt_positional")
+    if found is None:
+        found = rule._tt_positional = _signature_parameters(rule.forward)
+    return found
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, _containers) and any(isinstance(e, torch.Tensor) for e in value)
+
+
+def _keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kwargs: dict) -> tuple:
     """torch.add(x, other=y) -> torch.add(x, y): rules see tensors in torch's positional order.
 
-    Builtins move only tensor keywords (whose gradients must be routed); options such as alpha= stay
-    keywords, which rules accept under torch's names.
+    Builtins move only keywords holding tensors (a tensor, or a list of tensors as torch.cat's
+    `tensors=`), whose gradients must be routed; options such as alpha= stay keywords, which rules
+    accept under torch's names.
     """
-    if kwargs.get("out") is not None:
-        raise RuntimeError(f"{getattr(func, '__name__', func)}(): out= is not supported on tracers (no gradient "
-                           "can flow into a preallocated output); assign the result instead")
     for alias, name in _NUMPY_NAMES:  # x.sum(axis=0, keepdims=True) means x.sum(dim=0, keepdim=True)
         if alias in kwargs and name not in kwargs:
             kwargs = {name if k == alias else k: v for k, v in kwargs.items()}
-    params, exact = _positional_parameters(func)
+    params, exact = _positional_parameters(func) if func is not None else _forward_parameters(rule)
     names = [name for name, _ in params]
-    movable = [k for k, v in kwargs.items() if k in names and (exact or isinstance(v, torch.Tensor))]
+    movable = [k for k, v in kwargs.items() if k in names and (exact or _holds_tensor(v))]
     last = max((names.index(k) for k in movable), default=-1)
     if last < len(args):
         return args, kwargs
@@ -99,151 +140,205 @@ def _keywords_to_positions(func: Callable, args: tuple, kwargs: dict) -> tuple:
     return tuple(args) + tuple(filled), rest
 
 
-def _grad_inputs(rule: type, args: tuple, kwargs: dict) -> list:
-    """(position, next node, output nr, shape, dtype) for every argument that requires a gradient."""
-    found = []
-    for i, arg in enumerate(args):
-        if isinstance(arg, TRACER):
+def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tuple[List[Edge], bool]:
+    """An Edge for every argument that requires a gradient (items of list arguments too), and whether
+    one of them is a plain torch.Tensor with torch's requires_grad=True (a leaf torchtrace fills)."""
+    edges: List[Edge] = []
+    torch_leaf = False
+    pairs = enumerate(args) if not kwargs else [
+        *enumerate(args), *((rule.param_index(k), v) for k, v in kwargs.items() if k != "out" and _holds_tensor(v))]
+    for position, arg in pairs:
+        if isinstance(arg, tracer_type):
             if arg._tt_requires_grad:
-                found.append(_edge(i, arg))
-        elif type(arg) in _sequence:
-            found.extend(_edge((i, j), e) for j, e in enumerate(arg) if isinstance(e, TRACER) and e._tt_requires_grad)
-    for name, arg in kwargs.items():
-        if isinstance(arg, TRACER) and arg._tt_requires_grad:
-            found.append(_edge(rule.param_index(name), arg))
-    return found
+                edges.append(_edge(position, arg))
+        elif isinstance(arg, torch.Tensor):
+            if arg.requires_grad:
+                edges.append(_torch_leaf_edge(position, arg))
+                torch_leaf = True
+        elif isinstance(arg, _containers):
+            for j, item in enumerate(arg):
+                if isinstance(item, tracer_type):
+                    if item._tt_requires_grad:
+                        edges.append(_edge((position, j), item))
+                elif isinstance(item, torch.Tensor) and item.requires_grad:
+                    edges.append(_torch_leaf_edge((position, j), item))
+                    torch_leaf = True
+    return edges, torch_leaf
 
 
-def _edge(key: Any, t: torch.Tensor) -> tuple:
+def _edge(position: Any, t: torch.Tensor) -> Edge:
     node = t._tt_node
     if node is None:
-        acc = t._tt_acc() if t._tt_acc is not None else None
-        return key, acc or leaf_accumulator(t), 0, t.shape, t.dtype
+        ref = t._tt_acc
+        acc = ref() if ref is not None else None
+        return _new_edge(Edge, (position, acc or leaf_accumulator(t), 0, t.shape, t.dtype))
     if t._version != t._tt_version:
         raise RuntimeError(
             f"A tracer produced by {node.name} was modified in place (through itself or a view sharing its "
             "storage) outside the recorded graph, so its gradient would be wrong. Use out-of-place ops."
         )
-    return key, node, t._tt_nr, t.shape, t.dtype
+    return _new_edge(Edge, (position, node, t._tt_nr, t.shape, t.dtype))
 
 
-def leaf_accumulator(leaf: torch.Tensor) -> AccumulateGrad:
-    """The leaf's AccumulateGrad node; the leaf holds it weakly, the graph strongly (as torch does)."""
-    acc = leaf._tt_acc() if leaf._tt_acc is not None else None
-    if acc is None:
-        acc = AccumulateGrad(leaf)
-        leaf._tt_acc = acc.weak_self
-    return acc
+def _torch_leaf_edge(position: Any, t: torch.Tensor) -> Edge:
+    """A plain tensor with torch's requires_grad=True met a tracer: torchtrace treats it as a leaf."""
+    if t.grad_fn is not None:
+        raise RuntimeError(
+            f"A tensor computed by torch autograd (grad_fn={t.grad_fn.name()}) met a tracer: torchtrace cannot follow "
+            "torch autograd's graph back to its leaves. Make the leaf a tracer instead "
+            "(tt.as_tracer(x, requires_grad=True)), or detach the tensor first.")
+    return _new_edge(Edge, (position, leaf_accumulator(t), 0, t.shape, t.dtype))
 
 
-def _link_outputs(out: Any, node: Node) -> Any:
+def _autocast_state(shape: Any, args: tuple) -> Optional[Tuple[str, torch.dtype]]:
+    """(device type, dtype) of the torch.autocast region this op ran in, so backward runs in it too."""
+    device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+    return (device, torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else None
+
+
+def _rebuild(sequence: Any, items: list) -> Any:
+    """A list, tuple, named tuple or torch.return_types result with new items."""
+    if isinstance(sequence, list):
+        return items
+    kind = type(sequence)
+    return kind(*items) if hasattr(kind, "_fields") else kind(items)
+
+
+def _link_outputs(out: Any, node: Node, tracer_type: type) -> Any:
+    saved = node.ctx._saved
     if isinstance(out, torch.Tensor):
-        if node.saved:
+        if saved:
             node.raw_outputs = (weakref.ref(out),)  # to re-link saved outputs for create_graph
-        return link_output(out, node, 0)
-    if not isinstance(out, _sequence) or not all(isinstance(o, torch.Tensor) for o in out):
+        return link_output(out, node, 0, tracer_type)
+    if not isinstance(out, _containers) or not any(isinstance(o, torch.Tensor) for o in out):
         return out  # not a tensor result (e.g. x.type() returns a string): nothing to record
     outputs = tuple(out)
     node.n_outputs = len(outputs)
-    node.out_meta = [(o.shape, o.dtype, o.device) for o in outputs]
-    if node.saved:
-        node.raw_outputs = tuple(weakref.ref(o) for o in outputs)
-    linked = [link_output(o, node, nr) for nr, o in enumerate(outputs)]
-    return linked if isinstance(out, list) else type(out)(linked)
+    node.output_meta = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outputs]
+    if saved:
+        node.raw_outputs = tuple(weakref.ref(o) if isinstance(o, torch.Tensor) else None for o in outputs)
+    linked = [link_output(o, node, nr, tracer_type) if isinstance(o, torch.Tensor) else o
+              for nr, o in enumerate(outputs)]
+    return _rebuild(out, linked)
 
 
-def link_output(raw: torch.Tensor, node: Node, nr: int) -> torch.Tensor:
-    """Wrap a plain forward result as a tracer whose grad_fn is `node` (integer results get no node)."""
-    t = raw.as_subclass(TRACER)
-    if raw.is_floating_point() or raw.is_complex():
-        t._tt_node, t._tt_requires_grad = node, True
-        if nr:
-            t._tt_nr = nr
-        version = raw._version
-        if version:
-            t._tt_version = version
-    if raw._is_view():
-        t._tt_view = True
-    return t
-
-
-def _as_tracers(out: Any) -> Any:
+def _as_tracers(out: Any, tracer_type: type) -> Any:
     """Results of ops that record nothing are still tracers (as torch's subclass convention)."""
     if isinstance(out, torch.Tensor):
-        if isinstance(out, TRACER):
+        if isinstance(out, tracer_type):
             return out
-        t = out.as_subclass(TRACER)
+        t = out.as_subclass(tracer_type)
         if out._is_view():
             t._tt_view = True
         return t
-    if isinstance(out, _sequence):
-        converted = [_as_tracers(o) for o in out]
-        return converted if isinstance(out, list) else type(out)(converted)
+    if isinstance(out, _containers):
+        return _rebuild(out, [_as_tracers(o, tracer_type) for o in out])
     return out
 
 
-def flat_arguments(args: tuple, kwargs: dict) -> list:
-    """Positional and keyword arguments, and the items of list/tuple arguments (as torch.cat's)."""
-    items = list(args) + list(kwargs.values())
-    return items + [e for a in items if type(a) in _sequence for e in a]
+def _wants_gradient(value: Any) -> bool:
+    """Does a tensor that requires a gradient sit anywhere in this argument (lists, tuples, dicts)?"""
+    if isinstance(value, torch.Tensor):
+        with _guard():
+            return bool(getattr(value, "_tt_requires_grad", False) or value.requires_grad)
+    if isinstance(value, _containers):
+        return any(_wants_gradient(v) for v in value)
+    return isinstance(value, dict) and any(_wants_gradient(v) for v in value.values())
 
 
-def _needs_grad(args: tuple, kwargs: dict) -> bool:
-    return any(isinstance(a, TRACER) and a._tt_requires_grad for a in flat_arguments(args, kwargs))
-
-
-def _run_without_rule(func: Callable, args: tuple, kwargs: dict) -> Any:
-    """No rule: in-place ops are recorded through their out-of-place twin; other ops must be non-differentiable."""
-    recording = _grad_enabled() and _needs_grad(args, kwargs)
+def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: dict) -> Any:
+    """No rule: Function.apply, in-place ops (through their out-of-place twin), or non-differentiable ops."""
+    owner = getattr(func, "__self__", None)
+    if isinstance(owner, type) and issubclass(owner, Function) and func.__name__ == "apply":
+        return run_rule(tracer_type, owner, None, args, kwargs)
+    recording = _grad_enabled() and (_wants_gradient(args) or _wants_gradient(kwargs))
     if recording and func in INPLACE:
-        return _record_inplace(*INPLACE[func], func, args, kwargs)
+        rule, twin = INPLACE[func]
+        return _record_inplace(tracer_type, args[0], callable_name(func),
+                               lambda before: run_rule(tracer_type, rule, twin, (before, *args[1:]), kwargs),
+                               lambda result: func(*args, **kwargs))
     with _guard():
         out = func(*args, **kwargs)
     if recording and func not in NON_DIFFERENTIABLE and _has_floating(out):
         name = callable_name(func)
         raise UnsupportedOperationError(
-            f"torchtrace has no gradient rule for {name}, and one of its inputs requires a gradient. Write one "
+            f"{name}: torchtrace has no gradient rule for it, and one of its inputs requires a gradient — write one "
             f"with tt.Function and connect it with tt.register({name}, YourFunction), or run this call under "
             "tt.no_grad()."
         )
-    return _as_tracers(out)
+    return _as_tracers(out, tracer_type)
 
 
 def _has_floating(out: Any) -> bool:
     if isinstance(out, torch.Tensor):
         return out.is_floating_point() or out.is_complex()
-    return isinstance(out, tuple) and any(_has_floating(o) for o in out)
+    return isinstance(out, _containers) and any(_has_floating(o) for o in out)
 
 
-def _record_inplace(rule: type, twin: Callable, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
-    """x.op_(...) = rebind x to op(x_before, ...): the graph gains a node, then the data changes in place."""
-    target, name = args[0], callable_name(func)
-    if not isinstance(target, TRACER):
+def _inplace_requested(position: int, args: tuple, kwargs: dict) -> bool:
+    return bool(kwargs.get("inplace") if "inplace" in kwargs else len(args) > position and args[position])
+
+
+def _record_inplace_flag(tracer_type: type, rule: type, func: Callable, args: tuple, kwargs: dict) -> Any:
+    """F.relu(x, inplace=True): x changes, so record it like x.relu_() (out of place, then written into x)."""
+    if not (_grad_enabled() and (_wants_gradient(args) or _wants_gradient(kwargs))):
+        with _guard():
+            func(*args, **kwargs)
+        return args[0]
+    position = INPLACE_FLAG[func]
+    if "inplace" in kwargs:
+        kwargs = {**kwargs, "inplace": False}
+    else:
+        args = (*args[:position], False, *args[position + 1:])
+    target = args[0]
+    return _record_inplace(tracer_type, target, f"{callable_name(func)}(inplace=True)",
+                           lambda before: run_rule(tracer_type, rule, func, (before, *args[1:]), kwargs),
+                           lambda result: torch.Tensor.copy_(target, result))
+
+
+def _record_inplace(tracer_type: type, target: Any, name: str, compute: Callable, mutate: Callable) -> torch.Tensor:
+    """x.op_(...) = rebind x to op(x_before, ...): the graph gains a node, then `mutate` changes x's data."""
+    if not isinstance(target, tracer_type):
         raise RuntimeError(f"{name} would write a tracer that requires grad into a plain torch.Tensor, which "
                            "cannot record it. Make the destination a tracer (e.g. tt.zeros(...)), or build the "
                            "result out of place (torch.stack / torch.cat / torch.where).")
     if target._tt_requires_grad and target._tt_node is None:
-        raise RuntimeError(f"A leaf tracer that requires grad is used in the in-place operation {name}. Do it "
+        raise RuntimeError(f"{name}: a leaf tracer that requires grad is used in an in-place operation. Do it "
                            "under tt.no_grad() (as optimizers do), or use the out-of-place form.")
     if target._tt_view:
         raise RuntimeError(f"{name} changes a view of another tensor in place, which torchtrace cannot record "
                            "(the base tensor would not know). Write y[i] = y[i] + v instead of y[i] += v, or use "
                            "the out-of-place form.")
+    old_node, old_nr = target._tt_node, target._tt_nr
     with _guard():
         before = target.clone()
-        before = link_output(before, target._tt_node, target._tt_nr) if target._tt_node else before.as_subclass(TRACER)
-    result = run_rule(rule, twin, (before,) + tuple(args[1:]), kwargs)
+        before = link_output(before, old_node, old_nr, tracer_type) if old_node else before.as_subclass(tracer_type)
+    result = compute(before)
     with _guard():
-        func(*args, **kwargs)
+        mutate(result)
         target._tt_node, target._tt_nr, target._tt_requires_grad = result._tt_node, result._tt_nr, True
         target._tt_version = target._version
+    _move_retained(old_node, old_nr, target)
     return target
 
 
+def _move_retained(old_node: Optional[Node], nr: int, target: torch.Tensor) -> None:
+    """retain_grad() followed by an in-place op: .grad is then the gradient of the new value (as torch)."""
+    ref = (old_node.retained or {}).get(nr) if old_node is not None else None
+    if ref is not None and ref() is target:
+        del old_node.retained[nr]
+        new_node = target._tt_node
+        new_node.retained = {**(new_node.retained or {}), target._tt_nr: ref}
+
+
 def pair_inplace_methods() -> None:
-    """Map every `torch.Tensor.op_` to the rule of `torch.Tensor.op`, so in-place calls are recorded."""
+    """Map every `torch.Tensor.op_` to the rule of `torch.Tensor.op`, and note every `inplace=` parameter."""
     for func, rule in list(RULES.items()):
         name = getattr(func, "__name__", "")
         twin = getattr(torch.Tensor, name + "_", None) if getattr(torch.Tensor, name, None) is func else None
         if twin is not None and twin not in RULES:
             INPLACE.setdefault(twin, (rule, func))
+        if inspect.isfunction(func):
+            names = [p for p, _ in _positional_parameters(func)[0]]
+            if "inplace" in names:
+                INPLACE_FLAG[func] = names.index("inplace")

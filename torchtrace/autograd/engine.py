@@ -1,12 +1,11 @@
-"""backward(): an iterative reverse-topological walk that calls each Node's rule and accumulates gradients."""
+"""backward(): visit nodes in reverse topological order, call each rule, send every edge its gradient."""
 import contextlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from torchtrace.autograd import dispatch
-from torchtrace.autograd.function import AccumulateGrad, BackwardMode, Node
-from torchtrace.autograd.observers import ON_BACKWARD
+from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for, leaf_accumulator, link_output
+from torchtrace.autograd.state import STATE
 
 _guard = torch._C.DisableTorchFunctionSubclass
 Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
@@ -19,8 +18,8 @@ def backward(
     create_graph: bool = False,
 ) -> None:
     """Accumulate d(tensors)/d(leaf) * grad_tensors into every leaf's `.grad`."""
-    roots = _roots(tensors, grad_tensors, create_graph)
-    _run(roots, create_graph if retain_graph is None else retain_graph, create_graph, None)
+    roots, tracer_type = _roots(tensors, grad_tensors, create_graph)
+    _run(roots, create_graph if retain_graph is None else retain_graph, create_graph, None, tracer_type)
 
 
 def grad(
@@ -35,8 +34,8 @@ def grad(
     inputs = _as_list(inputs)
     targets = [_edge_of(t, f"input {i}") for i, t in enumerate(inputs)]
     captured: Dict[Tuple[Any, int], Any] = {edge: None for edge in targets}
-    roots = _roots(outputs, grad_outputs, create_graph)
-    _run(roots, create_graph if retain_graph is None else retain_graph, create_graph, captured)
+    roots, tracer_type = _roots(outputs, grad_outputs, create_graph)
+    _run(roots, create_graph if retain_graph is None else retain_graph, create_graph, captured, tracer_type)
     result = tuple(captured[edge] for edge in targets)
     if not allow_unused and any(g is None for g in result):
         raise RuntimeError(
@@ -51,19 +50,24 @@ def _as_list(tensors: Any) -> List[Any]:
 
 
 def _edge_of(t: Any, what: str) -> Tuple[Any, int]:
-    if not (isinstance(t, dispatch.TRACER) and t._tt_requires_grad):
-        raise RuntimeError(
-            f"{what} does not require grad and has no grad_fn: make a leaf tracer it depends on "
-            "require grad (tt.tracer(..., requires_grad=True) or x.requires_grad_())."
-        )
-    if t._tt_node is None:
-        return dispatch.leaf_accumulator(t), 0
-    return t._tt_node, t._tt_nr
+    """(node, output nr) that produced `t`: its grad_fn, or its AccumulateGrad if it is a leaf."""
+    if getattr(t, "_tt_requires_grad", False):
+        return (leaf_accumulator(t), 0) if t._tt_node is None else (t._tt_node, t._tt_nr)
+    if isinstance(t, torch.Tensor) and not hasattr(type(t), "_tt_node") and t.requires_grad and t.grad_fn is None:
+        return leaf_accumulator(t), 0  # a plain torch leaf that met tracers
+    raise RuntimeError(
+        f"{what} does not require grad and has no grad_fn: make a leaf tracer it depends on "
+        "require grad (tt.tracer(..., requires_grad=True) or x.requires_grad_())."
+    )
 
 
-def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool) -> List[Tuple[Any, int, Any]]:
+def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool) -> Tuple[List[Tuple[Any, int, Any]], type]:
     tensors = _as_list(tensors)
     grads = [None] * len(tensors) if grads is None else _as_list(grads)
+    tracer_type = next((t._tt_type for t in tensors if hasattr(type(t), "_tt_type")), None)
+    if tracer_type is None:
+        raise RuntimeError("backward needs tracers: these tensors were not computed by torchtrace "
+                           "(for plain tensors use torch's own .backward())")
     roots = []
     with _guard():
         for i, (t, g) in enumerate(zip(tensors, grads)):
@@ -77,26 +81,27 @@ def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool) -> Li
                 g = torch.ones_like(t)
             elif g.shape != t.shape:
                 raise RuntimeError(f"gradient has shape {tuple(g.shape)} but the output has shape {tuple(t.shape)}")
-            g = g.as_subclass(dispatch.TRACER if create_graph else torch.Tensor)
+            if not (create_graph and isinstance(g, tracer_type)):
+                g = g.as_subclass(tracer_type if create_graph else torch.Tensor)
             roots.append((node, nr, g))
-    return roots
+    return roots, tracer_type
 
 
-def _topological_order(roots: List[Any]) -> List[Any]:
+def topological_order(roots: List[Any]) -> List[Any]:
     """Reverse post-order of an iterative depth-first search: every node comes before the nodes it feeds."""
     order, seen = [], set()
     for root in roots:
         if root in seen:
             continue
         seen.add(root)
-        stack = [(root, iter(root.inputs))]
+        stack = [(root, iter(root.edges))]
         while stack:
             node, edges = stack[-1]
             for edge in edges:
-                nxt = edge[1]
+                nxt = edge.node
                 if nxt not in seen:
                     seen.add(nxt)
-                    stack.append((nxt, iter(nxt.inputs)))
+                    stack.append((nxt, iter(nxt.edges)))
                     break
             else:
                 stack.pop()
@@ -110,20 +115,22 @@ def _needed(order: List[Any], captured: Dict[Tuple[Any, int], Any]) -> set:
     targets = {node for node, _ in captured}
     needed = set()
     for node in reversed(order):
-        if node in targets or any(edge[1] in needed for edge in node.inputs):
+        if node in targets or any(edge.node in needed for edge in node.edges):
             needed.add(node)
     return needed
 
 
-def _run(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bool, captured: Optional[dict]) -> None:
-    order = _topological_order([node for node, _, _ in roots])
+def _run(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bool, captured: Optional[dict],
+         tracer_type: type) -> None:
+    order = topological_order([node for node, _, _ in roots])
     needed = _needed(order, captured) if captured is not None else None
     buffers: Dict[Any, List[Any]] = {}
     for node, nr, g in roots:
         _add(buffers, node, nr, g)
-    handed_out = {id(g) for _, _, g in roots}
-    previous = BackwardMode.create_graph, torch.is_grad_enabled()
-    BackwardMode.create_graph = create_graph
+    with _guard():
+        handed_out = {g.untyped_storage().data_ptr() for _, _, g in roots}  # storages a leaf must not keep
+    previous = STATE.create_graph, torch.is_grad_enabled()
+    STATE.create_graph = create_graph
     torch.set_grad_enabled(create_graph)
     try:
         with _guard() if not create_graph else contextlib.nullcontext():
@@ -135,12 +142,12 @@ def _run(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bo
                     _accumulate(node, grads[0], create_graph, captured, handed_out)
                     continue
                 if node.hooks or node.retained or captured is not None:
-                    _tensor_hooks(node, grads, captured, handed_out)
-                _propagate(node, grads, buffers)
-                if not retain_graph and node.saved:
-                    node.release()
+                    _tensor_hooks(node, grads, captured)
+                _propagate(node, grads, buffers, create_graph, tracer_type)
+                if not retain_graph:
+                    node.ctx.release()
     finally:
-        BackwardMode.create_graph = previous[0]
+        STATE.create_graph = previous[0]
         torch.set_grad_enabled(previous[1])
 
 
@@ -151,32 +158,66 @@ def _add(buffers: Dict[Any, List[Any]], node: Any, nr: int, g: Any) -> None:
     buf[nr] = g if buf[nr] is None else buf[nr] + g
 
 
-def _propagate(node: Node, grads: List[Any], buffers: Dict[Any, List[Any]]) -> None:
+def _propagate(node: Node, grads: List[Any], buffers: Dict[Any, List[Any]], create_graph: bool,
+               tracer_type: type) -> None:
     """Call the rule's backward and send each input gradient, unbroadcast and cast, to the next node."""
-    if node.n_outputs > 1:
-        grads = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g
-                 for g, (shape, dtype, device) in zip(grads, node.out_meta)]
-    result = node.rule.backward(node, *grads)
-    if not isinstance(result, tuple):
-        result = (result,)
-    if ON_BACKWARD:
-        for observe in ON_BACKWARD:
+    if node.output_meta is not None:
+        grads = [torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
+                 for g, meta in zip(grads, node.output_meta)]
+    result = _call_backward(node, grads, create_graph, tracer_type)
+    if STATE.on_backward:
+        for observe in STATE.on_backward:
             observe(node, grads, result)
-    for key, nxt, nr, shape, dtype in node.inputs:
-        try:
-            g = result[key] if type(key) is int else result[key[0]][key[1]]
-        except IndexError:
-            raise RuntimeError(f"{node.name}.backward returned {len(result)} gradients; input {key} has none") from None
+    for edge in node.edges:
+        g = _received(node, edge, result)
         if g is None:
             continue
-        if g.shape != shape:
-            g = _unbroadcast(node, g, shape)
-        if g.dtype != dtype:
-            g = g.to(dtype)
-        buf = buffers.get(nxt)
-        if buf is None:
-            buffers[nxt] = buf = [None] * nxt.n_outputs
-        buf[nr] = g if buf[nr] is None else buf[nr] + g
+        if g.shape != edge.shape:
+            g = _unbroadcast(node, g, edge.shape)
+        if g.dtype != edge.dtype:
+            g = g.to(edge.dtype)
+        _add(buffers, edge.node, edge.output_nr, g)
+
+
+def _call_backward(node: Node, grads: List[Any], create_graph: bool, tracer_type: type) -> tuple:
+    """rule.backward(ctx, *grads), under the autocast state of forward and, with create_graph, with saved
+    outputs re-linked to this node (so their second derivative flows back through it)."""
+    ctx = node.ctx
+    relink = create_graph and node.raw_outputs
+    if relink:
+        outputs = {id(raw): link_output(raw, node, nr, tracer_type)
+                   for nr, raw in enumerate(ref() if ref is not None else None for ref in node.raw_outputs)
+                   if raw is not None}
+        ctx.use_graph_saved(tuple(outputs.get(id(s), s) if s is not None else s for s in ctx._saved))
+    try:
+        with torch.autocast(*node.autocast) if node.autocast else contextlib.nullcontext():
+            result = node.rule.backward(ctx, *grads)
+    finally:
+        if relink:
+            ctx.use_graph_saved(None)
+    if isinstance(result, tuple):
+        return result
+    if result is None or isinstance(result, torch.Tensor):
+        return (result,)
+    raise RuntimeError(f"{node.rule.__name__}.backward returned a {type(result).__name__}; it must return a "
+                       "tensor, None, or a tuple with one gradient (or None) per input of forward")
+
+
+def _received(node: Node, edge: Any, result: tuple) -> Optional[torch.Tensor]:
+    """The gradient `edge` receives from `result`, checked: a tensor or None, at the input's position."""
+    position = edge.position
+    where = position if type(position) is int else position[0]
+    if where >= len(result):
+        raise RuntimeError(f"{node.rule.__name__}.backward returned {len(result)} gradients, but input {where} of "
+                           "forward needs one: return one gradient (or None) per input of forward")
+    if type(position) is not int and not isinstance(result[where], (list, tuple)):
+        raise RuntimeError(f"{node.rule.__name__}.backward returned a {type(result[where]).__name__} for input "
+                           f"{where}, a list of tensors: return a list with one gradient per item")
+    g = gradient_for(edge, result)
+    if g is not None and not isinstance(g, torch.Tensor):
+        raise RuntimeError(f"{node.rule.__name__}.backward returned a {type(g).__name__} as the gradient of input "
+                           f"{position}: gradients must be tensors (or None)")
+    return g
 
 
 def _unbroadcast(node: Node, g: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -191,12 +232,25 @@ def _unbroadcast(node: Node, g: torch.Tensor, shape: torch.Size) -> torch.Tensor
         ) from None
 
 
-def _tensor_hooks(node: Node, grads: List[Any], captured: Optional[dict], handed_out: set) -> None:
+def _run_hooks(hooks: List[Callable], g: Any, where: str) -> Any:
+    """hook(grad) for each hook; a returned tensor (of the gradient's shape) replaces the gradient."""
+    for fn in list(hooks):
+        replaced = fn(g)
+        if replaced is None:
+            continue
+        if not isinstance(replaced, torch.Tensor) or replaced.shape != g.shape:
+            got = f"shape {tuple(replaced.shape)}" if isinstance(replaced, torch.Tensor) else type(replaced).__name__
+            raise RuntimeError(f"hook {getattr(fn, '__name__', fn)} on {where} returned {got}; a hook must return "
+                               f"None or a tensor of the gradient's shape {tuple(g.shape)}")
+        g = replaced
+    return g
+
+
+def _tensor_hooks(node: Node, grads: List[Any], captured: Optional[dict]) -> None:
     """Hooks and retain_grad of non-leaf tracers, and tt.grad captures of non-leaf inputs."""
     for nr, fns in (node.hooks or {}).items():
-        for fn in list(fns):
-            replaced = fn(grads[nr])
-            grads[nr] = grads[nr] if replaced is None else replaced
+        if grads[nr] is not None:
+            grads[nr] = _run_hooks(fns, grads[nr], f"an output of {node.name}")
     for nr, ref in (node.retained or {}).items():
         t = ref()
         if t is not None and grads[nr] is not None:
@@ -205,19 +259,33 @@ def _tensor_hooks(node: Node, grads: List[Any], captured: Optional[dict], handed
         for nr, g in enumerate(grads):
             if (node, nr) in captured:
                 captured[(node, nr)] = g
-                handed_out.add(id(g))
 
 
 def _accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Optional[dict], handed_out: set) -> None:
+    """Sum g into the leaf's .grad (a plain tensor leaf: torch's own .grad); every leaf owns its .grad."""
     leaf = acc.variable
-    for fn in list(leaf._tt_hooks or ()):
-        replaced = fn(g)
-        g = g if replaced is None else replaced
+    if not acc.torch_leaf and leaf._tt_hooks:
+        g = _run_hooks(leaf._tt_hooks, g, "a leaf")
     if captured is not None:
         if (acc, 0) in captured:
             captured[(acc, 0)] = g
         return
-    if not create_graph and (type(g) is not torch.Tensor or id(g) in handed_out or not g.is_contiguous()):
-        g = g.clone(memory_format=torch.contiguous_format).as_subclass(torch.Tensor)
-    handed_out.add(id(g))
-    leaf._tt_grad = g if leaf._tt_grad is None else leaf._tt_grad + g
+    current = leaf.grad if acc.torch_leaf else leaf._tt_grad
+    if current is not None:
+        if create_graph or type(current) is not torch.Tensor:
+            current = current + g
+        else:
+            current.add_(g)  # in place, as torch: a reference to .grad held by the user sees the sum
+    elif create_graph:
+        with _guard():
+            storage = g.untyped_storage().data_ptr()
+        current = g.clone() if storage in handed_out else g  # two leaves never share one gradient tensor
+        handed_out.add(storage)
+    else:
+        current = g.clone(memory_format=torch.contiguous_format).as_subclass(torch.Tensor)
+    if acc.torch_leaf:
+        leaf.grad = current
+    else:
+        leaf._tt_grad = current
+        for fn in list(leaf._tt_post_hooks or ()):
+            fn(leaf)

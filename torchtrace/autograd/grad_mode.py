@@ -1,6 +1,7 @@
 """Recording on/off. torchtrace shares torch's grad-mode flag, so `torch.no_grad()` stops recording too."""
 import functools
-from typing import Any, Callable
+import inspect
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -8,9 +9,13 @@ is_grad_enabled = torch.is_grad_enabled
 
 
 class _GradMode:
-    """Context manager and decorator that sets the grad-mode flag and restores it on exit."""
+    """Context manager and decorator (`@tt.no_grad()` or `@tt.no_grad`) that sets the grad-mode flag."""
 
     enabled: bool
+
+    def __new__(cls, fn: Optional[Callable] = None) -> Any:
+        mode = super().__new__(cls)
+        return mode if fn is None else mode(fn)
 
     def __enter__(self) -> None:
         self._previous = torch.is_grad_enabled()
@@ -20,9 +25,25 @@ class _GradMode:
         torch.set_grad_enabled(self._previous)
 
     def __call__(self, fn: Callable) -> Callable:
+        """Wrap fn so it runs in this mode; a generator runs in it each time it is resumed (as torch's)."""
+        mode = type(self)
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def generator(*args: Any, **kwargs: Any) -> Any:
+                inner, request = fn(*args, **kwargs), None
+                while True:
+                    with mode():
+                        try:
+                            response = inner.send(request)
+                        except StopIteration as stop:
+                            return stop.value
+                    request = yield response
+
+            return generator
+
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with type(self)():
+            with mode():
                 return fn(*args, **kwargs)
 
         return wrapper

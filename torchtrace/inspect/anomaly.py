@@ -5,10 +5,11 @@ from typing import Any, Optional
 
 import torch
 
-from torchtrace.autograd.function import Node, callable_name
-from torchtrace.autograd.observers import observing
+from torchtrace.autograd.node import Node
+from torchtrace.autograd.state import observing
 from torchtrace.check import flatten
 from torchtrace.inspect.scope import module_names, module_path, module_scope
+from torchtrace.naming import callable_name
 
 _guard = torch._C.DisableTorchFunctionSubclass
 _LIBRARIES = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
@@ -42,10 +43,9 @@ class detect_anomaly:
 
     def __init__(self, model: Optional[torch.nn.Module] = None):
         self._names = module_names(model)
-        self._observing = observing(self._forward, self._backward)
-        self._scope = module_scope()
 
     def __enter__(self) -> "detect_anomaly":
+        self._observing, self._scope = observing(self._forward, self._backward), module_scope()  # fresh each entry
         self._scope.__enter__()
         self._observing.__enter__()
         return self
@@ -55,8 +55,7 @@ class detect_anomaly:
         self._scope.__exit__(*exc)
 
     def _forward(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
-        node.created_at = _user_line()
-        node.module_path = module_path(self._names)
+        node.note(created_at=_user_line(), module_path=module_path(self._names))
         if _bad(result):
             raise AnomalyError(f"forward of {self._describe(node)} produced NaN or Inf")
 
@@ -68,5 +67,6 @@ class detect_anomaly:
     @staticmethod
     def _describe(node: Node) -> str:
         op = callable_name(node.func) if node.func else f"{node.rule.__name__}.apply"
-        where = getattr(node, "module_path", "") or "no module"
-        return f"{node.name} ({op}) in {where}, created at {getattr(node, 'created_at', '<before detect_anomaly>')}"
+        notes = node.notes or {}
+        where = notes.get("module_path") or "no module"
+        return f"{node.name} ({op}) in {where}, created at {notes.get('created_at', '<before detect_anomaly>')}"

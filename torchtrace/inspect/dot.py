@@ -15,10 +15,9 @@ import graphviz
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-from torchtrace.autograd import dispatch
-from torchtrace.autograd.engine import _topological_order
-from torchtrace.autograd.function import AccumulateGrad
-from torchtrace.autograd.observers import observing
+from torchtrace.autograd.engine import topological_order
+from torchtrace.autograd.node import AccumulateGrad, leaf_accumulator
+from torchtrace.autograd.state import observing
 
 _guard = torch._C.DisableTorchFunctionSubclass
 Path = Tuple[str, ...]  # a module's place in the model: ("blocks", "0", "attn"); () is the top level
@@ -84,7 +83,7 @@ def _norm(g: Any, shape: Optional[torch.Size] = None) -> Optional[float]:
 
 def _observe_backward(node: Any, grads_in: Sequence[Any], grads_out: Sequence[Any]) -> None:
     edges = {}
-    for key, _, _, shape, _ in node.inputs:
+    for key, _, _, shape, _ in node.edges:
         try:
             g = grads_out[key] if type(key) is int else grads_out[key[0]][key[1]]
         except (IndexError, TypeError):
@@ -214,10 +213,10 @@ def _place_nodes(order: List[Any], names: _Names) -> Dict[Any, Path]:
         return place[node][:-1] if node in layers else place[node]
 
     for node in forward:
-        producers = [nxt for _, nxt, *_ in node.inputs if not isinstance(nxt, AccumulateGrad)]
+        producers = [nxt for _, nxt, *_ in node.edges if not isinstance(nxt, AccumulateGrad)]
         for nxt in producers:
             consumers.setdefault(nxt, []).append(node)
-        owned = [_split(names.tensors[id(nxt.variable)])[:-1] for _, nxt, *_ in node.inputs
+        owned = [_split(names.tensors[id(nxt.variable)])[:-1] for _, nxt, *_ in node.edges
                  if isinstance(nxt, AccumulateGrad) and id(nxt.variable) in names.tensors]
         if isinstance(node, AccumulateGrad):
             place[node] = _split(names.tensors.get(id(node.variable), ""))[:-1]
@@ -234,7 +233,7 @@ def _place_nodes(order: List[Any], names: _Names) -> Dict[Any, Path]:
             place[node] = _deeper(place[node], _common([outside(c) for c in consumers[node]]))
     for node in guessed:
         best = place[node]
-        exits = {outside(nxt) for _, nxt, *_ in node.inputs if not isinstance(nxt, AccumulateGrad)}
+        exits = {outside(nxt) for _, nxt, *_ in node.edges if not isinstance(nxt, AccumulateGrad)}
         for a, b in itertools.product(exits, {outside(c) for c in consumers.get(node, ())}):
             common = _common([a, b])
             if len(common) > len(best) and common[:len(best)] == best:
@@ -341,8 +340,8 @@ class _Builder:
 def _roots(outputs: Sequence[Any]) -> List[Any]:
     roots = []
     for t in outputs:
-        if isinstance(t, dispatch.TRACER) and t._tt_requires_grad:
-            roots.append(t._tt_node if t._tt_node is not None else dispatch.leaf_accumulator(t))
+        if getattr(t, "_tt_requires_grad", False):
+            roots.append(t._tt_node if t._tt_node is not None else leaf_accumulator(t))
     return list(dict.fromkeys(roots))
 
 
@@ -350,10 +349,10 @@ def _output_shapes(order: List[Any], outputs: Sequence[Any]) -> Dict[Tuple[Any, 
     """(node, output nr) -> shape, read off the edges of the nodes that consume it (nodes keep no output)."""
     shapes: Dict[Tuple[Any, int], torch.Size] = {}
     for t in outputs:
-        if isinstance(t, dispatch.TRACER) and t._tt_node is not None:
+        if getattr(t, "_tt_node", None) is not None:
             shapes[(t._tt_node, t._tt_nr)] = t.shape
     for node in order:
-        for _, nxt, nr, shape, _ in node.inputs:
+        for _, nxt, nr, shape, _ in node.edges:
             shapes.setdefault((nxt, nr), shape)
         for nr, meta in enumerate(getattr(node, "out_meta", None) or ()):
             shapes.setdefault((node, nr), meta[0])
@@ -403,7 +402,7 @@ def draw(
     outputs = [output] if isinstance(output, torch.Tensor) else list(output)
     names = _Names(params)
     roots = _roots(outputs)
-    order = _topological_order(roots)
+    order = topological_order(roots)
     gradient_view = direction == "backward" or (direction == "auto" and _backward_ran(order))
     graph = Drawing(name="torchtrace", graph_attr={"rankdir": "TB", "labelloc": "b", "fontsize": "10"},
                     node_attr={"shape": "box", "style": "filled,rounded", "fontsize": "10", "fontname": "Helvetica"},
@@ -482,7 +481,7 @@ def _add_edges(builder: _Builder, order: List[Any]) -> None:
     box_ids = {info["id"] for info in builder.boxes.values()}
     for node in order:
         grads = GRAD_NORMS.get(node, ([], {}))[1]
-        for key, nxt, _, shape, _ in node.inputs:
+        for key, nxt, _, shape, _ in node.edges:
             src, dst = builder.ids[nxt], builder.ids[node]
             attrs: Dict[str, str] = {}
             if builder.gradient_view:

@@ -5,10 +5,11 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
-from torchtrace.autograd.function import AccumulateGrad, Node, callable_name
-from torchtrace.autograd.observers import observing
+from torchtrace.autograd.node import AccumulateGrad, Node
+from torchtrace.autograd.state import observing
 from torchtrace.check import flatten
 from torchtrace.inspect.scope import module_names, module_path, module_scope
+from torchtrace.naming import callable_name
 
 
 class Graph:
@@ -86,7 +87,7 @@ def trace(model: Callable, *example_inputs: Any, **kwargs: Any) -> Graph:
     for node, path, result in recorded:
         shape, dtype = _describe(result)
         sources = []
-        for _, nxt, _, in_shape, in_dtype in node.inputs:
+        for _, nxt, _, in_shape, in_dtype in node.edges:
             if id(nxt) not in index and isinstance(nxt, AccumulateGrad):
                 name = params.get(id(nxt.variable))
                 add(nxt, {"kind": "parameter" if name else "input", "op": name or "input", "callable": "",

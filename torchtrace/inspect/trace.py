@@ -8,9 +8,9 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from torchtrace.autograd.engine import _topological_order
-from torchtrace.autograd.function import AccumulateGrad, Node
-from torchtrace.autograd.observers import observing
+from torchtrace.autograd.engine import topological_order
+from torchtrace.autograd.node import AccumulateGrad, Node
+from torchtrace.autograd.state import observing
 
 
 def _layer(node: Node) -> Optional[torch.nn.Module]:
@@ -22,7 +22,7 @@ def _layer(node: Node) -> Optional[torch.nn.Module]:
 def _layer_text(module: torch.nn.Module, node: Node) -> str:
     describe = getattr(module, "original_repr", None)
     text = (describe() if callable(describe) else None) or repr(module).splitlines()[0]
-    shapes = getattr(node, "call_shapes", None)
+    shapes = (node.notes or {}).get("call_shapes")
     if getattr(module, "trace_grad_shapes", False) and shapes:
         text += f"   GRAD:{shapes[1]} -> {shapes[0]}"
     return text
@@ -30,7 +30,7 @@ def _layer_text(module: torch.nn.Module, node: Node) -> str:
 
 def _op_text(node: Node) -> str:
     """`Sum()`, `View((3, -1))`: the rule's name and the shape arguments it was called with."""
-    args = getattr(node, "args", None)
+    args = getattr(node.ctx, "args", None)
     shown = args[0] if args and len(args) == 1 and isinstance(args[0], (tuple, list)) else args
     return f"{node.rule.__name__}({tuple(shown) if shown else ''})"
 
@@ -52,14 +52,15 @@ def backprop_lines(output: torch.Tensor, shapes: bool = False, norms: Optional[D
     """The lines `output.backward(show=True)` prints. `shapes` adds gradient shapes, `norms` gradient norms."""
     if output.grad_fn is None:
         return ["BackProp:", "↘︎ Input"]
-    order = [n for n in _topological_order([output.grad_fn]) if not isinstance(n, AccumulateGrad)]
+    order = [n for n in topological_order([output.grad_fn]) if not isinstance(n, AccumulateGrad)]
     groups = _lines_for(order, modules)
     line_of = {node: i for i, group in enumerate(groups) for node in group}
     senders: Dict[int, set] = {}  # line -> lines whose gradients reach it
     out_shape: Dict[Node, Any] = {output.grad_fn: tuple(output.shape)}
     for node in order:
-        for _, nxt, _, shape, _ in node.inputs:
-            out_shape.setdefault(nxt, tuple(shape))
+        for edge in node.edges:
+            nxt = edge.node
+            out_shape.setdefault(nxt, tuple(edge.shape))
             if nxt in line_of and line_of[nxt] != line_of[node]:
                 senders.setdefault(line_of[nxt], set()).add(line_of[node])
     receivers: Dict[int, set] = {}

@@ -9,7 +9,8 @@ from typing import Any, Iterable, List, Optional
 
 import torch
 
-from torchtrace.autograd.dispatch import MODULE_STACK, NON_DIFFERENTIABLE
+from torchtrace.autograd.dispatch import NON_DIFFERENTIABLE
+from torchtrace.autograd.state import STATE
 from torchtrace.tracer import tracer
 
 _guard = torch._C.DisableTorchFunctionSubclass
@@ -70,16 +71,16 @@ def sequence_repr(layers: Iterable[Any]) -> Optional[str]:
 
 def module_entered(module: torch.nn.Module, args: tuple) -> None:
     """A module starts running: nodes recorded from now on belong to it (its innermost running module)."""
-    MODULE_STACK.append(module)
+    STATE.module_stack.append(module)
 
 
 def module_left(module: torch.nn.Module, args: tuple, out: Any) -> None:
     """A module finished: pop it, and note the shapes of its call on the node it returned (trace's GRAD:)."""
-    MODULE_STACK.pop()
+    STATE.module_stack.pop()
     node = getattr(out, "_tt_node", None)
     if node is not None and node.module is module and args and isinstance(args[0], torch.Tensor):
         with _guard():
-            node.call_shapes = args[0].shape, out.shape
+            node.note(call_shapes=(args[0].shape, out.shape))
 
 
 class Module(torch.nn.Module):

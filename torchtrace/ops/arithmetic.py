@@ -37,17 +37,14 @@ class Sub(Function):
 
 reflected("Rsub", Sub, [T.__rsub__, torch.rsub])
 
-def _requires_grad(x) -> bool:
-    return getattr(x, "_tt_requires_grad", False)
-
-
 @register(torch.mul, torch.multiply, T.mul, T.multiply, T.__mul__, T.__rmul__)
 class Mul(Function):
     """z = a * b  ->  dz/da = b, dz/db = a   (each operand is saved only if the other needs its gradient)"""
 
     @staticmethod
     def forward(ctx, a, b):
-        ctx.save_for_backward(b if _requires_grad(a) else None, a if _requires_grad(b) else None)
+        need_a, need_b = ctx.needs_input_grad[:2]
+        ctx.save_for_backward(b if need_a else None, a if need_b else None)
         return torch.mul(a, b)
 
     @staticmethod

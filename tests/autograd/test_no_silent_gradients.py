@@ -1,0 +1,314 @@
+"""Issue 'No silent gradients', section 1 and the core's part of section 2: each case matches torch or raises."""
+import collections
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtrace as tt
+
+X = torch.tensor([[0.5, -1.0, 2.0], [1.5, -0.25, 0.75]], dtype=torch.float64)
+
+
+def grads_of(fn, *values, create_graph=False):
+    """Leaf gradients of fn(*leaves).sum() under torchtrace and under torch autograd."""
+    ours = [tt.tracer(v, requires_grad=True) for v in values]
+    fn(*ours).sum().backward(create_graph=create_graph)
+    theirs = [v.clone().requires_grad_(True) for v in values]
+    fn(*theirs).sum().backward(create_graph=create_graph)
+    return [o.grad for o in ours], [t.grad for t in theirs]
+
+
+def assert_same(ours, theirs):
+    for a, b in zip(ours, theirs):
+        assert a is not None
+        torch.testing.assert_close(a.as_subclass(torch.Tensor).detach(), b.detach())
+
+
+Pair = collections.namedtuple("Pair", "first second")
+
+
+class TensorList(list):
+    pass
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a, b: torch.cat(tensors=[a, b]) ** 2,
+    lambda a, b: torch.stack(tensors=(a, b), dim=1) ** 2,
+    lambda a, b: torch.cat(Pair(a, b)) ** 2,
+    lambda a, b: torch.stack(TensorList([a, b])) ** 2,
+    lambda a, b: torch.cat(tensors=TensorList([a * 2, b]), dim=-1) ** 2,
+])
+def test_containers_of_tracers_are_seen_by_position_or_keyword(fn):
+    assert_same(*grads_of(fn, X, X.flip(0)))
+
+
+@pytest.mark.parametrize("inplace_fn", [
+    lambda x: F.relu(x, inplace=True), lambda x: torch.nn.ReLU(inplace=True)(x),
+    lambda x: F.leaky_relu(x, 0.1, inplace=True), lambda x: F.hardtanh(x, inplace=True),
+    lambda x: F.elu(x, inplace=True), lambda x: F.relu6(x, inplace=True), lambda x: F.silu(x, inplace=True),
+])
+def test_inplace_flags_change_the_argument_and_its_later_uses(inplace_fn):
+    def program(leaf):
+        x = leaf * 3
+        y = inplace_fn(x)
+        return x * leaf + y  # x is used after the change: its new value must count
+    assert_same(*grads_of(program, X))
+
+
+def test_inplace_flag_without_recording_still_changes_the_argument():
+    x = tt.tracer(X.clone())
+    F.relu(x, inplace=True)
+    assert torch.equal(x.as_subclass(torch.Tensor), X.relu())
+
+
+def leaf_storages_distinct(*leaves):
+    pointers = [leaf.grad.untyped_storage().data_ptr() for leaf in leaves]
+    return len(set(pointers)) == len(pointers)
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+@pytest.mark.parametrize("fn, sign_b", [(lambda a, b: a + b, 1), (lambda a, b: a.reshape(3, 2).reshape(2, 3) + b, 1),
+                                        (lambda a, b: a.view(-1).view(2, 3) - b, -1)])
+def test_every_leaf_owns_its_gradient(fn, sign_b, create_graph):
+    a, b = tt.tracer(X, requires_grad=True), tt.tracer(X, requires_grad=True)
+    fn(a, b).sum().backward(create_graph=create_graph)
+    assert a.grad is not b.grad and leaf_storages_distinct(a, b)
+    a.grad.mul_(10) if not create_graph else None
+    assert torch.equal(b.grad.as_subclass(torch.Tensor), torch.ones_like(X) * sign_b)
+
+
+def test_the_gradient_passed_to_backward_is_not_kept_by_a_leaf():
+    x = tt.tracer(X, requires_grad=True)
+    seed = torch.ones_like(X)
+    (x * 1).backward(seed)
+    x.grad.mul_(3)
+    assert torch.equal(seed, torch.ones_like(X))
+
+
+def test_leaf_grad_accumulates_in_place_as_torch():
+    x = tt.tracer(X, requires_grad=True)
+    (x * 2).sum().backward()
+    first = x.grad
+    (x * 3).sum().backward()
+    assert x.grad is first and torch.equal(first, torch.full_like(X, 5.0))
+
+
+def test_a_plain_tensor_that_requires_grad_is_a_leaf_fgsm_pattern():
+    image = X.clone().requires_grad_(True)
+    model = tt.port(torch.nn.Linear(3, 2).double())
+    loss = model(image).pow(2).sum()
+    loss.backward()
+    twin = torch.nn.Linear(3, 2).double()
+    twin.load_state_dict(model.state_dict())
+    expected = X.clone().requires_grad_(True)
+    twin(expected).pow(2).sum().backward()
+    torch.testing.assert_close(image.grad, expected.grad)
+    assert loss.grad_fn is not None and torch.Tensor.requires_grad.__get__(loss) is False  # torch recorded nothing
+
+
+def test_a_tensor_computed_by_torch_autograd_meeting_a_tracer_is_refused():
+    computed = X.clone().requires_grad_(True) * 2
+    with pytest.raises(RuntimeError, match="computed by torch autograd.*met a tracer"):
+        computed * tt.tracer(X, requires_grad=True)
+
+
+def test_load_state_dict_assign_keeps_a_ported_model_learning():
+    model = tt.port(torch.nn.Linear(3, 2).double())
+    state = {k: v.clone() for k, v in torch.nn.Linear(3, 2).double().state_dict().items()}
+    model.load_state_dict(state, assign=True)
+    model(tt.tracer(X)).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_retain_grad_then_in_place_reports_the_new_value():
+    ours_leaf, theirs_leaf = tt.tracer(X, requires_grad=True), X.clone().requires_grad_(True)
+    results = []
+    for leaf in (ours_leaf, theirs_leaf):
+        y = leaf * 2
+        y.retain_grad()
+        y.mul_(3)
+        (y * y).sum().backward()
+        results.append(y.grad)
+    assert_same([results[0]], [results[1]])
+
+
+class WithExtras(tt.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2, 5, None
+
+    @staticmethod
+    def backward(ctx, g, g_five, g_none):
+        assert g_five is None and g_none is None
+        return g * 2
+
+
+def test_function_outputs_mixed_with_non_tensors_are_recorded():
+    x = tt.tracer(X, requires_grad=True)
+    y, five, nothing = WithExtras.apply(x)
+    assert five == 5 and nothing is None and y.grad_fn is not None
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full_like(X, 2.0))
+
+
+def test_post_accumulate_grad_hook_fires_after_accumulation():
+    x = tt.tracer(X, requires_grad=True)
+    seen = []
+    handle = x.register_post_accumulate_grad_hook(lambda leaf: seen.append(leaf.grad.clone()))
+    (x * x).sum().backward()
+    assert len(seen) == 1 and torch.equal(seen[0], 2 * X)
+    handle.remove()
+    (x * x).sum().backward()
+    assert len(seen) == 1
+    with pytest.raises(RuntimeError, match="post accumulate grad hooks cannot be registered on non-leaf"):
+        (x * 2).register_post_accumulate_grad_hook(print)
+
+
+def test_create_graph_in_one_thread_is_not_disturbed_by_plain_backward_in_another():
+    errors, stop = [], threading.Event()
+
+    def plain_loop():
+        while not stop.is_set():
+            w = tt.tracer(X, requires_grad=True)
+            (w * w).sum().backward()
+
+    worker = threading.Thread(target=plain_loop)
+    worker.start()
+    try:
+        for _ in range(30):
+            x = tt.tracer(X, requires_grad=True)
+            (g,) = tt.grad((x ** 3).sum(), x, create_graph=True)
+            (h,) = tt.grad(g.sum(), x)
+            if not torch.allclose(h, 6 * X):
+                errors.append(h)
+    finally:
+        stop.set()
+        worker.join()
+    assert not errors
+
+
+def test_autocast_forward_gets_a_backward_in_the_same_precision_and_torchs_gradient():
+    torch.manual_seed(0)
+    twin = torch.nn.Linear(3, 2)
+    model = tt.port(torch.nn.Linear(3, 2))
+    model.load_state_dict(twin.state_dict())
+    x = torch.randn(4, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = model(tt.tracer(x))
+        theirs = twin(x)
+    ours.float().pow(2).sum().backward()
+    theirs.float().pow(2).sum().backward()
+    assert model.weight.grad.dtype == torch.float32
+    torch.testing.assert_close(model.weight.grad, twin.weight.grad)
+
+
+@pytest.mark.parametrize("returned, message", [
+    (3.0, "Bad.backward returned a float; it must return a tensor, None, or a tuple"),
+    ([None], "Bad.backward returned a list; it must return a tensor, None, or a tuple"),
+    ((), "Bad.backward returned 0 gradients, but input 0 of forward needs one"),
+    (("grad",), "Bad.backward returned a str as the gradient of input 0"),
+])
+def test_a_backward_returning_the_wrong_thing_names_the_rule(returned, message):
+    class Bad(tt.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return returned
+
+    with pytest.raises(RuntimeError, match=message):
+        Bad.apply(tt.tracer(X, requires_grad=True)).sum().backward()
+
+
+@pytest.mark.parametrize("returned, message", [(5, "returned int; a hook must return None or a tensor"),
+                                               (torch.ones(7), r"returned shape \(7,\); a hook must return")])
+def test_a_hook_returning_a_non_gradient_is_an_error(returned, message):
+    x = tt.tracer(X, requires_grad=True)
+    y = x * 2
+    y.register_hook(lambda g: returned)
+    with pytest.raises(RuntimeError, match=message):
+        y.sum().backward()
+
+
+def test_detach_in_place_makes_a_leaf_that_does_not_require_grad():
+    y = tt.tracer(X, requires_grad=True) * 2
+    assert y.detach_() is y and y.is_leaf and not y.requires_grad
+
+
+def test_out_is_allowed_when_nothing_is_recorded_and_refused_otherwise():
+    x, out = tt.tracer(X, requires_grad=True), tt.zeros(2, 3, dtype=torch.float64)
+    with tt.no_grad():
+        torch.mul(x, 2, out=out)
+    assert torch.equal(out.as_subclass(torch.Tensor), 2 * X)
+    with pytest.raises(tt.UnsupportedOperationError, match="torch.mul: out= cannot be recorded"):
+        torch.mul(x, 2, out=out)
+
+
+@pytest.mark.parametrize("optimizer", [lambda p: torch.optim.Adam(p, amsgrad=True), torch.optim.AdamW,
+                                       lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)])
+def test_stock_torch_optimizers_step_a_ported_model_like_torch(optimizer):
+    torch.manual_seed(0)
+    twin = torch.nn.Linear(3, 2).double()
+    model = tt.port(torch.nn.Linear(3, 2).double())
+    model.load_state_dict(twin.state_dict())
+    ours, theirs = optimizer(model.parameters()), optimizer(twin.parameters())
+    for _ in range(3):
+        for net, opt, x in ((model, ours, tt.tracer(X)), (twin, theirs, X)):
+            opt.zero_grad()
+            net(x).pow(2).sum().backward()
+            opt.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a.as_subclass(torch.Tensor), b.detach())
+
+
+def test_grad_assignment_is_checked_as_torch_does():
+    x = tt.tracer(X, requires_grad=True)
+    with pytest.raises(RuntimeError, match="assigned grad has data of a different size"):
+        x.grad = torch.ones(3, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="assigned grad has data of a different type"):
+        x.grad = torch.ones(2, 3, dtype=torch.float32)
+    x.grad = torch.ones_like(X)
+    assert torch.equal(x.grad, torch.ones_like(X))
+
+
+def test_small_tensor_protocols():
+    with pytest.raises(TypeError, match="iteration over a 0-d tensor"):
+        list(tt.tracer(1.0))
+    y = tt.tracer(X, requires_grad=True) * 2
+    assert y.real is y
+    assert y._base is None
+    with pytest.raises(tt.UnsupportedOperationError, match="torch.Tensor._base: torchtrace does not track"):
+        y[0]._base
+    with torch.inference_mode():
+        frozen = torch.ones(2)
+    x = tt.tracer(frozen, requires_grad=True)
+    (x * 3).sum().backward()
+    assert torch.equal(x.grad, torch.full((2,), 3.0))
+
+
+def test_no_grad_decorates_without_parentheses_and_generators():
+    @tt.no_grad
+    def double(x):
+        return x * 2
+
+    @tt.no_grad()
+    def steps(x):
+        yield (x * 2).requires_grad
+        yield (x * 3).requires_grad
+
+    x = tt.tracer(X, requires_grad=True)
+    assert not double(x).requires_grad
+    assert list(steps(x)) == [False, False]
+    assert (x * 2).requires_grad  # recording is back on between and after the generator's steps
+
+
+def test_detect_anomaly_can_be_entered_again():
+    guard = tt.detect_anomaly()
+    for _ in range(2):
+        with guard:
+            x = tt.tracer(X, requires_grad=True)
+            (x * 2).sum().backward()

@@ -1,0 +1,40 @@
+"""What changes while code runs, kept per thread: create_graph, the running modules, the watching tools.
+
+torch keeps its grad-mode flag per thread, and so does torchtrace with everything below: a backward
+with create_graph=True in one thread, or a tt.detect_anomaly() block, never affects another thread.
+"""
+import contextlib
+import threading
+from typing import Callable, Iterator, List, Optional
+
+
+class ThreadState(threading.local):
+    """One instance per thread (threading.local runs __init__ afresh in each thread)."""
+
+    def __init__(self) -> None:
+        self.create_graph = False  # a backward with create_graph=True is running in this thread
+        self.module_stack: List[object] = []  # the modules running now, outermost first
+        self.on_record: List[Callable] = []  # fn(node, args, kwargs, result) after forward records a node
+        self.on_backward: List[Callable] = []  # fn(node, grads_of_outputs, grads_of_inputs) after a backward
+
+
+STATE = ThreadState()
+
+
+@contextlib.contextmanager
+def observing(on_record: Optional[Callable] = None, on_backward: Optional[Callable] = None) -> Iterator[None]:
+    """Call `on_record` for every op recorded and `on_backward` for every node run in this thread, inside the block.
+
+    Empty lists cost the hot path one truth test; tools (tt.check, tt.detect_anomaly, tt.draw) add a
+    callable only while they run.
+    """
+    added = [(hooks, fn) for hooks, fn in ((STATE.on_record, on_record), (STATE.on_backward, on_backward))
+             if fn is not None]
+    for hooks, fn in added:
+        hooks.append(fn)
+    try:
+        yield
+    finally:
+        for hooks, fn in added:
+            hooks.remove(fn)
+

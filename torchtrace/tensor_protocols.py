@@ -1,0 +1,70 @@
+"""What a tracer needs to behave like an ordinary tensor in Python: pickling, copying, iteration, the
+real part, the original torchtrace's capitalised aliases. None of it is autograd; tracer.py mixes it in."""
+from typing import Any
+
+import torch
+
+from torchtrace.errors import UnsupportedOperationError
+
+_guard = torch._C.DisableTorchFunctionSubclass
+
+
+class TensorProtocols:
+    """Mixed into tt.tracer (before torch.Tensor)."""
+
+    _tt_node: Any
+    _tt_requires_grad: bool
+    _tt_view: bool
+
+    @property
+    def real(self) -> "TensorProtocols":
+        """A real tracer is its own real part (complex gradients are not supported)."""
+        with _guard():
+            if self.is_complex():
+                raise UnsupportedOperationError("torch.Tensor.real: complex tracers are not supported — work with "
+                                                "real tensors (e.g. separate real and imaginary parts)")
+        return self
+
+    @property
+    def _base(self) -> None:
+        """torch's view base; torchtrace does not track bases, so a view refuses instead of answering wrongly."""
+        if self._tt_view:
+            raise UnsupportedOperationError("torch.Tensor._base: torchtrace does not track the base of a view — keep "
+                                            "a reference to the tensor you took the view of")
+        return None
+
+    def __iter__(self) -> Any:
+        with _guard():
+            if self.dim() == 0:
+                raise TypeError("iteration over a 0-d tensor")
+        return iter(self.unbind(0))
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        with _guard():
+            plain = torch.Tensor.detach(self).as_subclass(torch.Tensor)
+        return _rebuild, (type(self), plain, self._tt_requires_grad if self._tt_node is None else False)
+
+    def __deepcopy__(self, memo: dict) -> "TensorProtocols":
+        with _guard():
+            copy = torch.Tensor.clone(self).as_subclass(type(self))
+        copy._tt_requires_grad = self._tt_requires_grad and self._tt_node is None
+        memo[id(self)] = copy
+        return copy
+
+    # Capitalised aliases of the original torchtrace, recorded exactly like their torch counterparts.
+    def Sum(self) -> "TensorProtocols":
+        """Sum of all elements."""
+        return self.sum()
+
+    def View(self, *shape: Any) -> "TensorProtocols":
+        return self.view(*shape)
+
+    def Gather(self, index: torch.Tensor) -> "TensorProtocols":
+        """For a 2-D tracer and a 1-D index of length N: picks self[i, index[i]], shape (N, 1)."""
+        return self.gather(1, index.reshape(-1, 1))
+
+
+def _rebuild(cls: type, data: torch.Tensor, requires_grad: bool) -> Any:
+    """Unpickle: a leaf tracer (graph fields are never pickled)."""
+    t = data.as_subclass(cls)
+    return t.requires_grad_(True) if requires_grad else t
