@@ -1,1 +1,1 @@
-"""Walks over the recorded graph: the text trace (more views arrive with the inspect issue)."""
+"""Walks over the recorded graph: the text trace, the drawing, the flow table, tt.trace and anomaly checks."""

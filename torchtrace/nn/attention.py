@@ -107,7 +107,7 @@ class ScaledDotProductAttention(Function):
         out = F.scaled_dot_product_attention(query, key, value, attn_mask, 0.0, is_causal, scale=scale,
                                              enable_gqa=enable_gqa)
         ctx.is_causal, ctx.scale, ctx.enable_gqa = is_causal, default_scale(query, scale), enable_gqa
-        ctx.save_for_backward(query, key, value, *([] if attn_mask is None else [attn_mask]))  # no None: see report
+        ctx.save_for_backward(query, key, value, *([] if attn_mask is None else [attn_mask]))  # only tensors are saved
         return out
 
     @staticmethod

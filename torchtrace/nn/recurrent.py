@@ -17,6 +17,8 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
+from torchtrace.autograd.function import Function, register
+from torchtrace.errors import UnsupportedOperationError
 from torchtrace.nn.module import Module
 
 Tensor = torch.Tensor
@@ -72,13 +74,25 @@ def run_direction(step: Callable, x_proj: Tensor, state: State, hidden_weights: 
     return torch.stack(outputs), state
 
 
+@register(torch._pack_padded_sequence)
+class PackPaddedSequence(Function):
+    """Refused while recording: torchtrace's recurrent layers take padded tensors, not packed sequences."""
+
+    @staticmethod
+    def forward(ctx: Any, *args: Any) -> Any:
+        raise UnsupportedOperationError(
+            "torch.nn.utils.rnn.pack_padded_sequence: packed sequences are not supported by torchtrace — pass the "
+            "padded batch to the recurrent layer and mask the padded steps (or run packing under tt.no_grad())")
+
+
 class RecurrentLayer(Module):
     """forward() of RNN, LSTM and GRU (mixed in before torch's class, which builds the parameters)."""
 
     def forward(self, input: Tensor, hx: Optional[State] = None) -> Tuple[Tensor, State]:
         if isinstance(input, torch.nn.utils.rnn.PackedSequence):
-            raise NotImplementedError(f"torchtrace's {type(self).__name__} does not take a PackedSequence; pad the "
-                                      "sequences (torch.nn.utils.rnn.pad_packed_sequence) and pass a tensor")
+            raise UnsupportedOperationError(f"torch.nn.{type(self).__name__}: a PackedSequence input is not supported "
+                                            "by torchtrace — pad the sequences (torch.nn.utils.rnn.pad_packed_sequence)"
+                                            " and pass a tensor")
         name, lstm = type(self).__name__, self.mode == "LSTM"
         if input.dim() not in (2, 3):
             raise ValueError(f"{name}: Expected input to be 2D or 3D, got {input.dim()}D instead")
