@@ -73,7 +73,10 @@ class TensorPolygamma(Function):
 
 @register(torch.mvlgamma, T.mvlgamma, S.multigammaln)
 class Mvlgamma(Function):
-    """y = ln Gamma_p(x) = c + sum_j ln Gamma(x - j/2)  ->  dy/dx = sum_{j<p} digamma(x - j/2)"""
+    """y = ln Gamma_p(x) = c + sum_j ln Gamma(x - j/2)  ->  dy/dx = sum_{j<p} digamma(x - j/2)
+
+    The offsets run -(p-1)/2, ..., -1/2, +0.0 as torch's arange does: x = -0.0 meets digamma at +0.0 (-inf).
+    """
 
     @staticmethod
     def forward(ctx, input, p):
@@ -84,7 +87,8 @@ class Mvlgamma(Function):
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
-        return g * sum(torch.digamma(x - j / 2) for j in range(ctx.p)), None
+        p = ctx.p
+        return g * sum(torch.digamma(x + (i * 0.5 - (p - 1) / 2)) for i in range(p)), None
 
 
 # ---- modified Bessel functions of the first kind --------------------------------------------------------------------
