@@ -61,8 +61,9 @@ binary("Fmin", [torch.fmin, T.fmin], "z = fmin(a, b) (NaN loses)  ->  dz/da = [a
 binary("Copysign", [torch.copysign, T.copysign], "z = |a| sign(b)  ->  dz/da = z/a (0 at a = 0), dz/db = 0",
        lambda g, a, b, z: g * torch.where(a == 0, 0.0, z / a),
        lambda g, a, b, z: torch.zeros_like(b), save_output=True)
+# 2.0 ** b in floating point: torch's own rule takes pow(2, b) in b's integer dtype, so 2^-2 becomes 0 there.
 binary("Ldexp", [torch.ldexp, T.ldexp], "z = a 2^b  ->  dz/da = 2^b, dz/db = z ln 2",
-       lambda g, a, b, z: g * torch.pow(2, b),
+       lambda g, a, b, z: g * torch.pow(2.0, b),
        lambda g, a, b, z: g * z * math.log(2.0), save_output=True)
 
 
@@ -94,9 +95,9 @@ class Frexp(Function):
 
     @staticmethod
     def forward(ctx, input):
-        mantissa, exponent = torch.frexp(input)
-        ctx.save_for_backward(exponent)
-        return mantissa, exponent
+        result = torch.frexp(input)  # a named tuple (mantissa, exponent)
+        ctx.save_for_backward(result.exponent)
+        return result
 
     @staticmethod
     def backward(ctx, g_mantissa, g_exponent=None):
