@@ -4,11 +4,13 @@ An `Arg` is drawn once, in float64, at collection; each test makes it in its own
 non-contiguously on request). `run` checks a case against torch autograd in that dtype and, for float64,
 against finite differences.
 """
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, List, Sequence, Tuple
 
 import pytest
 import torch
 from helpers import check_op, float_tolerances, non_contiguous
+from hypothesis import settings
+from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 NAN, INF = float("nan"), float("inf")
@@ -59,3 +61,15 @@ def run(fn: Callable, args: Sequence[Any], dtype: torch.dtype, gradcheck: bool =
 def run_edges(fn: Callable, args: Sequence[Any], dtype: torch.dtype) -> None:
     """Edge values: the same gradients (inf / NaN / 0 included) as torch autograd; no finite differences."""
     run(fn, args, dtype, gradcheck=False)
+
+
+def broadcast_pair(shapes: Any, dtype: torch.dtype, seed: int, first: Tuple[float, float],
+                   second: Tuple[float, float]) -> List[torch.Tensor]:
+    """Two inputs of hypothesis-drawn broadcast-compatible shapes, uniform in the given ranges."""
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.rand(s, generator=gen, dtype=torch.float64) * (high - low) + low).to(dtype)
+            for s, (low, high) in zip(shapes.input_shapes, (first, second))]
+
+
+SHAPE_PAIRS = mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3, min_side=1, max_side=4)
+BROADCAST_SETTINGS = settings(max_examples=25, deadline=None)

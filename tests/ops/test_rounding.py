@@ -1,11 +1,26 @@
 """Rules of torchtrace/ops/rounding.py: frac, fmod, remainder (%), fmax/fmin, copysign, ldexp, frexp, float_power,
 nan_to_num, sgn, positive."""
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import torch
-from elementwise_cases import DTYPES, INF, NAN, case, run, run_edges, signed, uniform, values
-from helpers import double_backward_matches
+from elementwise_cases import (
+    BROADCAST_SETTINGS,
+    DTYPES,
+    INF,
+    NAN,
+    SHAPE_PAIRS,
+    broadcast_pair,
+    case,
+    run,
+    run_edges,
+    signed,
+    uniform,
+    values,
+)
+from helpers import double_backward_matches, float_tolerances
+from hypothesis import given
+from hypothesis import strategies as st
 
 import torchtrace as tt
 
@@ -120,6 +135,28 @@ def test_sgn_of_a_complex_tensor_is_refused() -> None:
     z = tt.tracer(torch.tensor([1 + 1j, -2j]), requires_grad=True)
     with pytest.raises(NotImplementedError, match=r"torch\.sgn: complex inputs are not supported — "):
         torch.sgn(z)
+
+
+# ---- property: every broadcast-compatible pair of shapes -------------------------------------------------------------
+
+BROADCAST = {
+    "fmod": (torch.fmod, (0.1, 0.4), (1.1, 1.9)),
+    "remainder": (torch.remainder, (0.1, 0.4), (1.1, 1.9)),
+    "fmax": (torch.fmax, (-2.0, 2.0), (-2.0, 2.0)),
+    "fmin": (torch.fmin, (-2.0, 2.0), (-2.0, 2.0)),
+    "copysign": (torch.copysign, (0.2, 2.0), (-2.0, 2.0)),
+    "ldexp": (torch.ldexp, (-2.0, 2.0), (-2.0, 2.0)),
+    "float_power": (torch.float_power, (0.5, 2.0), (-2.0, 2.0)),
+}
+
+
+@pytest.mark.parametrize("name", list(BROADCAST))
+@BROADCAST_SETTINGS
+@given(shapes=SHAPE_PAIRS, dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 2 ** 16))
+def test_broadcasting_property(name: str, shapes: Any, dtype: torch.dtype, seed: int) -> None:
+    fn, first, second = BROADCAST[name]
+    report = tt.check(fn, *broadcast_pair(shapes, dtype, seed, first, second), **float_tolerances(dtype))
+    assert report.ok and report.n_gradients == 2
 
 
 def _double(low: float, high: float, *shape: int) -> torch.Tensor:

@@ -1,10 +1,25 @@
 """Rules of torchtrace/ops/trigonometric.py (inverse trig, hyperbolic, sinc, deg2rad/rad2deg, hypot)."""
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import torch
-from elementwise_cases import DTYPES, INF, NAN, case, run, run_edges, signed, uniform, values
-from helpers import double_backward_matches
+from elementwise_cases import (
+    BROADCAST_SETTINGS,
+    DTYPES,
+    INF,
+    NAN,
+    SHAPE_PAIRS,
+    broadcast_pair,
+    case,
+    run,
+    run_edges,
+    signed,
+    uniform,
+    values,
+)
+from helpers import double_backward_matches, float_tolerances
+from hypothesis import given
+from hypothesis import strategies as st
 
 import torchtrace as tt
 
@@ -76,6 +91,22 @@ def test_sinc_gradient_at_zero_is_zero() -> None:
     x = tt.tracer([0.0, -0.0], requires_grad=True)
     torch.sinc(x).sum().backward()
     assert x.grad.tolist() == [0.0, 0.0]
+
+
+# ---- property: every broadcast-compatible pair of shapes -------------------------------------------------------------
+
+BROADCAST = {
+    "hypot": (torch.hypot, (-2.0, 2.0), (0.5, 2.0)),
+}
+
+
+@pytest.mark.parametrize("name", list(BROADCAST))
+@BROADCAST_SETTINGS
+@given(shapes=SHAPE_PAIRS, dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 2 ** 16))
+def test_broadcasting_property(name: str, shapes: Any, dtype: torch.dtype, seed: int) -> None:
+    fn, first, second = BROADCAST[name]
+    report = tt.check(fn, *broadcast_pair(shapes, dtype, seed, first, second), **float_tolerances(dtype))
+    assert report.ok and report.n_gradients == 2
 
 
 def _double(low: float, high: float, *shape: int) -> torch.Tensor:
