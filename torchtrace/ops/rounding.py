@@ -5,21 +5,25 @@ Most of these are piecewise linear, so their gradients are 1, 0 or the integer q
 (ties, NaN operands, x = 0, non-finite values) follow torch's derivatives.yaml.
 """
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from torchtrace.autograd.function import Function, register
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.ops.arithmetic import _pow_grad_base, _pow_grad_exponent
-from torchtrace.ops.rule_tables import binary, reflected, unary
+from torchtrace.ops.rule_tables import binary, make_rule, reflected, unary
 
 T = torch.Tensor
 
-unary("Frac", [torch.frac, T.frac], "y = x - trunc x  ->  dy/dx = 1",
-      lambda g, x, y: g)
-unary("Positive", [torch.positive, T.positive], "y = +x  ->  dy/dx = 1",
-      lambda g, x, y: g)
+
+def slope_one(name: str, targets: Sequence[Callable], math_line: str) -> type:
+    """y = op(x) with dy/dx = 1: nothing is saved (so a later in-place change of x is no error, as in torch)."""
+    return make_rule(name, math_line, lambda ctx, x: targets[0](x), lambda ctx, g: g, targets)
+
+
+slope_one("Frac", [torch.frac, T.frac], "y = x - trunc x  ->  dy/dx = 1")
+slope_one("Positive", [torch.positive, T.positive], "y = +x  ->  dy/dx = 1")
 unary("NanToNum", [torch.nan_to_num, T.nan_to_num], "y = x with NaN/inf replaced  ->  dy/dx = [x is finite]",
       lambda g, x, y: g * torch.isfinite(x))
 
