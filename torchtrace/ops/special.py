@@ -73,10 +73,7 @@ class TensorPolygamma(Function):
 
 @register(torch.mvlgamma, T.mvlgamma, S.multigammaln)
 class Mvlgamma(Function):
-    """y = ln Gamma_p(x) = c + sum_j ln Gamma(x - j/2)  ->  dy/dx = sum_{j<p} digamma(x - j/2)
-
-    The offsets run -(p-1)/2, ..., -1/2, +0.0 as torch's arange does: x = -0.0 meets digamma at +0.0 (-inf).
-    """
+    """y = ln Gamma_p(x) = c + sum_j ln Gamma(x - j/2)  ->  dy/dx = sum_{j<p} digamma(x - j/2)"""
 
     @staticmethod
     def forward(ctx, input, p):
@@ -87,7 +84,7 @@ class Mvlgamma(Function):
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
-        p = ctx.p
+        p = ctx.p  # offsets -(p-1)/2, ..., -1/2, +0.0 as torch's arange: x = -0.0 meets digamma at +0.0 (-inf)
         return g * sum(torch.digamma(x + (i * 0.5 - (p - 1) / 2)) for i in range(p)), None
 
 
