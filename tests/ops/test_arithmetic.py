@@ -276,3 +276,42 @@ DOUBLE_BACKWARD = [
 @pytest.mark.parametrize("fn, inputs", DOUBLE_BACKWARD)
 def test_double_backward(fn: Callable, inputs: tuple) -> None:
     double_backward_matches(fn, *inputs)
+
+
+INF = float("inf")
+
+# An inf arriving from sqrt at 0 meets each rule's mask: torch masks (0) or multiplies (NaN); torchtrace must agree.
+INF_UPSTREAM = {
+    "div floor by a number": (lambda a: torch.sqrt(torch.div(a, 2.0, rounding_mode="floor")), [[0.5, 1.5, 4.0]]),
+    "div trunc by a tensor": (lambda a, b: torch.sqrt(torch.div(a, b, rounding_mode="trunc")),
+                              [[0.5, 1.5, 4.0], [2.0, 2.0, 3.0]]),
+    "pow with exponent 0.0": (lambda a: torch.sqrt(a ** 0.0 - 1), [[0.5, 0.0, 3.0]]),
+    "pow exponent at base 0": (lambda e: torch.sqrt(torch.pow(torch.zeros(3, dtype=e.dtype), e)), [[1.0, 2.0, 0.5]]),
+    "pow tensors at base 0": (lambda a, e: torch.sqrt(torch.pow(a, e)), [[0.0, 0.0, 2.0], [1.0, 0.0, 0.0]]),
+    "rpow number base 0": (lambda e: torch.sqrt(0.0 ** e), [[1.0, 2.0, 0.0]]),
+}
+
+
+@pytest.mark.parametrize("name", list(INF_UPSTREAM))
+def test_an_infinite_upstream_gradient_is_masked_like_torch(name: str) -> None:
+    fn, values = INF_UPSTREAM[name]
+    check_op(fn, *[torch.tensor(v, dtype=torch.float64) for v in values], gradcheck=False)
+
+
+def _second_order(fn: Callable, inputs: list, ours: bool) -> list:
+    """d/dx of sum((dL/dx)^2), L = fn(x).sum(): by torchtrace with create_graph, or by torch autograd."""
+    if ours:
+        xs = [tt.tracer(v, requires_grad=True) for v in inputs]
+        first = tt.grad(fn(*xs).sum(), xs, create_graph=True)
+        return [g.as_subclass(torch.Tensor) for g in tt.grad(sum((g * g).sum() for g in first), xs)]
+    xs = [v.clone().requires_grad_(True) for v in inputs]
+    first = torch.autograd.grad(fn(*xs).sum(), xs, create_graph=True)
+    return list(torch.autograd.grad(sum((g * g).sum() for g in first), xs))
+
+
+@pytest.mark.parametrize("fn", [torch.pow, lambda a, b: torch.remainder(a, b) * b], ids=["pow", "remainder"])
+def test_second_derivatives_at_zero_bases_and_infinite_divisors_match_torch(fn: Callable) -> None:
+    a = torch.tensor([0.0, -0.0, 0.0, 1.0, -1.0, 2.0], dtype=torch.float64)
+    b = torch.tensor([1.0, 2.0, 0.5, -INF, INF, 1.5], dtype=torch.float64)
+    for ours, theirs in zip(_second_order(fn, [a, b], True), _second_order(fn, [a, b], False)):
+        torch.testing.assert_close(ours, theirs, equal_nan=True)

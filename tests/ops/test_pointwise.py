@@ -354,3 +354,34 @@ DOUBLE_BACKWARD = [
 @pytest.mark.parametrize("fn, inputs", DOUBLE_BACKWARD)
 def test_double_backward(fn: Callable, inputs: tuple) -> None:
     double_backward_matches(fn, *inputs)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+def test_atan2_gradient_at_the_origin_is_zero_like_torch(dtype: torch.dtype) -> None:
+    a = torch.tensor([0.0, -0.0, 0.0, 1e-30, 0.0, INF, 1.0, NAN, 2.0], dtype=dtype)
+    b = torch.tensor([0.0, 0.0, -0.0, 0.0, 1e-30, 1.0, INF, 1.0, -3.0], dtype=dtype)
+    check_op(torch.atan2, a, b, gradcheck=False)
+    x = tt.tracer(torch.zeros(2, dtype=dtype), requires_grad=True)
+    torch.atan2(x, torch.zeros(2, dtype=dtype)).sum().backward()
+    assert x.grad.tolist() == [0.0, 0.0]
+
+
+def test_relu_passes_the_gradient_at_nan_like_torch() -> None:
+    x = torch.tensor([NAN, -1.0, 0.0, 2.0, -INF, INF])
+    check_op(torch.relu, x, gradcheck=False)
+    check_op(lambda t: F.relu(t * 1, inplace=True), x, gradcheck=False)
+
+
+def test_existing_rules_match_torch_at_edge_values() -> None:
+    """0, -0, +-inf, NaN and negative bases: the same inf / NaN / 0 pattern as torch autograd."""
+    edges = torch.tensor([0.0, -0.0, 1.0, -1.0, 0.5, -2.5, INF, -INF, NAN], dtype=torch.float64)
+    a, b = edges.repeat_interleave(9), edges.repeat(9)
+    for fn in (torch.sqrt, torch.rsqrt, torch.abs, torch.sign, torch.log, torch.reciprocal, torch.sigmoid, torch.tanh,
+               torch.exp, lambda x: torch.clamp(x, 0.0, 1.0), lambda x: x ** 0.5 + x ** 0.0 + x ** -1.0 + x ** 3):
+        check_op(fn, edges, gradcheck=False)
+    for fn in (torch.pow, torch.div, torch.maximum, torch.minimum, torch.mul, lambda x, y: torch.where(x > 0, x, y),
+               lambda x, y: torch.clamp(x, y, y + 1), lambda x, y: 2.0 ** x + (-2.0) ** y + 0.0 ** x):
+        check_op(fn, a, b, gradcheck=False)

@@ -192,6 +192,11 @@ CASTS = {
     "Tensor.double": lambda x: x.float().double(),
     "Tensor.half": lambda x: x.half(),
     "Tensor.bfloat16": lambda x: x.bfloat16(),
+    "Tensor.type dtype": lambda x: x.type(torch.float32),
+    "Tensor.type dtype keyword": lambda x: x.type(dtype=torch.float16) * x,
+    "Tensor.type string": lambda x: x.type("torch.FloatTensor"),
+    "Tensor.type tensor class": lambda x: x.type(torch.DoubleTensor) * 3,
+    "Tensor.to dtype copy": lambda x: x.to(torch.float64, copy=True),
 }
 
 
@@ -204,10 +209,20 @@ def test_casts_send_the_gradient_back_in_the_input_dtype(name):
     assert t.grad.dtype == torch.float64 and t.grad.shape == x.shape
 
 
-def test_cast_to_an_integer_dtype_carries_no_gradient():
+@pytest.mark.parametrize("cast", [
+    lambda x: x.to(torch.int64), lambda x: x.to(torch.zeros(1, dtype=torch.int32)), lambda x: x.to("cpu", torch.int16),
+    lambda x: x.type(torch.int64), lambda x: x.type("torch.LongTensor"), lambda x: x.type(torch.IntTensor),
+    lambda x: x.type_as(torch.zeros(1, dtype=torch.uint8)), lambda x: x.long(), lambda x: x.int(), lambda x: x.bool(),
+])
+def test_cast_to_an_integer_dtype_carries_no_gradient(cast):
     x = tt.tracer([[1.5, 2.5]], requires_grad=True)
-    y = x.to(torch.int64)
-    assert y.dtype == torch.int64 and not y.requires_grad
+    y = cast(x)
+    assert not y.is_floating_point() and not y.requires_grad and y.grad_fn is None
+
+
+def test_type_without_an_argument_returns_the_type_name():
+    x = tt.tracer(torch.randn(2, dtype=torch.float64), requires_grad=True)
+    assert x.type() == "torch.DoubleTensor" and (x * 2).type() == "torch.DoubleTensor"
 
 
 def test_cat_of_mixed_dtypes_and_a_legacy_empty_tensor():

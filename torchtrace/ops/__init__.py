@@ -7,8 +7,11 @@ from torchtrace.ops import (  # noqa: F401
     nondifferentiable,
     pointwise,
     reduction,
+    rounding,
     shape,
     softmax,
+    special,
+    trigonometric,
 )
 
 pair_inplace_methods()

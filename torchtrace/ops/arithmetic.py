@@ -68,8 +68,9 @@ class Div(Function):
     @staticmethod
     def backward(ctx, g):
         a, b, z = ctx.saved_tensors
-        if ctx.rounded:
-            return g * 0, g * 0 if isinstance(b, torch.Tensor) else None
+        if ctx.rounded:  # zeros even where g is inf or NaN, as torch
+            zeros = torch.zeros_like(g)
+            return zeros, zeros if isinstance(b, torch.Tensor) else None
         need_a, need_b = ctx.needs_input_grad[:2]
         return (g / b if need_a else None), (-g * z / b if need_b else None)
 
@@ -78,16 +79,18 @@ reflected("Rdiv", Div, [T.__rdiv__, T.__rtruediv__])
 
 
 def _pow_grad_base(g, a, b, z):
-    """d(a^b)/da = b * a^(b-1), defined as 0 where b == 0."""
+    """d(a^b)/da = b * a^(b-1), defined as 0 where b == 0 (even where g is inf or NaN, as torch)."""
     if isinstance(b, torch.Tensor):
         return torch.where(b == 0, 0.0, g * b * torch.pow(a, b - 1))
-    return g * 0 if b == 0 else g * b * torch.pow(a, b - 1)
+    return torch.zeros_like(g) if b == 0 else g * b * torch.pow(a, b - 1)
 
 
 def _pow_grad_exponent(g, a, b, z):
-    """d(a^b)/db = a^b * ln a, defined as 0 where a == 0 and b >= 0 (NaN for a negative base)."""
+    """d(a^b)/db = a^b * ln a, with a^b ln a := 0 where a == 0 and b >= 0 (NaN for a negative base).
+
+    g multiplies outside the mask, as in torch: an inf or NaN g still gives NaN at a == 0."""
     base = a if isinstance(a, torch.Tensor) else torch.as_tensor(a, dtype=z.dtype, device=z.device)
-    return torch.where((base == 0) & (b >= 0), 0.0, g * z * torch.log(base))
+    return g * torch.where((base == 0) & (b >= 0), 0.0, z * torch.log(base))
 
 
 Pow = binary("Pow", [torch.pow, T.pow, T.__pow__],

@@ -77,10 +77,16 @@ binary("Maximum", [torch.maximum, T.maximum], "z = max(a, b)  ->  dz/da = [a > b
 binary("Minimum", [torch.minimum, T.minimum], "z = min(a, b)  ->  dz/da = [a < b] + [a = b]/2, dz/db likewise",
        lambda g, a, b, z: _max_grad(g, a == b, a > b),
        lambda g, a, b, z: _max_grad(g, a == b, b > a))
+def _atan2_scale(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """1/(a^2 + b^2), set to 0 where it overflows (at the origin, a^2 + b^2 = 0): torch's gradient there is 0."""
+    recip = 1 / (a * a + b * b)
+    return torch.where(recip.isinf(), 0.0, recip)
+
+
 binary("Atan2", [torch.atan2, torch.arctan2, T.atan2, T.arctan2],
-       "z = atan2(a, b)  ->  dz/da = b/(a^2 + b^2), dz/db = -a/(a^2 + b^2)",
-       lambda g, a, b, z: g * b / (a * a + b * b),
-       lambda g, a, b, z: -g * a / (a * a + b * b))
+       "z = atan2(a, b)  ->  dz/da = b/(a^2 + b^2), dz/db = -a/(a^2 + b^2)   (0 at the origin, as torch)",
+       lambda g, a, b, z: g * b * _atan2_scale(a, b),
+       lambda g, a, b, z: g * -a * _atan2_scale(a, b))
 
 
 # ---- rules with options, several tensor arguments or a different argument order --------------------------------------
@@ -88,7 +94,7 @@ binary("Atan2", [torch.atan2, torch.arctan2, T.atan2, T.arctan2],
 
 @register(torch.relu, T.relu, F.relu)
 class Relu(Function):
-    """y = max(x, 0)  ->  dy/dx = [y > 0]   (F.relu's inplace= is ignored: the result is computed out of place)"""
+    """y = max(x, 0)  ->  dy/dx = [not y <= 0]   (NaN passes g, as torch; F.relu's inplace= is ignored)"""
 
     @staticmethod
     def forward(ctx, input, inplace=False):
@@ -99,7 +105,7 @@ class Relu(Function):
     @staticmethod
     def backward(ctx, g):
         (y,) = ctx.saved_tensors
-        return torch.where(y > 0, g, 0.0)
+        return torch.where(y <= 0, 0.0, g)
 
 
 def _clamp_grads(g: torch.Tensor, x: torch.Tensor, low: Any, high: Any, need_low: bool,

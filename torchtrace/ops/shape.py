@@ -158,7 +158,7 @@ def _convert_back(ctx: Any, g: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor
 
 structural("Contiguous", [T.contiguous], "y = x laid out contiguously  ->  dx = g", _identity)
 structural("Clone", [T.clone, torch.clone], "y = copy of x  ->  dx = g", _identity)
-for _name, _target in [("To", T.to), ("TypeAs", T.type_as), ("Float", T.float), ("Double", T.double),
+for _name, _target in [("To", T.to), ("Type", T.type), ("TypeAs", T.type_as), ("Float", T.float), ("Double", T.double),
                        ("Half", T.half), ("BFloat16", T.bfloat16), ("Cpu", T.cpu), ("Cuda", T.cuda)]:
     structural(_name, [_target], "y = x converted to another dtype / device  ->  dx = g converted back", _convert_back)
 
