@@ -20,7 +20,7 @@ class Context:
     """
 
     _saved: Tuple[Any, ...] = ()
-    _versions: Tuple[Any, ...] = ()
+    _versions: List[Any] = []
     _released = False
     _needs: Optional[Tuple[bool, ...]] = None
     _graph_saved: Optional[Tuple[Any, ...]] = None
@@ -32,7 +32,7 @@ class Context:
     def save_for_backward(self, *tensors: Any) -> None:
         """Keep tensors for backward; an in-place change of one of them before backward is an error."""
         self._saved = tensors
-        self._versions = tuple(t._version if isinstance(t, torch.Tensor) else None for t in tensors)
+        self._versions = [t._version if isinstance(t, torch.Tensor) else None for t in tensors]
 
     @property
     def saved_tensors(self) -> Tuple[Any, ...]:
@@ -69,19 +69,25 @@ class Context:
     @property
     def needs_input_grad(self) -> Tuple[bool, ...]:
         """One flag per positional parameter of forward: does that argument need a gradient?"""
-        if self._needs is None:
-            flags = [False] * 8
-            for edge in self._edges:
-                position = edge[0] if type(edge[0]) is int else edge[0][0]
-                if position >= len(flags):
-                    flags += [False] * (position + 1 - len(flags))
-                flags[position] = True
-            self._needs = tuple(flags)
-        return self._needs
+        needs = self._needs
+        if needs is None:
+            key = tuple(edge[0] for edge in self._edges)
+            needs = self._needs = _NEEDS.get(key) or _needs_flags(key)
+        return needs
 
     @needs_input_grad.setter
     def needs_input_grad(self, flags: Tuple[bool, ...]) -> None:
         self._needs = tuple(flags)
+
+
+_NEEDS: Dict[Tuple[Any, ...], Tuple[bool, ...]] = {}  # edge positions -> needs_input_grad flags, built once
+
+
+def _needs_flags(positions: Tuple[Any, ...]) -> Tuple[bool, ...]:
+    """(0, (2, 1)) -> (True, False, True, False, ...): one flag per parameter, at least 8."""
+    taken = {p if type(p) is int else p[0] for p in positions}
+    flags = _NEEDS[positions] = tuple(i in taken for i in range(max(8, max(taken) + 1)))
+    return flags
 
 
 class Function:
