@@ -173,3 +173,47 @@ class Softmax(Module, torch.nn.Softmax):
 
 class LogSoftmax(Module, torch.nn.LogSoftmax):
     """x - logsumexp(x) along dim."""
+
+
+class SELU(Module, torch.nn.SELU):
+    """scale (x if x > 0 else alpha (e^x - 1)), with SELU's fixed constants."""
+
+
+class CELU(Module, torch.nn.CELU):
+    """x if x > 0 else alpha (e^(x / alpha) - 1)."""
+
+
+class GLU(Module, torch.nn.GLU):
+    """a sigmoid(b), where a and b are the two halves of the input along dim."""
+
+
+class Hardswish(Module, torch.nn.Hardswish):
+    """x relu6(x + 3) / 6."""
+
+
+class Hardsigmoid(Module, torch.nn.Hardsigmoid):
+    """relu6(x + 3) / 6."""
+
+
+class LogSigmoid(Module, torch.nn.LogSigmoid):
+    """log sigmoid(x)."""
+
+
+class Softsign(Module, torch.nn.Softsign):
+    """x / (1 + |x|)."""
+
+
+class Softshrink(Module, torch.nn.Softshrink):
+    """x - lambd above lambd, x + lambd below -lambd, 0 between."""
+
+
+class Hardshrink(Module, torch.nn.Hardshrink):
+    """x where |x| > lambd, 0 elsewhere."""
+
+
+class Tanhshrink(Module, torch.nn.Tanhshrink):
+    """x - tanh(x)."""
+
+
+class Threshold(Module, torch.nn.Threshold):
+    """x where x > threshold, value elsewhere."""
