@@ -50,10 +50,16 @@ class Normalize(Function):
         return g / d + norm_vjp(grad_d, x, n, ctx.p, ctx.dim, True)
 
 
+def clamped_value(t: torch.Tensor, low: float) -> torch.Tensor:
+    """max(t, low) whose derivative is that of t (1 even where clamped): what torch's `with torch.no_grad():
+    t.clamp_(min=low)` does to a tensor in a graph (cosine_similarity's norms, gaussian_nll_loss's var)."""
+    return t + (t.clamp_min(low) - t).detach()
+
+
 def _clamped_norm(x: torch.Tensor, dim: int, eps: float) -> tuple:
-    """(||x||, max(||x||, eps) whose derivative is that of ||x||, as torch's no_grad in-place clamp)."""
+    """(||x||, max(||x||, eps) differentiated as ||x||)."""
     n = torch.linalg.vector_norm(x, 2, dim, keepdim=True)
-    return n, n + (n.clamp_min(eps) - n).detach()
+    return n, clamped_value(n, eps)
 
 
 @register(torch.cosine_similarity, F.cosine_similarity)
