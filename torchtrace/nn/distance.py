@@ -34,9 +34,7 @@ class Normalize(Function):
     ->  dL/dx = g / d + [||x|| >= eps] (-sum(g x) / d^2) d||x||/dx"""
 
     @staticmethod
-    def forward(ctx, input, p=2.0, dim=1, eps=1e-12, out=None):
-        if out is not None:
-            raise RuntimeError("torch.nn.functional.normalize: out= cannot be recorded on tracers — assign the result")
+    def forward(ctx, input, p=2.0, dim=1, eps=1e-12, out=None):  # the dispatcher refuses out= on tracers
         ctx.p, ctx.dim, ctx.eps = p, dim, eps
         ctx.save_for_backward(input)
         return F.normalize(input, p, dim, eps)
