@@ -43,7 +43,7 @@ class Prelu(Function):
         return grad_x, grad_w
 
 
-@register(F.rrelu, torch.rrelu)
+@register(F.rrelu)
 class Rrelu(Function):
     """y = x if x > 0 else r x, r ~ U(lower, upper) per element in training, (lower + upper) / 2 in eval
     ->  dy/dx = 1 if x > 0 else r (the very r of forward)"""
@@ -68,6 +68,15 @@ class Rrelu(Function):
     def backward(ctx, g):
         (slope,) = ctx.saved_tensors
         return g * slope
+
+
+@register(torch.rrelu)
+class TorchRrelu(Rrelu):
+    """torch.rrelu(x, lower, upper, training, generator): as F.rrelu"""
+
+    @staticmethod
+    def forward(ctx, input, lower=1.0 / 8, upper=1.0 / 3, training=False, generator=None):
+        return Rrelu.forward(ctx, input, lower, upper, training, generator=generator)
 
 
 class PReLU(Module, torch.nn.PReLU):

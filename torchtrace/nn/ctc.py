@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.nn.loss import aten_twin
 from torchtrace.nn.module import Module
 
 NEG_INF = float("-inf")
@@ -121,8 +122,6 @@ class CtcLoss(Function):
     @staticmethod
     def forward(ctx, log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean",
                 zero_infinity=False):
-        if isinstance(reduction, int):  # torch.ctc_loss(..., reduction=1): torch's enum (0 none, 1 mean, 2 sum)
-            reduction = ("none", "mean", "sum")[reduction]
         batched = log_probs.dim() == 3
         n = log_probs.shape[1] if batched else 1
         ctx.input_lengths, ctx.target_lengths = _lengths(input_lengths, n), _lengths(target_lengths, n)
@@ -162,13 +161,8 @@ def _sample_scale(g: torch.Tensor, reduction: str, target_lengths: List[int], n:
     return g / divisor
 
 
-@register(torch.ctc_loss)
-class TorchCtcLoss(CtcLoss):
-    """torch.ctc_loss: as F.ctc_loss, with reduction as torch's enum, defaulting to 0 ('none')"""
-
-    @staticmethod
-    def forward(ctx, log_probs, targets, input_lengths, target_lengths, blank=0, reduction=0, zero_infinity=False):
-        return CtcLoss.forward(ctx, log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
+aten_twin("TorchCtcLoss", CtcLoss, torch.ctc_loss, "log_probs targets input_lengths target_lengths blank reduction "
+          "zero_infinity")
 
 
 class CTCLoss(Module, torch.nn.CTCLoss):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torchtrace.autograd.function import Function, register
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.nn.distance import pairwise_distance_vjp
-from torchtrace.nn.loss import _reduction, _refuse_grad, _scale
+from torchtrace.nn.loss import _reduction, _refuse_grad, _scale, aten_twin
 from torchtrace.nn.module import Module
 
 
@@ -24,7 +24,7 @@ def _elementwise_scale(g: torch.Tensor, reduction: str, count: int) -> torch.Ten
     return _scale(g, reduction, max(count, 1) if reduction == "mean" else count)
 
 
-@register(F.cosine_embedding_loss, torch.cosine_embedding_loss)
+@register(F.cosine_embedding_loss)
 class CosineEmbedding(Function):
     """l = 1 - cos if y = 1, max(0, cos - margin) if y = -1, cos = x1.x2 / sqrt((|x1|^2 + e)(|x2|^2 + e)), e = 1e-12
     ->  dl/dcos = -1 or [cos >= margin];  dcos/dx1 = x2 / sqrt(..) - cos x1 / (|x1|^2 + e)"""
@@ -51,7 +51,7 @@ class CosineEmbedding(Function):
         return grad_1, grad_2, None
 
 
-@register(F.margin_ranking_loss, torch.margin_ranking_loss)
+@register(F.margin_ranking_loss)
 class MarginRanking(Function):
     """l = max(0, -y (x1 - x2) + margin)  ->  with m = [-y (x1 - x2) + margin >= 0]:
     dl/dx1 = -y m, dl/dx2 = y m, dl/dy = -(x1 - x2) m"""
@@ -72,7 +72,7 @@ class MarginRanking(Function):
         return (-y * c if need_1 else None), (y * c if need_2 else None), (-d * c if need_y else None)
 
 
-@register(F.hinge_embedding_loss, torch.hinge_embedding_loss)
+@register(F.hinge_embedding_loss)
 class HingeEmbedding(Function):
     """l = x if y = 1, max(0, margin - x) if y = -1 (both terms where y is neither)
     ->  dl/dx = [y != -1] - [y != 1] [margin - x >= 0]"""
@@ -91,7 +91,7 @@ class HingeEmbedding(Function):
         return slope * _elementwise_scale(g, ctx.reduction, shape.numel()), None
 
 
-@register(F.soft_margin_loss, torch._C._nn.soft_margin_loss)
+@register(F.soft_margin_loss)
 class SoftMargin(Function):
     """l = log(1 + e^(-y x))  ->  dl/dx = -y s(-y x), dl/dy = -x s(-y x), s = sigmoid
     (torch refuses the target's gradient; torchtrace gives it)"""
@@ -149,7 +149,7 @@ def _per_sample(g: torch.Tensor, reduction: str, n: int) -> torch.Tensor:
     return scale.reshape(-1, 1) if reduction == "none" else scale
 
 
-@register(F.multi_margin_loss, torch._C._nn.multi_margin_loss)
+@register(F.multi_margin_loss)
 class MultiMargin(Function):
     """l_n = (1/C) sum_{i != y} w_y max(0, z_i)^p, z_i = margin - x_y + x_i
     ->  with h_i = w_y [z_i > 0] (1 if p = 1, 2 z_i if p = 2) / C: dl/dx_i = h_i (i != y), dl/dx_y = -sum_i h_i"""
@@ -177,7 +177,7 @@ class MultiMargin(Function):
         return grad.reshape(x0.shape), None, None, None, None
 
 
-@register(F.multilabel_margin_loss, torch._C._nn.multilabel_margin_loss)
+@register(F.multilabel_margin_loss)
 class MultilabelMargin(Function):
     """l_n = (1/C) sum_{j in Y_n} sum_{i not in Y_n} max(0, 1 - (x_j - x_i)), Y_n = target[n] up to the first -1
     ->  each active pair (1 - x_j + x_i > 0) adds 1/C to dl/dx_i and -1/C to dl/dx_j (a repeated label counts twice)"""
@@ -225,7 +225,7 @@ def _triplet_grads(g: torch.Tensor, anchor: torch.Tensor, positive: torch.Tensor
     return grad_a, grad_p, grad_n
 
 
-@register(F.triplet_margin_loss, torch.triplet_margin_loss)
+@register(F.triplet_margin_loss)
 class TripletMargin(Function):
     """l = max(0, margin + d(a, p) - d(a, n)), d = pairwise_distance(., ., p, eps) (swap: d(a, n) -> min(d(a, n),
     d(p, n)))  ->  dl/da = [l >= 0] (dd(a, p)/da - dd(a, n)/da), dl/dp = -[l >= 0] dd(a, p)/da, ..."""
@@ -280,6 +280,16 @@ class TripletMarginWithDistance(TripletMargin):
         ctx.save_for_backward(anchor, positive, negative)
         return F.triplet_margin_with_distance_loss(anchor, positive, negative, distance_function=distance_function,
                                                    margin=margin, swap=swap, reduction=reduction)
+
+
+aten_twin("TorchCosineEmbedding", CosineEmbedding, torch.cosine_embedding_loss, "input1 input2 target margin reduction")
+aten_twin("TorchMarginRanking", MarginRanking, torch.margin_ranking_loss, "input1 input2 target margin reduction")
+aten_twin("TorchHingeEmbedding", HingeEmbedding, torch.hinge_embedding_loss, "input target margin reduction")
+aten_twin("TorchSoftMargin", SoftMargin, torch._C._nn.soft_margin_loss, "input target reduction")
+aten_twin("TorchMultiMargin", MultiMargin, torch._C._nn.multi_margin_loss, "input target p margin weight reduction")
+aten_twin("TorchMultilabelMargin", MultilabelMargin, torch._C._nn.multilabel_margin_loss, "input target reduction")
+aten_twin("TorchTripletMargin", TripletMargin, torch.triplet_margin_loss,
+          "anchor positive negative margin p eps swap reduction")
 
 
 class CosineEmbeddingLoss(Module, torch.nn.CosineEmbeddingLoss):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
 from torchtrace.nn.distance import clamped_value
-from torchtrace.nn.loss import _reduction, _scale
+from torchtrace.nn.loss import _reduction, _scale, aten_twin
 from torchtrace.nn.module import Module
 
 
@@ -23,7 +23,7 @@ def _count_scale(g: torch.Tensor, reduction: str, *tensors: torch.Tensor) -> tor
     return _scale(g, reduction, max(shape.numel(), 1))
 
 
-@register(F.poisson_nll_loss, torch.poisson_nll_loss)
+@register(F.poisson_nll_loss)
 class PoissonNll(Function):
     """l = e^x - t x  ->  dl/dx = e^x - t, dl/dt = -x;   log_input=False: l = x - t log(x + eps)
     ->  dl/dx = 1 - t / (x + eps), dl/dt = -log(x + eps);   full: dl/dt += log t + 1 / (2 t) where t > 1"""
@@ -51,6 +51,9 @@ class PoissonNll(Function):
             safe = torch.where(counted, t, 1.0)  # keeps log and 1/t finite where the term is masked
             grad_t = grad_t + (torch.log(safe) + 0.5 / safe) * counted
         return (grad_x * s if need_x else None), (grad_t * s if need_t else None)
+
+
+aten_twin("TorchPoissonNll", PoissonNll, torch.poisson_nll_loss, "input target log_input full eps reduction")
 
 
 def _var_for_input(var: torch.Tensor, input: torch.Tensor) -> tuple:
