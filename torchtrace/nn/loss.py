@@ -53,7 +53,7 @@ def aten_twin(name: str, rule: type, target: Callable, parameters: str) -> type:
         return rule.forward(ctx, **options)
 
     body = {"__doc__": f"{rule.__doc__} (torch's internal spelling)", "_param_names": names,
-            "forward": staticmethod(forward)}
+            "forward": staticmethod(forward), "__module__": rule.__module__}
     return register(target, rule=type(name, (rule,), body))
 
 
