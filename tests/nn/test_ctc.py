@@ -95,3 +95,10 @@ def test_longer_sequences_and_a_module():
     out = ours(x.log_softmax(2), targets, frames, lengths)
     torch.testing.assert_close(out.as_subclass(torch.Tensor), theirs(logits.log_softmax(2), targets, frames, lengths))
     assert out.grad_fn.module is ours
+
+
+def test_second_derivatives_are_refused():
+    x = tt.tracer(LOGITS, requires_grad=True)
+    loss = F.ctc_loss(x.log_softmax(2), PADDED, INPUT_LENGTHS, TARGET_LENGTHS)
+    with pytest.raises(tt.UnsupportedOperationError, match="ctc_loss: second derivatives .* are not supported"):
+        tt.grad(loss, [x], create_graph=True)

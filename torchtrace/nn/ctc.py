@@ -24,6 +24,7 @@ the derivative with respect to the logits *before* a log_softmax (pytorch issues
 agree exactly once log_probs come from log_softmax in the graph, as CTC requires; on raw log_probs
 torchtrace's gradient is the derivative of the value F.ctc_loss returns, torch's is not.
 
+First derivatives only: a backward with create_graph=True through ctc_loss is refused, as torch refuses it.
 Reductions: 'none' (N,), 'sum', 'mean' = mean over the batch of loss_n / max(L_n, 1). zero_infinity zeroes
 the loss and gradient of impossible samples (p = 0); without it their gradient is NaN, as torch's.
 """
@@ -33,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.errors import UnsupportedOperationError
 from torchtrace.nn.loss import aten_twin
 from torchtrace.nn.module import Module
 
@@ -133,6 +135,12 @@ class CtcLoss(Function):
 
     @staticmethod
     def backward(ctx, g):
+        if torch.is_grad_enabled():  # the engine records this backward: create_graph=True
+            raise UnsupportedOperationError(
+                "torch.nn.functional.ctc_loss: second derivatives (backward with create_graph=True) are not supported "
+                "(torch has none either; the log-space recursions' -inf paths would give NaN) — take the CTC loss "
+                "out of the part of the graph that needs second derivatives."
+            )
         (log_probs,) = ctx.saved_tensors
         lp = log_probs if ctx.batched else log_probs.unsqueeze(1)
         steps, n, classes = lp.shape
