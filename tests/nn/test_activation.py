@@ -67,6 +67,12 @@ def test_reused_and_chained(fn):
     (F.elu, lambda x: F.elu(x, inplace=True)),
     (F.silu, lambda x: F.silu(x, inplace=True)),
     (F.mish, lambda x: F.mish(x, inplace=True)),
+    (F.selu, lambda x: F.selu(x, inplace=True)),
+    (F.celu, lambda x: F.celu(x, 1.0, True)),
+    (F.hardswish, lambda x: F.hardswish(x, inplace=True)),
+    (F.hardsigmoid, lambda x: F.hardsigmoid(x, True)),
+    (lambda x: F.threshold(x, 0.1, 2.0), lambda x: F.threshold(x, 0.1, 2.0, True)),
+    (lambda x: F.rrelu(x, 0.1, 0.3), lambda x: F.rrelu(x, 0.1, 0.3, False, True)),
 ])
 def test_inplace_flag_computes_out_of_place(fn, inplace_fn):
     x = tt.tracer(X, requires_grad=True)
