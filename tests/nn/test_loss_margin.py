@@ -95,6 +95,8 @@ def test_soft_margin_loss_target_gradient():
      (torch.tensor([[1.0, 0.0, 2.0], [0.0, 1.0, 0.5]]),)),
     (lambda a: F.multilabel_margin_loss(a, torch.tensor([[0, -1, 0]])), (torch.tensor([[2.0, 1.0, 3.0]]),)),
     (lambda a, p, n: F.triplet_margin_loss(a, p, n, swap=True), (A, A, N)),  # d(a, n) = d(p, n): min's tie
+    (lambda a, p, n: F.triplet_margin_loss(a, p, n, 1.0, 1, 0.0),  # 1 + |0 - 1| - |0 - 2| = 0 exactly
+     (torch.tensor([[0.0]]), torch.tensor([[1.0]]), torch.tensor([[2.0]]))),
 ])
 def test_margins_exactly_met_follow_torch(fn, inputs):
     check_op(fn, *inputs, gradcheck=False)  # finite differences straddle the hinge; torch's side is the reference
