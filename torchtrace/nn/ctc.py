@@ -58,17 +58,17 @@ def _extended_labels(targets: torch.Tensor, target_lengths: List[int], blank: in
             labels = targets[i, :length]
         else:  # concatenated (sum L,), or one unbatched sequence
             labels = targets[offset:offset + length]
-            offset += length if n > 1 else 0
+            offset += length
         ext[i, 1:2 * length + 1:2] = labels.long()
     return ext
 
 
-def _shift(t: torch.Tensor, k: int) -> torch.Tensor:
-    """t moved k places along the last dim (k > 0: towards higher s), filled with -inf."""
+def _shift(t: torch.Tensor, k: int, fill: float = NEG_INF) -> torch.Tensor:
+    """t moved k places along the last dim (k > 0: towards higher s), the vacated places set to `fill`."""
     width = t.shape[-1]
     if k > 0:
-        return F.pad(t, (k, 0), value=NEG_INF)[..., :width]
-    return F.pad(t, (0, -k), value=NEG_INF)[..., -k:]
+        return F.pad(t, (k, 0), value=fill)[..., :width]
+    return F.pad(t, (0, -k), value=fill)[..., -k:]
 
 
 def forward_backward(lp: torch.Tensor, ext: torch.Tensor, input_lengths: List[int], target_lengths: List[int],
@@ -79,8 +79,8 @@ def forward_backward(lp: torch.Tensor, ext: torch.Tensor, input_lengths: List[in
     s = torch.arange(width, device=lp.device)
     ext_len = torch.tensor([2 * length + 1 for length in target_lengths], device=lp.device).reshape(n, 1)
     valid = s < ext_len  # (N, S)
-    skip = (s >= 2) & (ext != blank) & (ext != _shift_labels(ext, 2))  # s - 2 -> s allowed
-    skip_next = _shift_labels(skip.long(), -2).bool()  # s -> s + 2 allowed
+    skip = (s >= 2) & (ext != blank) & (ext != _shift(ext, 2, -1))  # s - 2 -> s allowed (-1: no label)
+    skip_next = _shift(skip.long(), -2, 0).bool()  # s -> s + 2 allowed
     emit = lp.gather(2, ext.unsqueeze(0).expand(steps, n, width))  # lp[t, n, l'_s]
     ends = torch.tensor([t - 1 for t in input_lengths], device=lp.device).reshape(n, 1)
     last = (s == ext_len - 1) | ((s == ext_len - 2) & (ext_len > 1))
@@ -108,14 +108,6 @@ def forward_backward(lp: torch.Tensor, ext: torch.Tensor, input_lengths: List[in
     return alpha, beta, emit, log_p
 
 
-def _shift_labels(t: torch.Tensor, k: int) -> torch.Tensor:
-    """An integer (N, S) tensor moved k places along s, filled with -1 (matches no label)."""
-    width = t.shape[-1]
-    if k > 0:
-        return F.pad(t, (k, 0), value=-1)[..., :width]
-    return F.pad(t, (0, -k), value=-1)[..., -k:]
-
-
 @register(F.ctc_loss)
 class CtcLoss(Function):
     """l = -log p(target | lp), p summed over alignments by the forward-backward recursions (module docstring)
@@ -127,8 +119,7 @@ class CtcLoss(Function):
         batched = log_probs.dim() == 3
         n = log_probs.shape[1] if batched else 1
         ctx.input_lengths, ctx.target_lengths = _lengths(input_lengths, n), _lengths(target_lengths, n)
-        ctx.ext = _extended_labels(targets if batched or targets.dim() else targets.reshape(1), ctx.target_lengths,
-                                   blank)
+        ctx.ext = _extended_labels(targets, ctx.target_lengths, blank)
         ctx.blank, ctx.reduction, ctx.zero_infinity, ctx.batched = blank, reduction, zero_infinity, batched
         ctx.save_for_backward(log_probs)
         return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
