@@ -6,6 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import check_op, double_backward_matches, float_tolerances, non_contiguous
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
 import torchtrace as tt
 import torchtrace.nn as nn
@@ -114,3 +117,18 @@ def test_modules_match_torch(name, args, inputs):
 def test_normalize_out_is_refused():
     with pytest.raises(RuntimeError, match="out= is not supported on tracers"):
         F.normalize(tt.tracer(X, requires_grad=True), out=torch.empty(3, 4))
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes=mutually_broadcastable_shapes(num_shapes=2, min_dims=1, max_dims=3, min_side=1, max_side=4),
+       which=st.sampled_from(["cosine", "pairwise", "normalize"]), p=st.sampled_from([1.0, 2.0, 3.0, math.inf]),
+       dim=st.integers(-1, 0), seed=st.integers(0, 2 ** 16))
+def test_random_broadcast_shapes(shapes, which, p, dim, seed):
+    generator = torch.Generator().manual_seed(seed)
+    a, b = (torch.randn(shape, generator=generator, dtype=torch.float64) for shape in shapes.input_shapes)
+    if which == "cosine":
+        check_op(lambda a, b: F.cosine_similarity(a, b, dim), a, b)
+    elif which == "pairwise":
+        check_op(lambda a, b: F.pairwise_distance(a, b, p), a, b)
+    else:
+        check_op(lambda a: F.normalize(a, p, dim), a)
