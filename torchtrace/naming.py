@@ -14,6 +14,15 @@ def _tensor_attributes() -> Dict[int, str]:
     return {id(value): name for klass in (torch._C.TensorBase, torch.Tensor) for name, value in vars(klass).items()}
 
 
+def _public_is(module: str, name: str, func: Callable) -> bool:
+    """Is torch._C._nn.glu what torch.nn.functional calls glu? (F.glu is a Python wrapper of its own)."""
+    namespace = {"torch.nn.functional": torch.nn.functional, "torch.special": torch.special,
+                 "torch.linalg": torch.linalg, "torch.fft": torch.fft}[module]
+    short = name.split("_", 1)[1] if module != "torch.nn.functional" and "_" in name else name
+    found = getattr(namespace, short, None)
+    return found is None or found is func
+
+
 def callable_name(func: Callable) -> str:
     """'torch.log', 'torch.Tensor.log', 'torch.nn.functional.relu', 'torch.Tensor.T.__get__', ..."""
     if getattr(func, "__name__", "") == "__get__" and hasattr(func, "__self__"):
@@ -24,8 +33,10 @@ def callable_name(func: Callable) -> str:
         return f"torch.{name}"
     if owner in ("TensorBase", "Tensor"):
         return f"torch.Tensor.{_tensor_attributes().get(id(func), name)}"
-    module = _PUBLIC_MODULES.get(getattr(func, "__module__", None), getattr(func, "__module__", None) or "torch")
+    raw_module = getattr(func, "__module__", None) or "torch"
     name = getattr(func, "__name__", name)
+    public = _PUBLIC_MODULES.get(raw_module)
+    module = public if public and _public_is(public, name, func) else raw_module
     for prefix in ("special_", "linalg_", "fft_"):
         if module.endswith(prefix[:-1]) and name.startswith(prefix):
             name = name[len(prefix):]

@@ -5,7 +5,7 @@ from helpers import check_op, double_backward_matches, float_tolerances
 
 import torchtrace as tt
 from torchtrace.autograd import dispatch
-from torchtrace.autograd.function import RULES
+from torchtrace.autograd.function import INPLACE, RULES
 from torchtrace.ops.indexing import setitem
 
 T = torch.Tensor
@@ -271,7 +271,7 @@ def test_every_indexing_rule_is_exercised(monkeypatch):
         fn(tt.tracer(torch.randn(3, 4, 5), requires_grad=True))
     registered = {f for f, rule in RULES.items() if rule.__module__ == "torchtrace.ops.indexing"}
     assert registered and not registered - seen, f"no test case calls {registered - seen}"
-    assert dispatch.INPLACE[T.__setitem__][1] is setitem
+    assert INPLACE[T.__setitem__][1] is setitem
 
 
 # ------------------------------------------------------------------ create_graph: second derivatives

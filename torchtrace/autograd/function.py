@@ -10,6 +10,8 @@ from torchtrace.autograd.state import STATE
 _guard = torch._C.DisableTorchFunctionSubclass
 
 RULES: Dict[Callable, type] = {}  # torch callable -> the Function whose forward/backward it runs
+INPLACE: Dict[Callable, tuple] = {}  # in-place twin (Tensor.add_, torch.relu_, F.elu_) -> (rule, out-of-place callable)
+INPLACE_FLAG: Dict[Callable, int] = {}  # callable with an `inplace` parameter (F.relu) -> its position
 
 
 class Context:
@@ -143,9 +145,25 @@ def register(*torch_callables: Callable, rule: Optional[type] = None) -> Any:
     def add(fn_class: type) -> type:
         for target in torch_callables:
             RULES[target] = fn_class
+            _note_inplace_forms(target, fn_class)
         return fn_class
 
     return add if rule is None else add(rule)
+
+
+def _note_inplace_forms(func: Callable, rule: type) -> None:
+    """x.add_(y) / torch.relu_(x) / F.elu_(x) run `rule` out of place then write x; F.relu(x, inplace=True) too."""
+    name = getattr(func, "__name__", "")
+    owner = next((ns for ns in (torch.Tensor, torch, torch.nn.functional) if getattr(ns, name, None) is func), None)
+    twin = getattr(owner, name + "_", None) if owner is not None and not name.endswith("_") else None
+    if twin is not None and twin not in RULES:
+        INPLACE.setdefault(twin, (rule, func))
+    try:
+        names = list(inspect.signature(func).parameters) if inspect.isfunction(func) else []
+    except ValueError:  # a Python wrapper around a builtin (Tensor.__pow__)
+        names = []
+    if "inplace" in names:
+        INPLACE_FLAG[func] = names.index("inplace")
 
 
 def supported_ops() -> List[Callable]:

@@ -1,5 +1,4 @@
 """Gradient rules for tensor-level torch ops, one module per family."""
-from torchtrace.autograd.dispatch import pair_inplace_methods
 from torchtrace.ops import (  # noqa: F401
     arithmetic,
     indexing,
@@ -14,4 +13,3 @@ from torchtrace.ops import (  # noqa: F401
     trigonometric,
 )
 
-pair_inplace_methods()

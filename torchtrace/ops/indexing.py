@@ -8,8 +8,7 @@ from typing import Any, Sequence, Tuple
 
 import torch
 
-from torchtrace.autograd.dispatch import INPLACE
-from torchtrace.autograd.function import Function, register
+from torchtrace.autograd.function import INPLACE, Function, register
 
 T = torch.Tensor
 _TENSOR = object()  # stands for a tensor of an index, kept by save_for_backward
