@@ -4,6 +4,8 @@ from torchtrace.ops import (  # noqa: F401
     arithmetic,
     indexing,
     linalg,
+    linalg_decompositions,
+    linalg_inverse,
     nondifferentiable,
     pointwise,
     reduction,
