@@ -107,14 +107,13 @@ def qr_grad(q: torch.Tensor, r: torch.Tensor, g_q: torch.Tensor, g_r: torch.Tens
 
 def qr_backward(ctx: Any, g_q: torch.Tensor, g_r: torch.Tensor) -> torch.Tensor:
     q, r = ctx.saved_tensors
-    m, n = q.shape[-2], r.shape[-1]
     if ctx.mode == "r":
         raise UnsupportedOperationError(
-            f"{ctx.name}: the derivative of mode='r' depends on Q, which that mode does not compute — use "
+            f"{ctx.api}: the derivative of mode='r' depends on Q, which that mode does not compute — use "
             "mode='reduced' if you are going to differentiate through it (as torch)")
-    if ctx.mode == "complete" and m > n:
+    if ctx.mode == "complete" and q.shape[-2] > r.shape[-1]:
         raise UnsupportedOperationError(
-            f"{ctx.name}: the QR decomposition is not differentiable when mode='complete' and nrows > ncols (as "
+            f"{ctx.api}: the QR decomposition is not differentiable when mode='complete' and nrows > ncols (as "
             "torch) — use mode='reduced'")
     return qr_grad(q, r, g_q, g_r)
 
@@ -127,7 +126,7 @@ class Qr(Function):
     def forward(ctx, A, mode="reduced"):
         real_only("torch.linalg.qr", A)
         out = linalg.qr(A, mode)
-        ctx.mode, ctx.name = mode, "torch.linalg.qr"
+        ctx.mode, ctx.api = mode, "torch.linalg.qr"
         ctx.save_for_backward(*out)
         return out
 
@@ -142,7 +141,7 @@ class LegacyQr(Function):
     def forward(ctx, A, some=True):
         real_only("torch.qr", A)
         out = torch.qr(A, some)
-        ctx.mode, ctx.name = "reduced" if some else "complete", "torch.qr"
+        ctx.mode, ctx.api = "reduced" if some else "complete", "torch.qr"
         ctx.save_for_backward(*out)
         return out
 
