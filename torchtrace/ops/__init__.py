@@ -5,6 +5,7 @@ from torchtrace.ops import (  # noqa: F401
     indexing,
     linalg,
     linalg_decompositions,
+    linalg_functions,
     linalg_inverse,
     nondifferentiable,
     pointwise,
