@@ -12,8 +12,9 @@ import torch
 
 from torchtrace.autograd.function import Function, register
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.ops import reduction
 from torchtrace.ops.linalg_inverse import eye, real_only, tril
-from torchtrace.ops.reduction import Norm, VectorNorm
+from torchtrace.ops.reduction import VectorNorm
 
 T = torch.Tensor
 linalg = torch.linalg
@@ -167,8 +168,8 @@ class LinalgNorm(Function):
         return MatrixNormBase.grad(ctx, g) if ctx.matrix else VectorNorm.backward(ctx, g)
 
 
-@register(torch.norm, T.norm)
-class NormWithNuclear(Norm):
+@register(torch.norm, T.norm)  # replaces reduction.Norm's registration (imported above, so registered first)
+class Norm(reduction.Norm):
     """torch.norm / Tensor.norm: reduction.Norm's vector p-norms, and p='nuc' (a matrix norm: dA = g U V^T)"""
 
     @staticmethod
@@ -176,11 +177,11 @@ class NormWithNuclear(Norm):
         ctx.matrix = p == "nuc"
         if ctx.matrix:
             return MatrixNormBase.start(ctx, x, "nuc", (-2, -1) if dim is None else dim, keepdim, dtype, "torch.norm")
-        return Norm.forward(ctx, x, p, dim, keepdim, dtype, out=out)
+        return reduction.Norm.forward(ctx, x, p, dim, keepdim, dtype, out=out)
 
     @staticmethod
     def backward(ctx, g):
-        return MatrixNormBase.grad(ctx, g) if ctx.matrix else Norm.backward(ctx, g)
+        return MatrixNormBase.grad(ctx, g) if ctx.matrix else reduction.Norm.backward(ctx, g)
 
 
 def one_hot(n: int, i: int, like: torch.Tensor) -> torch.Tensor:
