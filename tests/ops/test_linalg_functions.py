@@ -282,3 +282,11 @@ def test_complex_inputs_are_refused(fn):
     a = tt.tracer(torch.randn(2, 2, dtype=torch.complex128), requires_grad=True)
     with pytest.raises(UnsupportedOperationError, match="complex inputs are not supported"):
         fn(a)
+
+
+# -------------------------------------------------------------------------------------------- conjugate transposes
+
+@pytest.mark.parametrize("fn, shape", [(lambda a: a.mH, (2, 3, 4)), (T.adjoint, (3, 4)), (torch.adjoint, (2, 2, 3)),
+                                       (lambda a: a.H, (3, 4))], ids=["mH", "Tensor.adjoint", "torch.adjoint", "H"])
+def test_conjugate_transposes_of_real_matrices(fn, shape):
+    check_op(fn, rand(*shape))

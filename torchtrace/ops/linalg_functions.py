@@ -360,6 +360,8 @@ class HouseholderProduct(Function):
         a, tau = ctx.saved_tensors
         m, n = a.shape[-2:]
         k = tau.shape[-1]
+        if k == 0:  # no reflectors: Q is the identity's first n columns
+            return torch.zeros_like(a), torch.zeros_like(tau)
         identity = eye(m, None, a)
         vs = tril(a[..., :, :k], -1) + eye(m, k, a)
         v = [vs[..., :, i:i + 1] for i in range(k)]
@@ -414,6 +416,7 @@ class Tensorsolve(Function):
         real_only("torch.linalg.tensorsolve", A, B)
         x = linalg.tensorsolve(A, B, dims)
         ctx.moved = tuple(d % A.dim() for d in dims) if dims is not None else ()
+        ctx.b_shape = B.shape
         ctx.save_for_backward(A, x)
         return x
 
@@ -422,14 +425,13 @@ class Tensorsolve(Function):
         a, x = ctx.saved_tensors
         ends = tuple(range(a.dim() - len(ctx.moved), a.dim()))
         a = a.movedim(ctx.moved, ends)
-        rhs_shape = a.shape[:a.dim() - x.dim()]
-        matrix = a.reshape(math.prod(rhs_shape), -1)
+        matrix = a.reshape(math.prod(ctx.b_shape), -1)
         grad_b = linalg.solve(matrix.mT, g.reshape(-1))
         grad_a = None
         if ctx.needs_input_grad[0]:
             grad_a = -(grad_b.unsqueeze(-1) * x.reshape(1, -1))
             grad_a = grad_a.reshape(a.shape).movedim(ends, ctx.moved)
-        return grad_a, grad_b.reshape(rhs_shape) if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b.reshape(ctx.b_shape) if ctx.needs_input_grad[1] else None
 
 
 @register(linalg.diagonal)
@@ -445,3 +447,20 @@ class LinalgDiagonal(Function):
     def backward(ctx, g):
         return torch.diagonal_scatter(g.new_zeros(ctx.shape), g, *ctx.options)
 
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# conjugate transposes: for the real matrices these rules support, the transpose of the last two dims
+
+@register(T.mH.__get__, T.adjoint, torch.adjoint, T.H.__get__)
+class Adjoint(Function):
+    """Y = A^H = A^T (real)  ->  dA = G^T"""
+
+    @staticmethod
+    def forward(ctx, A):
+        real_only("torch.Tensor.mH", A)
+        return A.mT
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.mT
