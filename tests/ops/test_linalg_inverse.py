@@ -207,6 +207,9 @@ LU = [
     ("lu wide", lambda a: linalg.lu(a)[1:], [(3, 5)]),
     ("lu tall", lambda a: linalg.lu(a)[1:], [(2, 5, 3)]),
     ("lu only U", lambda a: linalg.lu(a).U, [(4, 4)]),
+    ("lu_unpack", lambda a: torch.lu_unpack(*linalg.lu_factor(a))[1:], [(2, 3, 3)]),
+    ("lu_unpack wide", lambda a: torch.lu_unpack(*linalg.lu_factor(a))[1:], [(3, 5)]),
+    ("lu_unpack tall only L", lambda a: torch.lu_unpack(*linalg.lu_factor(a)).L, [(5, 3)]),
 ]
 
 
@@ -243,6 +246,12 @@ def test_lu_solve_with_a_given_factorisation():
     check_op(lambda lu, b: linalg.lu_solve(lu, pivots, b), lu, b)
     check_op(lambda b, lu: torch.lu_solve(b, lu, pivots), b, lu)
     check_op(lambda b, lu: b.lu_solve(lu, pivots), b, lu)
+
+
+def test_lu_unpack_of_a_given_factor():
+    lu, pivots = linalg.lu_factor(rand(4, 3))
+    check_op(lambda lu: torch.lu_unpack(lu, pivots)[1:], lu)
+    check_op(lambda lu: torch.lu_unpack(lu, pivots, unpack_pivots=False).U, lu)
 
 
 def test_lu_double_backward():

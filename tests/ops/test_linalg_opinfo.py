@@ -18,7 +18,7 @@ linalg.diagonal linalg.eigh linalg.eigvalsh linalg.householder_product linalg.in
 linalg.lu linalg.lu_factor linalg.lu_factor_ex linalg.lu_solve linalg.matrix_norm linalg.matrix_power
 linalg.multi_dot linalg.norm linalg.pinv linalg.qr linalg.slogdet linalg.solve linalg.solve_ex
 linalg.solve_triangular linalg.svd linalg.svdvals linalg.tensorinv linalg.tensorsolve linalg.vander linalg.vecdot
-logdet lu lu_solve matrix_exp norm pinverse qr svd triangular_solve""".split()
+logdet lu lu_solve lu_unpack matrix_exp norm pinverse qr svd triangular_solve""".split()
 SAMPLES_PER_OP = 5
 OTHER_FAMILIES = ("torch.tril", "torch.triu", "torch.Tensor.tril", "torch.Tensor.triu", "torch.diag_embed")
 

@@ -382,6 +382,37 @@ class Lu(Function):
         return lu_grad(p, lower, upper, tril(g_lower, -1), triu(g_upper))
 
 
+@register(torch.lu_unpack)
+class LuUnpack(Function):
+    """(P, L, U) = lu_unpack(LU, pivots): L = tril_-1(LU) + I, U = triu(LU)  ->  dLU = tril_-1(gL) + triu(gU)"""
+
+    @staticmethod
+    def forward(ctx, LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
+        real_only("torch.lu_unpack", LU_data)
+        ctx.shape = LU_data.shape
+        return torch.lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots)
+
+    @staticmethod
+    def backward(ctx, g_p, g_lower, g_upper):
+        m, n = ctx.shape[-2:]
+        grad = g_lower.new_zeros(ctx.shape)
+        if g_lower.numel():
+            grad = grad + pad_to(tril(g_lower, -1), m, n)
+        if g_upper.numel():
+            grad = grad + pad_to(triu(g_upper), m, n)
+        return grad, None
+
+
+def pad_to(x: torch.Tensor, m: int, n: int) -> torch.Tensor:
+    """x (m' x n', m' <= m, n' <= n) in the top-left corner of zeros of shape (..., m, n)."""
+    rows, cols = x.shape[-2:]
+    if cols < n:
+        x = torch.cat([x, x.new_zeros(x.shape[:-1] + (n - cols,))], -1)
+    if rows < m:
+        x = torch.cat([x, x.new_zeros(x.shape[:-2] + (m - rows, n))], -2)
+    return x
+
+
 def lu_solve_grads(ctx: Any, lu: torch.Tensor, pivots: torch.Tensor, x: torch.Tensor, g: torch.Tensor,
                    needs: Sequence[bool]) -> tuple:
     """X solves op(A) X = B or X op(A) = B with A = P L U  ->  (dLU, dB): dB solves the adjoint system; dA is
