@@ -190,6 +190,8 @@ def test_svd_repeated_singular_values_follow_torch():
 def test_svd_double_backward():
     double_backward_matches(lambda a: linalg.svd(a, full_matrices=False).U ** 2, rand(4, 3))
     double_backward_matches(lambda a: linalg.svdvals(a) ** 2, rand(3, 4))
+    double_backward_matches(lambda a: (lambda u, s, v: (u * s.exp().unsqueeze(-2)) @ v.mT)(*torch.svd(a)), rand(4, 3))
+    double_backward_matches(lambda a: torch.svd(a, compute_uv=False).S ** 2, rand(4, 3))
 
 
 # -------------------------------------------------------------------------------------------------- pinv, lstsq

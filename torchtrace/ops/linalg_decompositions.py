@@ -236,8 +236,7 @@ def reduced(u: torch.Tensor, s: torch.Tensor, vh: torch.Tensor) -> tuple:
 
 @register(linalg.svd)
 class Svd(Function):
-    """A = U S V^T  ->  dA = U [skew(U^T gU) S / E + S skew(V^T gV) / E + diag(gS)] V^T (+ terms for non-square A),
-    E_ij = s_j^2 - s_i^2"""
+    """A = U S V^T  ->  dA = U [skew(U^T gU) S / E + S skew(V^T gV) / E + diag(gS)] V^T, E_ij = s_j^2 - s_i^2"""
 
     @staticmethod
     def forward(ctx, A, full_matrices=True, *, driver=None):
@@ -256,25 +255,29 @@ class Svd(Function):
 
 @register(torch.svd, T.svd)
 class LegacySvd(Function):
-    """(U, S, V) = torch.svd(A, some, compute_uv), A = U S V^T  ->  as linalg.svd (gV = gVh^T; compute_uv=False:
-    U, V are zeros and only S carries a gradient)"""
+    """(U, S, V) = torch.svd(A), A = U S V^T  ->  as linalg.svd with gVh = gV^T (compute_uv=False: only S)"""
 
     @staticmethod
     def forward(ctx, A, some=True, compute_uv=True):
         real_only("torch.svd", A)
-        u, s, vh = linalg.svd(A, full_matrices=not some)
         ctx.compute_uv = compute_uv
-        ctx.save_for_backward(A, u, s, vh)
-        return torch.svd(A, some, compute_uv)
+        if not compute_uv:  # U and V are zeros: S's gradient needs the vectors, computed again in backward
+            out = torch.svd(A, some, compute_uv)
+            ctx.save_for_backward(A, out.S)
+            return out
+        u, s, vh = linalg.svd(A, full_matrices=not some)
+        out = torch.return_types.svd((u, s, vh.mT))
+        ctx.save_for_backward(*out)  # the outputs themselves, so create_graph sees how they depend on A
+        return out
 
     @staticmethod
     def backward(ctx, g_u, g_s, g_v):
-        a, u, s, vh = ctx.saved_tensors
         if not ctx.compute_uv:
-            u, vh = recorded_again((u, vh), lambda: linalg.svd(a, full_matrices=False)[::2])
-            u, vh = reduced(u, s, vh)
+            a, s = ctx.saved_tensors
+            u, _, vh = linalg.svd(a, full_matrices=False)
             return svd_grad(u, s, vh, None, g_s, None)
-        u, vh = reduced(u, s, vh)
+        u, s, v = ctx.saved_tensors
+        u, vh = reduced(u, s, v.mT)
         g_u, g_vh = reduced(g_u, s, g_v.mT)
         return svd_grad(u, s, vh, g_u, g_s, g_vh)
 

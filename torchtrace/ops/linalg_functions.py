@@ -130,8 +130,7 @@ class MatrixNormBase(Function):
 
 @register(linalg.matrix_norm)
 class MatrixNorm(MatrixNormBase):
-    """y = ||A|| over two dims  ->  fro: g A / y;  nuc: g U V^T;  +-2: g u_i v_i^T at the extreme singular value;
-    +-1 / +-inf: g sign(A) on the extreme column / row (ties share evenly, as torch's amax)"""
+    """y = ||A||  ->  fro: g A/y; nuc: g U V^T; +-2: g u_i v_i^T (extreme s_i); +-1, +-inf: g sign(A) on that col/row"""
 
     @staticmethod
     def forward(ctx, A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):
@@ -151,8 +150,7 @@ def is_matrix_norm(x: torch.Tensor, ord: Any, dim: Any) -> bool:
 
 @register(linalg.norm)
 class LinalgNorm(Function):
-    """y = ||x||: a vector norm (over one dim, or all) or a matrix norm (over two dims)  ->  as vector_norm /
-    matrix_norm"""
+    """y = ||x||, a vector norm (one dim or all) or a matrix norm (two dims)  ->  as vector_norm / matrix_norm"""
 
     @staticmethod
     def forward(ctx, A, ord=None, dim=None, keepdim=False, *, dtype=None):
@@ -190,8 +188,7 @@ def one_hot(n: int, i: int, like: torch.Tensor) -> torch.Tensor:
 
 @register(linalg.cond)
 class Cond(Function):
-    """kappa = ||A|| ||A^-1||  ->  2-norm: s_1 / s_n, dA = U diag(g/s_n e_1 - g s_1/s_n^2 e_n) V^T;
-    other norms: the norm gradients of A and of A^-1, the latter through dA = -A^-T dB A^-T"""
+    """k = ||A|| ||A^-1||  ->  p=2: k = s_1/s_n, dA = U diag(g e_1/s_n - g s_1 e_n/s_n^2) V^T; else product rule"""
 
     @staticmethod
     def forward(ctx, A, p=None):
@@ -346,8 +343,7 @@ class LegacyVander(Function):
 
 @register(linalg.householder_product, torch.orgqr, T.orgqr)
 class HouseholderProduct(Function):
-    """Q = first n columns of H_1 ... H_k, H_i = I - tau_i v_i v_i^T  ->  dH_i = (H_1..H_{i-1})^T [G 0] (H_{i+1}..)^T,
-    dtau_i = -v_i^T dH_i v_i, dv_i = -tau_i (dH_i + dH_i^T) v_i (below the diagonal of column i)"""
+    """Q = H_1..H_k[:, :n], H_i = I - t_i v_i v_i^T  ->  dt_i = -v_i^T dH_i v_i, dv_i = -t_i (dH_i + dH_i^T) v_i"""
 
     @staticmethod
     def forward(ctx, A, tau):
@@ -357,6 +353,7 @@ class HouseholderProduct(Function):
 
     @staticmethod
     def backward(ctx, g):
+        # dH_i = (H_1..H_{i-1})^T [G 0] (H_{i+1}..H_k)^T; v_i is column i of A below the diagonal, 1 on it
         a, tau = ctx.saved_tensors
         m, n = a.shape[-2:]
         k = tau.shape[-1]
@@ -408,8 +405,7 @@ class Tensorinv(Function):
 
 @register(linalg.tensorsolve)
 class Tensorsolve(Function):
-    """X = tensorsolve(A, B): A (dims moved last) as an n x n matrix solves X = A^-1 B  ->  dB = A^-T G,
-    dA = -dB X^T, reshaped and moved back"""
+    """X = A^-1 B with A, B, X flattened to a matrix and vectors  ->  dB = A^-T G, dA = -dB X^T (reshaped back)"""
 
     @staticmethod
     def forward(ctx, A, B, dims=None):

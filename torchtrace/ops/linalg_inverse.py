@@ -251,8 +251,7 @@ class SolveTriangular(Function):
 
 @register(torch.triangular_solve, T.triangular_solve)
 class TriangularSolve(Function):
-    """(X, A') = triangular_solve(b, A): op(A) X = b, A' a copy of A  ->  db = op(A)^-T G, dA = triangle of
-    op^T(-db X^T) + g_A'"""
+    """op(A) X = b, A' = copy of A  ->  db = op(A)^-T G, dA = triangle of op^T(-db X^T) + g_A'"""
 
     @staticmethod
     def forward(ctx, b, A, upper=True, transpose=False, unitriangular=False):
