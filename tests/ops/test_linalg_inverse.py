@@ -2,6 +2,8 @@
 import pytest
 import torch
 from helpers import check_op, double_backward_matches, float_tolerances, non_contiguous
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 import torchtrace as tt
 from torchtrace.errors import UnsupportedOperationError
@@ -292,6 +294,20 @@ def test_cholesky_inverse(upper_):
 
 def test_cholesky_solve_double_backward():
     double_backward_matches(lambda b, f: torch.cholesky_solve(b, f), rand(3, 2), lower(rand(3, 3)))
+
+
+# ------------------------------------------------------------------------------------------- generated batch shapes
+
+@settings(max_examples=15, deadline=None)
+@given(a_batch=st.lists(st.integers(1, 2), max_size=2), b_batch=st.lists(st.integers(1, 2), max_size=2),
+       n=st.integers(2, 3), k=st.integers(1, 2), left=st.booleans())
+def test_solve_and_inverse_over_generated_batch_shapes(a_batch, b_batch, n, k, left):
+    """A and B batch dims broadcast against each other (the engine sums dA / dB back to their shapes)."""
+    assume(len(b_batch) != len(a_batch) - 1)  # else torch may read B as a batch of vectors
+    a = well_conditioned(*a_batch, n, n)
+    b = rand(*b_batch, *((n, k) if left else (k, n)))
+    check_op(lambda a, b: linalg.solve(a, b, left=left) + linalg.det(a)[..., None, None], a, b, gradcheck=False)
+    check_op(lambda a: linalg.inv(a), a, gradcheck=False)
 
 
 # -------------------------------------------------------------------------------------------------------- errors
