@@ -203,6 +203,9 @@ PINV = [
     ("hermitian", lambda a: linalg.pinv(sym(a), hermitian=True), (2, 3, 3)),
     ("atol/rtol", lambda a: linalg.pinv(a, atol=1e-8, rtol=1e-6), (4, 3)),
     ("rcond (positional)", lambda a: linalg.pinv(a, 1e-10), (3, 4)),
+    ("rcond hermitian (positional)", lambda a: linalg.pinv(sym(a), 1e-10, True), (3, 3)),
+    ("tensor tolerances", lambda a: linalg.pinv(a, atol=torch.tensor(1e-9), rtol=torch.tensor([1e-7, 1e-6])),
+     (2, 3, 4)),
     ("torch.pinverse", torch.pinverse, (4, 3)),
     ("Tensor.pinverse rcond", lambda a: a.pinverse(rcond=1e-12), (3, 4)),
 ]
@@ -213,6 +216,13 @@ PINV = [
 def test_pinv(fn, shape, dtype):
     tolerances = {"rtol": 1e-3, "atol": 1e-4} if dtype == torch.float32 else {}
     check_op(fn, rand(*shape, dtype=dtype), **tolerances)
+
+
+def test_pinv_tolerance_tensors_that_require_grad_get_none():
+    """torch gives no gradient to atol / rtol (the rank they select is piecewise constant); neither do we."""
+    a, rtol = tt.tracer(rand(3, 4), requires_grad=True), tt.tracer(torch.tensor(1e-6), requires_grad=True)
+    linalg.pinv(a, rtol=rtol).sum().backward()
+    assert a.grad is not None and rtol.grad is None
 
 
 def test_pinv_of_rank_deficient_matrix():

@@ -53,6 +53,12 @@ def _as_function(op: Any, sample: Any) -> tuple:
     return fn, [fixed[k] for k in positions]
 
 
+def _names(error: Exception, callable_name: str) -> bool:
+    """Is the error about this callable having no rule? (either wording of the core's message)"""
+    message = str(error)
+    return message.startswith(f"{callable_name}:") or f"rule for {callable_name}," in message
+
+
 def _samples(name: str) -> List[Tuple[Any, Any]]:
     return [s for op in _op_db()[name] for s in itertools.islice(
         ((op, s) for s in op.sample_inputs("cpu", torch.float64, requires_grad=True)), SAMPLES_PER_OP)]
@@ -69,7 +75,7 @@ def test_opinfo_samples_match_torch(name: str) -> None:
             try:
                 tt.check(fn, *tensors)
             except UnsupportedOperationError as error:  # the input wrapper needs a rule of another family
-                if not any(f"rule for {other}," in str(error) for other in OTHER_FAMILIES):
+                if not any(_names(error, other) for other in OTHER_FAMILIES):
                     raise
                 deferred.append(str(error))
                 continue

@@ -318,16 +318,19 @@ class Pinv(Function):
     """P = A^+  ->  dA = -P^T G P^T + (I - A P) G^T P P^T + P^T P G^T (I - P A)   (any atol/rtol/hermitian)"""
 
     @staticmethod
-    def forward(ctx, A, *args, **kwargs):
+    def forward(ctx, A, rcond=None, hermitian=False, *, atol=None, rtol=None):
         real_only("torch.linalg.pinv", A)
-        p = linalg.pinv(A, *args, **kwargs)
+        if rcond is not None:  # the older overload pinv(A, rcond, hermitian)
+            p = linalg.pinv(A, rcond, hermitian)
+        else:
+            p = linalg.pinv(A, atol=atol, rtol=rtol, hermitian=hermitian)
         ctx.save_for_backward(A, p)
         return p
 
     @staticmethod
     def backward(ctx, g):
         a, p = ctx.saved_tensors
-        return pinv_grad(a, p, g)
+        return pinv_grad(a, p, g), None, None, None, None  # the tolerances are piecewise constant: no gradient
 
 
 @register(torch.pinverse, T.pinverse)
@@ -340,6 +343,11 @@ class Pinverse(Pinv):
         p = torch.pinverse(A, rcond)
         ctx.save_for_backward(A, p)
         return p
+
+    @staticmethod
+    def backward(ctx, g):
+        a, p = ctx.saved_tensors
+        return pinv_grad(a, p, g)
 
 
 @register(linalg.lstsq)
