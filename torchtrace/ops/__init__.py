@@ -2,6 +2,9 @@
 from torchtrace.autograd.dispatch import pair_inplace_methods
 from torchtrace.ops import (  # noqa: F401
     arithmetic,
+    construction,
+    differences,
+    distances,
     indexing,
     linalg,
     nondifferentiable,
@@ -9,6 +12,7 @@ from torchtrace.ops import (  # noqa: F401
     reduction,
     shape,
     softmax,
+    view_copies,
 )
 
 pair_inplace_methods()

@@ -314,6 +314,9 @@ cut("TensorSplit", [T.tensor_split, torch.tensor_split])
 cut("Hsplit", [T.hsplit, torch.hsplit])
 cut("Vsplit", [T.vsplit, torch.vsplit])
 cut("Dsplit", [T.dsplit, torch.dsplit])
+cut("UnsafeSplit", [T.unsafe_split, torch.unsafe_split])
+cut("UnsafeSplitWithSizes", [T.unsafe_split_with_sizes, torch.unsafe_split_with_sizes])
+cut("UnsafeChunk", [T.unsafe_chunk, torch.unsafe_chunk])
 
 
 @register(T.unbind, torch.unbind)
