@@ -197,7 +197,8 @@ class Meshgrid(Function):
     @staticmethod
     def backward(ctx, *grads):
         n = len(ctx.shapes)
-        return tuple(_sum_all_but(g, _grid_dim(i, n, ctx.indexing), s) for i, (g, s) in enumerate(zip(grads, ctx.shapes)))
+        return tuple(_sum_all_but(g, _grid_dim(i, n, ctx.indexing), shape)
+                     for i, (g, shape) in enumerate(zip(grads, ctx.shapes)))
 
 
 with_list_form("MeshgridList", Meshgrid, [_VF.meshgrid])

@@ -10,7 +10,6 @@ import torch
 
 from torchtrace.autograd.dispatch import INPLACE
 from torchtrace.autograd.function import Function, register
-from torchtrace.errors import UnsupportedOperationError
 
 T = torch.Tensor
 _TENSOR = object()  # stands for a tensor of an index, kept by save_for_backward
@@ -298,7 +297,7 @@ class IndexAdd(Function):
 
 @register(torch.index_copy, T.index_copy)
 class IndexCopy(Function):
-    """y = x with slices index[k] along dim replaced by s[k]  ->  dx = g zeroed there, ds = g.index_select(dim, index)"""
+    """y = x with slice index[k] along dim replaced by s[k]  ->  dx = g zeroed there, ds = g.index_select(dim, index)"""
 
     @staticmethod
     def forward(ctx, x, dim, index, source):
@@ -329,8 +328,9 @@ class IndexFill(Function):
         (index,) = ctx.saved_tensors
         need_x, need_value = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
         dx = g.index_fill(ctx.dim, index, 0.0) if need_x else None
-        dv = g.index_select(ctx.dim, index.reshape(-1).unique()).sum() if need_value else None  # a slice named twice
-        return dx, None, None, dv  # is filled once
+        # a slice named twice in index is filled once: count it once
+        dv = g.index_select(ctx.dim, index.reshape(-1).unique()).sum() if need_value else None
+        return dx, None, None, dv
 
 
 @register(torch.masked_scatter, T.masked_scatter)
@@ -453,18 +453,17 @@ def slot_reduce_grads(at: Along, reduce: str, include_self: bool, g: torch.Tenso
         hits_src = _same(src, at.pick(y)).to(g.dtype)
         share = g / at.add_into(hits_x, hits_src)
         return hits_x * share, hits_src * at.pick(share)
-    if reduce == "prod":  # d/dv of a product = the product of the slot's other values, exact with zeros
-        zero_x, zero_src = (x == 0) & include_self, src == 0
-        zeros = at.add_into(zero_x.to(g.dtype), zero_src.to(g.dtype))  # number of zeros in each slot
-        nonzero = reduced(x + zero_x, src + zero_src)  # product of the slot's values with zeros counted as 1
+    # prod (torch has refused any other name in forward): d/dv of a product = the product of the slot's other
+    # values, exact when some are zero
+    zero_x, zero_src = (x == 0) & include_self, src == 0
+    zeros = at.add_into(zero_x.to(g.dtype), zero_src.to(g.dtype))  # number of zeros in each slot
+    nonzero = reduced(x + zero_x, src + zero_src)  # product of the slot's values with zeros counted as 1
 
-        def others(v: torch.Tensor, v_zero: torch.Tensor, n_zeros: torch.Tensor, product: torch.Tensor) -> torch.Tensor:
-            return product / (v + v_zero) * (n_zeros == 0) + product * (v_zero & (n_zeros == 1))
+    def others(v: torch.Tensor, v_zero: torch.Tensor, n_zeros: torch.Tensor, product: torch.Tensor) -> torch.Tensor:
+        return product / (v + v_zero) * (n_zeros == 0) + product * (v_zero & (n_zeros == 1))
 
-        dx = g * others(x, zero_x, zeros, nonzero) if include_self else at.clear(g)
-        return dx, others(src, zero_src, at.pick(zeros), at.pick(g * nonzero))
-    raise UnsupportedOperationError(f"torch.scatter_reduce / index_reduce: reduce={reduce!r} is not a reduction "
-                                    "torch knows — use 'sum', 'prod', 'mean', 'amax' or 'amin'.")
+    dx = g * others(x, zero_x, zeros, nonzero) if include_self else at.clear(g)
+    return dx, others(src, zero_src, at.pick(zeros), at.pick(g * nonzero))
 
 
 @register(torch.scatter_reduce, T.scatter_reduce)
