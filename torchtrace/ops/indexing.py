@@ -475,12 +475,14 @@ class ScatterReduce(Function):
     def forward(ctx, x, dim, index, src, reduce, *, include_self=True):
         y = torch.scatter_reduce(x, dim, index, src, reduce, include_self=include_self)
         ctx.dim, ctx.reduce, ctx.include_self, ctx.src_shape = dim, reduce, include_self, src.shape
-        ctx.save_for_backward(x, src[tuple(slice(0, n) for n in index.shape)], y, index)  # only src's front is read
+        ctx.save_for_backward(x, src, y, index)
         return y
 
     @staticmethod
     def backward(ctx, g):
         x, src, y, index = ctx.saved_tensors
+        if src.shape != index.shape:  # only the front of a larger src is read
+            src = src[tuple(slice(0, n) for n in index.shape)]
         at = Along(ctx.dim, index, whole_slices=False)
         dx, dsrc = slot_reduce_grads(at, ctx.reduce, ctx.include_self, g, x, src, y,
                                      lambda a, b: a.scatter_reduce(ctx.dim, index, b, "prod",
