@@ -269,8 +269,10 @@ def test_rule_on_non_contiguous_input(name):
     lambda y, v: torch.fill_(y, 2.0),
     lambda y, v: y.zero_(),
     lambda y, v: torch.zero_(y),
+    lambda y, v: y.fill_diagonal_(-1.0),
 ], ids=["masked_fill_", "index_put_", "index_add_", "scatter_", "scatter_add_", "scatter_reduce_", "index_copy_",
-        "index_fill_", "index_reduce_", "masked_scatter_", "put_", "fill_", "torch.fill_", "zero_", "torch.zero_"])
+        "index_fill_", "index_reduce_", "masked_scatter_", "put_", "fill_", "torch.fill_", "zero_", "torch.zero_",
+        "fill_diagonal_"])
 def test_in_place_forms_are_recorded(inplace):
     def fn(x, v):
         y = x * 1
@@ -290,12 +292,14 @@ def test_scatter_src_larger_than_index_gets_zeros_where_unread():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda x: x.scatter(0, ints(0).reshape(1, 1), x[:1, :1], reduce="multiply"), "reduce='multiply'"),
-    (lambda x: x.scatter(0, ints(0).reshape(1, 1), 2.0, reduce="add"), "reduce='add'"),
+    (lambda x: x.scatter(0, ints(0).reshape(1, 1), x[:1, :1], reduce="multiply"),
+     "torch.scatter: reduce='multiply' has no gradient .* — use torch.scatter_reduce\\(..., reduce='prod'\\)"),
+    (lambda x: x.scatter(0, ints(0).reshape(1, 1), 2.0, reduce="add"),
+     "torch.scatter: reduce='add' has no gradient .* — use torch.scatter_reduce\\(..., reduce='sum'\\)"),
 ])
 def test_unsupported_reductions_are_refused(call, message):
     x = tt.tracer(torch.randn(2, 2), requires_grad=True)
-    with pytest.raises(NotImplementedError, match=message):
+    with pytest.raises(tt.UnsupportedOperationError, match=message):
         call(x)
 
 
@@ -362,6 +366,16 @@ def test_fill_sends_the_summed_gradient_to_a_0_d_value():
     y.fill_(v)
     (y * torch.arange(12.0).reshape(3, 4)).sum().backward()
     assert torch.equal(x.grad, torch.zeros(3, 4)) and v.grad.item() == 66.0
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_fill_diagonal_of_a_tall_matrix(wrap):
+    def fn(x):
+        y = x * 1
+        y.fill_diagonal_(2.0, wrap=wrap)
+        return y * x
+
+    check_op(fn, torch.randn(7, 3, dtype=torch.float64))
 
 
 def test_fill_of_a_leaf_that_requires_grad_is_refused():

@@ -10,6 +10,7 @@ import torch
 
 from torchtrace.autograd.dispatch import INPLACE
 from torchtrace.autograd.function import Function, register
+from torchtrace.errors import UnsupportedOperationError
 
 T = torch.Tensor
 _TENSOR = object()  # stands for a tensor of an index, kept by save_for_backward
@@ -186,8 +187,10 @@ class Scatter(Function):
     @staticmethod
     def forward(ctx, x, dim, index, src=None, *, value=None, reduce=None):
         if reduce is not None:
-            raise NotImplementedError(f"torchtrace: scatter(..., reduce={reduce!r}) has no gradient rule. Use "
-                                      "scatter_add for reduce='add', or scatter_reduce(..., reduce='sum').")
+            twin = "'sum'" if reduce == "add" else "'prod'"
+            raise UnsupportedOperationError(
+                f"torch.scatter: reduce={reduce!r} has no gradient (torch has none either) — use "
+                f"torch.scatter_reduce(..., reduce={twin}), which torchtrace differentiates.")
         source = src if src is not None else value
         ctx.dim, ctx.src_shape = dim, source.shape if isinstance(source, torch.Tensor) else None
         ctx.save_for_backward(index)
@@ -403,8 +406,28 @@ class Zero(Function):
         return torch.zeros_like(g)
 
 
+def fill_diagonal(x: torch.Tensor, fill_value: Any, wrap: bool = False) -> torch.Tensor:
+    """Out-of-place `x.fill_diagonal_(fill_value, wrap)`."""
+    return x.clone().fill_diagonal_(fill_value, wrap)
+
+
+class FillDiagonal(Function):
+    """y = x with its main diagonal (every dim's index equal) set to a number  ->  dx = g zeroed there"""
+
+    @staticmethod
+    def forward(ctx, x, fill_value, wrap=False):
+        ctx.shape, ctx.wrap = x.shape, wrap
+        return fill_diagonal(x, fill_value, wrap)
+
+    @staticmethod
+    def backward(ctx, g):
+        on_diagonal = torch.zeros(ctx.shape, dtype=torch.bool, device=g.device).fill_diagonal_(True, ctx.wrap)
+        return g.masked_fill(on_diagonal, 0.0)
+
+
 INPLACE[T.fill_] = INPLACE[torch.fill_] = (Fill, torch.fill)
 INPLACE[T.zero_] = INPLACE[torch.zero_] = (Zero, torch.zeros_like)
+INPLACE[T.fill_diagonal_] = (FillDiagonal, fill_diagonal)
 
 
 # ------------------------------------------------------------------ reductions into slots: scatter_reduce, index_reduce
