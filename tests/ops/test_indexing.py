@@ -359,6 +359,26 @@ def test_scatter_reduce_src_larger_than_index_gets_zeros_where_unread():
         assert tt.gradcheck(lambda x, s: x.scatter_reduce(1, index, s, reduce), x, src)  # torch's backward refuses
 
 
+def prod_into_slots(x, src):
+    return x.scatter_reduce(1, ints(0, 0, 1).reshape(1, 3), src, "prod") ** 2
+
+
+def test_prod_second_derivative_with_one_zero_in_a_slot_matches_torch():
+    x = torch.tensor([[1.5, 0.0, 2.0]], dtype=torch.float64)
+    double_backward_matches(prod_into_slots, x, torch.tensor([[0.0, 3.0, 0.5]], dtype=torch.float64))
+    double_backward_matches(lambda x, s: x.index_reduce(0, ints(0, 0), s, "prod") ** 2,
+                            torch.tensor([[0.0, 2.0], [1.0, 3.0]], dtype=torch.float64),
+                            torch.tensor([[2.0, 0.0], [-1.0, 0.5]], dtype=torch.float64))
+
+
+def test_prod_with_two_zeros_in_a_slot_first_derivative_only():
+    x, src = torch.tensor([[1.5, 0.0, 2.0]], dtype=torch.float64), torch.tensor([[0.0, 0.0, 0.5]], dtype=torch.float64)
+    check_op(prod_into_slots, x, src)
+    ours = [tt.tracer(x, requires_grad=True), tt.tracer(src, requires_grad=True)]
+    with pytest.raises(tt.UnsupportedOperationError, match="second derivative of reduce='prod' where two or more"):
+        tt.grad(prod_into_slots(*ours).sum(), ours, create_graph=True)
+
+
 def test_fill_sends_the_summed_gradient_to_a_0_d_value():
     x = tt.tracer(torch.randn(3, 4), requires_grad=True)
     v = tt.tracer(torch.tensor(1.5), requires_grad=True)

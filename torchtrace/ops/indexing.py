@@ -463,6 +463,7 @@ def slot_reduce_grads(at: Along, reduce: str, include_self: bool, g: torch.Tenso
     """(dx, dsrc) of y = x with each slot reduced over x's value (if include_self) and the src values sent there.
 
     Slots that receive nothing keep x: dx = g there. `reduced(x, src)` reruns the forward (for 'prod').
+    Masks (ties, zeros, counts) are constants: the gradient flows only through the values they select.
     """
     if reduce == "sum":
         return (g if include_self else at.clear(g)), at.pick(g)
@@ -476,17 +477,25 @@ def slot_reduce_grads(at: Along, reduce: str, include_self: bool, g: torch.Tenso
         hits_src = _same(src, at.pick(y)).to(g.dtype)
         share = g / at.add_into(hits_x, hits_src)
         return hits_x * share, hits_src * at.pick(share)
-    # prod (torch has refused any other name in forward): d/dv of a product = the product of the slot's other
-    # values, exact when some are zero
+    # prod (torch has refused any other name in forward): d/dv of a product is the product of the slot's other
+    # values, written so that it stays exact (to the next derivative too) when the slot holds zeros
     zero_x, zero_src = (x == 0) & include_self, src == 0
-    zeros = at.add_into(zero_x.to(g.dtype), zero_src.to(g.dtype))  # number of zeros in each slot
-    nonzero = reduced(x + zero_x, src + zero_src)  # product of the slot's values with zeros counted as 1
+    n_zeros = at.add_into(zero_x.to(g.dtype), zero_src.to(g.dtype))
+    if torch.is_grad_enabled() and bool((n_zeros > 1).any()):
+        raise UnsupportedOperationError(
+            "torch.scatter_reduce / index_reduce: the second derivative of reduce='prod' where two or more zeros "
+            "meet in one slot is not supported (torch refuses it too) — keep the values away from exact zeros.")
+    nonzero = reduced(x.masked_fill(zero_x, 1.0), src.masked_fill(zero_src, 1.0))  # product of the nonzero values
+    the_zero = at.add_into(x.masked_fill(~zero_x, 0.0) if include_self else torch.zeros_like(x),
+                           src.masked_fill(~zero_src, 0.0))  # the slot's zero (where it has exactly one)
 
-    def others(v: torch.Tensor, v_zero: torch.Tensor, n_zeros: torch.Tensor, product: torch.Tensor) -> torch.Tensor:
-        return product / (v + v_zero) * (n_zeros == 0) + product * (v_zero & (n_zeros == 1))
+    def others(v: torch.Tensor, v_zero: torch.Tensor, count: torch.Tensor, product: torch.Tensor,
+               zero: torch.Tensor) -> torch.Tensor:
+        without_v = product / v.masked_fill(v_zero, 1.0)
+        return without_v * (count == 0) + (product * v_zero + zero * without_v * ~v_zero) * (count == 1)
 
-    dx = g * others(x, zero_x, zeros, nonzero) if include_self else at.clear(g)
-    return dx, others(src, zero_src, at.pick(zeros), at.pick(g * nonzero))
+    dx = g * others(x, zero_x, n_zeros, nonzero, the_zero) if include_self else at.clear(g)
+    return dx, others(src, zero_src, at.pick(n_zeros), at.pick(g * nonzero), at.pick(the_zero))
 
 
 @register(torch.scatter_reduce, T.scatter_reduce)
