@@ -23,6 +23,8 @@ def distance_grad(diff: torch.Tensor, dist: torch.Tensor, p: float) -> torch.Ten
         return torch.zeros_like(diff)
     if math.isinf(p):
         return diff.sign() * (diff.abs() == dist)
+    if p == 2:  # smooth where a coordinate difference is 0 (its second derivative is 1/dist there)
+        return diff / (dist + (dist == 0))
     zero = diff == 0
     return diff.sign() * (diff.abs() + zero) ** (p - 1) / (dist + (dist == 0)) ** (p - 1)
 
