@@ -4,6 +4,8 @@ import warnings
 import pytest
 import torch
 from helpers import check_op, double_backward_matches, float_tolerances, non_contiguous
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import torchtrace as tt
 from torchtrace.autograd import dispatch
@@ -97,6 +99,22 @@ def test_rule_on_non_contiguous_input(name):
     inputs[0] = non_contiguous(inputs[0])
     assert not inputs[0].is_contiguous()
     check_op(fn, *inputs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=st.lists(st.integers(0, 4), min_size=1, max_size=3), k=st.integers(-4, 4), seed=st.integers(0, 2 ** 16),
+       op=st.sampled_from(["tril", "triu", "diag_embed", "diagflat", "rot90", "repeat_interleave"]))
+def test_random_shapes_and_offsets(shape, k, seed, op):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    fn = {
+        "tril": lambda x: torch.tril(x.reshape(1, -1) if x.dim() == 1 else x, k),
+        "triu": lambda x: torch.triu(x.reshape(-1, 1) if x.dim() == 1 else x, k),
+        "diag_embed": lambda x: torch.diag_embed(x, k),
+        "diagflat": lambda x: torch.diagflat(x, k),
+        "rot90": lambda x: torch.rot90(x.reshape(1, -1) if x.dim() == 1 else x, k, (0, -1)),
+        "repeat_interleave": lambda x: x.repeat_interleave(abs(k), dim=-1),
+    }[op]
+    check_op(fn, x)
 
 
 def test_meshgrid_without_indexing_defaults_to_ij():

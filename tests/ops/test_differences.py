@@ -4,6 +4,8 @@ import warnings
 import pytest
 import torch
 from helpers import check_op, double_backward_matches, float_tolerances, non_contiguous
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import torchtrace as tt
 from torchtrace.autograd import dispatch
@@ -88,6 +90,31 @@ def test_rule_on_non_contiguous_input(name):
     inputs[0] = non_contiguous(inputs[0])
     assert not inputs[0].is_contiguous()
     check_op(fn, *inputs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), n=st.integers(0, 5), seed=st.integers(0, 2 ** 16),
+       dim=st.integers(-3, 2), pad=st.tuples(st.integers(0, 2), st.integers(0, 2)))
+def test_diff_random_shapes(shape, n, seed, dim, pad):
+    dim = dim % len(shape)
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=generator, dtype=torch.float64)
+    before, after = (torch.randn(shape[:dim] + [k] + shape[dim + 1:], generator=generator, dtype=torch.float64)
+                     for k in pad)
+    check_op(lambda x, b, a: torch.diff(x, n, dim, b, a), x, before, after)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(2, 5), seed=st.integers(0, 2 ** 16), edge_order=st.sampled_from([1, 2]),
+       cumulative=st.booleans())
+def test_trapezoid_and_gradient_on_random_sample_points(n, seed, edge_order, cumulative):
+    generator = torch.Generator().manual_seed(seed)
+    y = torch.randn(2, n, generator=generator, dtype=torch.float64)
+    points = torch.rand(n, generator=generator, dtype=torch.float64).cumsum(0) + 0.1  # distinct, increasing
+    integrate = torch.cumulative_trapezoid if cumulative else torch.trapezoid
+    check_op(lambda y, x: integrate(y, x), y, points)
+    if n > edge_order:
+        check_op(lambda y: torch.gradient(y, spacing=(points,), dim=1, edge_order=edge_order), y)
 
 
 def test_cross_without_dim_uses_the_first_dim_of_size_3():

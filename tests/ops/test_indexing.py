@@ -398,6 +398,14 @@ def test_fill_diagonal_of_a_tall_matrix(wrap):
     check_op(fn, torch.randn(7, 3, dtype=torch.float64))
 
 
+def test_fill_of_a_plain_tracer_with_a_value_that_requires_grad():
+    v = tt.tracer(torch.tensor(2.0), requires_grad=True)
+    y = tt.zeros(3)
+    y.fill_(v)
+    (y * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert y.grad_fn.name == "FillBackward" and v.grad.item() == 6.0
+
+
 def test_fill_of_a_leaf_that_requires_grad_is_refused():
     x = tt.tracer(torch.randn(3), requires_grad=True)
     with pytest.raises(RuntimeError, match="leaf tracer that requires grad is used in the in-place operation"):

@@ -172,11 +172,8 @@ class CumulativeTrapezoid(_Trapezoid):
 # ------------------------------------------------------------------ cross product
 
 def _cross_dim(shape: Sequence[int]) -> int:
-    """torch.cross with dim=None: the first dim of size 3."""
-    for d, n in enumerate(shape):
-        if n == 3:
-            return d
-    raise RuntimeError("torch.cross: no dimension of size 3 in input")
+    """torch.cross with dim=None: the first dim of size 3 (torch's forward has checked there is one)."""
+    return next(d for d, n in enumerate(shape) if n == 3)
 
 
 @register(torch.linalg.cross)
