@@ -13,7 +13,7 @@ import torch
 from torchtrace.autograd.function import Function, register
 from torchtrace.ops.indexing import add_at, positions
 from torchtrace.ops.rule_tables import make_rule
-from torchtrace.ops.shape import _same_op, structural
+from torchtrace.ops.shape import same_op, structural
 
 T = torch.Tensor
 _VF = torch._C._VariableFunctions  # list forms: torch.meshgrid([x, y]) reaches this builtin with the list
@@ -56,8 +56,8 @@ def _unrotate(ctx: Any, g: torch.Tensor, k: int = 1, dims: Sequence[int] = (0, 1
 
 
 for _rule in (
-    structural("Tril", [torch.tril, T.tril], "y = x below diagonal k, 0 above  ->  dx = tril(g, k)", _same_op),
-    structural("Triu", [torch.triu, T.triu], "y = x above diagonal k, 0 below  ->  dx = triu(g, k)", _same_op),
+    structural("Tril", [torch.tril, T.tril], "y = x below diagonal k, 0 above  ->  dx = tril(g, k)", same_op),
+    structural("Triu", [torch.triu, T.triu], "y = x above diagonal k, 0 below  ->  dx = triu(g, k)", same_op),
     structural("Rot90", [torch.rot90, T.rot90], "y = x turned k quarter turns in the plane dims  ->  dx = g turned -k",
                _unrotate),
 ):
