@@ -193,6 +193,7 @@ CASES = {
     "Tensor.index_copy 1-D": (lambda x, s: x.index_copy(0, ints(1, 3), s), (4,), (2,)),
     "torch.index_fill number": (lambda x: torch.index_fill(x, 1, ints(2, 0, 2), -1.0), (3, 4)),
     "Tensor.index_fill 0-d tensor, repeated index": (lambda x, v: x.index_fill(0, ints(2, 2, 0), v * 3), (3, 4), ()),
+    "Tensor.index_fill 0-d x": (lambda x, v: x.index_fill(0, ints(0), v), (), ()),
     "torch.index_reduce prod": (lambda x, s: torch.index_reduce(x, 0, ints(0, 2, 0), s, "prod"), (3, 2), (3, 2)),
     "Tensor.index_reduce mean without self": (
         lambda x, s: x.index_reduce(1, ints(1, 1, 3), s, "mean", include_self=False), (2, 4), (2, 3)),
@@ -396,6 +397,15 @@ def test_fill_diagonal_of_a_tall_matrix(wrap):
         return y * x
 
     check_op(fn, torch.randn(7, 3, dtype=torch.float64))
+
+
+def test_index_fill_with_negative_indices_counts_each_slice_once():
+    """torch's own backward fails here ("index out of range"); -1 and 2 name the same slice of 3."""
+    x, v = torch.randn(3, 2, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)
+    assert tt.gradcheck(lambda x, v: x.index_fill(0, ints(-1, 2, 0), v), x, v)
+    value = tt.tracer(v, requires_grad=True)
+    tt.tracer(x).index_fill(0, ints(-1, 2), value).sum().backward()
+    assert value.grad.item() == 2.0
 
 
 def test_fill_of_a_plain_tracer_with_a_value_that_requires_grad():

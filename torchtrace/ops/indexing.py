@@ -323,7 +323,7 @@ class IndexFill(Function):
     @staticmethod
     def forward(ctx, x, dim, index, value):
         ctx.dim = dim
-        ctx.save_for_backward(index)
+        ctx.save_for_backward(index % (x.shape[dim] if x.dim() else 1))  # -1 and n-1 name the same slice
         return torch.index_fill(x, dim, index, value)
 
     @staticmethod
