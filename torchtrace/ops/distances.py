@@ -80,7 +80,7 @@ def cov_parts(x: torch.Tensor, correction: float, fweights: Optional[torch.Tenso
     s = w.sum()
     centred = x - (x * w).sum(1, keepdim=True) / s
     f = s - correction if aweights is None else s - correction * (w * aweights).sum() / s
-    return centred, w, s, f
+    return centred, w, s, f.clamp_min(0)  # as torch: too few samples for the correction give inf / nan
 
 
 def cov_input_grad(G: torch.Tensor, centred: torch.Tensor, w: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
