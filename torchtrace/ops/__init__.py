@@ -1,6 +1,9 @@
 """Gradient rules for tensor-level torch ops, one module per family."""
 from torchtrace.ops import (  # noqa: F401
     arithmetic,
+    construction,
+    differences,
+    distances,
     indexing,
     linalg,
     linalg_decompositions,
@@ -14,5 +17,6 @@ from torchtrace.ops import (  # noqa: F401
     softmax,
     special,
     trigonometric,
+    view_copies,
 )
 
