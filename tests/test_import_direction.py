@@ -8,12 +8,17 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "torchtrace"
 
 
 def imported_modules(path: pathlib.Path) -> set:
-    """torchtrace modules a file imports (at any level, lazy imports included)."""
+    """torchtrace modules a file imports (at any level, lazy imports included).
+
+    `from torchtrace.ops import reduction` imports the module torchtrace.ops.reduction, not the package's
+    own code, so it counts as that module only.
+    """
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torchtrace"):
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names}
+            modules = {s for s in submodules if (PACKAGE.parent / (s.replace(".", "/") + ".py")).exists()}
+            found.update(modules or {node.module})
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name.startswith("torchtrace"))
     return found

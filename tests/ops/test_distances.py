@@ -118,9 +118,9 @@ def test_every_distances_rule_is_exercised(monkeypatch):
     seen = set()
     run_rule = dispatch.run_rule
 
-    def spy(rule, func, args, kwargs):
+    def spy(tracer_type, rule, func, args, kwargs):
         seen.add(func)
-        return run_rule(rule, func, args, kwargs)
+        return run_rule(tracer_type, rule, func, args, kwargs)
 
     monkeypatch.setattr(dispatch, "run_rule", spy)
     for fn, shapes in CASES.values():

@@ -418,7 +418,7 @@ def test_fill_of_a_plain_tracer_with_a_value_that_requires_grad():
 
 def test_fill_of_a_leaf_that_requires_grad_is_refused():
     x = tt.tracer(torch.randn(3), requires_grad=True)
-    with pytest.raises(RuntimeError, match="leaf tracer that requires grad is used in the in-place operation"):
+    with pytest.raises(RuntimeError, match="leaf tracer that requires grad is used in an in-place operation"):
         x.zero_()
 
 

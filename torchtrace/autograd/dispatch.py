@@ -145,7 +145,7 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
     edges: List[Edge] = []
     torch_leaf = False
     pairs = enumerate(args) if not kwargs else [
-        *enumerate(args), *((rule.param_index(k), v) for k, v in kwargs.items() if k != "out" and _holds_tensor(v))]
+        *enumerate(args), *((rule.param_index(k), v) for k, v in kwargs.items() if k != "out" and _wants_gradient(v))]
     for position, arg in pairs:
         if isinstance(arg, tracer_type):
             if arg._tt_requires_grad:
