@@ -226,3 +226,38 @@ def test_training_step_gradients_equal_torch():
     h.pow(2).sum().backward()
     r.pow(2).sum().backward()
     torch.testing.assert_close(x.grad, reference.grad)
+
+
+INF_X = X.double().clone()
+INF_X[0, 0, :3, :3] = -float("inf")  # a window of -inf only: torch still picks an index, the gradient goes there
+INF_X[1, 1] = -float("inf")
+NAN_X = X.double().clone()
+NAN_X[0, 0, 1, 1] = float("nan")  # NaN wins the max: its window's gradient goes to it
+
+
+def _edge_grads_equal(fn, x: torch.Tensor) -> None:
+    """Output and input gradient equal torch autograd's, NaN and inf compared as values (no gradcheck there)."""
+    theirs = x.clone().requires_grad_(True)
+    expected = fn(theirs)
+    g = torch.randn_like(expected)
+    expected.backward(g)
+    ours = tt.tracer(x, requires_grad=True)
+    out = fn(ours)
+    out.backward(g)
+    torch.testing.assert_close(out.as_subclass(torch.Tensor), expected.detach(), equal_nan=True)
+    torch.testing.assert_close(ours.grad, theirs.grad, equal_nan=True)
+
+
+EDGE_POOLS = [  # windows hanging off the edge (ceil_mode), padding = half the kernel, dilation
+    lambda x: F.max_pool2d(x, 3, 2, 1, 1, True), lambda x: F.max_pool2d(x, 4, 3, 2, 2, True),
+    lambda x: F.max_pool2d(x, 2, 3, 1, 1, True), lambda x: F.max_pool1d(x.flatten(2), 4, 3, 2, 3, True),
+    lambda x: F.avg_pool2d(x, 3, 2, 1, True, False), lambda x: F.avg_pool2d(x, 4, 3, 2, True, True),
+    lambda x: F.avg_pool2d(x, 2, 3, 1, True, True, 3), lambda x: F.adaptive_max_pool2d(x, (5, 4)),
+]
+
+
+@pytest.mark.parametrize("fn", EDGE_POOLS)
+@pytest.mark.parametrize("x", [X.double(), INF_X, NAN_X, TIES.double(), X.double()[:0]],
+                         ids=["generic", "-inf", "nan", "ties", "empty batch"])
+def test_pool_edges_match_torch(fn, x):
+    _edge_grads_equal(fn, x)
