@@ -261,3 +261,37 @@ EDGE_POOLS = [  # windows hanging off the edge (ceil_mode), padding = half the k
                          ids=["generic", "-inf", "nan", "ties", "empty batch"])
 def test_pool_edges_match_torch(fn, x):
     _edge_grads_equal(fn, x)
+
+
+SAMPLES2 = torch.rand(2, 3, 2, dtype=torch.float64)
+SAMPLES3 = torch.rand(1, 2, 3, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (lambda x: F.fractional_max_pool2d(x, 2, output_size=3, _random_samples=SAMPLES2), (X.double(),)),
+    (lambda x: F.fractional_max_pool2d(x, (2, 3), output_ratio=0.5, _random_samples=SAMPLES2), (X.double(),)),
+    (lambda x: F.fractional_max_pool2d(x, 3, (4, 3), return_indices=True, _random_samples=SAMPLES2)[0],
+     (X.double(),)),
+    (lambda x: F.fractional_max_pool2d_with_indices(x, 2, 5, _random_samples=SAMPLES2)[0], (X.double(),)),
+    (lambda x: F.fractional_max_pool2d(x, 2, 3, _random_samples=SAMPLES2[:1]), (X.double()[0],)),  # unbatched
+    (lambda x: F.fractional_max_pool3d(x, 2, output_size=(3, 2, 2), _random_samples=SAMPLES3), (X3.double(),)),
+    (lambda x: F.fractional_max_pool3d_with_indices(x, 2, output_ratio=0.6, _random_samples=SAMPLES3)[0],
+     (X3.double(),)),
+    (lambda x: pooling.FractionalMaxPool2d(2, 3, _random_samples=SAMPLES2)(x), (X.double(),)),
+    (lambda x: pooling.FractionalMaxPool3d(2, 2, _random_samples=SAMPLES3)(x), (X3.double(),)),
+])
+def test_fractional_max_pool(fn, inputs):
+    check_op(fn, *inputs)
+
+
+def test_fractional_max_pool_draws_torchs_windows():
+    """Without _random_samples the windows come from torch's RNG, once: the same seed gives torch's result."""
+    torch.manual_seed(3)
+    expected = F.fractional_max_pool2d(X, 2, output_size=3)
+    torch.manual_seed(3)
+    x = tt.tracer(X, requires_grad=True)
+    y = F.fractional_max_pool2d(x, 2, output_size=3)
+    assert torch.equal(y.as_subclass(torch.Tensor), expected)
+    y.sum().backward()
+    assert x.grad.sum() == y.numel() and repr(pooling.FractionalMaxPool2d(2, 3)) == repr(
+        torch.nn.FractionalMaxPool2d(2, 3))

@@ -26,7 +26,9 @@ from torchtrace.nn.container import Flatten, Identity, ModuleDict, ModuleList, S
 from torchtrace.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from torchtrace.nn.dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
 from torchtrace.nn.embedding import Embedding
+from torchtrace.nn.fold import Fold, Unfold
 from torchtrace.nn.linear import Bilinear, Linear
+from torchtrace.nn.local_response_norm import LocalResponseNorm
 from torchtrace.nn.loss import (
     MSE,
     BCELoss,
@@ -39,6 +41,7 @@ from torchtrace.nn.loss import (
     NLLLoss,
     SmoothL1Loss,
 )
+from torchtrace.nn.lp_pooling import LPPool1d, LPPool2d, LPPool3d
 from torchtrace.nn.module import Model, Module, Parameter
 from torchtrace.nn.normalization import (
     BatchNorm1d,
@@ -51,6 +54,7 @@ from torchtrace.nn.normalization import (
     LayerNorm,
     RMSNorm,
 )
+from torchtrace.nn.pixelshuffle import ChannelShuffle, PixelShuffle, PixelUnshuffle
 from torchtrace.nn.pooling import (
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
@@ -61,11 +65,14 @@ from torchtrace.nn.pooling import (
     AvgPool1d,
     AvgPool2d,
     AvgPool3d,
+    FractionalMaxPool2d,
+    FractionalMaxPool3d,
     MaxPool1d,
     MaxPool2d,
     MaxPool3d,
 )
 from torchtrace.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
+from torchtrace.nn.unpooling import MaxUnpool1d, MaxUnpool2d, MaxUnpool3d
 
 __all__ = [
     "Module", "Model", "Parameter", "Sequential", "ModuleList", "ModuleDict", "Identity", "Flatten", "Unflatten",
@@ -78,4 +85,6 @@ __all__ = [
     "ConvTranspose2d", "ConvTranspose3d", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d",
     "AvgPool3d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d",
     "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "init", "functional",
+    "PixelShuffle", "PixelUnshuffle", "ChannelShuffle", "Unfold", "Fold", "LocalResponseNorm", "MaxUnpool1d",
+    "MaxUnpool2d", "MaxUnpool3d", "FractionalMaxPool2d", "FractionalMaxPool3d", "LPPool1d", "LPPool2d", "LPPool3d",
 ]
