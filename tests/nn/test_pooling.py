@@ -265,20 +265,21 @@ def test_pool_edges_match_torch(fn, x):
 
 SAMPLES2 = torch.rand(2, 3, 2, dtype=torch.float64)
 SAMPLES3 = torch.rand(1, 2, 3, dtype=torch.float64)
+X3F = torch.randn(1, 2, 6, 5, 5, dtype=torch.float64)
 
 
 @pytest.mark.parametrize("fn, inputs", [
     (lambda x: F.fractional_max_pool2d(x, 2, output_size=3, _random_samples=SAMPLES2), (X.double(),)),
-    (lambda x: F.fractional_max_pool2d(x, (2, 3), output_ratio=0.5, _random_samples=SAMPLES2), (X.double(),)),
+    (lambda x: F.fractional_max_pool2d(x, (2, 3), output_ratio=(0.5, 0.5), _random_samples=SAMPLES2), (X.double(),)),
     (lambda x: F.fractional_max_pool2d(x, 3, (4, 3), return_indices=True, _random_samples=SAMPLES2)[0],
      (X.double(),)),
     (lambda x: F.fractional_max_pool2d_with_indices(x, 2, 5, _random_samples=SAMPLES2)[0], (X.double(),)),
     (lambda x: F.fractional_max_pool2d(x, 2, 3, _random_samples=SAMPLES2[:1]), (X.double()[0],)),  # unbatched
-    (lambda x: F.fractional_max_pool3d(x, 2, output_size=(3, 2, 2), _random_samples=SAMPLES3), (X3.double(),)),
-    (lambda x: F.fractional_max_pool3d_with_indices(x, 2, output_ratio=0.6, _random_samples=SAMPLES3)[0],
-     (X3.double(),)),
+    (lambda x: F.fractional_max_pool3d(x, 2, output_size=(3, 2, 2), _random_samples=SAMPLES3), (X3F,)),
+    (lambda x: F.fractional_max_pool3d_with_indices(x, 2, output_ratio=(0.6, 0.6, 0.6), _random_samples=SAMPLES3)[0],
+     (X3F,)),
     (lambda x: pooling.FractionalMaxPool2d(2, 3, _random_samples=SAMPLES2)(x), (X.double(),)),
-    (lambda x: pooling.FractionalMaxPool3d(2, 2, _random_samples=SAMPLES3)(x), (X3.double(),)),
+    (lambda x: pooling.FractionalMaxPool3d(2, 2, _random_samples=SAMPLES3)(x), (X3F,)),
 ])
 def test_fractional_max_pool(fn, inputs):
     check_op(fn, *inputs)
