@@ -73,6 +73,7 @@ from torchtrace.nn.pooling import (
 )
 from torchtrace.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from torchtrace.nn.unpooling import MaxUnpool1d, MaxUnpool2d, MaxUnpool3d
+from torchtrace.nn.upsampling import Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
 
 __all__ = [
     "Module", "Model", "Parameter", "Sequential", "ModuleList", "ModuleDict", "Identity", "Flatten", "Unflatten",
@@ -87,4 +88,5 @@ __all__ = [
     "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "init", "functional",
     "PixelShuffle", "PixelUnshuffle", "ChannelShuffle", "Unfold", "Fold", "LocalResponseNorm", "MaxUnpool1d",
     "MaxUnpool2d", "MaxUnpool3d", "FractionalMaxPool2d", "FractionalMaxPool3d", "LPPool1d", "LPPool2d", "LPPool3d",
+    "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d",
 ]
