@@ -8,6 +8,8 @@ from helpers import check_op, non_contiguous
 
 import torchtrace as tt
 
+pytestmark = pytest.mark.filterwarnings("ignore:Since version 1.3.0, affine_grid")
+
 torch.manual_seed(0)
 X = torch.randn(2, 2, 5, 4)
 GRID = torch.rand(2, 3, 4, 2) * 2.6 - 1.3  # generic points, some outside [-1, 1]

@@ -16,6 +16,7 @@ grid_sample:  the grid's coordinates are unnormalised to pixel positions c_k (pe
 """
 import itertools
 import math
+import warnings
 from typing import List, Tuple
 
 import torch
@@ -48,7 +49,9 @@ def _base_grid(theta: torch.Tensor, size: List[int], align_corners: object) -> t
     columns = theta.shape[-1]
     units = torch.zeros((columns, *theta.shape[1:]), dtype=theta.dtype, device=theta.device)
     units[torch.arange(columns), 0, torch.arange(columns)] = 1
-    grid = F.affine_grid(units, [columns, *size[1:]], align_corners)
+    with warnings.catch_warnings():  # the user's own call has already warned about unit-size grids
+        warnings.simplefilter("ignore")
+        grid = F.affine_grid(units, [columns, *size[1:]], align_corners)
     return grid[..., 0].reshape(columns, -1)
 
 
