@@ -27,6 +27,7 @@ from torchtrace.nn.container import Flatten, Identity, ModuleDict, ModuleList, S
 from torchtrace.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from torchtrace.nn.dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
 from torchtrace.nn.embedding import Embedding
+from torchtrace.nn.embedding_bag import EmbeddingBag
 from torchtrace.nn.fold import Fold, Unfold
 from torchtrace.nn.linear import Bilinear, Linear
 from torchtrace.nn.local_response_norm import LocalResponseNorm
@@ -89,5 +90,5 @@ __all__ = [
     "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "init", "functional",
     "PixelShuffle", "PixelUnshuffle", "ChannelShuffle", "Unfold", "Fold", "LocalResponseNorm", "MaxUnpool1d",
     "MaxUnpool2d", "MaxUnpool3d", "FractionalMaxPool2d", "FractionalMaxPool3d", "LPPool1d", "LPPool2d", "LPPool3d",
-    "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d",
+    "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "EmbeddingBag",
 ]
