@@ -4,7 +4,7 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import check_op, non_contiguous
+from helpers import check_op, double_backward_matches, non_contiguous
 
 import torchtrace as tt
 
@@ -99,3 +99,11 @@ def test_grid_sample_second_derivative_matches_finite_differences():
         up, down = (gradient_norm(grid + sign * step.reshape(grid.shape))[0].item() for sign in (1, -1))
         numeric[i] = (up - down) / 2e-6
     torch.testing.assert_close(analytic.as_subclass(torch.Tensor), numeric.reshape(grid.shape), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode, padding_mode, corners", OPTIONS, ids=str)
+def test_grid_sample_double_backward(mode, padding_mode, corners):
+    double_backward_matches(lambda x, grid: F.grid_sample(x, grid, mode, padding_mode, corners) ** 2,
+                            X.double()[:1], GRID.double()[:1] * 1.5)
+    double_backward_matches(lambda theta: F.affine_grid(theta, [1, 1, 3, 4], corners) ** 3,
+                            torch.randn(1, 2, 3).double())

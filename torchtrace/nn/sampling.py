@@ -69,16 +69,22 @@ def _clip(c: torch.Tensor, size: int) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 def _reflect(c: torch.Tensor, twice_low: int, twice_high: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Reflect c into [low, high] (mirror images repeat); slope +-1."""
+    """Reflect c into [low, high] (mirror images repeat); slope +-1.
+
+    Which mirror image c falls in is found on c's value (fmod, floor); the result is that image plus
+    slope * (c - value), which is exactly the image and carries slope +-1 when create_graph records this.
+    """
     if twice_low == twice_high:
         return torch.zeros_like(c), torch.zeros_like(c)
+    value = c.detach()
     low, span = twice_low / 2, (twice_high - twice_low) / 2
-    c = c - low
-    sign = torch.where(c < 0, -1.0, 1.0).to(c.dtype)
-    c = c.abs()
-    extra, flips = torch.fmod(c, span), torch.floor(c / span)
+    shifted = value - low
+    sign = torch.where(shifted < 0, -1.0, 1.0).to(c.dtype)
+    shifted = shifted.abs()
+    extra, flips = torch.fmod(shifted, span), torch.floor(shifted / span)
     odd = torch.remainder(flips, 2) == 1
-    return torch.where(odd, span - extra + low, extra + low), torch.where(odd, -sign, sign)
+    slope = torch.where(odd, -sign, sign)
+    return torch.where(odd, span - extra + low, extra + low) + slope * (c - value), slope
 
 
 def _pad_coordinate(c: torch.Tensor, size: int, padding_mode: str, align_corners: bool
