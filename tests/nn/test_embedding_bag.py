@@ -99,3 +99,40 @@ def test_refused_arguments():
         F.embedding_bag(INDEX, w, OFFSETS, max_norm=1.0)
     with pytest.raises(UnsupportedOperationError, match="embedding_bag: sparse=True is not supported"):
         F.embedding_bag(INDEX, w, OFFSETS, sparse=True)
+
+
+def _second_order(fn, inputs: list, ours: bool) -> list:
+    """d/d inputs of sum over first-order gradients squared (create_graph), by torchtrace or by torch autograd."""
+    if ours:
+        xs = [tt.tracer(x, requires_grad=True) for x in inputs]
+        grads = tt.grad((fn(*xs) ** 2).sum(), xs, create_graph=True)
+        return [t.as_subclass(torch.Tensor) for t in tt.grad(sum((d * d).sum() for d in grads), xs)]
+    xs = [x.clone().requires_grad_(True) for x in inputs]
+    grads = torch.autograd.grad((fn(*xs) ** 2).sum(), xs, create_graph=True)
+    return list(torch.autograd.grad(sum((d * d).sum() for d in grads), xs))
+
+
+BAG_OF = torch.tensor([0, 0, 2, 2, 2, 3, 3, 3, 4])
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_double_backward(mode):
+    """torch has no double backward for embedding_bag: the reference is the same bags spelled out with
+    F.embedding and index_add (mean: divided by the bag sizes; max: scatter_reduce amax) under torch autograd."""
+    bags = torch.zeros(5, 3, dtype=torch.float64)
+    if mode == "max":
+        ours = _second_order(lambda w: F.embedding_bag(INDEX, w, OFFSETS, mode="max"), [W.double()], True)
+        theirs = _second_order(lambda w: bags.scatter_reduce(0, BAG_OF[:, None].expand(9, 3), F.embedding(INDEX, w),
+                                                             "amax", include_self=False), [W.double()], False)
+    else:
+        sizes = torch.bincount(BAG_OF, minlength=5).clamp(min=1).double()[BAG_OF, None]
+        scale = (lambda p: p[:, None]) if mode == "sum" else (lambda p: p[:, None] / sizes)
+        ours = _second_order(lambda w, p: F.embedding_bag(INDEX, w, OFFSETS, mode="sum", per_sample_weights=p)
+                             if mode == "sum" else F.embedding_bag(INDEX, w * p.sum(), OFFSETS, mode="mean"),
+                             [W.double(), PSW.double()], True)
+        theirs = _second_order(lambda w, p: bags.index_add(0, BAG_OF, F.embedding(INDEX, w) * scale(p))
+                               if mode == "sum" else bags.index_add(0, BAG_OF, F.embedding(INDEX, w * p.sum())
+                                                                    * scale(torch.ones(9, dtype=torch.float64))),
+                               [W.double(), PSW.double()], False)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b)

@@ -296,3 +296,7 @@ def test_fractional_max_pool_draws_torchs_windows():
     y.sum().backward()
     assert x.grad.sum() == y.numel() and repr(pooling.FractionalMaxPool2d(2, 3)) == repr(
         torch.nn.FractionalMaxPool2d(2, 3))
+
+
+def test_fractional_max_pool_double_backward():
+    double_backward_matches(lambda x: F.fractional_max_pool2d(x, 2, 3, _random_samples=SAMPLES2) ** 3, X.double())

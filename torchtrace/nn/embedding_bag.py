@@ -67,19 +67,19 @@ class EmbeddingBagFunction(Function):
         bag = torch.embedding_bag(weight, index, offsets, False, _MODES[mode], False, None, include_last_offset,
                                   pad)[1]
         ctx.mode, ctx.shape, ctx.freq = mode, weight.shape, scale_grad_by_freq
-        ctx.psw_shape = None if per_sample_weights is None else per_sample_weights.shape
         kept = (index != pad).to(weight.dtype)
         if mode == "mean":
             counts = torch.zeros(y.shape[0], dtype=weight.dtype, device=weight.device).index_add(0, bag, kept)
             kept = kept / counts.clamp(min=1)[bag]
-        psw = per_sample_weights.reshape(-1) if per_sample_weights is not None else None
         winners = _max_rows(index, bag, kept, weight, y) if mode == "max" else None
+        psw = per_sample_weights  # saved as the input itself, so create_graph links dW to it
         ctx.save_for_backward(index, bag, kept, winners, weight if psw is not None else None, psw)
         return y
 
     @staticmethod
     def backward(ctx, g):
-        index, bag, kept, winners, weight, psw = ctx.saved_tensors
+        index, bag, kept, winners, weight, psw_input = ctx.saved_tensors
+        psw = psw_input.reshape(-1) if psw_input is not None else None
         grad_w = grad_psw = None
         if ctx.needs_input_grad[1]:
             if ctx.mode == "max":
@@ -91,7 +91,7 @@ class EmbeddingBagFunction(Function):
                     scale = scale / torch.bincount(index, minlength=ctx.shape[0])[index]
                 grad_w = g.new_zeros(ctx.shape).index_add(0, index, g[bag] * scale.unsqueeze(1))
         if psw is not None and ctx.needs_input_grad[8]:
-            grad_psw = ((g[bag] * weight[index]).sum(1) * kept).reshape(ctx.psw_shape)
+            grad_psw = ((g[bag] * weight[index]).sum(1) * kept).reshape(psw_input.shape)
         return None, grad_w, None, None, None, None, None, None, grad_psw
 
 
