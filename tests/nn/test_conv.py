@@ -333,3 +333,14 @@ def test_original_snippet_c_model():
     twin["fc"](twin["conv"](x).flatten(1)).sum().backward()
     for (name, p), (_, q) in zip(model.named_parameters(), twin.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("x", [X.double(), X.double()[:0]], ids=["batch", "empty batch"])
+@pytest.mark.parametrize("options", [
+    {"padding": 1}, {"padding": 2, "dilation": 2}, {"padding": 1, "stride": 3}, {"padding": (1, 0), "dilation": (3, 2)},
+    {"padding": "same", "dilation": 2}, {"padding": 1, "stride": 2, "groups": 4},
+], ids=str)
+def test_conv_edges(x, options):
+    """Padding of half the kernel, dilation, strides that skip the last rows, an empty batch."""
+    weight = torch.randn(4, 4 // options.get("groups", 1), 3, 3, dtype=torch.float64)
+    check_op(lambda x, w, b: F.conv2d(x, w, b, **options), x, weight, torch.randn(4, dtype=torch.float64))

@@ -9,7 +9,7 @@ from torch.nn.utils.parametrizations import weight_norm as parametrized_weight_n
 import torchtrace as tt
 from torchtrace.errors import UnsupportedOperationError
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm is deprecated")
+pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm.* is deprecated")
 
 torch.manual_seed(0)
 V = torch.randn(4, 3, 2)
