@@ -38,9 +38,9 @@ def test_interpolate(mode, dims, corners, antialias, sizes):
         # differences); ours is the adjoint of torch's forward, so check it against finite differences only
         assert tt.gradcheck(fn, INPUTS[dims].double())
         return
-    # torch's antialiased kernels are not separable when an output dim has size 1 (5x4 -> 2x1 at scale 0.45): its
-    # backward, like ours (torch's weights), then disagrees with finite differences of its forward; compare with
-    # torch autograd only there
+    # torch's antialiased forward kernel (CPU, 2.13) departs from its own separable weights when the output is one
+    # column wide and more than one row high (here 5x4 -> 2x1): its backward, like ours (the separable weights),
+    # then disagrees with finite differences of its forward. Compare with torch autograd only there.
     shrinks_to_one = antialias and options.get("scale_factor") == 0.45
     check_op(fn, INPUTS[dims], gradcheck=not shrinks_to_one, **float_tolerances(torch.float32))
 
