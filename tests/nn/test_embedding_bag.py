@@ -99,6 +99,8 @@ def test_refused_arguments():
         F.embedding_bag(INDEX, w, OFFSETS, max_norm=1.0)
     with pytest.raises(UnsupportedOperationError, match="embedding_bag: sparse=True is not supported"):
         F.embedding_bag(INDEX, w, OFFSETS, sparse=True)
+    with pytest.raises(UnsupportedOperationError, match=r"argument order \(weight, input\) is not supported"):
+        F.embedding_bag(w, INDEX, OFFSETS)
 
 
 def _second_order(fn, inputs: list, ours: bool) -> list:

@@ -23,7 +23,11 @@ from torchtrace.nn.module import Module
 _MODES = {"sum": 0, "mean": 1, "max": 2}
 
 
-def _refuse(max_norm: Optional[float], sparse: bool) -> None:
+def _refuse(input: torch.Tensor, weight: torch.Tensor, max_norm: Optional[float], sparse: bool) -> None:
+    if weight.dtype == torch.long and input.is_floating_point():
+        raise UnsupportedOperationError(
+            "torch.nn.functional.embedding_bag: the deprecated argument order (weight, input) is not supported "
+            "— call embedding_bag(input, weight, ...)")
     if max_norm is not None:
         raise UnsupportedOperationError(
             "torch.nn.functional.embedding_bag: max_norm is not supported (torch renormalises the weight in place "
@@ -56,7 +60,7 @@ class EmbeddingBagFunction(Function):
     @staticmethod
     def forward(ctx, input, weight, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False,
                 mode="mean", sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=None):
-        _refuse(max_norm, sparse)
+        _refuse(input, weight, max_norm, sparse)
         y = F.embedding_bag(input, weight, offsets, None, norm_type, scale_grad_by_freq, mode, sparse,
                             per_sample_weights, include_last_offset, padding_idx)
         if input.dim() == 2:  # a batch of equal bags, as F.embedding_bag rewrites it
