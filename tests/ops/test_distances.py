@@ -98,8 +98,6 @@ def test_renorm_with_tied_largest_entries_shares_them_as_torch():
     check_op(lambda x: x.renorm(math.inf, 0, 2.0), x, gradcheck=False)
 
 
-@pytest.mark.xfail(strict=True, reason="core: keyword tensors moved to positions are passed positionally to the "
-                   "torch builtin when nothing needs a gradient; torch.cov's weights are keyword-only")
 def test_cov_with_keyword_weights_when_nothing_needs_a_gradient():
     x, w = tt.tracer(torch.randn(2, 4)), tt.tracer(torch.rand(4))
     assert torch.cov(x, aweights=w).shape == (2, 2)

@@ -150,13 +150,13 @@ class ConvTranspose(Function):
 
 
 def _source_positions(mode: str, size: int, lo: int, hi: int, device: Any) -> torch.Tensor:
-    """For each position j of a padded dim, the input position it copies (reflect, replicate, circular)."""
-    j = torch.arange(-lo, size + hi, device=device)
-    if mode == "reflect":
-        return (size - 1) - ((size - 1) - j.abs()).abs()
-    if mode == "replicate":
-        return j.clamp(0, size - 1)
-    return j.remainder(size)
+    """For each position j of a padded dim, the input position it copies (reflect, replicate, circular).
+
+    Read off torch's own padding of the positions 0 .. size-1, so negative pads (crops) follow torch exactly:
+    circular padding, for one, wraps around the cropped interior, never reaching the cropped elements.
+    """
+    positions = torch.arange(size, dtype=torch.float64, device=device).reshape(1, 1, size)
+    return F.pad(positions, [lo, hi], mode).reshape(-1).long()
 
 
 @register(F.pad)
