@@ -486,3 +486,8 @@ DOUBLE_BACKWARD = {
 def test_double_backward_matches_torch(name):
     fn, *shapes = DOUBLE_BACKWARD[name]
     double_backward_matches(fn, *[torch.randn(s, dtype=torch.float64) for s in shapes])
+
+
+def test_take_along_dim_with_negative_indices_wraps_them_as_torch():
+    index = torch.tensor([[-1, 0, 2, -3, 4]] * 5)
+    check_op(lambda x: torch.take_along_dim(x, index, 1), torch.randn(5, 5, dtype=torch.float64))

@@ -239,9 +239,11 @@ class TakeAlongDim(Function):
     def backward(ctx, g):
         (indices,) = ctx.saved_tensors
         if ctx.dim is None:
-            flat = g.new_zeros(math.prod(ctx.shape)).scatter_add(0, indices.reshape(-1), g)
+            size = math.prod(ctx.shape)
+            flat = g.new_zeros(size).scatter_add(0, indices.reshape(-1) % max(size, 1), g)  # -1 reads the last one
             return flat.reshape(ctx.shape)
-        return g.new_zeros(ctx.x_shape).scatter_add(ctx.dim, indices.expand(ctx.index_shape), g)
+        wrapped = indices.expand(ctx.index_shape) % max(ctx.x_shape[ctx.dim], 1)
+        return g.new_zeros(ctx.x_shape).scatter_add(ctx.dim, wrapped, g)
 
 
 @register(torch.take, T.take)
