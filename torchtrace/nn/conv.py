@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.errors import UnsupportedOperationError
 from torchtrace.nn.module import Module
 
 IntOrTuple = Union[int, Sequence[int]]
@@ -167,7 +168,8 @@ class Pad(Function):
     @staticmethod
     def forward(ctx, input, pad, mode="constant", value=None):
         if mode not in ("constant", "reflect", "replicate", "circular"):
-            raise NotImplementedError(f"torchtrace: F.pad(mode={mode!r}) has no gradient rule")
+            raise UnsupportedOperationError(f"torch.nn.functional.pad: mode={mode!r} has no gradient rule — use "
+                                            "'constant', 'reflect', 'replicate' or 'circular'")
         ctx.pad, ctx.mode, ctx.shape = list(pad), mode, input.shape
         return F.pad(input, pad, mode, value)
 

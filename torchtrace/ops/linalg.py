@@ -13,6 +13,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.errors import UnsupportedOperationError
 from torchtrace.ops.rule_tables import reflected
 
 T = torch.Tensor
@@ -92,8 +93,8 @@ def einsum_grads(equation: str, g: torch.Tensor, operands: Sequence[torch.Tensor
 
 def _real_only(name: str, *tensors: Any) -> None:
     if any(isinstance(t, torch.Tensor) and t.is_complex() for t in tensors):
-        raise NotImplementedError(f"torchtrace: the gradient rule of {name} supports real dtypes only, not complex "
-                                  "(its complex gradient would need conjugates)")
+        raise UnsupportedOperationError(f"{name}: complex inputs are not supported — torchtrace's gradient rules are "
+                                        "for real dtypes (a complex gradient would need conjugates)")
 
 
 def _names(targets: Sequence[Callable]) -> str:

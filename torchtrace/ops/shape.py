@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 import torch
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.errors import UnsupportedOperationError
 from torchtrace.ops.indexing import add_at, positions
 from torchtrace.ops.rule_tables import make_rule as rule
 
@@ -46,8 +47,8 @@ def structural(name: str, targets: Sequence[Callable], math: str, grad: Callable
 
 def _view(x: torch.Tensor, *shape: Any, **kwargs: Any) -> torch.Tensor:
     if "dtype" in kwargs or (len(shape) == 1 and isinstance(shape[0], torch.dtype)):
-        raise NotImplementedError("torchtrace: Tensor.view(dtype) reinterprets the bits of each element; it has no "
-                                  "gradient. Use x.to(dtype) to convert values, or call it under tt.no_grad().")
+        raise UnsupportedOperationError("torch.Tensor.view(dtype): it reinterprets the bits of each element and has no "
+                                        "gradient — use x.to(dtype) to convert values, or call it under tt.no_grad()")
     return T.view(x, *shape, **kwargs)
 
 
