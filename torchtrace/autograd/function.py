@@ -6,6 +6,7 @@ import torch
 from torch.overrides import handle_torch_function, has_torch_function
 
 from torchtrace.autograd.state import STATE
+from torchtrace.naming import callable_name
 
 _guard = torch._C.DisableTorchFunctionSubclass
 
@@ -151,11 +152,16 @@ def register(*torch_callables: Callable, rule: Optional[type] = None) -> Any:
     return add if rule is None else add(rule)
 
 
+_NAMESPACES = {"torch.Tensor": torch.Tensor, "torch": torch, "torch.nn.functional": torch.nn.functional}
+
+
 def _note_inplace_forms(func: Callable, rule: type) -> None:
-    """x.add_(y) / torch.relu_(x) / F.elu_(x) run `rule` out of place then write x; F.relu(x, inplace=True) too."""
-    name = getattr(func, "__name__", "")
-    owner = next((ns for ns in (torch.Tensor, torch, torch.nn.functional) if getattr(ns, name, None) is func), None)
-    twin = getattr(owner, name + "_", None) if owner is not None and not name.endswith("_") else None
+    """x.add_(y), x **= y, torch.relu_(x), F.elu_(x): run `rule` out of place, then write x (as inplace=True does)."""
+    owner, _, name = callable_name(func).rpartition(".")
+    namespace = _NAMESPACES.get(owner)
+    in_place = f"__i{name[2:]}" if name.startswith("__") else name + "_"  # __pow__ -> __ipow__, add -> add_
+    already_in_place = name.endswith("_") and not name.endswith("__")
+    twin = getattr(namespace, in_place, None) if namespace is not None and not already_in_place else None
     if twin is not None and twin not in RULES:
         INPLACE.setdefault(twin, (rule, func))
     try:
