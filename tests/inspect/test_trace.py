@@ -27,7 +27,28 @@ def test_a_dag_shows_merges_and_branches():
     assert lines[0] == "BackProp:" and lines[-1] == "↘︎ Input"
     assert lines[1] == "↘︎ [0] Sum()"
     assert lines[2] == "↘︎ [1] Add()  ⑂ sends to [2], [3]"
-    assert lines[5].startswith("↘︎ [4] Mul()") and lines[5].endswith("⊕ sums gradients from [2], [3]")
+    mul = lines.index("↘︎ [3] Mul()  ⑂ sends to [4], [4]") if "Exp" in lines[3] else 3
+    assert lines[mul] == "↘︎ [3] Mul()  ⑂ sends to [4], [4]"  # y * y: y is used twice by one op
+    assert lines[5] == "↘︎ [4] Mul()  ⊕ sums 3 gradients from [2], [3], [3]"
+
+
+def test_a_leaf_used_three_times_shows_its_three_gradients_summed(capsys):
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    (x * x + x).sum().backward(show=True)
+    assert capsys.readouterr().out.splitlines() == [
+        "BackProp:",
+        "↘︎ [0] Sum()",
+        "↘︎ [1] Add()  ⑂ sends to [2], [3]",
+        "↘︎ [2] Mul()  ⑂ sends to [3], [3]",
+        "↘︎ [3] leaf [2] (.grad)  ⊕ sums 3 gradients from [1], [2], [2]",
+        "↘︎ Input",
+    ]
+    assert x.grad.tolist() == [3.0, 5.0]  # 2x + 1: the three contributions x, x and 1, summed
+
+
+def test_a_leaf_used_once_keeps_the_chain_format():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    assert backprop_lines((x.exp() * 2).sum()) == ["BackProp:", "↘︎ Sum()", "↘︎ Mul()", "↘︎ Exp()", "↘︎ Input"]
 
 
 def test_shapes_and_norms(capsys):
