@@ -243,7 +243,7 @@ def test_recording_labels_ops_and_edges_with_the_gradient_that_flowed():
     assert "Sum () |grad| 1" in found
     assert f"Mul (3, 4) |grad| {torch.ones(3, 4).norm().item():.4g}" in found
     edge_labels = [line.split('label="')[1].split('"')[0] for line in edge_lines(draw(y, {"w": w}))]
-    assert "[" + ", ".join(f"{v:.4g}" for v in w.grad.tolist()) + "]" in edge_labels  # w's 4 values, summed over x's rows  # the Mul -> w edge, summed over the broadcast dimension
+    assert "[" + ", ".join(f"{v:.4g}" for v in w.grad.tolist()) + "]" in edge_labels  # Mul -> w: w.grad
     assert not STATE.on_backward and not STATE.on_record
 
 

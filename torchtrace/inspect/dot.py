@@ -275,7 +275,10 @@ def _values_of(node: Any, nr: int, names: _Names, outputs: Dict[Tuple[Any, int],
     notes = node.notes or {}
     name, tensor = names.results.get((node, nr), (None, outputs.get((node, nr))))
     value = summary(tensor) if tensor is not None else notes.get("values", {}).get(nr)
-    return name, value, notes.get("grads", {}).get(nr)
+    grad = notes.get("grads", {}).get(nr)
+    if grad is None and name is not None:
+        grad = summary(tensor.grad)  # a named tensor that called retain_grad()
+    return name, value, grad
 
 
 def draw(
@@ -371,10 +374,11 @@ def _legend(builder: _Builder) -> str:
     if "values" in drawn:
         lines.append("data: the tensor's value   grad: the gradient of the output with respect to it"
                      + ("   |x|: a norm, for tensors of more than 4 elements" if "norms" in drawn else ""))
-    if "unknown" in drawn:
-        lines.append("ops without data: recorded outside tt.recording()"
-                     + ("   ops without grad: their backward ran before tt.draw or tt.recording() hooked them"
-                        if builder.gradient_view else ""))
+    missing = [text for key, text in (("no data", "ops without data: recorded outside tt.recording()"),
+                                      ("no grad", "ops without grad: their backward ran before tt.draw or "
+                                                  "tt.recording() hooked them")) if key in drawn]
+    if missing:
+        lines.append("   ".join(missing))
     if "sums" in drawn:
         lines.append("⊕ sums N gradients: a tensor used N times receives one gradient per use, added up")
     return "\n".join(lines)
@@ -409,8 +413,10 @@ def _add_nodes(builder: _Builder, order: List[Any], roots: Set[Any], shapes: Dic
             kind = "op"
             header = node.rule.__name__ + (f" → {name}" if name else "")
             shape = " ".join(_shape(shapes[(node, nr)]) for nr in range(node.n_outputs) if (node, nr) in shapes)
-            if builder.values and (value is None or (builder.gradient_view and grad is None)):
-                builder.drawn.add("unknown")
+            if builder.values and value is None:
+                builder.drawn.add("no data")
+            if builder.values and builder.gradient_view and grad is None:
+                builder.drawn.add("no grad")
         kind = "output" if node in roots else kind
         grad_norm = norm_of(grad)
         box = builder.box_of(path)
