@@ -72,3 +72,13 @@ def test_a_deep_chain_prints_without_recursion():
     for _ in range(5000):
         y = y * 1.0
     assert len(backprop_lines(y.sum())) == 5003
+
+
+def test_trace_names_each_layer_as_print_model_does_for_tt_nn_and_ported_models():
+    torch.manual_seed(0)
+    native = tt.nn.Sequential(tt.nn.Linear(2, 3), tt.nn.ReLU(), tt.nn.Linear(3, 1))
+    ported = tt.port(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1)))
+    for model, x in ((native, tt.randn(4, 2)), (ported, torch.randn(4, 2))):
+        layers = [line.removeprefix("↘︎ ") for line in backprop_lines(model(x).sum())[2:-1]]
+        printed = [line.split(":", 1)[1].strip() for line in repr(model).splitlines()[1:-1]]
+        assert layers == printed[::-1]
