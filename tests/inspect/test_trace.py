@@ -82,3 +82,18 @@ def test_trace_names_each_layer_as_print_model_does_for_tt_nn_and_ported_models(
         layers = [line.removeprefix("↘︎ ") for line in backprop_lines(model(x).sum())[2:-1]]
         printed = [line.split(":", 1)[1].strip() for line in repr(model).splitlines()[1:-1]]
         assert layers == printed[::-1]
+
+
+def test_outputs_of_a_split_are_gathered_not_summed():
+    x = tt.randn(5, requires_grad=True)
+    a, b = x.exp().split([2, 3])
+    lines = backprop_lines(a.sum() * b.sum())
+    assert "↘︎ [3] Split()  gathers the gradients of its outputs from [1], [2]" in lines
+    assert not any("⊕" in line for line in lines)
+
+
+def test_norms_of_a_leaf_that_sums_gradients(capsys):
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    tt.show((x * x + x).sum(), norms=True)
+    leaf = capsys.readouterr().out.splitlines()[4]
+    assert leaf.startswith(f"↘︎ [3] leaf [2] (.grad)  |grad| {x.grad.norm().item():.4g}  ⊕ sums 3 gradients")

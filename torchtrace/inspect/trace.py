@@ -12,6 +12,8 @@ from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, Node
 from torchtrace.autograd.state import observing
 
+_guard = torch._C.DisableTorchFunctionSubclass
+
 
 def _layer(node: Any) -> Optional[torch.nn.Module]:
     """The layer (a module without sub-modules) that recorded this node, if any."""
@@ -77,13 +79,16 @@ def backprop_lines(output: torch.Tensor, shapes: bool = False, norms: Optional[D
     groups = _lines_for(order, modules)
     line_of = {node: i for i, group in enumerate(groups) for node in group}
     senders: Dict[int, List[int]] = {}  # line -> the lines whose gradients reach it, once per gradient
+    per_output: Dict[Any, int] = {}  # (node, output nr) -> how many gradients reach that output
     out_shape: Dict[Any, Any] = {output.grad_fn: tuple(output.shape)}
     for node in order:
         for edge in node.edges:
             nxt = edge.node
             out_shape.setdefault(nxt, tuple(edge.shape))
+            per_output[(nxt, edge.output_nr)] = per_output.get((nxt, edge.output_nr), 0) + 1
             if nxt in line_of and line_of[nxt] != line_of.get(node):
                 senders.setdefault(line_of[nxt], []).append(line_of[node])
+    summed = {line_of[n] for (n, _), count in per_output.items() if count > 1 and n in line_of}
     receivers: Dict[int, List[int]] = {}
     for target, sources in senders.items():
         for source in sources:
@@ -107,7 +112,9 @@ def backprop_lines(output: torch.Tensor, shapes: bool = False, norms: Optional[D
             merged = sorted(senders.get(i, ()))
             branches = sorted(receivers.get(i, ()))
             text = f"[{i}] {text}"
-            text += f"  ⊕ sums {len(merged)} gradients from {_sources(merged)}" if len(merged) > 1 else ""
+            if len(merged) > 1:  # several gradients: summed, or one per output of a multi-output op (split)
+                text += (f"  ⊕ sums {len(merged)} gradients from {_sources(merged)}" if i in summed
+                         else f"  gathers the gradients of its outputs from {_sources(merged)}")
             text += f"  ⑂ sends to {_sources(branches)}" if len(branches) > 1 else ""
         lines.append(f"↘︎ {text}")
     lines.append("↘︎ Input")
@@ -129,4 +136,8 @@ def show(output: torch.Tensor, shapes: bool = False, norms: bool = False, module
 
         with observing(on_backward=measure):
             output.backward()
+        for node in topological_order([output.grad_fn] if output.grad_fn is not None else []):
+            if isinstance(node, AccumulateGrad) and node.variable.grad is not None:
+                with _guard():
+                    measured[node] = node.variable.grad.detach().double().norm().item()  # what reached .grad
     print("\n".join(backprop_lines(output, shapes, measured, modules)))
