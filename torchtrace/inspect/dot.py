@@ -15,7 +15,7 @@ import torch
 
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, leaf_accumulator
-from torchtrace.inspect.values import Summary, norm_of, number, recording, summary, text, watch
+from torchtrace.inspect.values import VALUE_LIMIT, Summary, norm_of, number, recording, summary, text, watch
 
 __all__ = ["draw", "recording", "Drawing", "DotNotFound"]
 
@@ -242,8 +242,6 @@ def _output_shapes(order: List[Any], outputs: Sequence[Any]) -> Dict[Tuple[Any, 
 
 def _small_graph(order: List[Any], shapes: Dict[Tuple[Any, int], torch.Size]) -> bool:
     """Every tensor of the graph has at most VALUE_LIMIT elements: values are shown by default."""
-    from torchtrace.inspect.values import VALUE_LIMIT
-
     sizes = [torch.Size(s).numel() for s in shapes.values()]
     sizes += [n.variable.numel() for n in order if isinstance(n, AccumulateGrad)]
     return bool(sizes) and max(sizes) <= VALUE_LIMIT
