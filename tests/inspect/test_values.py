@@ -152,4 +152,6 @@ def test_record_labels_escape_their_special_characters(values, tmp_path):
     w = tt.randn(6, requires_grad=True)
     y = (w * 2).sum()
     y.backward()
-    draw(y, {"w{0}": w}, values=values).render(str(tmp_path / "g"), format="svg")  # dot parses it
+    path = draw(y, {"w{0}|x": w}, values=values).render(str(tmp_path / "g"), format="svg")  # dot parses it
+    texts = [t.text for t in ET.parse(path).getroot().iter(f"{SVG}text")]
+    assert any(text and text.startswith("w{0}|x") for text in texts)  # drawn as written, not split into fields
