@@ -22,6 +22,7 @@ from torchtrace.factories import (
     zeros,
     zeros_like,
 )
+from torchtrace import interop  # noqa: F401  (autograd Functions, checkpoint, vmap on tracers)
 from torchtrace.inspect.anomaly import AnomalyError, detect_anomaly
 from torchtrace.inspect.dot import draw, recording
 from torchtrace.inspect.flow import flow
