@@ -92,7 +92,8 @@ def _merge(tensors: List[Any], call: _Call, others: Any) -> Any:
 
 
 def _once_differentiable(backward: Callable) -> bool:
-    return getattr(backward, "__qualname__", "").startswith("once_differentiable.")
+    code = getattr(backward, "__code__", None)  # functools.wraps copied the user's name: look at the code
+    return hasattr(backward, "__wrapped__") and getattr(code, "co_qualname", "").startswith("once_differentiable.")
 
 
 class _DelayedError(Function):
@@ -122,7 +123,7 @@ def _forward(ctx: Any, opaque_call: _Opaque, *args: Any) -> Any:
     call = opaque_call.value
     cls = call.user_class
     args = tuple(a.value if isinstance(a, _Opaque) else a for a in args)
-    ctx.call, call.node = call, ctx
+    ctx.user_call, call.node = call, ctx
     ctx.user_ctx = UserContext(ctx, tuple(ctx.needs_input_grad[1:len(args) + 1]))
     if call.new_style:
         out = cls.forward(*args)
@@ -135,7 +136,7 @@ def _forward(ctx: Any, opaque_call: _Opaque, *args: Any) -> Any:
 
 
 def _backward(ctx: Any, *grads: Any) -> Any:
-    call = ctx.call
+    call = ctx.user_call
     full: List[Any] = [None] * call.n_outputs
     for i, g in zip(call.places, grads):
         full[i] = g
@@ -153,7 +154,10 @@ def _poison(result: Any) -> Any:
     """Gradients whose own backward raises (torch's DelayedError for @once_differentiable under create_graph)."""
     single = not isinstance(result, tuple)
     items = [result] if single else list(result)
-    items = [_DelayedError.apply(g.detach().requires_grad_()) if isinstance(g, TRACER) else g for g in items]
+    with _guard():
+        leaves = [torch.Tensor.detach(g).as_subclass(TRACER).requires_grad_() if isinstance(g, torch.Tensor) else g
+                  for g in items]
+    items = [_DelayedError.apply(g) if isinstance(g, TRACER) else g for g in leaves]
     return items[0] if single else tuple(items)
 
 
