@@ -126,3 +126,55 @@ def test_plain_tensors_use_torch_checkpoint():
     x = torch.randn(3, requires_grad=True)
     y = ckpt.checkpoint(torch.sin, x, use_reentrant=False)
     assert type(y) is torch.Tensor and y.grad_fn is not None
+
+
+def test_double_backward_through_a_checkpoint():
+    x0 = torch.randn(4, dtype=torch.float64)
+    w0 = torch.randn(4, dtype=torch.float64)
+
+    def block(h, w):
+        return torch.sin(h * w).exp()
+
+    x, w = tt.tracer(x0, requires_grad=True), tt.tracer(w0, requires_grad=True)
+    gx, gw = tt.grad(ckpt.checkpoint(block, x, w, use_reentrant=True).sum(), [x, w], create_graph=True)
+    ours = tt.grad((gx * gw).sum(), [x, w])
+    px, pw = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    tx, tw = torch.autograd.grad(block(px, pw).sum(), [px, pw], create_graph=True)
+    theirs = torch.autograd.grad((tx * tw).sum(), [px, pw])
+    for o, t in zip(ours, theirs):
+        torch.testing.assert_close(o.as_subclass(torch.Tensor), t)
+
+
+def test_hf_style_call_with_none_arguments_and_tuple_output():
+    """transformers calls checkpoint(layer.__call__, hidden, mask, None, False, use_reentrant=...) -> a tuple."""
+    lin = torch.nn.Linear(3, 3).double()
+    ours_lin = tt.port(torch.nn.Linear(3, 3).double())
+    ours_lin.load_state_dict(lin.state_dict())
+
+    def layer(module):
+        def call(hidden, mask, cache, use_cache):
+            assert cache is None and use_cache is False
+            return (torch.tanh(module(hidden)) * mask, None)
+        return call
+
+    x0, mask = torch.randn(2, 3, dtype=torch.float64), torch.tensor([[1.0, 0.0, 1.0]], dtype=torch.float64)
+    for reentrant in (True, False):
+        ours_lin.zero_grad()
+        out, none = ckpt.checkpoint(layer(ours_lin), tt.tracer(x0), mask, None, False, use_reentrant=reentrant)
+        assert none is None
+        out.sum().backward()
+        lin.zero_grad()
+        layer(lin)(x0, mask, None, False)[0].sum().backward()
+        for p, q in zip(ours_lin.parameters(), lin.parameters()):
+            torch.testing.assert_close(p.grad.as_subclass(torch.Tensor), q.grad)
+
+
+def test_double_backward_with_a_parameter_used_before_the_block_is_refused():
+    w = tt.tracer(torch.randn(3, dtype=torch.float64), requires_grad=True)
+    x = tt.tracer(torch.randn(3, dtype=torch.float64))
+    out = ckpt.checkpoint(lambda h: (h * w).sin(), x * w, use_reentrant=False)
+    with pytest.raises(tt.UnsupportedOperationError, match="^torch.utils.checkpoint: create_graph=True through"):
+        tt.grad(out.sum(), w, create_graph=True)
+    (g,) = tt.grad(ckpt.checkpoint(lambda h: (h * w).sin(), x * w, use_reentrant=False).sum(), w)
+    pw, px = w.detach().as_subclass(torch.Tensor).clone().requires_grad_(), x.as_subclass(torch.Tensor)
+    torch.testing.assert_close(g.as_subclass(torch.Tensor), torch.autograd.grad(((px * pw) * pw).sin().sum(), pw)[0])

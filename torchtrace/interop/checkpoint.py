@@ -19,6 +19,7 @@ from torchtrace.autograd.dispatch import TRACER, run_rule
 from torchtrace.autograd.engine import grad as tt_grad
 from torchtrace.autograd.function import BackwardMode, Function
 from torchtrace.autograd.observers import observing
+from torchtrace.errors import UnsupportedOperationError
 from torchtrace.interop.patches import has_tracer
 
 _guard = torch._C.DisableTorchFunctionSubclass
@@ -60,6 +61,30 @@ def _copies(args: tuple) -> list:
                 if isinstance(a, TRACER) else a for a in args]
 
 
+def _aliases(args: tuple) -> list:
+    """For create_graph: views of the inputs, so the gradient is captured there and second derivatives reach them."""
+    return [a.view_as(a) if isinstance(a, TRACER) and a._tt_requires_grad else a for a in args]
+
+
+def _check_second_order(inputs: tuple, leaves: tuple) -> None:
+    """With create_graph the recomputed graph is tied to the inputs' history: a parameter the block reads that is
+    also upstream of its inputs would get that upstream gradient twice. Refuse that case clearly."""
+    wanted = {id(leaf) for leaf in leaves}
+    stack = [a.grad_fn for a in inputs if isinstance(a, TRACER) and a.grad_fn is not None]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if id(getattr(node, "variable", None)) in wanted:
+            raise UnsupportedOperationError(
+                "torch.utils.checkpoint: create_graph=True through a checkpointed block that reads a parameter "
+                "also used before the block is not supported — run that block without checkpoint for double "
+                "backward")
+        stack.extend(nxt for nxt, _ in node.next_functions)
+
+
 class Checkpoint(Function):
     """y = f(x; params) kept without f's activations -> backward recomputes f and differentiates it with tt.grad."""
 
@@ -77,13 +102,16 @@ class Checkpoint(Function):
     def backward(ctx: Any, *grads: Any) -> Any:
         block = ctx.block
         inputs = ctx.saved_tensors
+        create_graph = BackwardMode.create_graph
+        if create_graph:
+            _check_second_order(inputs, ctx.leaves)
         with torch._C._EnableTorchFunction(), torch.enable_grad(), _rng(block.rng):
-            copies = _copies(inputs)
+            copies = _aliases(inputs) if create_graph else _copies(inputs)
             outputs = _tensor_outputs(block.function(*copies, **block.kwargs), _Block(None, {}, 0, None))
         pairs = [(o, g) for o, g in zip(outputs, grads) if isinstance(o, TRACER) and o._tt_requires_grad]
         wanted = [c for c in copies if isinstance(c, TRACER) and c._tt_requires_grad] + list(ctx.leaves)
         found = iter(tt_grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True,
-                             create_graph=BackwardMode.create_graph) if pairs and wanted else [None] * len(wanted))
+                             create_graph=create_graph) if pairs and wanted else [None] * len(wanted))
         input_grads = [next(found) if isinstance(c, TRACER) and c._tt_requires_grad else None for c in copies]
         return (None, *input_grads, *found)
 
