@@ -178,3 +178,19 @@ def test_double_backward_with_a_parameter_used_before_the_block_is_refused():
     (g,) = tt.grad(ckpt.checkpoint(lambda h: (h * w).sin(), x * w, use_reentrant=False).sum(), w)
     pw, px = w.detach().as_subclass(torch.Tensor).clone().requires_grad_(), x.as_subclass(torch.Tensor)
     torch.testing.assert_close(g.as_subclass(torch.Tensor), torch.autograd.grad(((px * pw) * pw).sin().sum(), pw)[0])
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_torchs_own_checkpoint_imported_before_torchtrace_is_still_correct(reentrant):
+    """`from torch.utils.checkpoint import checkpoint` done before torchtrace loads keeps torch's function: the
+    reentrant flavour still recomputes (its CheckpointFunction is diverted), the other records the block as usual."""
+    original = ckpt.checkpoint.__wrapped__
+    w = tt.tracer(torch.randn(3, dtype=torch.float64), requires_grad=True)
+    x = tt.tracer(torch.randn(3, dtype=torch.float64), requires_grad=True)
+    out = original(lambda h: (h * w).sin(), x * 2, use_reentrant=reentrant)
+    assert (out.grad_fn.name == "CheckpointBackward") == reentrant
+    out.sum().backward()
+    pw, px = (t.detach().as_subclass(torch.Tensor).clone().requires_grad_() for t in (w, x))
+    (px * 2 * pw).sin().sum().backward()
+    torch.testing.assert_close(w.grad.as_subclass(torch.Tensor), pw.grad)
+    torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), px.grad)
