@@ -1,5 +1,6 @@
 """torchtrace: an educational autograd engine on a torch.Tensor subclass. Public names only."""
 from torchtrace import (
+    interop,  # noqa: F401  (autograd Functions, checkpoint, vmap on tracers)
     nn,
     ops,  # noqa: F401  (registers every gradient rule)
     optim,
@@ -22,7 +23,6 @@ from torchtrace.factories import (
     zeros,
     zeros_like,
 )
-from torchtrace import interop  # noqa: F401  (autograd Functions, checkpoint, vmap on tracers)
 from torchtrace.inspect.anomaly import AnomalyError, detect_anomaly
 from torchtrace.inspect.dot import draw, recording
 from torchtrace.inspect.flow import flow

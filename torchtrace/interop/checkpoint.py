@@ -15,12 +15,13 @@ from typing import Any, Callable, Dict, Iterator, List
 import torch
 import torch.utils.checkpoint
 
-from torchtrace.autograd.dispatch import TRACER, run_rule
+from torchtrace.autograd.dispatch import run_rule
 from torchtrace.autograd.engine import grad as tt_grad
 from torchtrace.autograd.function import BackwardMode, Function
 from torchtrace.autograd.observers import observing
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.interop.patches import has_tracer
+from torchtrace.tracer import tracer as TRACER
 
 _guard = torch._C.DisableTorchFunctionSubclass
 _ORIGINAL: Dict[str, Callable] = {}

@@ -10,9 +10,10 @@ from typing import Any, Callable, List, Tuple
 
 import torch
 
-from torchtrace.autograd.dispatch import TRACER, run_rule
+from torchtrace.autograd.dispatch import run_rule
 from torchtrace.autograd.function import BackwardMode, Function
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.tracer import tracer as TRACER
 
 _guard = torch._C.DisableTorchFunctionSubclass
 _BRIDGES: "weakref.WeakKeyDictionary[type, type]" = weakref.WeakKeyDictionary()

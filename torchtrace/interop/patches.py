@@ -13,9 +13,9 @@ import torch.autograd
 import torch.autograd.function
 import torch.utils.checkpoint
 
-from torchtrace.autograd.dispatch import TRACER
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.interop.function_bridge import apply_on_tracers
+from torchtrace.tracer import tracer as TRACER
 
 _Function = torch.autograd.function.Function
 _base_setup_context = torch.autograd.function._SingleLevelFunction.setup_context
