@@ -63,3 +63,14 @@ def test_torch_compile_refuses_tracers_clearly():
     module = torch.compile(tt.port(torch.nn.Linear(3, 1).double()))
     with pytest.raises(tt.UnsupportedOperationError, match="^torch.compile: .* call the function or module eagerly"):
         module(torch.randn(3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", ["jacobian", "hessian", "vjp"])
+def test_torch_autograd_functional_refuses_tracers(name):
+    fn = getattr(torch.autograd.functional, name)
+    v = torch.ones(3, dtype=torch.float64)
+    args = (lambda t: t.sin().sum(), x()) + ((v,) if name == "vjp" else ())
+    if name == "vjp":
+        args = (lambda t: t.sin(), x(), v)
+    with pytest.raises(tt.UnsupportedOperationError, match=r"^torch.autograd.grad: .* use tt.grad"):
+        fn(*args)
