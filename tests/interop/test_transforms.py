@@ -69,8 +69,6 @@ def test_torch_compile_refuses_tracers_clearly():
 def test_torch_autograd_functional_refuses_tracers(name):
     fn = getattr(torch.autograd.functional, name)
     v = torch.ones(3, dtype=torch.float64)
-    args = (lambda t: t.sin().sum(), x()) + ((v,) if name == "vjp" else ())
-    if name == "vjp":
-        args = (lambda t: t.sin(), x(), v)
+    args = (lambda t: t.sin(), x(), v) if name == "vjp" else (lambda t: t.sin().sum(), x())
     with pytest.raises(tt.UnsupportedOperationError, match=r"^torch.autograd.grad: .* use tt.grad"):
         fn(*args)
