@@ -3,6 +3,7 @@ import importlib
 from typing import Any
 
 from torchtrace import (
+    interop,  # noqa: F401  (autograd Functions, checkpoint, vmap on tracers)
     nn,
     ops,  # noqa: F401  (registers every gradient rule)
     optim,

@@ -59,6 +59,22 @@ CASES = [
     ("OneCycleLR", dict(max_lr=1.0, total_steps=119, three_phase=True, pct_start=0.25, div_factor=10.0)),
     ("OneCycleLR", dict(max_lr=1.0, total_steps=120, cycle_momentum=False, final_div_factor=100.0)),
     ("OneCycleLR", dict(max_lr=0.3, total_steps=120, base_momentum=[0.8, 0.7], max_momentum=0.9)),
+    ("ConstantLR", dict()),
+    ("ConstantLR", dict(factor=0.25, total_iters=40)),
+    ("LinearLR", dict()),
+    ("LinearLR", dict(start_factor=0.05, end_factor=0.7, total_iters=60)),
+    ("LinearLR", dict(start_factor=1.0, end_factor=0.0, total_iters=100)),
+    ("PolynomialLR", dict(total_iters=50, power=2.0)),
+    ("PolynomialLR", dict(total_iters=90, power=0.5)),
+    ("CosineAnnealingWarmRestarts", dict(T_0=10)),
+    ("CosineAnnealingWarmRestarts", dict(T_0=7, T_mult=2, eta_min=0.001)),
+    ("CyclicLR", dict(base_lr=0.01, max_lr=0.1, step_size_up=9)),
+    ("CyclicLR", dict(base_lr=[0.01, 0.001], max_lr=[0.2, 0.05], step_size_up=6, step_size_down=14,
+                      mode="triangular2")),
+    ("CyclicLR", dict(base_lr=0.01, max_lr=0.1, step_size_up=8, mode="exp_range", gamma=0.98,
+                      base_momentum=[0.8, 0.75], max_momentum=0.95)),
+    ("CyclicLR", dict(base_lr=0.01, max_lr=0.1, step_size_up=5, cycle_momentum=False,
+                      scale_fn=lambda x: 0.5 ** x, scale_mode="iterations")),
 ]
 OPTIMIZERS = [("SGD", dict(momentum=0.9)), ("Adam", dict())]
 
@@ -69,7 +85,8 @@ def test_lr_sequence_matches_torch(name, options, optimizer):
     ours_opt, theirs_opt = optimizers(*optimizer[:1], **optimizer[1])
     ours = getattr(ours_sched, name)(ours_opt, **options)
     theirs = getattr(torch_sched, name)(theirs_opt, **options)
-    assert assert_same_sequence(ours, theirs, ours_opt, theirs_opt, 119 if name == "OneCycleLR" else 110) > 3
+    distinct = assert_same_sequence(ours, theirs, ours_opt, theirs_opt, 119 if name == "OneCycleLR" else 110)
+    assert distinct > (1 if name == "ConstantLR" else 3)  # the lr moved (ConstantLR has two values)
 
 
 def test_one_cycle_lr_reaches_its_peak_and_its_floor():
@@ -252,3 +269,76 @@ def test_one_cycle_lr_needs_a_momentum_to_cycle_and_stops_at_total_steps():
         schedule.step()
     with pytest.raises(ValueError, match="Tried to step 4 times. The specified number of total steps is 3"):
         schedule.step()
+
+
+def sequential(module, optimizer):
+    s = module
+    return s.SequentialLR(optimizer, [s.LinearLR(optimizer, start_factor=0.1, total_iters=10),
+                                      s.CosineAnnealingLR(optimizer, T_max=30, eta_min=0.001),
+                                      s.StepLR(optimizer, step_size=7, gamma=0.5),
+                                      s.ExponentialLR(optimizer, gamma=0.97)], milestones=[10, 40, 70])
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=[name for name, _ in OPTIMIZERS])
+def test_sequential_lr_matches_torch(optimizer):
+    ours_opt, theirs_opt = optimizers(*optimizer[:1], **optimizer[1])
+    ours, theirs = sequential(ours_sched, ours_opt), sequential(torch_sched, theirs_opt)
+    assert assert_same_sequence(ours, theirs, ours_opt, theirs_opt, 120) > 50
+
+
+def test_cosine_warm_restarts_fractional_epochs_match_torch():
+    ours_opt, theirs_opt = optimizers("SGD")
+    ours = ours_sched.CosineAnnealingWarmRestarts(ours_opt, T_0=3, T_mult=2)
+    theirs = torch_sched.CosineAnnealingWarmRestarts(theirs_opt, T_0=3, T_mult=2)
+    for epoch in range(12):
+        for i in range(5):
+            ours.step(epoch + i / 5)
+            theirs.step(epoch + i / 5)
+            assert ours.get_last_lr() == theirs.get_last_lr()
+    with pytest.raises(ValueError, match="Expected non-negative epoch"):
+        ours.step(-1)
+
+
+NEW = ["ConstantLR", "LinearLR", "PolynomialLR", "CosineAnnealingWarmRestarts", "CyclicLR", "SequentialLR"]
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_new_schedulers_are_exported(name):
+    assert getattr(tto, name) is getattr(ours_sched, name)
+
+
+@pytest.mark.parametrize("name, options", [c for c in CASES if c[0] in NEW[:5]] + [("SequentialLR", None)],
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_state_dict_round_trip_continues_the_sequence(name, options):
+    """Save optimizer and scheduler, rebuild both and load (torch's resume recipe) on each side: same sequence."""
+    def make(module, optimizer):
+        return sequential(module, optimizer) if name == "SequentialLR" else getattr(module, name)(optimizer, **options)
+
+    ours_opt, theirs_opt = optimizers("SGD", momentum=0.9)
+    ours, theirs = make(ours_sched, ours_opt), make(torch_sched, theirs_opt)
+    assert_same_sequence(ours, theirs, ours_opt, theirs_opt, 37)
+    fresh_ours, fresh_theirs = optimizers("SGD", momentum=0.9)
+    fresh_ours.load_state_dict(ours_opt.state_dict())
+    fresh_theirs.load_state_dict(theirs_opt.state_dict())
+    resumed_ours, resumed_theirs = make(ours_sched, fresh_ours), make(torch_sched, fresh_theirs)
+    resumed_ours.load_state_dict(ours.state_dict())
+    resumed_theirs.load_state_dict(theirs.state_dict())
+    assert resumed_ours.last_epoch == theirs.last_epoch == 37
+    assert assert_same_sequence(resumed_ours, resumed_theirs, fresh_ours, fresh_theirs, 30) > 1
+
+
+def test_new_scheduler_argument_errors_match_torch():
+    ours_opt, _ = optimizers("SGD")
+    with pytest.raises(ValueError, match="Constant multiplicative factor expected to be between 0 and 1"):
+        ours_sched.ConstantLR(ours_opt, factor=2.0)
+    with pytest.raises(ValueError, match="Starting multiplicative factor expected to be greater than 0"):
+        ours_sched.LinearLR(ours_opt, start_factor=0.0)
+    with pytest.raises(ValueError, match="Expected positive integer T_0"):
+        ours_sched.CosineAnnealingWarmRestarts(ours_opt, T_0=0)
+    with pytest.raises(ValueError, match="mode is invalid and scale_fn is None"):
+        ours_sched.CyclicLR(ours_opt, 0.01, 0.1, mode="sawtooth")
+    adagrad = tto.Adagrad([tt.tracer(torch.zeros(2), requires_grad=True)])
+    with pytest.raises(ValueError, match="optimizer must support momentum or beta1"):
+        ours_sched.CyclicLR(adagrad, 0.01, 0.1)
+    with pytest.raises(ValueError, match="number of milestones to be equal to 2"):
+        ours_sched.SequentialLR(ours_opt, [ours_sched.StepLR(ours_opt, 3)], milestones=[3, 5])

@@ -4,6 +4,7 @@ Each scheduler writes group['lr'] of its optimizer's param groups. Like torch's,
 the next lr from the current group['lr'] (eta_t from eta_{t-1}), so two schedulers on one optimizer compose and
 the sequence is the same, float for float, as torch's. The closed form is given in each docstring.
 """
+import bisect
 import math
 import types
 from collections import Counter
@@ -59,10 +60,28 @@ class LRScheduler:
     def step(self) -> None:
         """Advance one epoch (call after optimizer.step()) and set each group's lr."""
         self._step_count += 1
-        self.last_epoch += 1
-        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+        self._update_lr()
+
+    def _update_lr(self, epoch: Optional[int] = None) -> None:
+        """Next epoch (epoch=None, chainable), or jump to `epoch` (closed form where there is one)."""
+        if epoch is None:
+            self.last_epoch += 1
+            lrs = self.get_lr()
+        else:
+            self.last_epoch = epoch
+            lrs = self._get_closed_form_lr() if hasattr(self, "_get_closed_form_lr") else self.get_lr()
+        for group, lr in zip(self.optimizer.param_groups, lrs):
             group["lr"] = lr
         self._last_lr = self._current_lrs()
+
+    def _initial_step(self) -> None:
+        """The construction step again (SequentialLR restarts a scheduler with it)."""
+        self._step_count = 0
+        self._is_initial = True
+        try:
+            self.step()
+        finally:
+            self._is_initial = False
 
     def state_dict(self) -> Dict[str, Any]:
         """Every attribute except the optimizer."""
@@ -114,6 +133,9 @@ class StepLR(LRScheduler):
             return self._current_lrs()
         return [lr * self.gamma for lr in self._current_lrs()]
 
+    def _get_closed_form_lr(self) -> List[float]:
+        return [base_lr * self.gamma ** (self.last_epoch // self.step_size) for base_lr in self.base_lrs]
+
 
 class MultiStepLR(LRScheduler):
     """eta_t = eta_0 * gamma^(number of milestones <= t); a milestone listed k times multiplies by gamma^k."""
@@ -127,6 +149,10 @@ class MultiStepLR(LRScheduler):
             return self._current_lrs()
         return [lr * self.gamma ** self.milestones[self.last_epoch] for lr in self._current_lrs()]
 
+    def _get_closed_form_lr(self) -> List[float]:
+        passed = bisect.bisect_right(sorted(self.milestones.elements()), self.last_epoch)
+        return [base_lr * self.gamma ** passed for base_lr in self.base_lrs]
+
 
 class ExponentialLR(LRScheduler):
     """eta_t = eta_0 * gamma^t; chainable: eta_t = gamma * eta_{t-1}."""
@@ -139,6 +165,9 @@ class ExponentialLR(LRScheduler):
         if self._is_initial:
             return self._current_lrs()
         return [lr * self.gamma for lr in self._current_lrs()]
+
+    def _get_closed_form_lr(self) -> List[float]:
+        return [base_lr * self.gamma ** self.last_epoch for base_lr in self.base_lrs]
 
 
 class CosineAnnealingLR(LRScheduler):
@@ -161,6 +190,10 @@ class CosineAnnealingLR(LRScheduler):
                     for lr, base_lr in zip(self._current_lrs(), self.base_lrs)]
         ratio = (1 + math.cos(math.pi * t / T)) / (1 + math.cos(math.pi * (t - 1) / T))
         return [ratio * (lr - eta_min) + eta_min for lr in self._current_lrs()]
+
+    def _get_closed_form_lr(self) -> List[float]:
+        return [self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
+                for base_lr in self.base_lrs]
 
 
 class OneCycleLR(LRScheduler):
@@ -313,3 +346,261 @@ class ReduceLROnPlateau(LRScheduler):
                     group["lr"] = new_lr
             self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
         self._last_lr = self._current_lrs()
+
+
+class ConstantLR(LRScheduler):
+    """eta_t = eta_0 * factor for t < total_iters, then eta_0 (chainable: times factor at 0, divided back at
+    total_iters)."""
+
+    def __init__(self, optimizer: Any, factor: float = 1.0 / 3, total_iters: int = 5, last_epoch: int = -1):
+        if factor > 1.0 or factor < 0:
+            raise ValueError("Constant multiplicative factor expected to be between 0 and 1.")
+        self.factor, self.total_iters = factor, total_iters
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> List[float]:
+        if self.last_epoch == 0:
+            return [lr * self.factor for lr in self._current_lrs()]
+        if self.last_epoch != self.total_iters:
+            return self._current_lrs()
+        return [lr * (1.0 / self.factor) for lr in self._current_lrs()]
+
+    def _get_closed_form_lr(self) -> List[float]:
+        return [base_lr * (self.factor + (self.last_epoch >= self.total_iters) * (1 - self.factor))
+                for base_lr in self.base_lrs]
+
+
+class LinearLR(LRScheduler):
+    """eta_t = eta_0 * (s + (e - s) min(t, total_iters) / total_iters): the factor goes linearly from
+    start_factor s to end_factor e. Chainable: eta_t = eta_{t-1} (1 + (e - s) / (total_iters s + (t - 1)(e - s)))."""
+
+    def __init__(self, optimizer: Any, start_factor: float = 1.0 / 3, end_factor: float = 1.0, total_iters: int = 5,
+                 last_epoch: int = -1):
+        if start_factor > 1.0 or start_factor <= 0:
+            raise ValueError("Starting multiplicative factor expected to be greater than 0 and less or equal to 1.")
+        if end_factor > 1.0 or end_factor < 0:
+            raise ValueError("Ending multiplicative factor expected to be between 0 and 1.")
+        self.start_factor, self.end_factor, self.total_iters = start_factor, end_factor, total_iters
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> List[float]:
+        s, e, n, t = self.start_factor, self.end_factor, self.total_iters, self.last_epoch
+        if t == 0:
+            return [lr * s for lr in self._current_lrs()]
+        if self._is_initial or t > n:
+            return self._current_lrs()
+        return [lr * (1.0 + (e - s) / (n * s + (t - 1) * (e - s))) for lr in self._current_lrs()]
+
+    def _get_closed_form_lr(self) -> List[float]:
+        s, e, n = self.start_factor, self.end_factor, self.total_iters
+        return [base_lr * (s + (e - s) * min(n, self.last_epoch) / n) for base_lr in self.base_lrs]
+
+
+class PolynomialLR(LRScheduler):
+    """eta_t = eta_0 * (1 - min(t, total_iters) / total_iters)^power; chainable: eta_{t-1} times
+    ((1 - t / total_iters) / (1 - (t - 1) / total_iters))^power."""
+
+    def __init__(self, optimizer: Any, total_iters: int = 5, power: float = 1.0, last_epoch: int = -1):
+        self.total_iters, self.power = total_iters, power
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> List[float]:
+        t, n = self.last_epoch, self.total_iters
+        if self._is_initial or t > n:
+            return self._current_lrs()
+        decay = ((1.0 - t / n) / (1.0 - (t - 1) / n)) ** self.power
+        return [lr * decay for lr in self._current_lrs()]
+
+    def _get_closed_form_lr(self) -> List[float]:
+        n = self.total_iters
+        return [base_lr * (1.0 - min(n, self.last_epoch) / n) ** self.power for base_lr in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """SGDR: eta = eta_min + (eta_0 - eta_min) (1 + cos(pi T_cur / T_i)) / 2, where T_cur counts epochs since the
+    last restart and the period T_i starts at T_0 and is multiplied by T_mult at each restart. step(epoch) accepts
+    a fractional epoch (one step per batch: epoch + i / iters)."""
+
+    def __init__(self, optimizer: Any, T_0: int, T_mult: int = 1, eta_min: float = 0.0, last_epoch: int = -1):
+        if T_0 <= 0 or not isinstance(T_0, int):
+            raise ValueError(f"Expected positive integer T_0, but got {T_0}")
+        if T_mult < 1 or not isinstance(T_mult, int):
+            raise ValueError(f"Expected integer T_mult >= 1, but got {T_mult}")
+        if not isinstance(eta_min, (float, int)):
+            raise ValueError(f"Expected float or int eta_min, but got {eta_min} of type {type(eta_min)}")
+        self.T_0, self.T_i, self.T_mult, self.eta_min = T_0, T_0, T_mult, eta_min
+        self.T_cur = last_epoch
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> List[float]:
+        return [self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+                for base_lr in self.base_lrs]
+
+    def step(self, epoch: Optional[float] = None) -> None:  # type: ignore[override]
+        """Next epoch, or jump to `epoch` (may be fractional); restarts when T_cur reaches T_i."""
+        self._step_count += 1
+        if epoch is None and self.last_epoch < 0:
+            epoch = 0
+        if epoch is None:
+            epoch = self.last_epoch + 1
+            self.T_cur = self.T_cur + 1
+            if self.T_cur >= self.T_i:
+                self.T_cur, self.T_i = self.T_cur % self.T_i, self.T_i * self.T_mult
+        elif epoch < 0:
+            raise ValueError(f"Expected non-negative epoch, but got {epoch}")
+        elif epoch >= self.T_0:
+            if self.T_mult == 1:
+                self.T_cur = epoch % self.T_0
+            else:
+                n = int(math.log((epoch / self.T_0 * (self.T_mult - 1) + 1), self.T_mult))
+                self.T_cur = epoch - self.T_0 * (self.T_mult ** n - 1) / (self.T_mult - 1)
+                self.T_i = self.T_0 * self.T_mult ** n
+        else:
+            self.T_i, self.T_cur = self.T_0, epoch
+        self.last_epoch = math.floor(epoch)
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            group["lr"] = lr
+        self._last_lr = self._current_lrs()
+
+
+class CyclicLR(LRScheduler):
+    """Cyclical learning rates (Smith): in cycle c = floor(1 + t / (up + down)), x = 1 + t / (up + down) - c,
+    the lr climbs linearly from base_lr to max_lr over step_size_up steps and back over step_size_down, the height
+    scaled by scale_fn: 1 ('triangular'), 1 / 2^(c - 1) ('triangular2'), gamma^t ('exp_range'). With
+    cycle_momentum, momentum (or Adam's beta1) moves the opposite way between max_momentum and base_momentum."""
+
+    def __init__(self, optimizer: Any, base_lr: Union[float, List[float]], max_lr: Union[float, List[float]],
+                 step_size_up: int = 2000, step_size_down: Optional[int] = None, mode: str = "triangular",
+                 gamma: float = 1.0, scale_fn: Optional[Callable[[float], float]] = None, scale_mode: str = "cycle",
+                 cycle_momentum: bool = True, base_momentum: Union[float, List[float]] = 0.8,
+                 max_momentum: Union[float, List[float]] = 0.9, last_epoch: int = -1):
+        _check_optimizer(optimizer)
+        base_lrs = _per_group("base_lr", optimizer, base_lr)
+        if last_epoch == -1:
+            for lr, group in zip(base_lrs, optimizer.param_groups):
+                group["lr"] = lr
+        self.max_lrs = _per_group("max_lr", optimizer, max_lr)
+        up = float(step_size_up)
+        down = float(step_size_down) if step_size_down is not None else up
+        self.total_size, self.step_ratio = up + down, up / (up + down)
+        if mode not in ("triangular", "triangular2", "exp_range") and scale_fn is None:
+            raise ValueError("mode is invalid and scale_fn is None")
+        self.mode, self.gamma, self._scale_fn_custom, self.scale_mode = mode, gamma, scale_fn, scale_mode
+        if scale_fn is None:
+            self.scale_mode = "iterations" if mode == "exp_range" else "cycle"
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueError("optimizer must support momentum or beta1 with `cycle_momentum` option enabled")
+            self.use_beta1 = "betas" in optimizer.defaults
+            self.base_momentums = _per_group("base_momentum", optimizer, base_momentum)
+            self.max_momentums = _per_group("max_momentum", optimizer, max_momentum)
+            if last_epoch == -1:
+                for high, low, group in zip(self.max_momentums, self.base_momentums, optimizer.param_groups):
+                    self._set_momentum(group, high)
+                    group["max_momentum"], group["base_momentum"] = high, low
+        super().__init__(optimizer, last_epoch)
+        self.base_lrs = base_lrs
+
+    def scale_fn(self, x: float) -> float:
+        if self._scale_fn_custom is not None:
+            return self._scale_fn_custom(x)
+        if self.mode == "triangular":
+            return 1.0
+        if self.mode == "triangular2":
+            return 1 / (2.0 ** (x - 1))
+        return self.gamma ** x
+
+    def _set_momentum(self, group: Dict[str, Any], momentum: float) -> None:
+        if self.use_beta1:
+            group["betas"] = (momentum, *group["betas"][1:])
+        else:
+            group["momentum"] = momentum
+
+    def get_lr(self) -> List[float]:
+        cycle = math.floor(1 + self.last_epoch / self.total_size)
+        x = 1.0 + self.last_epoch / self.total_size - cycle
+        factor = x / self.step_ratio if x <= self.step_ratio else (x - 1) / (self.step_ratio - 1)
+        scale = self.scale_fn(cycle if self.scale_mode == "cycle" else self.last_epoch)
+        lrs = [base_lr + (max_lr - base_lr) * factor * scale for base_lr, max_lr in zip(self.base_lrs, self.max_lrs)]
+        if self.cycle_momentum:
+            for group, low, high in zip(self.optimizer.param_groups, self.base_momentums, self.max_momentums):
+                self._set_momentum(group, high - (high - low) * factor * scale)
+        return lrs
+
+    def state_dict(self) -> Dict[str, Any]:
+        """As torch: a plain-function scale_fn is not saved; a callable object's attributes are."""
+        state = super().state_dict()
+        fn = state.pop("_scale_fn_custom")
+        state["_scale_fn_custom"] = None
+        if fn is not None and not isinstance(fn, types.FunctionType):
+            state["_scale_fn_custom"] = fn.__dict__.copy()
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        fn = state_dict.pop("_scale_fn_custom")
+        super().load_state_dict(state_dict)
+        if fn is not None:
+            self._scale_fn_custom.__dict__.update(fn)
+
+
+class SequentialLR(LRScheduler):
+    """Hand over from one scheduler to the next at each milestone: schedulers[i] runs for
+    milestones[i-1] <= t < milestones[i], restarted at its own epoch 0 (closed form) when its turn comes."""
+
+    def __init__(self, optimizer: Any, schedulers: List[LRScheduler], milestones: List[int], last_epoch: int = -1):
+        if len(schedulers) < 1:
+            raise ValueError("SequentialLR expects at least one scheduler, but got no scheduler.")
+        for i, scheduler in enumerate(schedulers):
+            if not hasattr(scheduler, "optimizer"):
+                raise TypeError(f"SequentialLR at index {i} should have `optimizer` as its attribute.")
+            if isinstance(scheduler, ReduceLROnPlateau):
+                raise ValueError("SequentialLR does not support `ReduceLROnPlateau` scheduler as it requires "
+                                 "additional kwargs to be specified when calling `step`, but got one at index "
+                                 f"{i} in the given schedulers sequence.")
+            if optimizer != scheduler.optimizer:
+                raise ValueError(f"SequentialLR expects all schedulers to belong to the same optimizer, but got "
+                                 f"scheduler {type(scheduler).__name__} at index {i} with a different optimizer.")
+        if len(milestones) != len(schedulers) - 1:
+            raise ValueError("Sequential Schedulers expects number of schedulers provided to be one more than the "
+                             f"number of milestone points, but got number of schedulers {len(schedulers)} and the "
+                             f"number of milestones to be equal to {len(milestones)}")
+        self._schedulers, self._milestones = schedulers, milestones
+        self.last_epoch, self.optimizer = last_epoch + 1, optimizer
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"]
+        self._undo(self)
+        first = self._schedulers[bisect.bisect_right(milestones, 0)]
+        first._initial_step()
+        self._last_lr = first.get_last_lr()
+
+    def _undo(self, scheduler: Any) -> None:
+        """Take back the construction step of every (nested) scheduler: SequentialLR redoes the first one."""
+        for s in scheduler._schedulers:
+            if hasattr(s, "_schedulers"):
+                self._undo(s)
+            elif hasattr(s, "last_epoch"):
+                s.last_epoch -= 1
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        i = bisect.bisect_right(self._milestones, self.last_epoch)
+        scheduler = self._schedulers[i]
+        if i > 0 and self._milestones[i - 1] == self.last_epoch:
+            scheduler._update_lr(0)
+        else:
+            scheduler.step()
+        self._last_lr = scheduler.get_last_lr()
+
+    def state_dict(self) -> Dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        schedulers = state_dict.pop("_schedulers")
+        self.__dict__.update(state_dict)
+        for s, state in zip(self._schedulers, schedulers):
+            s.load_state_dict(state)

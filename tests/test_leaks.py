@@ -1,0 +1,142 @@
+"""Long runs do not grow memory; no cache keeps user classes (tt.Function, autograd.Function) or their closures."""
+import gc
+import tracemalloc
+import weakref
+
+import pytest
+import torch
+
+import torchtrace as tt
+
+
+def model_and_data():
+    torch.manual_seed(0)
+    model = tt.port(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
+    return model, tt.tracer(torch.randn(16, 8)), torch.randn(16, 1)
+
+
+def define_function(payload: torch.Tensor) -> type:
+    """A fresh tt.Function whose forward closes over `payload` (as user code defining rules in a loop does)."""
+
+    class Scale(tt.Function):
+        """y = x * s -> dy/dx = s"""
+
+        @staticmethod
+        def forward(ctx, x, scale=1.0):
+            ctx.scale = scale * float(payload[0])
+            return x * ctx.scale
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * ctx.scale, None
+
+    return Scale
+
+
+def define_autograd_function(payload: torch.Tensor) -> type:
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2 * float(payload[0])
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2 * float(payload[0])
+
+    return Twice
+
+
+def step(model, optimizer, x, y, extra=None):
+    optimizer.zero_grad()
+    out = model(x)
+    if extra is not None:
+        out = extra(out)
+    loss = torch.nn.functional.mse_loss(out, y)
+    loss.backward()
+    optimizer.step()
+
+
+def grow(steps: int, make_extra=None) -> float:
+    """Traced memory growth (bytes) between step 200 and step `steps`."""
+    model, x, y = model_and_data()
+    optimizer = tt.optim.Adam(model.parameters(), lr=1e-3)
+    tracemalloc.start()
+    try:
+        for i in range(steps):
+            step(model, optimizer, x, y, make_extra(i) if make_extra else None)
+            if i == 199:
+                gc.collect()
+                start = tracemalloc.get_traced_memory()[0]
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+
+
+def test_training_for_1000_steps_does_not_grow_memory():
+    assert grow(1000) < 200_000
+
+
+@pytest.mark.parametrize("keyword", [
+    False,
+    pytest.param(True, marks=pytest.mark.xfail(strict=True, reason="core: signature cache")),
+], ids=["positional", "keyword"])
+def test_functions_defined_in_a_loop_are_freed(keyword):
+    """1,000 training steps, each defining a tt.Function; a keyword call goes through the dispatcher's signature
+    cache, which today keeps every forward (and the closure it holds) alive."""
+    refs = []
+
+    def extra(i):
+        payload = torch.full((1000,), 1.0)  # 4 kB per class that must not be kept
+        fn = define_function(payload)
+        refs.append((weakref.ref(fn), weakref.ref(payload)))
+        if keyword:
+            return lambda out: fn.apply(out) + fn.apply(out, scale=0.5)
+        return lambda out: fn.apply(out) + fn.apply(out, 0.5)
+
+    model, x, y = model_and_data()
+    optimizer = tt.optim.SGD(model.parameters(), lr=1e-3)
+    for i in range(1000):
+        step(model, optimizer, x, y, extra(i))
+    gc.collect()
+    alive = sum(cls() is not None or payload() is not None for cls, payload in refs)
+    assert alive <= 1
+
+
+def test_autograd_functions_defined_in_a_loop_are_freed():
+    refs = []
+    model, x, y = model_and_data()
+    optimizer = tt.optim.SGD(model.parameters(), lr=1e-3)
+    for _ in range(300):
+        payload = torch.full((1000,), 1.0)
+        fn = define_autograd_function(payload)
+        refs.append((weakref.ref(fn), weakref.ref(payload)))
+        step(model, optimizer, x, y, fn.apply)
+        del fn, payload
+    gc.collect()
+    assert sum(cls() is not None or payload() is not None for cls, payload in refs) <= 1
+
+
+def test_checkpointed_training_does_not_grow_memory():
+    import torch.utils.checkpoint as ckpt
+
+    model, x, y = model_and_data()
+    optimizer = tt.optim.SGD(model.parameters(), lr=1e-3)
+    inner = model[0]
+    tracemalloc.start()
+    try:
+        for i in range(400):
+            optimizer.zero_grad()
+            h = ckpt.checkpoint(inner, x, use_reentrant=i % 2 == 0)
+            torch.nn.functional.mse_loss(model[2](torch.relu(h)), y).backward()
+            optimizer.step()
+            if i == 99:
+                gc.collect()
+                start = tracemalloc.get_traced_memory()[0]
+        gc.collect()
+        assert tracemalloc.get_traced_memory()[0] - start < 200_000
+    finally:
+        tracemalloc.stop()
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

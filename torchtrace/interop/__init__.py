@@ -1,0 +1,12 @@
+"""Bridges to torch machinery that torchtrace cannot follow by itself (installed once when torchtrace loads).
+
+- A torch autograd Function on tracers runs its own forward/backward as a torchtrace node (function_bridge.py).
+- torch.utils.checkpoint on tracers recomputes in backward (checkpoint.py).
+- torch.vmap / torch.func transforms / torch.compile / autograd.grad on tracers: a clear error (transforms.py,
+  patches.py).
+"""
+from torchtrace.interop import checkpoint, patches, transforms
+
+patches.install()
+transforms.install()
+checkpoint.install()

@@ -1,0 +1,186 @@
+"""torch.utils.checkpoint on tracers: the block's activations are not kept; backward recomputes them.
+
+forward runs the block once with recording on detached copies of its inputs, only to learn which leaf tracers
+(parameters) it reads, then drops that graph: the checkpoint node keeps the block's inputs and nothing inside.
+backward re-runs the block (with the saved RNG state) on fresh detached copies and differentiates that small graph
+with tt.grad, for the inputs and the parameters alike, so parameter gradients flow through the node's edges (hooks,
+tt.grad and create_graph behave as for any node). A block that reads a non-leaf tracer it was not given as an
+argument (a closure) is recorded as usual, without recomputation: its gradient would otherwise be counted twice.
+"""
+import contextlib
+import functools
+import threading
+from typing import Any, Callable, Dict, Iterator, List
+
+import torch
+import torch.utils.checkpoint
+
+from torchtrace.autograd.dispatch import run_rule
+from torchtrace.autograd.engine import grad as tt_grad
+from torchtrace.autograd.function import BackwardMode, Function
+from torchtrace.autograd.observers import observing
+from torchtrace.errors import UnsupportedOperationError
+from torchtrace.interop.patches import has_tracer
+from torchtrace.tracer import tracer as TRACER
+
+_guard = torch._C.DisableTorchFunctionSubclass
+_ORIGINAL: Dict[str, Callable] = {}
+
+
+class _Block:
+    """What the checkpoint node needs to recompute: the function, its keyword arguments, the RNG state."""
+
+    def __init__(self, function: Callable, kwargs: dict, n_args: int, rng: Any):
+        self.function, self.kwargs, self.n_args, self.rng = function, kwargs, n_args, rng
+        self.outputs: List[torch.Tensor] = []
+        self.others: Any = None
+        self.places: List[int] = []
+
+
+def _tensor_outputs(out: Any, block: _Block) -> List[Any]:
+    if isinstance(out, torch.Tensor):
+        block.others, block.places = None, [0]
+        return [out]
+    block.others = out
+    block.places = [i for i, o in enumerate(out) if isinstance(o, torch.Tensor)] if isinstance(out, tuple) else []
+    return [out[i] for i in block.places]
+
+
+@contextlib.contextmanager
+def _rng(state: Any) -> Iterator[None]:
+    if state is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(state)
+        yield
+
+
+def _copies(args: tuple) -> list:
+    with _guard():
+        return [a.detach().as_subclass(TRACER).requires_grad_(a._tt_requires_grad)
+                if isinstance(a, TRACER) else a for a in args]
+
+
+def _aliases(args: tuple) -> list:
+    """For create_graph: views of the inputs, so the gradient is captured there and second derivatives reach them."""
+    return [a.view_as(a) if isinstance(a, TRACER) and a._tt_requires_grad else a for a in args]
+
+
+def _check_second_order(inputs: tuple, leaves: tuple) -> None:
+    """With create_graph the recomputed graph is tied to the inputs' history: a parameter the block reads that is
+    also upstream of its inputs would get that upstream gradient twice. Refuse that case clearly."""
+    wanted = {id(leaf) for leaf in leaves}
+    stack = [a.grad_fn for a in inputs if isinstance(a, TRACER) and a.grad_fn is not None]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if id(getattr(node, "variable", None)) in wanted:
+            raise UnsupportedOperationError(
+                "torch.utils.checkpoint: create_graph=True through a checkpointed block that reads a parameter "
+                "also used before the block is not supported — run that block without checkpoint for double "
+                "backward")
+        stack.extend(nxt for nxt, _ in node.next_functions)
+
+
+class Checkpoint(Function):
+    """y = f(x; params) kept without f's activations -> backward recomputes f and differentiates it with tt.grad."""
+
+    @staticmethod
+    def forward(ctx: Any, block: Any, *inputs: Any) -> Any:
+        block = block.value
+        ctx.block = block
+        ctx.save_for_backward(*inputs[:block.n_args])
+        ctx.leaves = inputs[block.n_args:]
+        outputs = block.outputs
+        block.outputs = []
+        return outputs[0] if len(outputs) == 1 and block.others is None else tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        block = ctx.block
+        inputs = ctx.saved_tensors
+        create_graph = BackwardMode.create_graph
+        if create_graph:
+            _check_second_order(inputs, ctx.leaves)
+        with torch._C._EnableTorchFunction(), torch.enable_grad(), _rng(block.rng):
+            copies = _aliases(inputs) if create_graph else _copies(inputs)
+            outputs = _tensor_outputs(block.function(*copies, **block.kwargs), _Block(None, {}, 0, None))
+        pairs = [(o, g) for o, g in zip(outputs, grads) if isinstance(o, TRACER) and o._tt_requires_grad]
+        wanted = [c for c in copies if isinstance(c, TRACER) and c._tt_requires_grad] + list(ctx.leaves)
+        found = iter(tt_grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True,
+                             create_graph=create_graph) if pairs and wanted else [None] * len(wanted))
+        input_grads = [next(found) if isinstance(c, TRACER) and c._tt_requires_grad else None for c in copies]
+        return (None, *input_grads, *found)
+
+
+class _Opaque:
+    def __init__(self, value: Any):
+        self.value = value
+
+
+def checkpoint(function: Callable, *args: Any, use_reentrant: Any = None, preserve_rng_state: bool = True,
+               **kwargs: Any) -> Any:
+    """torch.utils.checkpoint.checkpoint for tracers (both flavours recompute); torch's for anything else."""
+    for name in ("context_fn", "determinism_check", "debug", "early_stop"):
+        kwargs.pop(name, None)
+    if not torch.is_grad_enabled():
+        return function(*args, **kwargs)
+    block = _Block(function, kwargs, len(args), torch.get_rng_state() if preserve_rng_state else None)
+    copies = _copies(args)
+    recorded, read, me = set(), {}, threading.get_ident()
+
+    def watch(node: Any, a: tuple, kw: dict, result: Any) -> None:
+        if threading.get_ident() != me:  # another thread's ops
+            return
+        recorded.add(node)
+        for t in list(a) + list(kw.values()) + [e for x in a if isinstance(x, (list, tuple)) for e in x]:
+            if isinstance(t, TRACER) and t._tt_requires_grad:
+                read[id(t)] = t
+
+    with observing(on_record=watch):
+        out = function(*copies, **kwargs)
+    own = {id(c) for c in copies}
+    outside = [t for i, t in read.items() if i not in own and t._tt_node not in recorded]
+    if any(t._tt_node is not None for t in outside):  # a closure reads a non-leaf tracer: keep the plain graph
+        return function(*args, **kwargs)
+    leaves = list({id(t): t for t in outside}.values())
+    if not leaves and not any(isinstance(a, TRACER) and a._tt_requires_grad for a in args):
+        return out
+    tensors = _tensor_outputs(out, block)
+    with _guard():
+        block.outputs = [torch.Tensor.detach(t).as_subclass(torch.Tensor) for t in tensors]
+    del out, tensors
+    recorded.clear()
+    read.clear()
+    result = run_rule(Checkpoint, None, (_Opaque(block), *args, *leaves), {})
+    if block.others is None:
+        return result
+    items, linked = list(block.others), [result] if isinstance(result, torch.Tensor) else list(result)
+    for i, t in zip(block.places, linked):
+        items[i] = t
+    return tuple(items)
+
+
+def _wrap(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def wrapper(function: Callable, *args: Any, **kwargs: Any) -> Any:
+        if has_tracer(args) or has_tracer(kwargs.values()) or _module_has_tracers(function):
+            return checkpoint(function, *args, **kwargs)
+        return original(function, *args, **kwargs)
+
+    wrapper._torchtrace = True
+    return wrapper
+
+
+def _module_has_tracers(function: Any) -> bool:
+    return isinstance(function, torch.nn.Module) and any(isinstance(p, TRACER) for p in function.parameters())
+
+
+def install() -> None:
+    """Route torch.utils.checkpoint.checkpoint (and so checkpoint_sequential) to `checkpoint` for tracers."""
+    if not getattr(torch.utils.checkpoint.checkpoint, "_torchtrace", False):
+        torch.utils.checkpoint.checkpoint = _wrap(torch.utils.checkpoint.checkpoint)
