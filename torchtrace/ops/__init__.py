@@ -12,6 +12,7 @@ from torchtrace.ops import (  # noqa: F401
     nondifferentiable,
     pointwise,
     reduction,
+    scans,
     sorting,
     rounding,
     shape,
