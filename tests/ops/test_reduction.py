@@ -553,3 +553,19 @@ def test_nan_reductions_var_mean_aminmax_and_edges(fn, inputs, gradcheck, dtype)
 ])
 def test_double_backward_nan_reductions_var_mean(fn):
     double_backward_matches(fn, X.double())
+
+
+@pytest.mark.parametrize("fn, same", [
+    (lambda x: x.var(()), torch.var), (lambda x: x.std([]), torch.std),
+    (lambda x: sum(torch.var_mean(x, ())), lambda x: sum(torch.var_mean(x))),
+    (lambda x: sum(torch.std_mean(x, dim=[], correction=0)), lambda x: sum(torch.std_mean(x, correction=0))),
+])
+def test_var_std_over_empty_dims_is_the_full_reduction(fn, same):
+    """torch's var_backward treats dim=() as one element per output (gradient +-inf) although the forward reduces
+    every dim; the gradient here is the full reduction's, which torch autograd gives for dim=None."""
+    x = X.double().clone().requires_grad_()
+    same(x).backward()
+    ours = tt.tracer(X.double().clone(), requires_grad=True)
+    fn(ours).backward()
+    torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), x.grad)
+    assert tt.gradcheck(fn, X.double())
