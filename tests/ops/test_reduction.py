@@ -536,6 +536,12 @@ REDUCTION_EDGES = [
     edge("softmax NaN/inf", lambda x: x.softmax(1) * torch.arange(1.0, 4.0), EDGES),
     edge("log_softmax NaN/inf", lambda x: F.log_softmax(x, 0) * torch.arange(1.0, 4.0), EDGES),
     edge("cumsum NaN/inf", lambda x: x.cumsum(1), EDGES),
+    edge("softmax/log_softmax/logsumexp rows of -inf, inf", lambda x: x.softmax(1) + x.log_softmax(-1)
+         + x.logsumexp(1, keepdim=True), torch.tensor([[-INF, -INF], [INF, INF], [INF, -INF], [0.0, -INF]])),
+    edge("maximum/minimum NaN and ties", lambda x: torch.maximum(x, x.flip(0)) + 2 * torch.minimum(x, x.flip(1)),
+         EDGES),
+    case("amax/var/logsumexp negative tuple dims keepdim", lambda x: x.amax((-1, 0), True)
+         + x.var((-1, 0), keepdim=True) + x.logsumexp([0, -1], True), X3),
     edge("sum/mean/prod empty", lambda x: x.sum(1) + x.mean(0).sum() + x.prod(1), torch.zeros(2, 0)),
 ]
 
