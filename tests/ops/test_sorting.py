@@ -118,3 +118,13 @@ def test_quantile_out_refused():
 ])
 def test_double_backward(fn):
     double_backward_matches(fn, X.double())
+
+
+@pytest.mark.parametrize("mode", ["linear", "lower", "higher", "nearest", "midpoint"])
+@pytest.mark.parametrize("dim", [0, None])
+def test_quantile_ties_follow_torchs_sort(mode, dim):
+    x = torch.tensor([[1.0, 2.0], [1.0, 2.0], [3.0, 2.0], [1.0, 0.0]]).repeat(5, 1)
+    check_op(lambda x: torch.quantile(x, torch.tensor([0.1, 0.33, 0.5, 0.8]), dim, interpolation=mode), x,
+             gradcheck=False)
+    check_op(lambda x: torch.nanquantile(x, 0.4, dim, interpolation=mode), x.where(x != 3, math.nan),
+             gradcheck=False)
