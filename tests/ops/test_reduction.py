@@ -469,3 +469,109 @@ def test_double_backward(fn):
 @pytest.mark.parametrize("dim", [None, 0, 1])
 def test_prod_double_backward_with_zeros(data, dim):
     double_backward_matches(lambda x: x.prod() if dim is None else x.prod(dim), data.double())
+
+
+NAN = math.nan
+NANS = torch.tensor([[1.0, NAN, 3.0, 0.5], [2.0, 5.0, 5.0, -1.0], [NAN, NAN, NAN, NAN]])
+EDGES = torch.tensor([[1.0, NAN, 3.0], [2.0, 5.0, 5.0], [INF, 1.0, -INF], [-INF, -INF, 0.0]])
+ONE_ROW_ZERO = torch.tensor([[1.0, NAN, 3.0], [INF, 2.0, -1.0], [0.0, 2.0, 4.0]])  # torch's prod formula: a zero
+
+
+def edge(name, fn, x):
+    return case(name, fn, x, gradcheck=False)
+
+
+NAN_REDUCTIONS = [
+    case("torch.nansum", torch.nansum, X),
+    case("Tensor.nansum dim keepdim", lambda x: x.nansum(1, keepdim=True), X),
+    case("nansum tuple dims dtype", lambda x: torch.nansum(x, (0, -1), dtype=torch.float64), X3),
+    edge("nansum NaN", lambda x: x.nansum(-1), NANS),
+    edge("nansum all NaN", torch.nansum, NANS),
+    case("nansum 0-d", torch.nansum, X0),
+    case("nansum empty", lambda x: x.nansum(1), torch.zeros(2, 0)),
+    case("torch.nanmean", torch.nanmean, X),
+    case("Tensor.nanmean dim", lambda x: x.nanmean(dim=0, keepdim=True), X),
+    edge("nanmean NaN, all-NaN row", lambda x: x.nanmean(1), NANS),
+    edge("nanmean NaN all", T.nanmean, NANS),
+    case("nanmean 0-d", lambda x: x.nanmean(-1), X0),
+    case("torch.var_mean", lambda x: torch.var_mean(x)[0] + 2 * torch.var_mean(x)[1], X),
+    case("var_mean dim unbiased keepdim", lambda x: torch.var_mean(x, 1, False, True)[0] * 3, X),
+    case("var_mean unbiased only", lambda x: torch.var_mean(x, False)[1] * torch.var_mean(x, False)[0], X),
+    case("var_mean correction keywords", lambda x: sum(torch.var_mean(x, dim=(0, 2), correction=2)), X3),
+    case("var_mean mean only", lambda x: torch.var_mean(x, -1)[1], X),
+    edge("var_mean 1 element", lambda x: sum(torch.var_mean(x)), torch.tensor([2.0])),
+    case("torch.std_mean", lambda x: torch.std_mean(x)[0] + 2 * torch.std_mean(x)[1], X),
+    case("std_mean dim correction 0", lambda x: sum(torch.std_mean(x, -2, correction=0, keepdim=True)), X),
+    edge("std_mean constant rows", lambda x: torch.std_mean(x, 1)[0], torch.ones(2, 3)),
+    edge("var all dims, 0-d NaN (torch: inf)", torch.var, torch.tensor(NAN)),
+    edge("var correction > N (torch: NaN at the mean)", lambda x: torch.var(x, correction=2), torch.tensor([2.0])),
+    edge("var dim, N = correction", lambda x: x.var(0), torch.tensor([[2.0, 3.0]])),
+    edge("std all dims N = correction", torch.std, torch.tensor([2.0])),
+    case("torch.aminmax", lambda x: torch.aminmax(x)[0] - 2 * torch.aminmax(x).max, X),
+    case("Tensor.aminmax dim keepdim", lambda x: sum(x.aminmax(dim=-1, keepdim=True)), X3),
+    edge("aminmax ties", lambda x: torch.aminmax(x, dim=1).min + 3 * torch.aminmax(x, dim=1).max, TIES),
+    edge("aminmax NaN (torch: NaN)", lambda x: sum(torch.aminmax(x, dim=1)), NANS),
+    case("aminmax 0-d", lambda x: sum(torch.aminmax(x)), X0),
+]
+
+REDUCTION_EDGES = [
+    edge("amax NaN slice gives NaN", lambda x: x.amax(1), EDGES),
+    edge("amax all with NaN", torch.amax, EDGES),
+    edge("amax () with NaN", lambda x: x.amax(()), EDGES),
+    edge("amin NaN keepdim", lambda x: x.amin(-1, keepdim=True), EDGES),
+    edge("amax 0-d NaN", torch.amax, torch.tensor(NAN)),
+    edge("max all with NaN: g to the NaN", torch.max, EDGES),
+    edge("max dim with NaN: g at the NaN index", lambda x: x.max(1).values, EDGES),
+    edge("min dim with NaN", lambda x: torch.min(x, 0, keepdim=True).values, EDGES),
+    edge("prod NaN/inf, a zero elsewhere", lambda x: x.prod(1), EDGES),
+    edge("prod NaN/inf, no zero", lambda x: x.prod(1), EDGES[:3]),
+    edge("prod NaN/inf, zero in another row", lambda x: x.prod(-1, keepdim=True), ONE_ROW_ZERO),
+    edge("prod all 0-d NaN", torch.prod, torch.tensor(NAN)),
+    edge("prod all two zeros and inf (torch: 0)", torch.prod, torch.tensor([0.0, INF, 0.0])),
+    edge("prod all one zero and inf", torch.prod, torch.tensor([0.0, INF, 2.0])),
+    edge("logsumexp NaN/inf", lambda x: x.logsumexp(1), EDGES),
+    edge("logsumexp all", lambda x: x.logsumexp((0, 1)), EDGES),
+    edge("var/std NaN/inf", lambda x: x.var(1) + x.std(1), EDGES),
+    edge("norms NaN/inf", lambda x: sum(torch.linalg.vector_norm(x, p, 1) for p in (1, 2, 3, 0.5, INF, -INF)), EDGES),
+    edge("softmax NaN/inf", lambda x: x.softmax(1) * torch.arange(1.0, 4.0), EDGES),
+    edge("log_softmax NaN/inf", lambda x: F.log_softmax(x, 0) * torch.arange(1.0, 4.0), EDGES),
+    edge("cumsum NaN/inf", lambda x: x.cumsum(1), EDGES),
+    edge("softmax/log_softmax/logsumexp rows of -inf, inf", lambda x: x.softmax(1) + x.log_softmax(-1)
+         + x.logsumexp(1, keepdim=True), torch.tensor([[-INF, -INF], [INF, INF], [INF, -INF], [0.0, -INF]])),
+    edge("maximum/minimum NaN and ties", lambda x: torch.maximum(x, x.flip(0)) + 2 * torch.minimum(x, x.flip(1)),
+         EDGES),
+    case("amax/var/logsumexp negative tuple dims keepdim", lambda x: x.amax((-1, 0), True)
+         + x.var((-1, 0), keepdim=True) + x.logsumexp([0, -1], True), X3),
+    edge("sum/mean/prod empty", lambda x: x.sum(1) + x.mean(0).sum() + x.prod(1), torch.zeros(2, 0)),
+]
+
+
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("fn, inputs, gradcheck", NAN_REDUCTIONS + REDUCTION_EDGES)
+def test_nan_reductions_var_mean_aminmax_and_edges(fn, inputs, gradcheck, dtype):
+    run(fn, inputs, gradcheck, dtype)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.nansum(x, 1) ** 2, lambda x: x.nanmean(0) ** 2, lambda x: sum(torch.var_mean(x, 1)) ** 2,
+    lambda x: torch.std_mean(x, 0)[0] * torch.std_mean(x, 0)[1], lambda x: torch.aminmax(x, dim=1).max ** 2,
+])
+def test_double_backward_nan_reductions_var_mean(fn):
+    double_backward_matches(fn, X.double())
+
+
+@pytest.mark.parametrize("fn, same", [
+    (lambda x: x.var(()), torch.var), (lambda x: x.std([]), torch.std),
+    (lambda x: sum(torch.var_mean(x, ())), lambda x: sum(torch.var_mean(x))),
+    (lambda x: sum(torch.std_mean(x, dim=[], correction=0)), lambda x: sum(torch.std_mean(x, correction=0))),
+])
+def test_var_std_over_empty_dims_is_the_full_reduction(fn, same):
+    """torch's var_backward treats dim=() as one element per output (gradient +-inf) although the forward reduces
+    every dim; the gradient here is the full reduction's, which torch autograd gives for dim=None."""
+    x = X.double().clone().requires_grad_()
+    same(x).backward()
+    ours = tt.tracer(X.double().clone(), requires_grad=True)
+    fn(ours).backward()
+    torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), x.grad)
+    assert tt.gradcheck(fn, X.double())

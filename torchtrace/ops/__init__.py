@@ -12,6 +12,8 @@ from torchtrace.ops import (  # noqa: F401
     nondifferentiable,
     pointwise,
     reduction,
+    scans,
+    sorting,
     rounding,
     shape,
     softmax,

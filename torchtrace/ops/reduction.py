@@ -1,4 +1,5 @@
-"""Gradient rules for reductions: sum, mean, prod, max/min, amax/amin, logsumexp, var/std, norms, cumsum."""
+"""Gradient rules for reductions: sum, mean, prod, nansum, nanmean, max/min, amax/amin, aminmax, logsumexp,
+var/std (and var_mean/std_mean), norms, cumsum."""
 import math
 from typing import Sequence, Tuple, Union
 
@@ -61,28 +62,62 @@ class Mean(Sum):
 
     @staticmethod
     def backward(ctx, g):
-        return expand_reduced(g, ctx.shape, ctx.dim, ctx.keepdim) / reduced_count(ctx.shape, ctx.dim)
+        return mean_grad(g, ctx.shape, ctx.dim, ctx.keepdim)
 
 
-def product_of_others(x: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
-    """prod_{j != i} x_j along dim, for every i (y: the product, with dim kept); exact when x has zeros."""
-    zeros = x == 0
-    if not zeros.any():
-        return y / x
-    if torch.is_grad_enabled():  # create_graph: row i = x with x_i replaced by 1, so derivatives stay exact
-        n, shape = x.shape[dim], [1] * (x.dim() + 1)
-        shape[dim] = shape[dim + 1] = n
-        eye = torch.eye(n, dtype=x.dtype, device=x.device).view(shape)
-        return (x.unsqueeze(dim) * (1 - eye) + eye).prod(dim + 1)
-    count = zeros.sum(dim, keepdim=True)
-    nonzero = x + zeros  # zeros replaced by ones
-    product = nonzero.prod(dim, keepdim=True)
-    return product / nonzero * (count == 0) + product * (zeros & (count == 1))
+def mean_grad(g: torch.Tensor, shape: torch.Size, dim: Dims, keepdim: bool) -> torch.Tensor:
+    """d mean / dx_i = 1 / N."""
+    return expand_reduced(g, shape, dim, keepdim) / reduced_count(shape, dim)
+
+
+@register(torch.nansum, T.nansum)
+class Nansum(Function):
+    """y = sum of the non-NaN x_i (over dim)  ->  dy/dx_i = 1, 0 at NaN"""
+
+    @staticmethod
+    def forward(ctx, x, dim=None, keepdim=False, *, dtype=None):
+        ctx.dim, ctx.keepdim = dim, keepdim
+        ctx.save_for_backward(x)
+        return torch.nansum(x, dim, keepdim, dtype=dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return expand_reduced(g, x.shape, ctx.dim, ctx.keepdim) * ~x.isnan()
+
+
+@register(torch.nanmean, T.nanmean)
+class Nanmean(Nansum):
+    """y = nansum x / (number of non-NaN x_i)  ->  dy/dx_i = 1 / count, 0 at NaN (NaN for an all-NaN slice, as torch)"""
+
+    @staticmethod
+    def forward(ctx, x, dim=None, keepdim=False, *, dtype=None):
+        ctx.dim, ctx.keepdim = dim, keepdim
+        ctx.save_for_backward(x)
+        return torch.nanmean(x, dim, keepdim, dtype=dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        kept = ~x.isnan()
+        count = kept.sum(reduced_dims(ctx.dim, x.dim()), keepdim=True)
+        return restore_dims(g, x.dim(), ctx.dim, ctx.keepdim) / count * kept
+
+
+def exclusive_products(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """prod_{j != i} x_j along dim for every i: the exclusive cumprods from both ends multiplied (torch's formula)."""
+    n = x.shape[dim]
+    if n <= 1 or x.numel() == 0:
+        return torch.ones_like(x)
+    ones = torch.ones_like(x.narrow(dim, 0, 1))
+    before = torch.cat([ones, x.narrow(dim, 0, n - 1)], dim).cumprod(dim)
+    after = torch.cat([ones, x.narrow(dim, 1, n - 1).flip(dim)], dim).cumprod(dim).flip(dim)
+    return before * after
 
 
 @register(torch.prod, T.prod)
 class Prod(Function):
-    """y = prod_i x_i (over dim)  ->  dy/dx_i = prod_{j != i} x_j"""
+    """y = prod_i x_i (over dim)  ->  dy/dx_i = prod_{j != i} x_j  (y / x_i when no input is 0, as torch)"""
 
     @staticmethod
     def forward(ctx, x, dim=None, keepdim=False, *, dtype=None):
@@ -94,17 +129,28 @@ class Prod(Function):
     @staticmethod
     def backward(ctx, g):
         x, y = ctx.saved_tensors
-        if ctx.dim is None or x.dim() == 0:
-            return g * product_of_others(x.reshape(-1), y.reshape(1), 0).reshape(x.shape)
-        dim = ctx.dim % x.dim()
-        others = product_of_others(x, restore_dims(y, x.dim(), dim, ctx.keepdim), dim)
-        return restore_dims(g, x.dim(), dim, ctx.keepdim) * others
+        if x.dim() == 0:
+            return g
+        zeros = int((x == 0).sum())  # torch picks its formula by the zeros in the whole input, even across slices
+        if ctx.dim is not None:
+            g, y = (restore_dims(t, x.dim(), ctx.dim, ctx.keepdim) for t in (g, y))
+            return g * (y / x) if zeros == 0 else g * exclusive_products(x, ctx.dim % x.dim())
+        if zeros == 0:
+            return g * (y / x)
+        if zeros > 1 and not torch.is_grad_enabled():
+            return torch.zeros_like(x)  # torch's shortcut: with two zeros every product of the others is 0
+        return g * exclusive_products(x.reshape(-1), 0).reshape(x.shape)
 
 
-def split_among_ties(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dim: Dims, keepdim: bool) -> torch.Tensor:
-    """Gradient of a max/min reduction: g shared evenly by the elements equal to the result (NaN counts as equal)."""
+def split_among_ties(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dim: Dims, keepdim: bool,
+                     nan_is_equal: bool = True) -> torch.Tensor:
+    """Gradient of a max/min reduction: g shared evenly by the elements equal to the result.
+
+    max()/min()/median() count NaN as equal to a NaN result (torch's evenly_distribute_backward); amax/amin
+    do not, so a slice whose result is NaN has no element equal to it and gets g * 0 / 0 = NaN, as torch.
+    """
     y = restore_dims(y, x.dim(), dim, keepdim)
-    hits = (x == y) | (x.isnan() & y.isnan())
+    hits = (x == y) | (x.isnan() & y.isnan()) if nan_is_equal else x == y
     count = hits.sum(reduced_dims(dim, x.dim()), keepdim=True)
     return restore_dims(g, x.dim(), dim, keepdim) * hits / count
 
@@ -125,7 +171,7 @@ class Amax(Function):
     @staticmethod
     def backward(ctx, g):
         x, y = ctx.saved_tensors
-        return split_among_ties(g, x, y, ctx.dim, ctx.keepdim)
+        return split_among_ties(g, x, y, ctx.dim, ctx.keepdim, nan_is_equal=False)
 
 
 @register(torch.amin, T.amin)
@@ -133,6 +179,24 @@ class Amin(Amax):
     """y = min x (over dim)  ->  dy/dx_i = 1/k at the k elements equal to y, 0 elsewhere"""
 
     op = staticmethod(torch.amin)
+
+
+@register(torch.aminmax, T.aminmax)
+class Aminmax(Function):
+    """(min, max) = aminmax(x)  ->  each shares its g evenly among the elements equal to it (NaN: NaN, as amin/amax)"""
+
+    @staticmethod
+    def forward(ctx, x, *, dim=None, keepdim=False):
+        out = torch.aminmax(x, dim=dim, keepdim=keepdim)
+        ctx.dim, ctx.keepdim = dim, keepdim
+        ctx.save_for_backward(x, out.min, out.max)
+        return out
+
+    @staticmethod
+    def backward(ctx, g_min, g_max):
+        x, low, high = ctx.saved_tensors
+        return sum(split_among_ties(g, x, y, ctx.dim, ctx.keepdim, nan_is_equal=False)
+                   for g, y in ((g_min, low), (g_max, high)))
 
 
 @register(torch.max, T.max)
@@ -215,6 +279,26 @@ def var_options(args: tuple, kwargs: dict) -> Tuple[Dims, float, bool]:
     return options.get("dim"), correction, bool(options.get("keepdim", False))
 
 
+def var_grad(g: torch.Tensor, x: torch.Tensor, dim: Dims, correction: float, keepdim: bool) -> torch.Tensor:
+    """d var / dx_i = 2 (x_i - mean) / (N - correction); over all dims with N <= correction torch gives
+    NaN where x_i = mean and inf elsewhere (2 / 0 times 0 or times a non-zero)."""
+    if x.dim() == 0 or dim is None:
+        dof = x.numel() - correction
+        if dof <= 0:
+            return g * torch.where(x == x.mean(), torch.full_like(x, math.nan), torch.full_like(x, math.inf))
+        return g * (2 / dof) * (x - x.mean())
+    centred = x - x.mean(reduced_dims(dim, x.dim()), keepdim=True)
+    dof = reduced_count(x.shape, dim) - correction
+    return restore_dims(g, x.dim(), dim, keepdim) * centred * (2 / dof if dof else math.inf)
+
+
+def std_grad(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dim: Dims, correction: float,
+             keepdim: bool) -> torch.Tensor:
+    """d std / dx_i = d var / dx_i / (2 std), with g / (2 std) taken as 0 where std = 0 (as torch)."""
+    scaled = torch.where(y == 0, torch.zeros_like(g), g / (2 * y))
+    return var_grad(scaled, x, dim, correction, keepdim)
+
+
 @register(torch.var, T.var)
 class Var(Function):
     """y = sum_i (x_i - mean)^2 / (N - correction)  ->  dy/dx_i = 2 (x_i - mean) / (N - correction)"""
@@ -225,15 +309,13 @@ class Var(Function):
     def forward(ctx, x, *args, **kwargs):
         y = ctx.rule.op(x, *args, **kwargs)
         ctx.dim, ctx.correction, ctx.keepdim = var_options(args, kwargs)
-        ctx.save_for_backward(x, y)
+        ctx.save_for_backward(x, y if isinstance(y, torch.Tensor) else y[0])
         return y
 
     @staticmethod
     def backward(ctx, g):
         x, _ = ctx.saved_tensors
-        centred = x - x.mean(reduced_dims(ctx.dim, x.dim()), keepdim=True)
-        dof = reduced_count(x.shape, ctx.dim) - ctx.correction
-        return restore_dims(g, x.dim(), ctx.dim, ctx.keepdim) * centred * (2 / dof if dof else math.inf)
+        return var_grad(g, x, ctx.dim, ctx.correction, ctx.keepdim)
 
 
 @register(torch.std, T.std)
@@ -245,8 +327,33 @@ class Std(Var):
     @staticmethod
     def backward(ctx, g):
         x, y = ctx.saved_tensors
-        y = restore_dims(y, x.dim(), ctx.dim, ctx.keepdim)
-        return Var.backward(ctx, g) / (2 * y + (y == 0)) * (y != 0)
+        return std_grad(g, x, y, ctx.dim, ctx.correction, ctx.keepdim)
+
+
+@register(torch.var_mean)
+class VarMean(Var):
+    """(var, mean) = var_mean(x)  ->  dL/dx = g_var dvar/dx + g_mean / N"""
+
+    op = staticmethod(torch.var_mean)
+
+    @staticmethod
+    def backward(ctx, g_var, g_mean):
+        x, _ = ctx.saved_tensors
+        return var_grad(g_var, x, ctx.dim, ctx.correction, ctx.keepdim) + mean_grad(g_mean, x.shape, ctx.dim,
+                                                                                      ctx.keepdim)
+
+
+@register(torch.std_mean)
+class StdMean(Var):
+    """(std, mean) = std_mean(x)  ->  dL/dx = g_std dstd/dx + g_mean / N"""
+
+    op = staticmethod(torch.std_mean)
+
+    @staticmethod
+    def backward(ctx, g_std, g_mean):
+        x, y = ctx.saved_tensors
+        grad = std_grad(g_std, x, y, ctx.dim, ctx.correction, ctx.keepdim)
+        return grad + mean_grad(g_mean, x.shape, ctx.dim, ctx.keepdim)
 
 
 @register(torch.linalg.vector_norm)

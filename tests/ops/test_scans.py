@@ -1,0 +1,72 @@
+"""Gradient rules of torchtrace/ops/scans.py (cumprod, cummax, cummin, logcumsumexp) against torch autograd."""
+import math
+
+import pytest
+import torch
+from helpers import check_op, double_backward_matches, non_contiguous
+
+import torchtrace as tt
+
+T = torch.Tensor
+INF, NAN = math.inf, math.nan
+gen = torch.Generator().manual_seed(0)
+X = torch.randn(3, 5, generator=gen)
+X0 = torch.tensor(0.8)
+X3 = torch.randn(2, 3, 4, generator=gen)
+ZEROS = torch.tensor([[1.5, 0.0, -2.0, 0.5, 3.0], [0.7, 1.2, -0.8, 2.0, 0.0], [0.0, 2.0, 0.0, -1.0, 0.5],
+                      [0.0, 0.0, 0.0, 0.0, 0.0]])  # rows: one zero, one zero last, two zeros, all zeros
+TIES = torch.tensor([[1.0, 3.0, 3.0, 0.5, 3.0], [2.0, 2.0, -1.0, 2.0, 4.0]])
+EDGES = torch.tensor([[1.0, -INF, 2.0, INF, 0.0], [-INF, -INF, 0.5, 1.0, NAN]])
+
+
+def case(name, fn, *inputs, gradcheck=True):
+    return pytest.param(fn, inputs, gradcheck, id=name)
+
+
+CASES = [
+    case("torch.cumprod", lambda x: torch.cumprod(x, 1), X),
+    case("Tensor.cumprod negative dim", lambda x: x.cumprod(-2), X3),
+    case("cumprod dtype keyword", lambda x: x.cumprod(dim=0, dtype=torch.float64), X),
+    case("cumprod one zero, two zeros, all zeros", lambda x: x.cumprod(1) * torch.arange(1.0, 6.0), ZEROS),
+    case("cumprod zeros along dim 0", lambda x: x.cumprod(0), ZEROS),
+    case("cumprod 0-d", lambda x: x.cumprod(0), X0),
+    case("cumprod size-1 dim", lambda x: x.cumprod(1), torch.zeros(3, 1)),
+    case("cumprod empty", lambda x: x.cumprod(1), torch.zeros(2, 0)),
+    case("cumprod non-contiguous", lambda x: x.cumprod(0), non_contiguous(X)),
+    case("cumprod used twice", lambda x: x.cumprod(1) * x, X),
+    case("in-place cumprod_", lambda x: (x * 1).cumprod_(1), ZEROS),
+    case("torch.cummax", lambda x: torch.cummax(x, 1).values, X),
+    case("Tensor.cummax ties", lambda x: x.cummax(dim=1)[0] * torch.arange(1.0, 6.0), TIES, gradcheck=False),
+    case("cummax inf NaN", lambda x: x.cummax(1).values, EDGES, gradcheck=False),
+    case("cummin", lambda x: torch.cummin(x, -1).values, X3),
+    case("cummin ties", lambda x: x.cummin(0).values * torch.arange(1.0, 6.0), TIES, gradcheck=False),
+    case("cummin inf NaN", lambda x: x.cummin(1).values, EDGES, gradcheck=False),
+    case("cummax 0-d", lambda x: x.cummax(0).values, X0),
+    case("torch.logcumsumexp", lambda x: torch.logcumsumexp(x, 1), X),
+    case("Tensor.logcumsumexp dim 0", lambda x: x.logcumsumexp(dim=0) * torch.arange(1.0, 6.0), X),
+    case("logcumsumexp mixed-sign grads", lambda x: x.logcumsumexp(-1) * torch.tensor([1.0, -2.0, 0.0, 3.0]), X3),
+    case("logcumsumexp large values", lambda x: x.logcumsumexp(1), X * 300),
+    case("logcumsumexp -inf/inf/NaN", lambda x: x.logcumsumexp(1), EDGES, gradcheck=False),
+    case("logcumsumexp 0-d", lambda x: x.logcumsumexp(0), X0),
+    case("logcumsumexp empty", lambda x: x.logcumsumexp(0), torch.zeros(0, 3)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("fn, inputs, gradcheck", CASES)
+def test_scans(fn, inputs, gradcheck, dtype):
+    tolerance = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {}
+    check_op(fn, *[x.to(dtype) for x in inputs], gradcheck=gradcheck, **tolerance)
+
+
+def test_cummax_indices_carry_no_gradient():
+    values, indices = tt.tracer(X.clone(), requires_grad=True).cummax(1)
+    assert values.requires_grad and not indices.requires_grad
+
+
+@pytest.mark.parametrize("fn, x", [
+    (lambda x: x.cumprod(1), X), (lambda x: x.cumprod(1), ZEROS), (lambda x: x.cumprod(0), ZEROS),
+    (lambda x: x.cummax(1).values ** 2, X), (lambda x: x.logcumsumexp(1), X),
+])
+def test_double_backward(fn, x):
+    double_backward_matches(fn, x.double())

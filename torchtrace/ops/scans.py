@@ -1,0 +1,110 @@
+"""Gradient rules for cumulative ops (scans): cumprod, cummax, cummin, logcumsumexp (cumsum lives in reduction.py)."""
+import torch
+
+from torchtrace.autograd.function import Function, register
+
+T = torch.Tensor
+
+
+def reversed_cumsum(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """s_j = sum_{i>=j} t_i along dim."""
+    return t.flip(dim).cumsum(dim).flip(dim)
+
+
+def cumprod_grad_with_zeros(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, dim: int) -> torch.Tensor:
+    """dL/dx_k = sum_{i>=k} g_i prod_{j<=i, j!=k} x_j, exact when x has zeros (dim: non-negative)."""
+    n = x.shape[dim]
+    if torch.is_grad_enabled():  # create_graph: every x_k replaced by 1 in its own row, so derivatives stay exact
+        shape = [1] * (x.dim() + 1)
+        shape[dim] = shape[dim + 1] = n
+        eye = torch.eye(n, dtype=x.dtype, device=x.device).view(shape)
+        later = torch.ones(n, n, dtype=torch.bool, device=x.device).triu().view(shape)  # row k, column i >= k
+        others = (x.unsqueeze(dim) * (1 - eye) + eye).cumprod(dim + 1)
+        return (g.unsqueeze(dim) * others * later).sum(dim + 1)
+    zeros = x == 0
+    seen = zeros.cumsum(dim)
+    before, first = seen == 0, zeros & (seen == 1)  # before the first zero of the slice; the first zero itself
+    skip_first = torch.where(first, torch.ones_like(x), x).cumprod(dim)  # prod_{j<=i, j != first zero} x_j
+    at_first = (g * skip_first * (seen > 0)).sum(dim, keepdim=True)
+    ahead = reversed_cumsum(g * y, dim) / torch.where(before, x, torch.ones_like(x))  # y_i = 0 past the first zero
+    return ahead * before + at_first * first
+
+
+@register(torch.cumprod, T.cumprod)
+class Cumprod(Function):
+    """y_i = prod_{j<=i} x_j  ->  dL/dx_k = sum_{i>=k} g_i y_i / x_k  (exact products of the others at zeros)"""
+
+    @staticmethod
+    def forward(ctx, x, dim, *, dtype=None):
+        y = torch.cumprod(x, dim, dtype=dtype)
+        ctx.dim = dim
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        if x.numel() <= 1 or x.dim() == 0:
+            return g
+        dim = ctx.dim % x.dim()
+        if x.shape[dim] == 1:
+            return g
+        if (x == 0).any():
+            return cumprod_grad_with_zeros(x, y.to(g.dtype), g, dim)
+        return reversed_cumsum(g * y, dim) / x
+
+
+@register(torch.cummax, T.cummax)
+class Cummax(Function):
+    """values_i = max_{j<=i} x_j, indices_i = its position  ->  dL/dx_j = sum of g_i over the i whose index is j"""
+
+    op = staticmethod(torch.cummax)
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        out = ctx.rule.op(x, dim)
+        ctx.dim = dim
+        ctx.save_for_backward(out.indices)
+        return out
+
+    @staticmethod
+    def backward(ctx, g, *_):
+        (indices,) = ctx.saved_tensors
+        if g.dim() == 0:
+            return g
+        return g.new_zeros(g.shape).scatter_add(ctx.dim, indices, g)
+
+
+@register(torch.cummin, T.cummin)
+class Cummin(Cummax):
+    """values_i = min_{j<=i} x_j, indices_i = its position  ->  dL/dx_j = sum of g_i over the i whose index is j"""
+
+    op = staticmethod(torch.cummin)
+
+
+@register(torch.logcumsumexp, T.logcumsumexp)
+class LogCumSumExp(Function):
+    """y_i = log sum_{j<=i} exp x_j  ->  dL/dx_k = sum_{i>=k} g_i exp(x_k - y_i)  (in log space, g split by sign)"""
+
+    @staticmethod
+    def forward(ctx, x, dim):
+        y = torch.logcumsumexp(x, dim)
+        ctx.dim = dim
+        ctx.save_for_backward(x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y = ctx.saved_tensors
+        if x.dim() == 0:
+            return LogCumSumExp.grad(x.reshape(1), y.reshape(1), g.reshape(1), 0).reshape(())
+        return LogCumSumExp.grad(x, y, g, ctx.dim)
+
+    @staticmethod
+    def grad(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, dim: int) -> torch.Tensor:
+        """exp(x_k + log sum_{i>=k} |g_i| exp(-y_i)) for the positive and the negative g, as torch (log 0 -> lowest)"""
+        lowest = torch.full_like(g, torch.finfo(g.dtype).min)
+        log_g = g.abs().log()
+        parts = [torch.where(mask, log_g, lowest) for mask in (g > 0, g < 0)]
+        positive, negative = ((part - y).flip(dim).logcumsumexp(dim).flip(dim) + x for part in parts)
+        return positive.exp() - negative.exp()
