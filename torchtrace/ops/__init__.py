@@ -1,9 +1,11 @@
 """Gradient rules for tensor-level torch ops, one module per family."""
 from torchtrace.ops import (  # noqa: F401
+    aten_forms,
     arithmetic,
     construction,
     differences,
     distances,
+    identities,
     indexing,
     linalg,
     linalg_decompositions,
@@ -11,6 +13,7 @@ from torchtrace.ops import (  # noqa: F401
     linalg_inverse,
     nondifferentiable,
     pointwise,
+    random,
     reduction,
     rounding,
     shape,
