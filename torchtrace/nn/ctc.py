@@ -130,22 +130,26 @@ class CtcLoss(Function):
             return first_derivative(ctx, g)
         with torch.no_grad():  # create_graph=True: the gradient exists, but it cannot be differentiated again
             grad, *rest = first_derivative(ctx, g)
-        return (FirstDerivativeOnly.apply(grad, ctx.saved_tensors[0], g), *rest)
+        return (FirstDerivativeOnly.apply(grad, ctx.saved_tensors[0], g, CTC_SECOND), *rest)
+
+
+CTC_SECOND = ("torch.nn.functional.ctc_loss: second derivatives (differentiating its gradient again) are not "
+              "supported (torch has none either; the log-space recursions' -inf paths would give NaN) — take the CTC "
+              "loss out of the part of the graph that needs second derivatives.")
 
 
 class FirstDerivativeOnly(Function):
-    """ctc_loss's gradient under create_graph=True: its own derivative is refused (torch has none either)"""
+    """A gradient computed under create_graph=True whose own derivative is refused with `message`
+    (ops whose torch gradient is not differentiable again)"""
 
     @staticmethod
-    def forward(ctx, gradient, log_probs, grad_output):
+    def forward(ctx, gradient, source, grad_output, message):
+        ctx.message = message
         return gradient
 
     @staticmethod
     def backward(ctx, g):
-        raise UnsupportedOperationError(
-            "torch.nn.functional.ctc_loss: second derivatives (differentiating its gradient again) are not supported "
-            "(torch has none either; the log-space recursions' -inf paths would give NaN) — take the CTC loss "
-            "out of the part of the graph that needs second derivatives.")
+        raise UnsupportedOperationError(ctx.message)
 
 
 def first_derivative(ctx, g) -> tuple:
