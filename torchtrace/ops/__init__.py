@@ -11,6 +11,7 @@ from torchtrace.ops import (  # noqa: F401
     linalg_decompositions,
     linalg_functions,
     linalg_inverse,
+    masked_index,
     nondifferentiable,
     pointwise,
     random,
