@@ -16,6 +16,7 @@ from torchtrace.ops import (  # noqa: F401
     pointwise,
     random,
     reduction,
+    refused,
     rounding,
     shape,
     softmax,
