@@ -18,6 +18,7 @@ from torchtrace.ops import (  # noqa: F401
     reduction,
     refused,
     rounding,
+    segment_reduce,
     shape,
     softmax,
     special,
