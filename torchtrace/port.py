@@ -4,6 +4,7 @@ from typing import Callable, Dict, TypeVar
 import torch
 
 from torchtrace.nn.attention import MultiheadAttention
+from torchtrace.nn.local_response_norm import CrossMapLRN2d
 from torchtrace.nn.module import Module, Parameter, module_entered, module_left
 from torchtrace.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from torchtrace.tracer import as_tracer, tracer
@@ -20,6 +21,7 @@ SWAPS: Dict[type, type] = {
     torch.nn.LSTMCell: LSTMCell,  # torch._VF.lstm_cell
     torch.nn.GRUCell: GRUCell,  # torch._VF.gru_cell
     torch.nn.MultiheadAttention: MultiheadAttention,  # F.multi_head_attention_forward, fused fast paths
+    torch.nn.CrossMapLRN2d: CrossMapLRN2d,  # a legacy autograd.Function: refused with gradients
 }
 _MIXED: Dict[type, type] = {}  # user subclass of a swapped torch class -> (that subclass, tt.nn class)
 

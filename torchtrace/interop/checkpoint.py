@@ -17,8 +17,8 @@ import torch.utils.checkpoint
 
 from torchtrace.autograd.dispatch import run_rule
 from torchtrace.autograd.engine import grad as tt_grad
-from torchtrace.autograd.function import BackwardMode, Function
-from torchtrace.autograd.observers import observing
+from torchtrace.autograd.function import Function
+from torchtrace.autograd.state import STATE, observing
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.interop.patches import has_tracer
 from torchtrace.tracer import tracer as TRACER
@@ -103,7 +103,7 @@ class Checkpoint(Function):
     def backward(ctx: Any, *grads: Any) -> Any:
         block = ctx.block
         inputs = ctx.saved_tensors
-        create_graph = BackwardMode.create_graph
+        create_graph = STATE.create_graph
         if create_graph:
             _check_second_order(inputs, ctx.leaves)
         with torch._C._EnableTorchFunction(), torch.enable_grad(), _rng(block.rng):
@@ -156,7 +156,7 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: Any = None, preser
     del out, tensors
     recorded.clear()
     read.clear()
-    result = run_rule(Checkpoint, None, (_Opaque(block), *args, *leaves), {})
+    result = run_rule(TRACER, Checkpoint, None, (_Opaque(block), *args, *leaves), {})
     if block.others is None:
         return result
     items, linked = list(block.others), [result] if isinstance(result, torch.Tensor) else list(result)

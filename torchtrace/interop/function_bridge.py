@@ -11,7 +11,8 @@ from typing import Any, Callable, List, Tuple
 import torch
 
 from torchtrace.autograd.dispatch import run_rule
-from torchtrace.autograd.function import BackwardMode, Function
+from torchtrace.autograd.function import Function
+from torchtrace.autograd.state import STATE
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.tracer import tracer as TRACER
 
@@ -142,7 +143,7 @@ def _backward(ctx: Any, *grads: Any) -> Any:
     for i, g in zip(call.places, grads):
         full[i] = g
     backward = call.user_class.backward
-    if _once_differentiable(backward) and BackwardMode.create_graph:
+    if _once_differentiable(backward) and STATE.create_graph:
         with _guard():
             result = backward.__wrapped__(ctx.user_ctx, *full)
         result = _poison(result)
@@ -171,10 +172,10 @@ def apply_on_tracers(user_class: type, new_style: bool, args: tuple, kwargs: dic
         args = bound.args + tuple(bound.kwargs.values())
     call = _Call(user_class, new_style)
     hidden = tuple(_Opaque(a) if isinstance(a, (list, tuple, dict)) else a for a in args)
-    result = run_rule(_bridge(user_class), None, (_Opaque(call),) + hidden, {})
+    result = run_rule(TRACER, _bridge(user_class), None, (_Opaque(call),) + hidden, {})
     tensors = [result] if isinstance(result, torch.Tensor) else list(result)
     user_ctx = call.node.user_ctx
-    if call.node.inputs:
+    if call.node._edges:
         non_diff = {id(t) for t in user_ctx.non_differentiable}
         dirty = {id(t): t for t in user_ctx.dirty}
         for i, (t, plain) in enumerate(zip(tensors, call.raw)):

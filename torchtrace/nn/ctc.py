@@ -126,28 +126,50 @@ class CtcLoss(Function):
 
     @staticmethod
     def backward(ctx, g):
-        if torch.is_grad_enabled():  # the engine records this backward: create_graph=True
-            raise UnsupportedOperationError(
-                "torch.nn.functional.ctc_loss: second derivatives (backward with create_graph=True) are not supported "
-                "(torch has none either; the log-space recursions' -inf paths would give NaN) — take the CTC loss "
-                "out of the part of the graph that needs second derivatives."
-            )
-        (log_probs,) = ctx.saved_tensors
-        lp = log_probs if ctx.batched else log_probs.unsqueeze(1)
-        steps, n, classes = lp.shape
-        alpha, beta, emit, log_p = forward_backward(lp, ctx.ext, ctx.input_lengths, ctx.target_lengths, ctx.blank)
-        through = alpha + beta
-        reached = through > NEG_INF  # also keeps -inf - (-inf) out where lp = -inf
-        share = torch.where(reached, torch.exp(torch.where(reached, through - emit, 0.0) - log_p.reshape(1, n, 1)),
-                            0.0)
-        grad = torch.zeros_like(lp).scatter_add(2, ctx.ext.unsqueeze(0).expand(steps, n, -1), share)
-        impossible = torch.isinf(log_p)
-        frames = torch.arange(steps, device=lp.device).reshape(steps, 1) < torch.tensor(ctx.input_lengths,
-                                                                                        device=lp.device)
-        fill = 0.0 if ctx.zero_infinity else float("nan")  # torch: NaN for an impossible sample's frames
-        grad = torch.where((impossible & frames).unsqueeze(2), fill, -grad)
-        grad = grad * _sample_scale(g, ctx.reduction, ctx.target_lengths, n).to(lp.dtype).reshape(1, n, 1)
-        return (grad if ctx.batched else grad.squeeze(1)), None, None, None
+        if not torch.is_grad_enabled():
+            return first_derivative(ctx, g)
+        with torch.no_grad():  # create_graph=True: the gradient exists, but it cannot be differentiated again
+            grad, *rest = first_derivative(ctx, g)
+        return (FirstDerivativeOnly.apply(grad, ctx.saved_tensors[0], g, CTC_SECOND), *rest)
+
+
+CTC_SECOND = ("torch.nn.functional.ctc_loss: second derivatives (differentiating its gradient again) are not "
+              "supported (torch has none either; the log-space recursions' -inf paths would give NaN) — take the CTC "
+              "loss out of the part of the graph that needs second derivatives.")
+
+
+class FirstDerivativeOnly(Function):
+    """A gradient computed under create_graph=True whose own derivative is refused with `message`
+    (ops whose torch gradient is not differentiable again)"""
+
+    @staticmethod
+    def forward(ctx, gradient, source, grad_output, message):
+        ctx.message = message
+        return gradient
+
+    @staticmethod
+    def backward(ctx, g):
+        raise UnsupportedOperationError(ctx.message)
+
+
+def first_derivative(ctx, g) -> tuple:
+    """(dl/dlog_probs, None, None, None): the forward-backward recursions' posterior, scaled by g."""
+    (log_probs,) = ctx.saved_tensors
+    lp = log_probs if ctx.batched else log_probs.unsqueeze(1)
+    steps, n, classes = lp.shape
+    alpha, beta, emit, log_p = forward_backward(lp, ctx.ext, ctx.input_lengths, ctx.target_lengths, ctx.blank)
+    through = alpha + beta
+    reached = through > NEG_INF  # also keeps -inf - (-inf) out where lp = -inf
+    share = torch.where(reached, torch.exp(torch.where(reached, through - emit, 0.0) - log_p.reshape(1, n, 1)),
+                        0.0)
+    grad = torch.zeros_like(lp).scatter_add(2, ctx.ext.unsqueeze(0).expand(steps, n, -1), share)
+    impossible = torch.isinf(log_p)
+    frames = torch.arange(steps, device=lp.device).reshape(steps, 1) < torch.tensor(ctx.input_lengths,
+                                                                                    device=lp.device)
+    fill = 0.0 if ctx.zero_infinity else float("nan")  # torch: NaN for an impossible sample's frames
+    grad = torch.where((impossible & frames).unsqueeze(2), fill, -grad)
+    grad = grad * _sample_scale(g, ctx.reduction, ctx.target_lengths, n).to(lp.dtype).reshape(1, n, 1)
+    return (grad if ctx.batched else grad.squeeze(1)), None, None, None
 
 
 def _sample_scale(g: torch.Tensor, reduction: str, target_lengths: List[int], n: int) -> torch.Tensor:

@@ -27,7 +27,8 @@ class LinearFunction(Function):
             g = g.unsqueeze(-1)
             return (g * w if need_x else None), (g * x if need_w else None), grad_b
         grad_x = g @ w if need_x else None
-        grad_w = g.reshape(-1, w.shape[0]).t() @ x.reshape(-1, w.shape[1]) if need_w else None
+        rows = x.numel() // w.shape[1] if w.shape[1] else g.numel() // w.shape[0] if w.shape[0] else 0  # no -1: 0-wide
+        grad_w = g.reshape(rows, w.shape[0]).t() @ x.reshape(rows, w.shape[1]) if need_w else None
         return grad_x, grad_w, grad_b
 
 

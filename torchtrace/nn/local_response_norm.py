@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.errors import UnsupportedOperationError
 from torchtrace.nn.module import Module
 
 
@@ -48,3 +49,17 @@ class LocalResponseNormalization(Function):
 
 class LocalResponseNorm(Module, torch.nn.LocalResponseNorm):
     """torch.nn.LocalResponseNorm, recorded by torchtrace's local response normalisation rule."""
+
+
+class CrossMapLRN2d(Module, torch.nn.CrossMapLRN2d):
+    """torch.nn.CrossMapLRN2d runs a legacy torch autograd Function that torchtrace cannot see into: refused
+    with gradients (tt.port swaps it in), torch's result without."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        needs = getattr(input, "_tt_requires_grad", False) or any(
+            getattr(q, "_tt_requires_grad", False) or q.requires_grad for q in self.parameters())
+        if needs and torch.is_grad_enabled():
+            raise UnsupportedOperationError(
+                "torch.nn.CrossMapLRN2d: its legacy autograd Function has no gradient rule — use "
+                "torch.nn.LocalResponseNorm (F.local_response_norm) instead, or run it under tt.no_grad()")
+        return torch.nn.CrossMapLRN2d.forward(self, input)

@@ -85,7 +85,8 @@ def matrix_norm_grad(a: torch.Tensor, y: torch.Tensor, g: torch.Tensor, ord: Any
     """Gradient of y = ||A||_ord over A's last two dims (y, g: one value per matrix; torch has checked ord)."""
     g2 = g.unsqueeze(-1).unsqueeze(-1)
     if ord == "fro":
-        return a * g2 / (y + (y == 0)).unsqueeze(-1).unsqueeze(-1)  # y = 0 only at A = 0: gradient 0, as torch
+        y2 = y.unsqueeze(-1).unsqueeze(-1)
+        return g2 * torch.where(y2 == 0, 0.0, a / y2)  # y = 0 only at A = 0: gradient 0 (2nd: NaN), as torch
     if ord in ("nuc", 2, -2):
         u, s, vh = linalg.svd(a, full_matrices=False)
         if ord == "nuc":

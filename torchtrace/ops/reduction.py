@@ -382,11 +382,11 @@ class VectorNorm(Function):
         if p == 1:
             return x.sign() * g
         if p == 2:
-            return x * g / (y + (y == 0))  # y = 0 only when x = 0: gradient 0, as torch
+            return g * torch.where(y == 0, 0.0, x / y)  # y = 0 only at x = 0: gradient 0 (2nd: NaN), as torch
         if p > 1:
             return x.sign() * x.abs() ** (p - 1) * g / (y + (y == 0)) ** (p - 1)
-        zero = x == 0  # p < 1: |x|^(p-1) blows up at 0, where torch defines the gradient as 0
-        return x.sign() * (x.abs() + zero) ** (p - 1) * ~zero * g * y ** (1 - p)
+        zero = x == 0  # p < 1: |x|^(p-1) blows up at 0, where torch defines the gradient as 0 (2nd: NaN, as torch)
+        return x.sign() * torch.where(zero, 0.0, x.abs() ** (p - 1)) * g * y ** (1 - p)
 
 
 @register(torch.norm, T.norm)

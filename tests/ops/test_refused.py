@@ -1,0 +1,33 @@
+"""Callables refused on purpose (torchtrace/ops/refused.py): a clear message with gradients, torch's result without."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtrace as tt
+
+A = torch.randn(5, 3, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("op, match", [
+    (lambda a: torch.svd_lowrank(a, q=2), r"svd_lowrank: gradients through the randomized low-rank SVD .* — use"),
+    (lambda a: torch.pca_lowrank(a, q=2), r"pca_lowrank: gradients through the randomized low-rank PCA .* — centre"),
+])
+def test_lowrank_refused_with_gradients(op, match):
+    with pytest.raises(tt.UnsupportedOperationError, match=match):
+        op(tt.tracer(A, requires_grad=True))
+
+
+def test_lowrank_runs_without_gradients():
+    torch.manual_seed(0)
+    ours = torch.svd_lowrank(tt.tracer(A), q=2)
+    torch.manual_seed(0)
+    theirs = torch.svd_lowrank(A, q=2)
+    assert all(torch.equal(a.as_subclass(torch.Tensor), b) for a, b in zip(ours, theirs))
+
+
+def test_multi_head_attention_forward_points_at_the_module():
+    x = tt.tracer(torch.randn(3, 2, 4), requires_grad=True)
+    w, b = torch.randn(12, 4), torch.randn(12)
+    out_w, out_b = torch.randn(4, 4), torch.randn(4)
+    with pytest.raises(tt.UnsupportedOperationError, match=r"head_attention_forward: .* tt.nn.MultiheadAttention"):
+        F.multi_head_attention_forward(x, x, x, 4, 2, w, b, None, None, False, 0.0, out_w, out_b)

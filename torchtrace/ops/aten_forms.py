@@ -1,0 +1,106 @@
+"""aten-level spellings that reach __torch_function__ from decompositions and tests: constant_pad_nd,
+aten.slice, aten._safe_softmax, aten._softmax_backward_data; and torch.dist, torch.nextafter."""
+from types import SimpleNamespace
+
+import torch
+
+from torchtrace.autograd.function import Function, register
+from torchtrace.nn.conv import Pad
+from torchtrace.ops.reduction import VectorNorm
+from torchtrace.ops.rule_tables import binary
+
+T = torch.Tensor
+aten = torch.ops.aten
+
+
+@register(torch.constant_pad_nd)
+class ConstantPadNd(Function):
+    """y = x padded with `value` (negative pads crop)  ->  dx = g with the padding removed"""
+
+    @staticmethod
+    def forward(ctx, input, pad, value=0):
+        return Pad.forward(ctx, input, pad, "constant", value)
+
+    @staticmethod
+    def backward(ctx, g):
+        return Pad.backward(ctx, g), None, None
+
+
+@register(aten.slice.Tensor, aten.slice)
+class Slice(Function):
+    """y = x[start:end:step] along dim  ->  dx = zeros with g scattered back into that slice"""
+
+    @staticmethod
+    def forward(ctx, input, dim=0, start=None, end=None, step=1):
+        ctx.dim, ctx.shape = dim, input.shape
+        ctx.picked = range(*slice(start, end, step).indices(input.shape[dim]))  # Python's clamping = aten's
+        return aten.slice.Tensor(input, dim, start, end, step)
+
+    @staticmethod
+    def backward(ctx, g):
+        index = torch.tensor(list(ctx.picked), dtype=torch.long, device=g.device)
+        return g.new_zeros(ctx.shape).index_add(ctx.dim, index, g), None, None, None, None
+
+
+@register(aten._safe_softmax.default, aten._safe_softmax)
+class SafeSoftmax(Function):
+    """y = softmax(x) with rows that are all -inf giving 0  ->  dL/dx = y * (g - sum(g * y))"""
+
+    @staticmethod
+    def forward(ctx, input, dim, dtype=None):
+        y = aten._safe_softmax.default(input, dim, dtype=dtype)
+        ctx.dim = dim
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return y * (g - (g * y).sum(ctx.dim, keepdim=True)), None, None
+
+
+@register(aten._softmax_backward_data, aten._softmax_backward_data.default)
+class SoftmaxBackwardData(Function):
+    """r = y * (h - sum(h * y)) (softmax's VJP of h at output y)  ->  dh = y * (g - sum(g * y)),
+    dy = g * (h - sum(h * y)) - h * sum(g * y)"""
+
+    @staticmethod
+    def forward(ctx, grad_output, output, dim, input_dtype):
+        ctx.dim = dim
+        ctx.save_for_backward(grad_output, output)
+        return aten._softmax_backward_data(grad_output, output, dim, input_dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        h, y = ctx.saved_tensors
+        need_h, need_y = ctx.needs_input_grad[:2]
+        gy = (g * y).sum(ctx.dim, keepdim=True)
+        dh = y * (g - gy) if need_h else None
+        dy = g * (h - (h * y).sum(ctx.dim, keepdim=True)) - h * gy if need_y else None
+        return dh, dy, None, None
+
+
+@register(torch.dist, T.dist)
+class Dist(Function):
+    """y = ||a - b||_p  ->  da = d||d||_p/dd (as vector_norm) at d = a - b,  db = -da"""
+
+    @staticmethod
+    def forward(ctx, input, other, p=2):
+        y = torch.dist(input, other, p)
+        ctx.p = float(p)
+        ctx.save_for_backward(input, other, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b, y = ctx.saved_tensors
+        diff = a - b
+        norm = SimpleNamespace(saved_tensors=(diff, y), ord=ctx.p, dim=None, keepdim=False)  # vector_norm's ctx
+        d = VectorNorm.backward(norm, g).expand(torch.broadcast_shapes(a.shape, b.shape))
+        need_a, need_b = ctx.needs_input_grad[:2]
+        return (d if need_a else None), (-d if need_b else None), None
+
+
+binary("Nextafter", [torch.nextafter, T.nextafter],
+       "y = next float after a towards b  ->  dy/da = 1, dy/db = 0 (torch)",
+       lambda g, a, b, z: g, lambda g, a, b, z: torch.zeros_like(g))

@@ -1,0 +1,36 @@
+"""Callables refused on purpose, each with the reason and what to write instead (README Limitations).
+
+They reach __torch_function__ whole (Python composites with their own override check), and a rule for
+them would have to re-derive what their pieces already differentiate, or a randomized algorithm's path.
+"""
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from torchtrace.autograd.function import Function, register
+from torchtrace.errors import UnsupportedOperationError
+from torchtrace.naming import callable_name
+
+
+def refusal(op: Callable, reason: str) -> type:
+    """A rule for `op` that refuses whenever an input requires a gradient (without one, torch runs it as usual)."""
+    message = f"{callable_name(op)}: {reason}"
+
+    def forward(ctx, *args, **kwargs):
+        raise UnsupportedOperationError(message)
+
+    members = {"__doc__": f"refused: {reason}", "forward": staticmethod(forward),
+               "backward": staticmethod(lambda ctx, *grads: None)}
+    return register(op, rule=type(f"Refused_{op.__name__}", (Function,), members))
+
+
+refusal(F.multi_head_attention_forward,
+        "the functional form has no gradient rule — use tt.nn.MultiheadAttention (same parameters and outputs; its "
+        "forward is made of linear / scaled_dot_product_attention rules), or F.scaled_dot_product_attention")
+refusal(torch.svd_lowrank,
+        "gradients through the randomized low-rank SVD are not supported (they would follow the random projection) "
+        "— use torch.linalg.svd(A, full_matrices=False) and keep the first q singular triplets")
+refusal(torch.pca_lowrank,
+        "gradients through the randomized low-rank PCA are not supported (they would follow the random projection) "
+        "— centre A and use torch.linalg.svd(A, full_matrices=False), keeping the first q triplets")
