@@ -1,0 +1,210 @@
+"""Run a fuzz program on tracers and under torch autograd (float64) and compare everything observable."""
+import re
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+import torchtrace as tt
+from torchtrace.coverage import is_refusal
+
+from .program import Program
+
+RTOL, ATOL = 1e-6, 1e-9
+OK, REFUSED, BOTH_RAISED, FAIL = "ok", "refused", "both raised", "FAIL"
+
+
+class Disagreement(AssertionError):
+    """torchtrace and torch autograd disagree on a program."""
+
+
+@dataclass
+class Outcome:
+    status: str
+    detail: str = ""
+
+
+def cotangent(shape: Sequence[int]) -> torch.Tensor:
+    """A fixed, uneven gradient for an output (-0.5, 0.5, 1.5, -0.5, ...), so every element counts."""
+    n = 1
+    for s in shape:
+        n *= s
+    return (torch.arange(n, dtype=torch.float64) % 3 - 0.5).reshape(tuple(shape))
+
+
+def _plain(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return t
+    with torch._C.DisableTorchFunctionSubclass():
+        return t.detach().clone().as_subclass(torch.Tensor)
+
+
+def _observe(program: Callable, inputs: Sequence[torch.Tensor], leaf: Callable, backward: Callable,
+             second: Callable, double: bool) -> Dict[str, Any]:
+    """Everything the comparison looks at, from one side."""
+    xs = [leaf(x) for x in inputs]
+    outs, retained = program(*xs)
+    seen: Dict[str, Any] = {f"output {i}": _plain(o) for i, o in enumerate(outs)}
+    seen.update({f"output {i} requires_grad": bool(o.requires_grad) for i, o in enumerate(outs)})
+    live = [o for o in outs if o.requires_grad]
+    if live:
+        backward(live, [cotangent(o.shape) for o in live], double)
+    seen.update({f"grad of input {i}": _plain(x.grad) for i, x in enumerate(xs)})
+    seen.update({f"retained grad {i}": _plain(r.grad) for i, r in enumerate(retained)})
+    if double:
+        firsts = [x.grad for x in xs]
+        terms = [(g * cotangent(g.shape)).sum() for g in firsts if g is not None and g.requires_grad]
+        results = second(sum(terms), xs) if terms else [None] * len(xs)
+        seen.update({f"second derivative of input {i}": _plain(g) for i, g in enumerate(results)})
+    return seen
+
+
+def _torch_backward(outs: list, grads: list, double: bool) -> None:
+    torch.autograd.backward(outs, grads, create_graph=double)
+
+
+def _torch_second(total: torch.Tensor, xs: list) -> list:
+    return list(torch.autograd.grad(total, xs, allow_unused=True))
+
+
+def _tt_backward(outs: list, grads: list, double: bool) -> None:
+    tt.backward(outs, grads, create_graph=double)
+
+
+def _tt_second(total: torch.Tensor, xs: list) -> list:
+    return list(tt.grad(total, xs, allow_unused=True))
+
+
+def _torch_leaf(x: torch.Tensor) -> torch.Tensor:
+    return x.clone().requires_grad_(True)
+
+
+def _tt_leaf(x: torch.Tensor) -> torch.Tensor:
+    return tt.tracer(x.clone(), requires_grad=True)
+
+
+def _first_difference(ours: Dict[str, Any], theirs: Dict[str, Any]) -> Optional[str]:
+    """The first observation that differs (a gradient that is None on one side counts as zeros)."""
+    for key, b in theirs.items():
+        a = ours.get(key)
+        if not isinstance(b, torch.Tensor) and not isinstance(a, torch.Tensor):
+            if a != b:
+                return f"{key}: torchtrace {a}, torch {b}"
+            continue
+        a = torch.zeros_like(b) if a is None else a
+        b = torch.zeros_like(a) if b is None else b
+        if a.shape != b.shape:
+            return f"{key}: shape {tuple(a.shape)}, torch {tuple(b.shape)}"
+        if not torch.allclose(a.to(b.dtype), b, rtol=RTOL, atol=ATOL, equal_nan=True):
+            return f"{key} differs:\n  torchtrace {_short(a)}\n  torch      {_short(b)}"
+    return None
+
+
+def _short(t: Any) -> str:
+    if not isinstance(t, torch.Tensor):
+        return repr(t)
+    return repr(t.tolist()) if t.numel() <= 12 else f"tensor of shape {tuple(t.shape)}"
+
+
+def compare(program: Callable, inputs: Sequence[torch.Tensor], double: bool = False) -> Outcome:
+    """Run on both sides. OK, REFUSED (a clear torchtrace refusal), BOTH_RAISED, or FAIL with the first difference."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            theirs = _observe(program, inputs, _torch_leaf, _torch_backward, _torch_second, double)
+            torch_error = None
+        except Exception as exc:
+            theirs, torch_error = None, exc
+        try:
+            ours = _observe(program, inputs, _tt_leaf, _tt_backward, _tt_second, double)
+            tt_error = None
+        except Exception as exc:
+            ours, tt_error = None, exc
+    if torch_error is not None:
+        if tt_error is not None:
+            return Outcome(BOTH_RAISED, f"{type(torch_error).__name__} / {type(tt_error).__name__}")
+        return Outcome(FAIL, f"torch raised {type(torch_error).__name__}: {_line(torch_error)}; torchtrace did not")
+    if tt_error is not None:
+        if is_refusal(tt_error):
+            return Outcome(REFUSED, f"{type(tt_error).__name__}: {_line(tt_error)}")
+        return Outcome(FAIL, f"torchtrace raised {type(tt_error).__name__}: {_line(tt_error)}; torch did not")
+    difference = _first_difference(ours, theirs)
+    return Outcome(FAIL, difference) if difference else Outcome(OK)
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else ""
+
+
+def assert_same(program: Callable, inputs: Sequence[torch.Tensor], double: bool = False) -> None:
+    """The check a printed fuzz program runs: torchtrace matches torch autograd, or refuses clearly."""
+    outcome = compare(program, inputs, double)
+    if outcome.status == FAIL:
+        raise Disagreement(outcome.detail)
+
+
+def run_program(p: Program) -> Outcome:
+    return compare(p.function(), [v for _, v in p.inputs], p.double)
+
+
+def shrink(p: Program, outcome: Outcome) -> Tuple[Program, Outcome]:
+    """Drop statements one at a time while the program still fails the same way."""
+    kind = _kind(outcome)
+    changed = True
+    while changed:
+        changed = False
+        for i in reversed(range(len(p.lines))):
+            candidate = p.without(i)
+            try:
+                result = run_program(candidate)
+            except Exception:
+                continue
+            if result.status == FAIL and _kind(result) == kind:
+                p, outcome, changed = candidate, result, True
+                break
+    if p.double:
+        single = Program(p.inputs, p.lines, p.outputs, p.retained, double=False)
+        result = run_program(single)
+        if result.status == FAIL:
+            p = single
+    p = p.without_unused_inputs()
+    return p, run_program(p)
+
+
+def _kind(outcome: Outcome) -> str:
+    """What failed, without positions: 'output N', 'grad of input N', 'torch raised RuntimeError', ..."""
+    return re.sub(r"\d+", "N", outcome.detail.split(":")[0].split(" differs")[0])
+
+
+@dataclass
+class Tally:
+    """Counts over a fuzz run; failures keep the shrunk program and its source."""
+
+    counts: Counter = field(default_factory=Counter)
+    refusals: Counter = field(default_factory=Counter)
+    failures: List[Tuple[int, Program, Outcome]] = field(default_factory=list)
+
+    def add(self, seed: int, p: Program, outcome: Outcome, minimize: bool = True) -> None:
+        self.counts[outcome.status] += 1
+        if outcome.status == REFUSED:
+            self.refusals[outcome.detail[:110]] += 1
+        if outcome.status == FAIL:
+            if minimize:
+                p, outcome = shrink(p, outcome)
+            self.failures.append((seed, p, outcome))
+
+    def summary(self) -> str:
+        total = sum(self.counts.values())
+        parts = [f"{total} programs: " + ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))]
+        if self.refusals:
+            parts.append("refusals:")
+            parts += [f"  {n:5d}  {reason}" for reason, n in self.refusals.most_common()]
+        return "\n".join(parts)
+
+
+def report(seed: int, p: Program, outcome: Outcome) -> str:
+    """A failure as readable, pasteable Python."""
+    return f"# DISAGREEMENT (seed {seed}): {outcome.detail}\n{p.source()}\n"
