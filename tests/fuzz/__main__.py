@@ -5,26 +5,8 @@ from typing import List, Optional
 
 import torch
 
-from .generator import CI_FEATURES, FEATURES, KNOWN_CORE_BUGS, generate
-from .runner import Tally, report, run_program
-
-CI_PROGRAMS, CI_SEED = 300, 0
-
-
-def fuzz(seed: int, count: Optional[int], minutes: Optional[float], known_bugs: bool, quiet: bool = False) -> Tally:
-    """Draw programs from seed, seed + 1, ... until `count` programs or `minutes` have passed."""
-    features = FEATURES if known_bugs else CI_FEATURES
-    tally = Tally()
-    deadline = time.monotonic() + 60 * minutes if minutes else None
-    n = 0
-    while (count is None or n < count) and (deadline is None or time.monotonic() < deadline):
-        program = generate(seed + n, features)
-        before = len(tally.failures)
-        tally.add(seed + n, program, run_program(program))
-        if len(tally.failures) > before and not quiet:
-            print(report(*tally.failures[-1]), flush=True)
-        n += 1
-    return tally
+from .generator import KNOWN_CORE_BUGS
+from .runner import CI_PROGRAMS, CI_SEED, fuzz
 
 
 def main(argv: Optional[List[str]] = None) -> int:

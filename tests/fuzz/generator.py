@@ -7,6 +7,7 @@ a statement torch rejects is dropped and another one drawn.
 """
 import math
 import random
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
@@ -23,10 +24,18 @@ KNOWN_CORE_BUGS: Dict[str, str] = {
     "cat_container": "issue 8 §1 item 1: cat/stack of a namedtuple or list subclass records nothing",
     "inplace_keyword": "issue 8 §1 item 2: F.relu(x, inplace=True) and friends do not mutate x",
     "retain_then_inplace": "issue 8 §1 item 7: retain_grad() then an in-place op reports the old value's grad",
+    "nan_inf": "issue 8 §1 item 10: NaN/inf inputs -- many rules multiply the incoming gradient by a 0/1 mask "
+               "(relu, hardtanh, max/amax/amin, clamp, prod, pow, where...), so a NaN reaches elements torch gives 0",
+    "atan2_zero": "issue 8 §1 item 10: atan2 at (0, 0) gives a NaN gradient (torch: 0)",
+    "alias_self": "issue 8 §1 (new, found by this fuzzer): torch returns the input object itself from x.contiguous() "
+                  "(contiguous x), x.flatten() (1-D x), x.float() (float x); torchtrace returns a new tensor, so a "
+                  "hook or retain_grad on the result sees different gradients",
+    "inplace_viewed": "issue 8 §1 (new, found by this fuzzer): an in-place op on a tensor does not reach views "
+                      "taken of it before, which keep the old value's gradient (and requires_grad)",
 }
 FEATURES: FrozenSet[str] = frozenset({
     "pointwise", "binary", "reduction", "matmul", "view", "index", "cat", "where", "softmax", "inplace",
-    "inplace_view", "hook", "retain_grad", "double", "edges", "nan",
+    "inplace_view", "hook", "retain_grad", "double", "edges",
 }) | frozenset(KNOWN_CORE_BUGS)
 CI_FEATURES: FrozenSet[str] = FEATURES - frozenset(KNOWN_CORE_BUGS)
 
@@ -41,7 +50,7 @@ UNARY = [
 ]
 BINARY = [
     "{a} + {b}", "{a} - {b}", "{a} * {b}", "{a} / {b}", "torch.add({a}, {b}, alpha=2)", "torch.sub({a}, {b})",
-    "torch.maximum({a}, {b})", "torch.minimum({a}, {b})", "torch.atan2({a}, {b})", "{a} ** {b}",
+    "torch.maximum({a}, {b})", "torch.minimum({a}, {b})", "{a} ** {b}",
     "torch.mul({a}, {b})", "{a}.div({b})", "torch.hypot({a}, {b})",
     "torch.lerp({a}, {b}, 0.3)", "torch.where({a} > {b}, {a}, {b})", "torch.where({a} > 0, {a}, {b})",
     "torch.where({a} >= 0, {a}, 0.0)", "torch.fmax({a}, {b})", "torch.addcmul({a}, {a}, {b}, value=0.5)",
@@ -62,7 +71,8 @@ INPLACE_KEYWORD = ["F.relu({v}, inplace=True)", "F.leaky_relu({v}, 0.2, inplace=
                    "F.elu({v}, inplace=True)", "F.relu6({v}, inplace=True)", "F.silu({v}, inplace=True)",
                    "F.dropout({v}, p=0.0, training=True, inplace=True)", "torch.nn.ReLU(inplace=True)({v})"]
 VALUES = [-2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 0.25, -0.75, 3.0]
-EDGES = [0.0, 0.0, float("nan"), float("inf"), float("-inf"), 1e-300, -0.0]
+EDGES = [0.0, 0.0, -0.0, 1e-3]
+NAN_INF = [float("nan"), float("inf"), float("-inf")]
 
 
 @dataclass
@@ -72,6 +82,8 @@ class Var:
     view: bool = False
     retained: bool = False
     mutated: bool = False
+    base: Optional["Var"] = None  # for a view: the tensor it views
+    viewed: bool = False  # some view of this tensor exists
 
 
 @dataclass
@@ -94,11 +106,11 @@ class Generator:
     # ---- values and inputs -------------------------------------------------------------------------------------
     def values(self, shape: Tuple[int, ...]) -> torch.Tensor:
         edge = "edges" in self.features and self.rng.random() < 0.3
-        nan = "nan" in self.features
+        edges = EDGES + (NAN_INF if "nan_inf" in self.features else [])
         items = []
         for _ in range(math.prod(shape)):
             if edge and self.rng.random() < 0.25:
-                value = self.rng.choice(EDGES if nan else [0.0, 0.0, -0.0])
+                value = self.rng.choice(edges)
             else:
                 value = self.rng.choice(VALUES)
             items.append(value)
@@ -168,7 +180,8 @@ class Generator:
         if family == "pointwise":
             return self.define(self.rng.choice(UNARY).format(a=x))
         if family == "binary":
-            return self.define(self.rng.choice(BINARY).format(a=x, b=self.operand(x)))
+            binary = BINARY + (["torch.atan2({a}, {b})"] if "atan2_zero" in self.features else [])
+            return self.define(self.rng.choice(binary).format(a=x, b=self.operand(x)))
         if family == "reduction":
             if self.rng.random() < 0.35:
                 return self.define(self.rng.choice(REDUCTION_ALL).format(a=x))
@@ -187,8 +200,8 @@ class Generator:
         if family == "inplace":
             return self.inplace()
         if family == "hook":
-            factor = self.rng.choice([0.5, 2.0, -1.0, 3.0])
-            hook = self.rng.choice([f"lambda g: g * {factor}", "lambda g: None", f"lambda g: g + {factor}"])
+            factor = self.rng.choice([0.5, 2.0, -1.0, 3.0])  # scaling hooks: linear in g, as gradients are
+            hook = self.rng.choice([f"lambda g: g * {factor}", "lambda g: None"])
             return f"{x}.register_hook({hook})", None
         target = self.pick(lambda v: not v.leaf and not v.retained and not v.mutated)
         if target is None:
@@ -197,9 +210,9 @@ class Generator:
         self.program.retained.append(target.name)
         return f"{target.name}.retain_grad()", None
 
-    def define(self, expression: str, view: bool = False) -> Tuple[str, Var]:
+    def define(self, expression: str, view: bool = False, of: Optional[Var] = None) -> Tuple[str, Var]:
         name = self.fresh()
-        return f"{name} = {expression}", Var(name, leaf=False, view=view)
+        return f"{name} = {expression}", Var(name, leaf=False, view=view, base=of if view else None)
 
     def matmul(self, x: str) -> Tuple[str, Var]:
         shape = self.shape(x)
@@ -266,7 +279,9 @@ class Generator:
     def inplace(self) -> Optional[Tuple[str, Optional[Var]]]:
         allow_view = "inplace_view" in self.features and self.rng.random() < 0.2
         allow_retained = "retain_then_inplace" in self.features
-        target = self.pick(lambda v: not v.leaf and (allow_view or not v.view) and (allow_retained or not v.retained))
+        allow_viewed = "inplace_viewed" in self.features
+        target = self.pick(lambda v: not v.leaf and (allow_view or not v.view) and (allow_retained or not v.retained)
+                           and (allow_viewed or not v.viewed))
         if target is None:
             return None
         v = target.name
@@ -289,16 +304,27 @@ class Generator:
             if drawn is None:
                 continue
             line, var = drawn
+            if var is not None and var.view and var.base is None:
+                var.base = self.var_named(line.split(" = ", 1)[1])
             if self.try_line(line):
                 self.program.lines.append(line)
                 if var is not None and isinstance(self.env.get(var.name), torch.Tensor):
                     if self.env[var.name].is_floating_point():
                         self.vars.append(var)
+                    base = var.base
+                    while base is not None:  # the viewed tensor, and what it views in turn
+                        base.viewed = True
+                        base = base.base
             else:  # forget inputs drawn for the rejected statement
                 del self.program.inputs[n_inputs:]
                 del self.vars[n_vars:]
         self.program.outputs = self.outputs()
         return self.program
+
+    def var_named(self, expression: str) -> Optional[Var]:
+        """The tensor a view expression starts from (`t3[1:]`, `t3.mT`, `x0.reshape(-1)` -> t3 / x0)."""
+        head = re.match(r"\w+", expression)
+        return next((v for v in self.vars if head and v.name == head.group(0)), None)
 
     def try_line(self, line: str) -> bool:
         scope = dict(self.env)
@@ -308,7 +334,11 @@ class Generator:
                 exec(line, {"torch": torch, "F": F, "Pair": Pair, "TensorList": TensorList}, scope)
         except Exception:
             return False
-        self.env.update({k: v for k, v in scope.items() if isinstance(v, torch.Tensor)})
+        new = {k: v for k, v in scope.items() if isinstance(v, torch.Tensor) and self.env.get(k) is not v}
+        known = {id(v) for v in self.env.values()}
+        if "alias_self" not in self.features and any(id(v) in known for v in new.values()):
+            return False  # torch handed back an existing tensor object (x.contiguous() ...): see KNOWN_CORE_BUGS
+        self.env.update(new)
         return True
 
     def outputs(self) -> List[str]:

@@ -30,7 +30,7 @@ class Program:
     def function_source(self) -> str:
         names = ", ".join(n for n, _ in self.inputs)
         body = [f"    {line}" for line in self.lines]
-        retained = [r for r in self.retained if any(re.search(rf"\b{r}\b", line) for line in self.lines)]
+        retained = [r for r in self.retained if f"{r}.retain_grad()" in self.lines]
         body.append(f"    return [{', '.join(self.outputs)}], [{', '.join(retained)}]")
         return f"def program({names}):\n" + "\n".join(body) + "\n"
 

@@ -7,10 +7,9 @@ import time
 import pytest
 import torch
 
-from .__main__ import CI_PROGRAMS, CI_SEED, fuzz
 from .generator import CI_FEATURES, KNOWN_CORE_BUGS, generate
 from .program import Program, tensor_literal
-from .runner import FAIL, OK, REFUSED, assert_same, compare, report, run_program, shrink
+from .runner import CI_PROGRAMS, CI_SEED, FAIL, OK, REFUSED, assert_same, compare, fuzz, report, run_program, shrink
 
 
 def test_ci_budget_matches_torch(request: pytest.FixtureRequest) -> None:
