@@ -24,8 +24,16 @@ KNOWN_CORE_BUGS: Dict[str, str] = {
     "cat_container": "issue 8 §1 item 1: cat/stack of a namedtuple or list subclass records nothing",
     "inplace_keyword": "issue 8 §1 item 2: F.relu(x, inplace=True) and friends do not mutate x",
     "retain_then_inplace": "issue 8 §1 item 7: retain_grad() then an in-place op reports the old value's grad",
-    "nan_inf": "issue 8 §1 item 10: NaN/inf inputs -- many rules multiply the incoming gradient by a 0/1 mask "
-               "(relu, hardtanh, max/amax/amin, clamp, prod, pow, where...), so a NaN reaches elements torch gives 0",
+    "nan_inf": "issue 8 §1 item 10: NaN/inf -- many rules multiply the incoming gradient by a 0/1 mask (relu, "
+               "hardtanh, max/min/amax/amin, prod, pow, where...), so a NaN reaches elements torch gives 0; var/std "
+               "of one element, norm at 0, pow at 0 differ in NaN-ness. Off: no NaN/inf inputs, and differences in "
+               "programs whose values hold a NaN/inf are counted, not failed",
+    "mask_inf": "issue 8 §1 item 10: F.relu6 / F.hardtanh multiply the gradient by a 0/1 mask (nn/activation.py "
+                "_inside), so an infinite incoming gradient (sqrt at 0) becomes NaN where torch gives 0",
+    "elu_double_at_zero": "issue 8 §1 item 10: F.elu's second derivative at x = 0 differs from torch's",
+    "hook_double": "issue 8 §1 (new, found by this fuzzer): with create_graph=True, a hook on a non-leaf whose rule "
+                   "saved its output (div, prod) fires again in the second backward: x.div(y) with a *3 hook gives "
+                   "a second derivative 3x torch's",
     "atan2_zero": "issue 8 §1 item 10: atan2 at (0, 0) gives a NaN gradient (torch: 0)",
     "alias_self": "issue 8 §1 (new, found by this fuzzer): torch returns the input object itself from x.contiguous() "
                   "(contiguous x), x.flatten() (1-D x), x.float() (float x); torchtrace returns a new tensor, so a "
@@ -101,7 +109,8 @@ class Generator:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
-        self.program = Program(double="double" in self.features and self.rng.random() < 0.2)
+        self.program = Program(double="double" in self.features and self.rng.random() < 0.2,
+                               strict_nonfinite="nan_inf" in self.features)
 
     # ---- values and inputs -------------------------------------------------------------------------------------
     def values(self, shape: Tuple[int, ...]) -> torch.Tensor:
@@ -178,7 +187,10 @@ class Generator:
             return None
         x = a.name
         if family == "pointwise":
-            return self.define(self.rng.choice(UNARY).format(a=x))
+            unary = [u for u in UNARY if ("F.elu" not in u or not self.program.double
+                                          or "elu_double_at_zero" in self.features)
+                     and ("relu6" not in u and "hardtanh" not in u or "mask_inf" in self.features)]
+            return self.define(self.rng.choice(unary).format(a=x))
         if family == "binary":
             binary = BINARY + (["torch.atan2({a}, {b})"] if "atan2_zero" in self.features else [])
             return self.define(self.rng.choice(binary).format(a=x, b=self.operand(x)))
@@ -200,6 +212,8 @@ class Generator:
         if family == "inplace":
             return self.inplace()
         if family == "hook":
+            if self.program.double and not a.leaf and "hook_double" not in self.features:
+                return None
             factor = self.rng.choice([0.5, 2.0, -1.0, 3.0])  # scaling hooks: linear in g, as gradients are
             hook = self.rng.choice([f"lambda g: g * {factor}", "lambda g: None"])
             return f"{x}.register_hook({hook})", None

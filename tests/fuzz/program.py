@@ -22,6 +22,7 @@ class Program:
     outputs: List[str] = field(default_factory=list)
     retained: List[str] = field(default_factory=list)
     double: bool = False
+    strict_nonfinite: bool = True  # a difference among NaN/inf values fails (else it is counted apart)
 
     def used_inputs(self) -> List[Tuple[str, torch.Tensor]]:
         body = "\n".join(self.lines + self.outputs)
@@ -60,14 +61,14 @@ class Program:
         if not outputs:
             outputs = [self.lines_defined()[-1]] if self.lines_defined() else [self.inputs[0][0]]
         return Program(self.inputs, self.lines[:index] + self.lines[index + 1:], outputs,
-                       [r for r in self.retained if r != defined], self.double)
+                       [r for r in self.retained if r != defined], self.double, self.strict_nonfinite)
 
     def lines_defined(self) -> List[str]:
         return [line.split(" = ")[0] for line in self.lines if re.match(r"^t\d+ = ", line)]
 
     def without_unused_inputs(self) -> "Program":
         used = self.used_inputs() or self.inputs[:1]
-        return Program(used, self.lines, self.outputs, self.retained, self.double)
+        return Program(used, self.lines, self.outputs, self.retained, self.double, self.strict_nonfinite)
 
 
 def _number(x: float) -> str:

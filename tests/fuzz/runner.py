@@ -16,6 +16,9 @@ from .program import Program
 
 RTOL, ATOL = 1e-6, 1e-9
 OK, REFUSED, STRICTER, LENIENT, BOTH_RAISED, FAIL = "ok", "refused", "stricter", "lenient", "both raised", "FAIL"
+# A difference in a program whose values or gradients (torch's) hold a NaN or an infinity: counted apart while the
+# NaN/inf conventions of the rules are audited (KNOWN_CORE_BUGS["nan_inf"]); with that feature on, it fails.
+NONFINITE = "nan/inf edge"
 # torchtrace's saved-tensor version check fires where torch's does not when a rule saves more than torch does
 # (e.g. its output): a clear error, not a silent gradient, counted apart so the rules can be slimmed.
 # The same for a tensor changed in place after a view of it was taken: torchtrace refuses to go on.
@@ -118,7 +121,13 @@ def _short(t: Any) -> str:
     return repr(t.tolist()) if t.numel() <= 12 else f"tensor of shape {tuple(t.shape)}"
 
 
-def compare(program: Callable, inputs: Sequence[torch.Tensor], double: bool = False) -> Outcome:
+def _nonfinite(inputs: Sequence[torch.Tensor], seen: Dict[str, Any]) -> bool:
+    values = list(inputs) + [v for v in seen.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    return any(not bool(torch.isfinite(v).all()) for v in values)
+
+
+def compare(program: Callable, inputs: Sequence[torch.Tensor], double: bool = False,
+            strict_nonfinite: bool = True) -> Outcome:
     """Run on both sides. OK, REFUSED (a clear torchtrace refusal), BOTH_RAISED, or FAIL with the first difference."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -145,6 +154,8 @@ def compare(program: Callable, inputs: Sequence[torch.Tensor], double: bool = Fa
             return Outcome(STRICTER, _line(tt_error).split(" for backward")[0].split(" was modified")[0])
         return Outcome(FAIL, f"torchtrace raised {type(tt_error).__name__}: {_line(tt_error)}; torch did not")
     difference = _first_difference(ours, theirs)
+    if difference and not strict_nonfinite and _nonfinite(inputs, theirs):
+        return Outcome(NONFINITE, difference.split(":")[0].split(" differs")[0])
     return Outcome(FAIL, difference) if difference else Outcome(OK)
 
 
@@ -161,7 +172,7 @@ def assert_same(program: Callable, inputs: Sequence[torch.Tensor], double: bool 
 
 
 def run_program(p: Program) -> Outcome:
-    return compare(p.function(), [v for _, v in p.inputs], p.double)
+    return compare(p.function(), [v for _, v in p.inputs], p.double, strict_nonfinite=p.strict_nonfinite)
 
 
 def shrink(p: Program, outcome: Outcome) -> Tuple[Program, Outcome]:
@@ -180,7 +191,7 @@ def shrink(p: Program, outcome: Outcome) -> Tuple[Program, Outcome]:
                 p, outcome, changed = candidate, result, True
                 break
     if p.double:
-        single = Program(p.inputs, p.lines, p.outputs, p.retained, double=False)
+        single = Program(p.inputs, p.lines, p.outputs, p.retained, False, p.strict_nonfinite)
         result = run_program(single)
         if result.status == FAIL:
             p = single
@@ -203,7 +214,7 @@ class Tally:
 
     def add(self, seed: int, p: Program, outcome: Outcome, minimize: bool = True) -> None:
         self.counts[outcome.status] += 1
-        if outcome.status in (REFUSED, STRICTER, LENIENT):
+        if outcome.status in (REFUSED, STRICTER, LENIENT, NONFINITE):
             self.refusals[f"{outcome.status}: {outcome.detail[:110]}"] += 1
         if outcome.status == FAIL:
             if minimize:
