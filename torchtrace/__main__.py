@@ -34,9 +34,12 @@ def main(argv: Optional[List[str]] = None) -> None:
 
         run(args.epochs, args.out_dir)
     elif args.coverage:
+        from torchtrace.coverage import WRONG
         from torchtrace.coverage import main as coverage
 
-        coverage(full=args.full, limit=args.samples, only=args.only)
+        results = coverage(full=args.full, limit=args.samples, only=args.only)
+        if any(r.status == WRONG for r in results):
+            raise SystemExit(1)
     else:
         list_ops()
 
