@@ -24,10 +24,11 @@ KNOWN_CORE_BUGS: Dict[str, str] = {
     "cat_container": "issue 8 §1 item 1: cat/stack of a namedtuple or list subclass records nothing",
     "inplace_keyword": "issue 8 §1 item 2: F.relu(x, inplace=True) and friends do not mutate x",
     "retain_then_inplace": "issue 8 §1 item 7: retain_grad() then an in-place op reports the old value's grad",
-    "nan_inf": "issue 8 §1 item 10: NaN/inf -- many rules multiply the incoming gradient by a 0/1 mask (relu, "
-               "hardtanh, max/min/amax/amin, prod, pow, where...), so a NaN reaches elements torch gives 0; var/std "
-               "of one element, norm at 0, pow at 0 differ in NaN-ness. Off: no NaN/inf inputs, and differences in "
-               "programs whose values hold a NaN/inf are counted, not failed",
+    "nan_inf": ("issue 8 §1 item 10: NaN/inf. Many rules multiply the incoming gradient by a 0/1 mask (relu, "
+                "max/min/amax/amin, prod, pow, where...), so a NaN reaches elements torch gives 0; var/std of one "
+                "element, norm at 0, pow at 0 differ in NaN-ness; an infinite gradient (sqrt at 0) meeting std of "
+                "equal values, prod with a zero or a tied max gives NaN where torch gives a number. Off: no NaN/inf "
+                "inputs, and a difference involving a NaN/inf (or in a program holding one) is counted, not failed"),
     "mask_inf": "issue 8 §1 item 10: F.relu6 / F.hardtanh multiply the gradient by a 0/1 mask (nn/activation.py "
                 "_inside), so an infinite incoming gradient (sqrt at 0) becomes NaN where torch gives 0",
     "elu_double_at_zero": "issue 8 §1 item 10: F.elu's second derivative at x = 0 differs from torch's",
