@@ -107,6 +107,7 @@ class Generator:
     env: Dict[str, torch.Tensor] = field(init=False, default_factory=dict)
     vars: List[Var] = field(init=False, default_factory=list)
     counter: int = field(init=False, default=0)
+    view_mutated: bool = field(init=False, default=False)  # an in-place op hit a view: see statement()
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -215,6 +216,8 @@ class Generator:
         if family == "hook":
             if self.program.double and not a.leaf and "hook_double" not in self.features:
                 return None
+            if a.view and self.view_mutated:  # torch 2.13 segfaults hooking a view after a sibling view changed
+                return None
             factor = self.rng.choice([0.5, 2.0, -1.0, 3.0])  # scaling hooks: linear in g, as gradients are
             hook = self.rng.choice([f"lambda g: g * {factor}", "lambda g: None"])
             return f"{x}.register_hook({hook})", None
@@ -301,6 +304,7 @@ class Generator:
             return None
         v = target.name
         target.mutated = True
+        self.view_mutated = self.view_mutated or target.view
         if "inplace_keyword" in self.features and self.rng.random() < 0.4:
             text = self.rng.choice(INPLACE_KEYWORD).format(v=v)
             return self.define(text) if self.rng.random() < 0.5 else (text, None)
