@@ -216,8 +216,8 @@ class Generator:
         if family == "hook":
             if self.program.double and not a.leaf and "hook_double" not in self.features:
                 return None
-            if a.view and self.view_mutated:  # torch 2.13 segfaults hooking a view after a sibling view changed
-                return None
+            if (a.view or a.viewed) and self.view_mutated:  # torch 2.13 segfaults in register_hook on a view
+                return None  # (or its base) after a view of the same storage was changed in place
             factor = self.rng.choice([0.5, 2.0, -1.0, 3.0])  # scaling hooks: linear in g, as gradients are
             hook = self.rng.choice([f"lambda g: g * {factor}", "lambda g: None"])
             return f"{x}.register_hook({hook})", None
@@ -304,7 +304,7 @@ class Generator:
             return None
         v = target.name
         target.mutated = True
-        self.view_mutated = self.view_mutated or target.view
+        self.view_mutated = self.view_mutated or target.view or target.viewed
         if "inplace_keyword" in self.features and self.rng.random() < 0.4:
             text = self.rng.choice(INPLACE_KEYWORD).format(v=v)
             return self.define(text) if self.rng.random() < 0.5 else (text, None)
