@@ -3,7 +3,7 @@ from setuptools import find_packages, setup
 
 VIZ = ["graphviz", "matplotlib"]
 EXAMPLES = VIZ + ["tqdm", "scikit-learn", "gymnasium"]
-TEST = EXAMPLES + ["pytest", "hypothesis", "ruff", "nbmake", "nbclient", "ipykernel"]
+TEST = EXAMPLES + ["pytest", "hypothesis", "ruff", "nbmake", "nbclient", "ipykernel", "expecttest"]
 
 setup(
     name="torchtrace",

@@ -14,3 +14,9 @@ torch.set_num_threads(1)
 settings.register_profile("ci", derandomize=True, deadline=None)
 settings.register_profile("explore", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", help="test_opinfo: run every OpInfo sample, not the first two")
+    parser.addoption("--long", action="store_true", help="fuzz: run for --minutes")
+    parser.addoption("--minutes", type=float, default=5.0, help="fuzz --long: how long")

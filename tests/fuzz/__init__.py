@@ -1,0 +1,4 @@
+"""Differential fuzzer: random small programs on tracers vs torch autograd (issue: no silent gradients).
+
+python -m tests.fuzz --long [--minutes N] [--seed S] [--known-bugs]
+"""

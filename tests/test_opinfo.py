@@ -1,0 +1,104 @@
+"""PyTorch's OpInfo samples on tracers vs torch autograd (forward, gradients, second derivatives).
+
+Every judged op runs its first two samples in every form (pytest --full: every sample). A WRONG op (a value or
+gradient that differs from torch, or a crash that is not a clear refusal) fails; an op listed in
+opinfo_passing.txt must PASS; other ops may still be refused (skipped here). After adding rules, regenerate the
+list: python -m tests.test_opinfo --write
+"""
+import pathlib
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import torchtrace as tt
+from torchtrace import coverage
+
+PASSING_FILE = pathlib.Path(__file__).with_name("opinfo_passing.txt")
+OPS = {coverage.op_key(op): op for op in coverage.judged_ops()}
+
+
+def passing() -> set:
+    return {line.strip() for line in PASSING_FILE.read_text().splitlines() if line.strip()}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_opinfo(name: str, request: pytest.FixtureRequest) -> None:
+    result = coverage.judge(OPS[name], None if request.config.getoption("--full") else 2)
+    if result.status == coverage.WRONG:
+        pytest.fail(f"{name} is WRONG: {result.detail}")
+    if name in passing():
+        assert result.status == coverage.PASS, f"{name} passed before and is now {result.status}: {result.detail}"
+    elif result.status != coverage.PASS:
+        pytest.skip(f"{result.status}: {result.detail}")
+
+
+def test_the_passing_list_names_judged_ops():
+    assert passing() <= set(OPS)
+
+
+class WrongCube(tt.Function):
+    """y = x^3 -> dy/dx = 3 x^2 (deliberately off by a factor of 2 here)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 6 * x ** 2
+
+
+class Refused(tt.Function):
+    """y = x (refuses, as a rule does for an argument it does not handle)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        raise tt.UnsupportedOperationError("cube: not supported — use x ** 3")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def _fake_op(rule: type) -> SimpleNamespace:
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    def cube(x):
+        return rule.apply(x) if isinstance(x, tt.tracer) else x ** 3
+
+    def sample_inputs(device, dtype, requires_grad=False):
+        yield SampleInput(torch.linspace(-1, 1, 5, dtype=dtype).requires_grad_(requires_grad))
+
+    return SimpleNamespace(name="cube", variant_test_name="", op=cube, method_variant=None, operator_variant=None,
+                           inplace_variant=None, inplace_operator_variant=None, supports_gradgrad=False,
+                           gradcheck_wrapper=lambda op, *args, **kwargs: op(*args, **kwargs),
+                           sample_inputs_func=lambda op, *args: sample_inputs(*args))
+
+
+def test_a_wrong_gradient_is_judged_wrong():
+    result = coverage.judge(_fake_op(WrongCube))
+    assert result.status == coverage.WRONG
+    assert "gradient of input 0 differs from torch" in result.detail and "sample 0" in result.detail
+
+
+def test_a_clear_refusal_is_judged_unsupported():
+    result = coverage.judge(_fake_op(Refused))
+    assert result.status == coverage.UNSUPPORTED and "UnsupportedOperationError" in result.detail
+
+
+def test_the_report_counts_every_verdict():
+    results = [coverage.OpResult("a", coverage.PASS), coverage.OpResult("b", coverage.WRONG, "x"),
+               coverage.OpResult("c", coverage.UNSUPPORTED, "y", bare_refusal=True)]
+    line = coverage.totals(results)
+    assert "judged ops: 3" in line and "PASS 1" in line and "WRONG 1" in line and "unsupported 1 (1 of them" in line
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+    torch.set_num_threads(1)
+    names = [r.name for r in coverage.run(limit=2, out=open("/dev/null", "w")) if r.status == coverage.PASS]
+    PASSING_FILE.write_text("\n".join(sorted(names)) + "\n")
+    print(f"{len(names)} ops written to {PASSING_FILE}")
