@@ -1,0 +1,103 @@
+"""Writing values and torch callables as Python source that needs only `import torch`."""
+import functools
+import math
+import numbers
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+from torchtrace.errors import UnsupportedOperationError
+from torchtrace.naming import callable_name
+
+_ROOT = {"torch": torch}
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve(path: str) -> Any:
+    """The object a dotted path names (None if it names nothing)."""
+    obj: Any = _ROOT
+    first, *rest = path.split(".")
+    obj = _ROOT.get(first)
+    for part in rest:
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def callable_source(func: Callable) -> str:
+    """'torch.mul', 'torch.Tensor.add', 'torch.nn.functional.relu': an expression that evaluates to `func`."""
+    name = callable_name(func)
+    if name.endswith(".__get__"):
+        return name
+    found = _resolve(name)
+    if found is func or found == func:
+        return name
+    raise UnsupportedOperationError(
+        f"{name}: tt.compile cannot write this callable as plain torch code — call it outside the compiled "
+        "function, or write it with torch operations")
+
+
+def is_property(func: Callable) -> bool:
+    return getattr(func, "__name__", "") == "__get__" and hasattr(func, "__self__")
+
+
+def value_source(value: Any, tensor_name: Callable[[torch.Tensor], str], device_name: Optional[Callable] = None) -> str:
+    """Python source for an argument: tensors by name, numbers, dtypes, devices, slices, nested sequences."""
+    if isinstance(value, torch.Tensor):
+        return tensor_name(value)
+    if value is None or isinstance(value, (bool, str)):
+        return repr(value)
+    if isinstance(value, numbers.Integral):
+        return repr(int(value))
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return repr(number) if math.isfinite(number) else f"float('{number}')"
+    if isinstance(value, complex):
+        return repr(value)
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+        return str(value)
+    if isinstance(value, torch.device):
+        return (device_name(value) if device_name else None) or f"torch.device({str(value)!r})"
+    if isinstance(value, slice):
+        parts = (value.start, value.stop, value.step)
+        return f"slice({', '.join(value_source(p, tensor_name, device_name) for p in parts)})"
+    if value is Ellipsis:
+        return "..."
+    if isinstance(value, (list, tuple)):
+        items = [value_source(v, tensor_name, device_name) for v in value]
+        if isinstance(value, list):
+            return f"[{', '.join(items)}]"
+        return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {value_source(v, tensor_name, device_name)}" for k, v in value.items()) + "}"
+    raise UnsupportedOperationError(
+        f"tt.compile: an argument of type {type(value).__name__} ({value!r:.60}) cannot be written into the generated "
+        "code — pass tensors, numbers, dtypes or devices, or call this outside the compiled function")
+
+
+def call_source(func: Callable, args: tuple, kwargs: Dict[str, Any], tensor_name: Callable,
+                device_name: Optional[Callable] = None) -> str:
+    """`torch.mul(t1, t2)`, `t1.sum(dim=0)`, `t1.T`: one call as source."""
+    if is_property(func):
+        return f"{value_source(args[0], tensor_name)}.{func.__self__.__name__}"
+    if func is torch.Tensor.__getitem__ and not kwargs and len(args) == 2:
+        return f"{value_source(args[0], tensor_name)}[{index_source(args[1], tensor_name)}]"
+    source = callable_source(func)
+    rendered = [value_source(a, tensor_name, device_name) for a in args]
+    rendered += [f"{k}={value_source(v, tensor_name, device_name)}" for k, v in kwargs.items()]
+    method = source.rpartition(".")[2]
+    if source.startswith("torch.Tensor.") and not method.startswith("__") and args and isinstance(args[0], torch.Tensor):
+        return f"{rendered[0]}.{method}({', '.join(rendered[1:])})"
+    return f"{source}({', '.join(rendered)})"
+
+
+def index_source(index: Any, tensor_name: Callable) -> str:
+    """x[1:, None, ..., idx]: an index as subscript source."""
+    if isinstance(index, tuple):
+        return ", ".join(index_source(i, tensor_name) for i in index) + ("," if len(index) == 1 else "") or "()"
+    if isinstance(index, slice):
+        start, stop, step = (value_source(p, tensor_name) if p is not None else "" for p in
+                             (index.start, index.stop, index.step))
+        return f"{start}:{stop}" + (f":{step}" if step else "")
+    return value_source(index, tensor_name)
