@@ -87,7 +87,8 @@ def call_source(func: Callable, args: tuple, kwargs: Dict[str, Any], tensor_name
     rendered = [value_source(a, tensor_name, device_name) for a in args]
     rendered += [f"{k}={value_source(v, tensor_name, device_name)}" for k, v in kwargs.items()]
     method = source.rpartition(".")[2]
-    if source.startswith("torch.Tensor.") and not method.startswith("__") and args and isinstance(args[0], torch.Tensor):
+    if (source.startswith("torch.Tensor.") and not method.startswith("__") and args
+            and isinstance(args[0], torch.Tensor)):
         return f"{rendered[0]}.{method}({', '.join(rendered[1:])})"
     return f"{source}({', '.join(rendered)})"
 
@@ -101,3 +102,76 @@ def index_source(index: Any, tensor_name: Callable) -> str:
                              (index.start, index.stop, index.step))
         return f"{start}:{stop}" + (f":{step}" if step else "")
     return value_source(index, tensor_name)
+
+
+WIDTH = 116
+
+
+def _top_level_commas(text: str) -> list:
+    """Split `text` at commas outside brackets and strings."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote and text[i - 1] != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i + 1].strip())
+            start = i + 1
+    tail = text[start:].strip()
+    return parts + ([tail] if tail else [])
+
+
+def fit(line: str, indent: str) -> list:
+    """One generated line as lines of at most WIDTH characters: comments wrapped, long calls broken at commas."""
+    if len(indent) + len(line) <= WIDTH:
+        return [indent + line]
+    if line.startswith("#"):
+        import textwrap
+
+        return [indent + "# " + part for part in textwrap.wrap(line[1:].strip(), WIDTH - len(indent) - 2)]
+    code, _, comment = line.partition("  # ")
+    lines = [] if not comment else fit("# " + comment, indent)
+    groups = []  # the longest bracketed group at depth 0 is the one to break
+    position = code.find("(")
+    while position >= 0:
+        end = _matching(code, position)
+        if end < 0:
+            break
+        groups.append((end - position, position, end))
+        position = code.find("(", end)
+    _, opening, closing = max(groups, default=(0, -1, -1))
+    if closing < 0:
+        return lines + [indent + code]
+    head, inner, tail = code[:opening + 1], code[opening + 1:closing], code[closing + 1:]
+    inner_indent = indent + "    "
+    out, current = [indent + head], inner_indent
+    for part in _top_level_commas(inner):
+        if current.strip() and len(current) + len(part) + 1 > WIDTH:
+            out.append(current.rstrip())
+            current = inner_indent
+        current += part + " "
+    out.append(current.rstrip() + ")" + tail)
+    return lines + out
+
+
+def _matching(text: str, opening: int) -> int:
+    """Index of the bracket closing text[opening] (-1 if none)."""
+    depth, quote = 0, ""
+    for i in range(opening, len(text)):
+        ch = text[i]
+        if quote:
+            quote = "" if ch == quote and text[i - 1] != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1

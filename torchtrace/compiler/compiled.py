@@ -5,12 +5,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from torchtrace.autograd.dispatch import run_rule
 from torchtrace.autograd.function import Function
 from torchtrace.autograd.node import leaf_accumulator
 from torchtrace.autograd.state import observing
 from torchtrace.compiler import guards
+from torchtrace.compiler.codegen import fit
 from torchtrace.compiler.recorder import Program, UserCalls, _rng_state, _set_rng_state, record_backward
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.tracer import tracer
 
 _guard = torch._C.DisableTorchFunctionSubclass
 MAX_SPECIALISATIONS = 8
@@ -113,22 +116,22 @@ class Trace:
         title = getattr(self.fn, "__name__", type(self.fn).__name__)
         described = ", ".join(f"{n}: {str(t.dtype).replace('torch.', '')}{list(t.shape)}"
                               for n, t in zip(self.input_names, self.inputs))
-        fwd = [f"def forward({', '.join([*self.input_names, 'params'])}):",
-               f'    """{title}({described})"""' if described else f'    """{title}()"""']
-        fwd += [f"    {line}" for line in program.lines["forward"]]
+        fwd = fit(f"def forward({', '.join([*self.input_names, 'params'])}):", "")
+        fwd += fit(f'"""{title}({described})"""', "    ")
+        fwd += [out for line in program.lines["forward"] for out in fit(line, "    ")]
         outputs = ", ".join(self.output_names) + ("," if len(self.output_names) == 1 else "")
         saved = ", ".join(program.saved) + ("," if len(program.saved) == 1 else "")
-        fwd.append(f"    return ({outputs}), ({saved})")
+        fwd += fit(f"return ({outputs}), ({saved})", "    ")
         gradients = self._gradient_names()
         targets = [*self.input_names, *(f'params["{label}"]' for label, _ in self.captured)]
-        bwd = [f"def backward({', '.join(['params', 'saved', *self.grad_names])}):"]
+        bwd = fit(f"def backward({', '.join(['params', 'saved', *self.grad_names])}):", "")
         bwd.append('    """The gradient of every input and parameter, given the gradient of every output."""')
         if program.saved:
-            bwd.append(f"    {saved} = saved")
-        bwd += [f"    {line}" for line in program.lines["backward"]]
-        bwd.append(f"    # gradients of: {', '.join(targets)}")
+            bwd += fit(f"({saved}) = saved", "    ")
+        bwd += [out for line in program.lines["backward"] for out in fit(line, "    ")]
+        bwd += fit(f"# gradients of: {', '.join(targets)}", "    ")
         result = ", ".join(g or "None" for g in gradients) + ("," if len(gradients) == 1 else "")
-        bwd.append(f"    return ({result})")
+        bwd += fit(f"return ({result})", "    ")
         return "\n".join([HEADER.format(title=f"{title}: forward and backward as code"), "",
                           *fwd, "", "", *bwd, ""])
 
@@ -139,7 +142,8 @@ class Specialisation:
     def __init__(self, trace: Trace, key: Any):
         self.key, self.source = key, trace.source
         namespace: Dict[str, Any] = {}
-        exec(builtins.compile(trace.source, f"<tt.compile {getattr(trace.fn, '__name__', 'module')}>", "exec"), namespace)
+        code = builtins.compile(trace.source, f"<tt.compile {getattr(trace.fn, '__name__', 'module')}>", "exec")
+        exec(code, namespace)
         self.guard_failed = namespace["GuardFailed"]
         self.captured_named = list(trace.captured)
         self.captured = [t for _, t in trace.captured]
@@ -153,12 +157,13 @@ class Specialisation:
                                        [label for label, _ in trace.captured], trace.fn)
 
     def valid(self) -> bool:
-        return (all(m.training == flag for m, flag in zip(self.modules, self.training))
-                and all(guards.tensor_key(t) == k for t, k in zip(self.captured, self.captured_keys)))
+        if not all(m.training == flag for m, flag in zip(self.modules, self.training)):
+            return False
+        with _guard():  # metadata of a tracer read without dispatch
+            return all(guards.tensor_key(t) == k for t, k in zip(self.captured, self.captured_keys))
 
     def run(self, tensors: List[torch.Tensor]) -> Any:
-        out = self.function.apply(*tensors, *self.captured)
-        out = list(out)
+        out = list(run_rule(tracer, self.function, None, (*tensors, *self.captured), {}))
         for i in self.no_grad_outputs:
             out[i] = out[i].detach()
         return guards.rebuild(self.output_spec, iter(out))
@@ -214,7 +219,8 @@ class Compiled:
 
     def _key(self, args: tuple, kwargs: dict) -> Any:
         flat: List[Tuple[str, torch.Tensor]] = []
-        return (guards.flatten(args, "", flat), guards.flatten(kwargs, "", flat), torch.is_grad_enabled()), flat
+        with _guard():
+            return (guards.flatten(args, "", flat), guards.flatten(kwargs, "", flat), torch.is_grad_enabled()), flat
 
     def _trace(self, args: tuple, kwargs: dict, keyed: Any) -> Any:
         key, _ = keyed

@@ -147,7 +147,7 @@ class Program:
         if func in DATA_READS:
             expression = DATA_READS[func].format(self.tensor_name(args[0]))
             self.guards.append(Guard(expression, out, where))
-            reason = f"{where or 'a rule'} read {expression} == {out!r}"
+            reason = f"{where[:60] or 'a rule'} read {expression} == {out!r}"
             self.emit(f"if {expression} != {value_source(out, self.tensor_name)}:")
             self.emit(f"    raise GuardFailed({reason!r})")
             return
