@@ -154,7 +154,7 @@ class Specialisation:
         self.random_with_guards = trace.program.random and bool(trace.program.guards)
         self.guards = trace.program.guards
         self.function = _node_function(namespace["forward"], namespace["backward"], len(trace.inputs),
-                                       [label for label, _ in trace.captured], trace.fn)
+                                       [label for label, _ in trace.captured], trace.fn, self.guard_failed)
 
     def valid(self) -> bool:
         if not all(m.training == flag for m, flag in zip(self.modules, self.training)):
@@ -169,7 +169,8 @@ class Specialisation:
         return guards.rebuild(self.output_spec, iter(out))
 
 
-def _node_function(fwd: Callable, bwd: Callable, n_inputs: int, labels: List[str], fn: Callable) -> type:
+def _node_function(fwd: Callable, bwd: Callable, n_inputs: int, labels: List[str], fn: Callable,
+                   guard_failed: type) -> type:
     """A tt.Function whose forward and backward are the generated code: the one node of a compiled call."""
     as_plain = torch.Tensor.as_subclass
     tensor = torch.Tensor
@@ -187,7 +188,11 @@ def _node_function(fwd: Callable, bwd: Callable, n_inputs: int, labels: List[str
             raise UnsupportedOperationError(
                 "tt.compile: backward(create_graph=True) through a compiled call is not supported (its backward is "
                 "generated code on plain tensors) — call the function uncompiled for higher derivatives")
-        return bwd(ctx.params, ctx.saved_tensors, *grads)
+        try:
+            return bwd(ctx.params, ctx.saved_tensors, *grads)
+        except guard_failed as failed:
+            raise RuntimeError(f"tt.compile: the generated backward was specialised on a value a rule read ({failed}), "
+                               "and it differs now; call the function uncompiled for this input") from None
 
     name = f"Compiled_{getattr(fn, '__name__', type(fn).__name__)}"
     doc = f"y = {getattr(fn, '__name__', type(fn).__name__)}(x) -> dy/dx by the generated backward code"

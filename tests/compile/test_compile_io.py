@@ -1,0 +1,125 @@
+"""Nested inputs and outputs, factories that stay calls, random ops as eager, in-place ops, refusals, check_inputs."""
+import pytest
+import torch
+
+import torchtrace as tt
+
+
+def test_dict_tuple_and_list_inputs_and_outputs():
+    w = tt.randn(3, requires_grad=True)
+
+    def f(batch, pair):
+        a, b = pair
+        out = batch["x"] * w + a
+        return {"out": out, "stats": (out.sum(), [b * 2])}
+
+    example = ({"x": torch.randn(3)}, (torch.randn(3), torch.randn(2)))
+    compiled = tt.compile(f, example)
+    assert "def forward(batch_x, pair_0, pair_1, params):" in compiled.code
+    got = compiled(*example)
+    assert set(got) == {"out", "stats"} and isinstance(got["stats"][1], list)
+    got["stats"][0].backward()
+    gw = w.grad.clone()
+    w.grad = None
+    f(*example)["stats"][0].backward()
+    torch.testing.assert_close(gw, w.grad)
+    torch.testing.assert_close(got["stats"][1][0], example[1][1] * 2)
+    assert not got["stats"][1][0].requires_grad  # it did not depend on w
+
+
+def test_factories_stay_calls_and_bake_no_device():
+    def f(x):
+        n = x.shape[0]
+        return x * torch.arange(n) + torch.randn(n) + torch.zeros(n, device=x.device)
+
+    compiled = tt.compile(f, (torch.ones(4),))
+    code = compiled.code
+    assert "torch.arange(4)" in code and "torch.randn(4)" in code and "device=x.device" in code
+    assert "torch.device(" not in code
+    first, second = compiled(torch.ones(4)), compiled(torch.ones(4))
+    assert not torch.equal(first, second)  # randn is drawn on every call, not frozen at trace time
+
+
+def test_random_ops_give_eager_values_under_the_same_seed():
+    drop = tt.nn.Dropout(0.5)
+    w = tt.randn(6, requires_grad=True)
+
+    def f(x):
+        return (drop(x * w) * torch.rand(6)).sum()
+
+    compiled = tt.compile(f, (torch.ones(6),))
+    results = []
+    for fn in (f, compiled, compiled):
+        torch.manual_seed(7)
+        w.grad = None
+        out = fn(torch.ones(6))
+        out.backward()
+        results.append((out.detach(), w.grad.clone()))
+    for out, grad in results[1:]:
+        torch.testing.assert_close(out, results[0][0], rtol=0, atol=0)
+        torch.testing.assert_close(grad, results[0][1], rtol=0, atol=0)
+
+
+def test_in_place_ops_appear_as_their_out_of_place_twins():
+    w = tt.randn(3, requires_grad=True)
+
+    def f(x):
+        y = x * w
+        y.add_(1)
+        return torch.nn.functional.relu(y, inplace=True).sum()
+
+    compiled = tt.compile(f, (torch.randn(3),))
+    assert "torch.Tensor.add_: in place, recorded as its out-of-place twin" in compiled.code
+    assert "torch.nn.functional.relu(inplace=True): in place" in compiled.code
+    x = torch.randn(3)
+    compiled(x).backward()
+    gw = w.grad.clone()
+    w.grad = None
+    f(x).backward()
+    torch.testing.assert_close(gw, w.grad)
+
+
+def test_unsupported_ops_refuse_at_compile_time():
+    w = tt.randn(3, requires_grad=True)
+    with pytest.raises(tt.UnsupportedOperationError, match="torch.Tensor.numpy: tt.compile cannot record it"):
+        tt.compile(lambda x: torch.from_numpy((x * w).detach().numpy()), (torch.randn(3),))
+
+
+SCALE = {"value": 1.0}
+
+
+class Scaled(tt.Function):
+    """y = x -> dy/dx = s (s read from Python state: a rule the recorded code cannot follow)"""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * SCALE["value"]
+
+
+def test_check_inputs_names_the_first_difference():
+    def f(x):
+        return Scaled.apply(x).sum()
+
+    x = tt.randn(3, requires_grad=True)
+    compiled = tt.compile(f, (x,), check_inputs=[(tt.randn(3, requires_grad=True),)])  # agrees: no error
+    SCALE["value"] = 2.0
+    try:
+        with pytest.raises(tt.GradientMismatch, match="gradient of input x differs between compiled and eager"):
+            compiled.check(tt.randn(3, requires_grad=True))
+    finally:
+        SCALE["value"] = 1.0
+
+
+def test_check_inputs_catches_a_wrong_output():
+    state = {"n": 0}
+
+    def f(x):
+        state["n"] += 1
+        return x * state["n"]  # a Python counter: each trace bakes a different constant
+
+    with pytest.raises(tt.GradientMismatch, match="output 0 differs"):
+        tt.compile(f, (torch.ones(2),), check_inputs=[(torch.ones(2),)])
