@@ -10,6 +10,12 @@ from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
 
 _ROOT = {"torch": torch}
+_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "pow": "**",
+            "matmul": "@", "and": "&", "or": "|", "xor": "^", "lshift": "<<", "rshift": ">>"}
+_BINARY = {f"__{op}__": (symbol, False) for op, symbol in _SYMBOLS.items()}
+_BINARY.update({f"__r{op}__": (symbol, True) for op, symbol in _SYMBOLS.items()})
+_BINARY.update({f"__{op}__": (symbol, False) for op, symbol in
+                (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))})
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,9 +87,16 @@ def call_source(func: Callable, args: tuple, kwargs: Dict[str, Any], tensor_name
     """`torch.mul(t1, t2)`, `t1.sum(dim=0)`, `t1.T`: one call as source."""
     if is_property(func):
         return f"{value_source(args[0], tensor_name)}.{func.__self__.__name__}"
+    source = callable_source(func)
+    name = source.rpartition(".")[2] if source.startswith("torch.Tensor.") else ""
+    if name in _BINARY and len(args) == 2 and not kwargs:
+        left, right = (value_source(a, tensor_name, device_name) for a in args)
+        symbol, reflected = _BINARY[name]
+        return f"{right} {symbol} {left}" if reflected else f"{left} {symbol} {right}"
+    if name in ("__neg__", "__invert__") and len(args) == 1:
+        return ("-" if name == "__neg__" else "~") + value_source(args[0], tensor_name)
     if func is torch.Tensor.__getitem__ and not kwargs and len(args) == 2:
         return f"{value_source(args[0], tensor_name)}[{index_source(args[1], tensor_name)}]"
-    source = callable_source(func)
     rendered = [value_source(a, tensor_name, device_name) for a in args]
     rendered += [f"{k}={value_source(v, tensor_name, device_name)}" for k, v in kwargs.items()]
     method = source.rpartition(".")[2]

@@ -274,7 +274,8 @@ class Compiled:
             lines.append(f"  inputs {_describe_key(key)}")
             for spec in specs:
                 checks = [f"{g.expression} == {g.value!r} ({g.where.strip() or 'in a rule'})" for g in spec.guards]
-                flags = [f"{type(m).__name__}.training={t}" for m, t in zip(spec.modules, spec.training)][:4]
+                modes = sorted({"train" if t else "eval" for t in spec.training})
+                flags = [f"{len(spec.modules)} modules in {'/'.join(modes)} mode"] if spec.modules else []
                 lines.append("    specialised on " + ("; ".join(checks + flags) or "shapes only"))
         return "\n".join(lines)
 
@@ -289,7 +290,7 @@ def _describe_key(key: Any) -> str:
     parts = []
 
     def walk(k: Any) -> None:
-        if isinstance(k, tuple) and len(k) == 5 and isinstance(k[0], type) and issubclass(k[0], torch.Tensor):
+        if isinstance(k, tuple) and len(k) == 6 and isinstance(k[0], type) and issubclass(k[0], torch.Tensor):
             parts.append(f"{str(k[2]).replace('torch.', '')}{list(k[1])} on {k[3]}"
                          f"{' requires_grad' if k[4] else ''}")
         elif isinstance(k, tuple) and len(k) == 2 and k[0] in (list, tuple, dict):

@@ -12,7 +12,7 @@ _RESERVED = re.compile(r"^([tg]\d+|grad\d+|params|saved|torch|GuardFailed|forwar
 
 
 def tensor_key(t: torch.Tensor) -> tuple:
-    return type(t), t.shape, t.dtype, t.device, t.requires_grad
+    return type(t), t.shape, t.dtype, t.device, t.requires_grad, t.is_contiguous()
 
 
 def flatten(value: Any, name: str, tensors: List[Tuple[str, torch.Tensor]]) -> Any:

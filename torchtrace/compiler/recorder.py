@@ -40,7 +40,7 @@ def user_line() -> str:
     if frame is None:
         return "<unknown>"
     where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-    text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).split("  #")[0].strip()
     return f"{where}  {text}" if text else where
 
 
@@ -158,8 +158,11 @@ class Program:
         if getattr(func, "__name__", "") in _RANDOM:
             self.random = True
         if len(results) == 1 and out is results[0] and not is_property(func) and args and out is args[0]:
-            in_place = getattr(func, "__name__", "").endswith("_")  # the same tensor keeps its name
-            self.emit(source if in_place else f"{self.tensor_name(out)} = {source}")
+            if getattr(func, "__name__", "").endswith("_"):  # in place: the same tensor keeps its name
+                self.emit(source)
+            return  # x.to(x.dtype), x.contiguous(): the call returned its argument (shapes, dtypes are guards)
+        if func in _SAME_WHEN_SHAPE_KEPT and _same_view(args[0], out):
+            self.bind(out, self.tensor_name(args[0]))  # x.reshape(x.shape): a view with x's shape and strides is x
             return
         if isinstance(out, torch.Tensor):
             target = self._define(out)
@@ -176,6 +179,16 @@ class Program:
         if self.section == "forward":
             self.defined_forward.add(name)
         return name
+
+
+_SAME_WHEN_SHAPE_KEPT = {T.reshape, T.view, T.expand, T.flatten, T.sum_to_size, T.expand_as, T.view_as,
+                         T.reshape_as}
+
+
+def _same_view(source: Any, out: Any) -> bool:
+    return (isinstance(source, torch.Tensor) and isinstance(out, torch.Tensor) and out.shape == source.shape
+            and out.stride() == source.stride() and out.data_ptr() == source.data_ptr()
+            and out.dtype == source.dtype)
 
 
 _RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "bernoulli_",
