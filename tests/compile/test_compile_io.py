@@ -123,3 +123,22 @@ def test_check_inputs_catches_a_wrong_output():
 
     with pytest.raises(tt.GradientMismatch, match="output 0 differs"):
         tt.compile(f, (torch.ones(2),), check_inputs=[(torch.ones(2),)])
+
+
+def test_an_input_returned_as_an_output_still_gets_its_gradient():
+    f = tt.compile(lambda a: (a, a.argmax(), a * 2), (tt.randn(3, requires_grad=True),))
+    a = tt.randn(3, requires_grad=True)
+    same, index, double = f(a)
+    assert index.dtype == torch.int64 and not index.requires_grad
+    (same.sum() + double.sum()).backward()
+    torch.testing.assert_close(a.grad, torch.full((3,), 3.0))
+
+
+def test_compiled_under_no_grad_is_plain_inference_code():
+    model = tt.nn.Sequential(tt.nn.Linear(3, 4), tt.nn.ReLU())
+    x = torch.randn(2, 3)
+    with tt.no_grad():
+        f = tt.compile(model, (x,))
+        out = f(x)
+    assert "# 1: ReLU" in f.code and "return (t2,), ()" in f.code
+    torch.testing.assert_close(out, model(x).detach())

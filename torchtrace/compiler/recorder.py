@@ -319,14 +319,18 @@ def record_backward(program: Program, outputs: List[torch.Tensor]) -> List[str]:
         node = getattr(t, "_tt_node", None)
         name = f"grad{i}"
         grad_names.append(name)
-        key = (id(node), t._tt_nr) if node is not None and id(node) in program.nodes else None
-        if key is None:
+        if node is not None:
+            key = (id(node), t._tt_nr)
+        elif getattr(t, "_tt_requires_grad", False) or (type(t) is torch.Tensor and t.requires_grad):
+            key = (id(leaf_accumulator(t)), 0)  # an input returned as it is: its gradient passes straight through
+        else:
             continue
         g = torch.ones_like(plain(t))
         program.bind(g, name)
         with RuleCalls(program):
             accumulate(buffers, key, g)
-        roots.append(node)
+        if node is not None and id(node) in program.nodes:
+            roots.append(node)
     for node in topological_order(roots):
         entry = program.nodes.get(id(node))
         if entry is None:
