@@ -147,7 +147,8 @@ class Specialisation:
         self.guard_failed = namespace["GuardFailed"]
         self.captured_named = list(trace.captured)
         self.captured = [t for _, t in trace.captured]
-        self.captured_keys = [guards.tensor_key(t) for t in self.captured]
+        with _guard():  # a parameter can change dtype (model.double()) or requires_grad (freezing) in place
+            self.captured_keys = [(t.shape, t.dtype, t.requires_grad) for t in self.captured]
         self.modules, self.training = trace.modules, trace.training
         self.output_spec = trace.output_spec
         self.no_grad_outputs = [i for i, needs in enumerate(trace.needs_grad) if not needs]
@@ -160,7 +161,10 @@ class Specialisation:
         if not all(m.training == flag for m, flag in zip(self.modules, self.training)):
             return False
         with _guard():  # metadata of a tracer read without dispatch
-            return all(guards.tensor_key(t) == k for t, k in zip(self.captured, self.captured_keys))
+            for t, (shape, dtype, requires_grad) in zip(self.captured, self.captured_keys):
+                if t.shape != shape or t.dtype != dtype or t.requires_grad != requires_grad:
+                    return False
+        return True
 
     def run(self, tensors: List[torch.Tensor]) -> Any:
         out = list(run_rule(tracer, self.function, None, (*tensors, *self.captured), {}))
@@ -225,6 +229,8 @@ class Compiled:
     def _key(self, args: tuple, kwargs: dict) -> Any:
         flat: List[Tuple[str, torch.Tensor]] = []
         with _guard():
+            if not kwargs and all(isinstance(a, torch.Tensor) for a in args):  # the common case, made quick
+                return (tuple(map(guards.tensor_key, args)), torch.is_grad_enabled()), [("", a) for a in args]
             return (guards.flatten(args, "", flat), guards.flatten(kwargs, "", flat), torch.is_grad_enabled()), flat
 
     def _trace(self, args: tuple, kwargs: dict, keyed: Any) -> Any:
@@ -302,8 +308,8 @@ def _describe_key(key: Any) -> str:
             for item in k:
                 walk(item)
 
-    walk(key[:2])
-    return ", ".join(parts) + ("" if key[2] else " (no_grad)")
+    walk(key[:-1])
+    return ", ".join(parts) + ("" if key[-1] else " (no_grad)")
 
 
 def _as_args(example_inputs: Any) -> tuple:
