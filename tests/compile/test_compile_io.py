@@ -142,3 +142,28 @@ def test_compiled_under_no_grad_is_plain_inference_code():
         out = f(x)
     assert "# 1: ReLU" in f.code and "return (t2,), ()" in f.code
     torch.testing.assert_close(out, model(x).detach())
+
+
+def test_multi_output_ops_views_and_item_assignment():
+    w = tt.randn(4, 3, requires_grad=True)
+
+    def f(x):
+        a, b = (x * w).split(2)
+        biggest = torch.max(a, dim=1)
+        y = torch.stack(list(torch.cat([a, b.T.T], 0).unbind(0)))
+        q = y.clone()
+        q[0] = 5.0
+        return biggest.values.sum() + q.sum() + y.chunk(3, dim=1)[1].sum() + y.mT.sum(), biggest.indices
+
+    x = torch.randn(4, 3)
+    compiled = tt.compile(f, (x,))
+    assert "t15[0] = True" in compiled.code or "[0] = 5.0" in compiled.code
+    loss, indices = compiled(x)
+    loss.backward()
+    got = w.grad.clone()
+    w.grad = None
+    expected, expected_indices = f(x)
+    expected.backward()
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(got, w.grad)
+    assert torch.equal(indices, expected_indices)

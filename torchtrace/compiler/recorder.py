@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 
 from torchtrace.autograd.function import INPLACE, Context
 from torchtrace.autograd.node import Node, gradient_for, leaf_accumulator
-from torchtrace.compiler.codegen import call_source, is_property, value_source
+from torchtrace.compiler.codegen import call_source, index_source, is_property, value_source
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
 
@@ -152,13 +152,19 @@ class Program:
             self.emit(f"    raise GuardFailed({reason!r})")
             return
         results = tensors_in(out)
+        if func is T.__setitem__:  # x[i] = v changes x: a statement of its own
+            target, index, value = (value_source(a, self.tensor_name, self.device_name) for a in args[:3])
+            self.emit(f"{target}[{index_source(args[1], self.tensor_name)}] = {value}")
+            return
         if not results:
+            if _mutates(func) and args and isinstance(args[0], torch.Tensor):
+                self.emit(call_source(func, args, kwargs, self.tensor_name, self.device_name))  # in place
             return  # metadata (shape, dtype, dim, ...): fixed by the guards on the inputs
         source = call_source(func, args, kwargs, self.tensor_name, self.device_name)
         if getattr(func, "__name__", "") in _RANDOM:
             self.random = True
         if len(results) == 1 and out is results[0] and not is_property(func) and args and out is args[0]:
-            if getattr(func, "__name__", "").endswith("_"):  # in place: the same tensor keeps its name
+            if _mutates(func):  # in place: the same tensor keeps its name
                 self.emit(source)
             return  # x.to(x.dtype), x.contiguous(): the call returned its argument (shapes, dtypes are guards)
         if func in _SAME_WHEN_SHAPE_KEPT and _same_view(args[0], out):
@@ -179,6 +185,16 @@ class Program:
         if self.section == "forward":
             self.defined_forward.add(name)
         return name
+
+
+def _mutates(func: Callable) -> bool:
+    """x.add_(y), x += y: calls that change their first argument."""
+    name = getattr(func, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_OPERATORS
+
+
+_INPLACE_OPERATORS = {f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or",
+                                              "xor", "lshift", "rshift", "matmul")}
 
 
 _SAME_WHEN_SHAPE_KEPT = {T.reshape, T.view, T.expand, T.flatten, T.sum_to_size, T.expand_as, T.view_as,
