@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch.overrides import TorchFunctionMode
 
+from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.function import INPLACE, Context
 from torchtrace.autograd.node import Node, gradient_for, leaf_accumulator
 from torchtrace.compiler.codegen import call_source, index_source, is_property, value_source
@@ -84,7 +85,8 @@ class Program:
         self.guards: List[Guard] = []
         self.defined_forward: set = set()
         self.saved: List[str] = []  # forward names the backward reads
-        self.random = False
+        self.random = False  # the code draws random numbers (so a failed guard restores the generator first)
+        self.buffers: Dict[Tuple[int, int], Any] = {}  # after record_backward: the gradient reaching each input
         self.counter = {"t": itertools.count(1), "g": itertools.count(1)}
         self.device_names: Dict[torch.device, str] = {}
 
@@ -278,7 +280,7 @@ class UserCalls(TorchFunctionMode):
             label += "recorded as its out-of-place twin)"
         program.emit(f"# {label}")
         state = _rng_state()
-        with torch.no_grad(), RuleCalls(program):
+        with RuleCalls(program):  # grad mode as in eager: a rule may ask torch.is_grad_enabled()
             out = node.rule.forward(ctx, *plain_args, **plain_kwargs)
         _set_rng_state(state)
         program.nodes[id(node)] = (node, ctx)
@@ -325,10 +327,8 @@ def record_backward(program: Program, outputs: List[torch.Tensor]) -> List[str]:
     The walk is the engine's (engine.py: _run, _propagate): unbroadcast with sum_to_size, cast to the
     input's dtype, sum what meets in one place. Returns the names of the output gradients it takes.
     """
-    from torchtrace.autograd.engine import topological_order
-
     program.section = "backward"
-    buffers: Dict[Tuple[int, int], Any] = {}
+    buffers = program.buffers
     grad_names = []
     roots = []
     for i, t in enumerate(outputs):
@@ -361,7 +361,7 @@ def record_backward(program: Program, outputs: List[torch.Tensor]) -> List[str]:
             continue
         doc = (node.rule.__doc__ or "").strip().splitlines()
         program.emit(f"# {node.rule.__name__}: {doc[0].strip()}" if doc else f"# {node.rule.__name__}")
-        with RuleCalls(program):
+        with torch.no_grad(), RuleCalls(program):  # the engine runs backward with grad mode off
             if node.n_outputs > 1:
                 grads = [torch.zeros_like(program.node_values[(id(node), nr)])
                          if g is None and (id(node), nr) in program.node_values else g for nr, g in enumerate(grads)]
@@ -377,5 +377,4 @@ def record_backward(program: Program, outputs: List[torch.Tensor]) -> List[str]:
                     g = g.to(edge.dtype)
                 target = edge.node
                 accumulate(buffers, (id(target), edge.output_nr), g)
-    program.buffers = buffers
     return grad_names
