@@ -45,13 +45,22 @@ def compare_with_eager(compiled: Any, args: tuple, tolerance: float) -> None:
         compiled._trace(copy.copy(args), {}, compiled._key(args, {}))  # so the comparison runs generated code
     leaves = _leaves(compiled, args)
     rng = _rng_state()
+    buffers = [(t, plain(t).detach().clone()) for _, t in compiled.latest_captured() if not t.requires_grad]
     eager_out, eager_grads = _run(compiled.fn, args, leaves, rng)
+    _restore(buffers)  # both runs start from the same running statistics, and the check leaves them as they were
     code_out, code_grads = _run(compiled, args, leaves, rng)
+    _restore(buffers)
     _set_rng_state(rng)
     for i, (a, b) in enumerate(zip(code_out, eager_out)):
         _compare(f"output {i}", a, b, tolerance)
     for (what, _), a, b in zip(leaves, code_grads, eager_grads):
         _compare(what, a, b, tolerance)
+
+
+def _restore(buffers: List[Tuple[torch.Tensor, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for t, data in buffers:
+            plain(t).copy_(data)
 
 
 def _compare(what: str, ours: Any, eager: Any, tolerance: float) -> None:

@@ -15,7 +15,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchtrace.autograd.engine import topological_order
-from torchtrace.autograd.function import INPLACE, Context
+from torchtrace.autograd.function import INPLACE, Context, Function
 from torchtrace.autograd.node import Node, gradient_for, leaf_accumulator
 from torchtrace.compiler.codegen import call_source, index_source, is_property, value_source
 from torchtrace.errors import UnsupportedOperationError
@@ -224,6 +224,10 @@ class RuleCalls(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
+        owner = getattr(func, "__self__", None)
+        if isinstance(owner, type) and issubclass(owner, Function):  # a rule that calls another rule's apply
+            with self:
+                return owner.forward(Context(owner), *args, **kwargs)
         out = func(*args, **kwargs)
         self.program.record_call(func, args, kwargs, out)
         return out
@@ -256,7 +260,27 @@ class UserCalls(TorchFunctionMode):
             raise UnsupportedOperationError(f"{callable_name(node.func) if node.func else node.rule.__name__}: "
                                             "tt.compile does not record ops under torch.autocast — compile outside it")
         self.recorded += 1
-        aliases = {}
+        label = node.rule.__name__ + (f"  [{self.module_path()}]" if self.module_path() else "")
+        calling, options = self.calling
+        if calling in INPLACE or (calling is node.func and options.get("inplace")):
+            label += f"  ({callable_name(calling)}{'(inplace=True)' if calling is node.func else ''}: in place, "
+            label += "recorded as its out-of-place twin)"
+        ctx = Context(node.rule, node.edges)
+        outs = self.rerun(node.rule, ctx, args, kwargs, result, label)
+        program.nodes[id(node)] = (node, ctx)
+        program.keep.append(node)
+        for nr, raw in enumerate(outs):
+            if isinstance(raw, torch.Tensor):
+                program.node_names[(id(node), nr)] = program.tensor_name(raw)
+                program.node_values[(id(node), nr)] = raw
+
+    def rerun(self, rule: type, ctx: Context, args: tuple, kwargs: dict, result: Any, label: str) -> tuple:
+        """rule.forward again on plain aliases of args, under RuleCalls; eager's results take the new names.
+
+        The rerun must leave no trace: the random generator and every tensor it changes in place
+        (BatchNorm's running statistics) are put back as they were.
+        """
+        program, aliases = self.program, {}
 
         def alias(value: Any) -> Any:
             if isinstance(value, torch.Tensor):
@@ -272,28 +296,22 @@ class UserCalls(TorchFunctionMode):
 
         plain_args = tuple(alias(a) for a in args)
         plain_kwargs = {k: alias(v) for k, v in kwargs.items()}
-        ctx = Context(node.rule, node.edges)
-        label = node.rule.__name__ + (f"  [{self.module_path()}]" if self.module_path() else "")
-        calling, options = self.calling
-        if calling in INPLACE or (calling is node.func and options.get("inplace")):
-            label += f"  ({callable_name(calling)}{'(inplace=True)' if calling is node.func else ''}: in place, "
-            label += "recorded as its out-of-place twin)"
         program.emit(f"# {label}")
         state = _rng_state()
+        before = [(a, a._version, a.clone()) for a in aliases.values()]
         with RuleCalls(program):  # grad mode as in eager: a rule may ask torch.is_grad_enabled()
-            out = node.rule.forward(ctx, *plain_args, **plain_kwargs)
+            out = rule.forward(ctx, *plain_args, **plain_kwargs)
         _set_rng_state(state)
-        program.nodes[id(node)] = (node, ctx)
-        program.keep.append(node)
+        for a, version, data in before:  # kernels such as batch_norm write running stats without a version bump
+            if a._version != version or not torch.equal(a, data):
+                with torch.no_grad():
+                    a.copy_(data)
         outs = out if isinstance(out, (list, tuple)) else (out,)
         linked = result if isinstance(result, (list, tuple)) else (result,)
-        for nr, (raw, t) in enumerate(zip(outs, linked)):
-            if isinstance(raw, torch.Tensor):
-                name = program.tensor_name(raw)
-                program.node_names[(id(node), nr)] = name
-                program.node_values[(id(node), nr)] = raw
-                if isinstance(t, torch.Tensor):
-                    program.bind(t, name)
+        for raw, t in zip(outs, linked):
+            if isinstance(raw, torch.Tensor) and isinstance(t, torch.Tensor):
+                program.bind(t, program.tensor_name(raw))
+        return outs
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
@@ -301,6 +319,10 @@ class UserCalls(TorchFunctionMode):
         self.calling = func, kwargs
         where = user_line() if func in DATA_READS else ""
         out = func(*args, **kwargs)
+        owner = getattr(func, "__self__", None)
+        if self.recorded == before and isinstance(owner, type) and issubclass(owner, Function):
+            self.rerun(owner, Context(owner), args, kwargs, out, owner.__name__)  # Function.apply that recorded nothing
+            return out
         if self.recorded == before:
             path = self.module_path()
             lines = self.program.lines["forward"]
