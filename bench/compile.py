@@ -88,7 +88,7 @@ def sides(case: Callable, optimizer: str, device: str) -> Tuple[list, Callable, 
     contenders = [("torch autograd", stepper(theirs, loss_of(theirs), True)),
                   ("eager torchtrace", stepper(ours, loss_of(ours), False)),
                   ("compiled torchtrace", stepper(compiled_model, compiled_loss, False))]
-    return contenders, compile_s, (theirs, ours, compiled_model)
+    return contenders, compile_s, (theirs, ours, compiled_model, compiled_loss)
 
 
 def run(name: str, case: Callable, optimizer: str, repeats: int, device: str) -> None:
@@ -107,7 +107,8 @@ def run(name: str, case: Callable, optimizer: str, repeats: int, device: str) ->
     whole = [statistics.median(t for t, _ in ts) for ts in times]
     fwd_bwd = [statistics.median(f for _, f in ts) for ts in times]
     drift = max((a - b).abs().max().item() for a, b in zip(models[0].parameters(), models[2].parameters()))
-    print(f"{name}   (compile once: {compile_s * 1e3:.0f} ms; max |param diff| compiled vs torch {drift:.1e})")
+    print(f"{name}   (compile once: {compile_s * 1e3:.0f} ms, traces in all: {models[3].traces}; "
+          f"max |param diff| compiled vs torch {drift:.1e})")
     for (label, _), w, f in zip(contenders, whole, fwd_bwd):
         print(f"    {label:<20} fwd+bwd {f * 1e3:8.3f} ms ({f / fwd_bwd[0]:4.2f}x)   whole step {w * 1e3:8.3f} ms "
               f"({w / whole[0]:4.2f}x)")
