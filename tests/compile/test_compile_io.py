@@ -167,3 +167,26 @@ def test_multi_output_ops_views_and_item_assignment():
     torch.testing.assert_close(loss, expected)
     torch.testing.assert_close(got, w.grad)
     assert torch.equal(indices, expected_indices)
+
+
+def test_changing_an_input_that_needs_a_gradient_in_place_is_refused():
+    w = tt.randn(3, requires_grad=True)
+
+    def f(x):
+        x.mul_(2)
+        return x.sum()
+
+    with pytest.raises(tt.UnsupportedOperationError, match=r"torch.Tensor.mul_: tt.compile cannot change an input"):
+        tt.compile(f, (w * 1,))
+
+
+def test_a_buffer_changed_in_place_without_gradient_is_changed_by_every_call():
+    counter = torch.zeros(())
+
+    def f(x):
+        counter.add_(1)
+        return x * 2
+
+    compiled = tt.compile(f, (tt.randn(2, requires_grad=True),))
+    compiled(tt.randn(2, requires_grad=True))
+    assert counter.item() == 2.0 and "add_(1)" in compiled.code

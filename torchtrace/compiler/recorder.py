@@ -133,6 +133,11 @@ class Program:
             self.saved.append(name)
         return name
 
+    def is_external(self, t: torch.Tensor) -> bool:
+        """An input or a captured tensor (not computed inside the function)?"""
+        name = self.names.get(id(t))
+        return name is None or name.startswith("params[") or any(n == name for n, _ in self.inputs)
+
     def device_name(self, device: torch.device) -> Optional[str]:
         return self.device_names.get(device)
 
@@ -317,6 +322,8 @@ class UserCalls(TorchFunctionMode):
         kwargs = kwargs or {}
         before = self.recorded
         self.calling = func, kwargs
+        target = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        outside = target is not None and self.program.is_external(target)
         where = user_line() if func in DATA_READS else ""
         out = func(*args, **kwargs)
         owner = getattr(func, "__self__", None)
@@ -331,6 +338,11 @@ class UserCalls(TorchFunctionMode):
             if path and len(lines) == count + 1:
                 lines[-1] += f"  # {path}"
             return out
+        calling, options = self.calling
+        if outside and (calling in INPLACE or options.get("inplace")):
+            raise UnsupportedOperationError(
+                f"{callable_name(func)}: tt.compile cannot change an input of the compiled function in place (the "
+                "caller's tensor would keep its old value) — use the out-of-place form, or do it before the call")
         for t in tensors_in(out) + tensors_in(args):  # an in-place call: the tensor now holds the node's output
             node = getattr(t, "_tt_node", None)
             name = self.program.node_names.get((id(node), t._tt_nr)) if node is not None else None
