@@ -101,3 +101,18 @@ def test_a_read_inside_a_rule_backward_is_checked_at_run_time():
     y.backward(torch.ones(2))
     with pytest.raises(RuntimeError, match="specialised on a value a rule read"):
         f(x).backward(-torch.ones(2))
+
+
+def test_a_shape_that_depends_on_values_is_a_guard():
+    w = tt.ones(4, requires_grad=True)
+
+    def f(x):
+        return (x[x > 0] * w[: int((x > 0).sum())]).sum()
+
+    compiled = tt.compile(f, (torch.tensor([1.0, -1.0, 2.0, 3.0]),))
+    assert ".shape != (3,)" in compiled.code
+    x = torch.tensor([1.0, 2.0, -3.0, -4.0])
+    with pytest.warns(UserWarning, match="re-tracing"):
+        compiled(x)
+    compiled(x).backward()
+    torch.testing.assert_close(w.grad, torch.tensor([1.0, 2.0, 0.0, 0.0]))

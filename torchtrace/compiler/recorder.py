@@ -139,7 +139,12 @@ class Program:
         return name is None or name.startswith("params[") or any(n == name for n, _ in self.inputs)
 
     def device_name(self, device: torch.device) -> Optional[str]:
-        return self.device_names.get(device)
+        """`x.device` for the device of input x (so no device is baked into the code)."""
+        name = self.device_names.get(device)
+        owner = name[:-len(".device")] if name else None
+        if owner and self.section == "backward" and owner not in self.saved:
+            self.saved.append(owner)  # the backward reads x.device: x travels with the saved tensors
+        return name
 
     # lines ---------------------------------------------------------------------------------------
     def emit(self, line: str) -> None:
@@ -185,6 +190,13 @@ class Program:
             target = ", ".join(self._define(o) if isinstance(o, torch.Tensor) else "_" for o in out)
             target += "," if len(out) == 1 else ""
         self.emit(f"{target} = {source}")
+        if func in _VALUE_SHAPED or (func is T.__getitem__ and _masks(args[1:])):
+            for t in results:  # the shape depends on the values: the code after it is valid for this shape only
+                name = self.tensor_name(t)
+                self.guards.append(Guard(f"{name}.shape", tuple(t.shape), where))
+                self.emit(f"if {name}.shape != {tuple(t.shape)!r}:")
+                reason = f"{where[:60] or callable_name(func)} gave {name}.shape == {tuple(t.shape)}"
+                self.emit(f"    raise GuardFailed({reason!r})")
 
     def _define(self, t: torch.Tensor) -> str:
         name = self.fresh()
@@ -192,6 +204,16 @@ class Program:
         if self.section == "forward":
             self.defined_forward.add(name)
         return name
+
+
+_VALUE_SHAPED = {f for f in (torch.nonzero, T.nonzero, torch.masked_select, T.masked_select, torch.unique, T.unique,
+                              torch.unique_consecutive, T.unique_consecutive, torch.argwhere, T.argwhere,
+                              torch.bincount, T.bincount, torch.repeat_interleave, T.repeat_interleave)}
+
+
+def _masks(index: Any) -> bool:
+    """Does an index hold a boolean tensor (x[mask]: as many elements as the mask has True values)?"""
+    return any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in tensors_in(list(index)))
 
 
 def _mutates(func: Callable) -> bool:
