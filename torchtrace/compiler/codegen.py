@@ -10,6 +10,8 @@ from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
 
 _ROOT = {"torch": torch}
+_NAMESPACES = ("torch", "torch.nn.functional", "torch._C._nn", "torch.special", "torch._C._special", "torch.linalg",
+               "torch._C._linalg", "torch.fft", "torch._C._fft", "torch._C._VariableFunctions")
 _SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "pow": "**",
             "matmul": "@", "and": "&", "or": "|", "xor": "^", "lshift": "<<", "rshift": ">>"}
 _BINARY = {f"__{op}__": (symbol, False) for op, symbol in _SYMBOLS.items()}
@@ -39,6 +41,10 @@ def callable_source(func: Callable) -> str:
     found = _resolve(name)
     if found is func or found == func:
         return name
+    short = getattr(func, "__name__", "")
+    for namespace in _NAMESPACES:  # e.g. torch._C._nn.log_sigmoid, which torch.nn.functional calls logsigmoid
+        if getattr(_resolve(namespace), short, None) is func:
+            return f"{namespace}.{short}"
     raise UnsupportedOperationError(
         f"{name}: tt.compile cannot write this callable as plain torch code — call it outside the compiled "
         "function, or write it with torch operations")
