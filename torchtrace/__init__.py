@@ -35,6 +35,8 @@ _INSPECT = {"AnomalyError": "anomaly", "detect_anomaly": "anomaly", "draw": "dot
 
 
 def __getattr__(name: str) -> Any:
+    if name == "compile":  # loads on first use too: it records with the inspection machinery
+        return importlib.import_module("torchtrace.compiler").compile
     if name in _INSPECT:
         return getattr(importlib.import_module(f"torchtrace.inspect.{_INSPECT[name]}"), name)
     raise AttributeError(f"module 'torchtrace' has no attribute '{name}'")
@@ -44,5 +46,5 @@ __all__ = [
     "linspace", "eye", "from_numpy", "backward", "grad", "Function", "register", "supported_ops",
     "no_grad", "enable_grad", "is_grad_enabled", "check", "gradcheck", "GradientMismatch",
     "UnsupportedOperationError", "nn", "optim", "draw", "recording", "flow", "trace", "show",
-    "detect_anomaly", "AnomalyError", "port",
+    "detect_anomaly", "AnomalyError", "port", "compile",
 ]

@@ -50,6 +50,12 @@ class Graph:
         """What changed between two runs ('- ' lines only here, '+ ' lines only there); empty if the same."""
         return [line for line in difflib.ndiff(self.signature(), other.signature()) if line[:2] in ("- ", "+ ")]
 
+    def to_code(self) -> str:
+        """Python source of this run's forward and its rules' backward, needing only torch (tt.compile's code)."""
+        from torchtrace.compiler import to_code
+
+        return to_code(self.model, *self.example_inputs[0], **self.example_inputs[1])
+
     def draw(self, **options: Any) -> Any:
         """The graph as a graphviz.Digraph (see tt.draw)."""
         from torchtrace.inspect.dot import draw
@@ -98,4 +104,6 @@ def trace(model: Callable, *example_inputs: Any, **kwargs: Any) -> Graph:
         target = add(node, {"kind": "op", "op": node.rule.__name__, "module": path, "shape": shape, "dtype": dtype,
                             "callable": callable_name(node.func) if node.func else f"{node.rule.__name__}.apply"})
         edges += [(src, target) for src in sources]
-    return Graph(nodes, edges, output, model)
+    graph = Graph(nodes, edges, output, model)
+    graph.example_inputs = (example_inputs, kwargs)
+    return graph

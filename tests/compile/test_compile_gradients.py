@@ -1,0 +1,97 @@
+"""tt.compile gives the gradients of eager torchtrace and of torch autograd, and composes with eager code."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_port import GPT, LeNet, sequence_loss
+
+import torchtrace as tt
+from torchtrace.port import port
+
+
+def _grads(model: torch.nn.Module) -> list:
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _zero(model: torch.nn.Module) -> None:
+    for p in model.parameters():
+        p.grad = None
+
+
+def _mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 1))
+
+
+CASES = {
+    "mlp": lambda: (_mlp(), torch.randn(8, 2, dtype=torch.float64), torch.randn(8, 1, dtype=torch.float64),
+                    F.mse_loss),
+    "lenet": lambda: (LeNet(), torch.randn(2, 1, 28, 28, dtype=torch.float64), torch.tensor([3, 7]),
+                      F.cross_entropy),
+    "gpt": lambda: (GPT(vocab=16, d=16, heads=2, length=8, layers=2), torch.randint(0, 16, (2, 8)),
+                    torch.randint(0, 16, (2, 8)), sequence_loss),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gradients_match_eager_torchtrace_and_torch_autograd(name):
+    torch.manual_seed(0)
+    twin, x, target, loss_fn = CASES[name]()
+    twin = twin.double()
+    ours = port(copy.deepcopy(twin))
+    compiled = tt.compile(lambda inputs, targets: loss_fn(ours(inputs), targets), (x, target))
+    compiled(x, target)  # the tracing call itself runs eagerly; the next ones run the generated code
+    _zero(ours)
+    loss = compiled(x, target)
+    assert loss.grad_fn.name.startswith("Compiled_")
+    loss.backward()
+    got = _grads(ours)
+    _zero(ours)
+    loss_fn(ours(x), target).backward()
+    eager = _grads(ours)
+    expected_loss = loss_fn(twin(x), target)
+    expected_loss.backward()
+    torch.testing.assert_close(float(loss), expected_loss.item())
+    for g, e, t in zip(got, eager, twin.parameters()):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(g, t.grad)
+
+
+def test_compiled_and_eager_code_compose_and_an_optimizer_step_works():
+    torch.manual_seed(0)
+    model = tt.nn.Linear(3, 2)
+    scale = tt.randn(3, requires_grad=True)
+    body = tt.compile(lambda x: torch.tanh(model(x)), (torch.randn(4, 3),))
+    x = tt.randn(4, 3)
+
+    def run(fn):
+        for p in (*model.parameters(), scale):
+            p.grad = None
+        ((fn(x * scale) ** 2).sum() * 3).backward()  # eager before and after the compiled part
+        return [p.grad.clone() for p in (*model.parameters(), scale)]
+
+    for g, e in zip(run(body), run(lambda v: torch.tanh(model(v)))):
+        torch.testing.assert_close(g, e)
+    before = model.weight.detach().clone()
+    tt.optim.SGD(model.parameters(), lr=0.1).step()
+    assert not torch.equal(before, model.weight.detach())
+
+
+def test_tt_grad_through_a_compiled_call():
+    w = tt.randn(3, requires_grad=True)
+    f = tt.compile(lambda x: (x * w).sin().sum(), (torch.randn(3),))
+    x = tt.randn(3, requires_grad=True)
+    f(x)
+    gx, gw = tt.grad(f(x), [x, w])
+    ex, ew = tt.grad((x * w).sin().sum(), [x, w])
+    torch.testing.assert_close(gx, ex)
+    torch.testing.assert_close(gw, ew)
+
+
+def test_second_derivatives_through_compiled_code_are_refused():
+    f = tt.compile(lambda x: (x ** 3).sum(), (tt.randn(3, requires_grad=True),))
+    x = tt.randn(3, requires_grad=True)
+    f(x)
+    with pytest.raises(tt.UnsupportedOperationError, match=r"create_graph=True\) through a compiled call"):
+        tt.grad(f(x), [x], create_graph=True)

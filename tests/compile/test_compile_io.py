@@ -1,0 +1,192 @@
+"""Nested inputs and outputs, factories that stay calls, random ops as eager, in-place ops, refusals, check_inputs."""
+import pytest
+import torch
+
+import torchtrace as tt
+
+
+def test_dict_tuple_and_list_inputs_and_outputs():
+    w = tt.randn(3, requires_grad=True)
+
+    def f(batch, pair):
+        a, b = pair
+        out = batch["x"] * w + a
+        return {"out": out, "stats": (out.sum(), [b * 2])}
+
+    example = ({"x": torch.randn(3)}, (torch.randn(3), torch.randn(2)))
+    compiled = tt.compile(f, example)
+    assert "def forward(batch_x, pair_0, pair_1, params):" in compiled.code
+    got = compiled(*example)
+    assert set(got) == {"out", "stats"} and isinstance(got["stats"][1], list)
+    got["stats"][0].backward()
+    gw = w.grad.clone()
+    w.grad = None
+    f(*example)["stats"][0].backward()
+    torch.testing.assert_close(gw, w.grad)
+    torch.testing.assert_close(got["stats"][1][0], example[1][1] * 2)
+    assert not got["stats"][1][0].requires_grad  # it did not depend on w
+
+
+def test_factories_stay_calls_and_bake_no_device():
+    def f(x):
+        n = x.shape[0]
+        return x * torch.arange(n) + torch.randn(n) + torch.zeros(n, device=x.device)
+
+    compiled = tt.compile(f, (torch.ones(4),))
+    code = compiled.code
+    assert "torch.arange(4)" in code and "torch.randn(4)" in code and "device=x.device" in code
+    assert "torch.device(" not in code
+    first, second = compiled(torch.ones(4)), compiled(torch.ones(4))
+    assert not torch.equal(first, second)  # randn is drawn on every call, not frozen at trace time
+
+
+def test_random_ops_give_eager_values_under_the_same_seed():
+    drop = tt.nn.Dropout(0.5)
+    w = tt.randn(6, requires_grad=True)
+
+    def f(x):
+        return (drop(x * w) * torch.rand(6)).sum()
+
+    compiled = tt.compile(f, (torch.ones(6),))
+    results = []
+    for fn in (f, compiled, compiled):
+        torch.manual_seed(7)
+        w.grad = None
+        out = fn(torch.ones(6))
+        out.backward()
+        results.append((out.detach(), w.grad.clone()))
+    for out, grad in results[1:]:
+        torch.testing.assert_close(out, results[0][0], rtol=0, atol=0)
+        torch.testing.assert_close(grad, results[0][1], rtol=0, atol=0)
+
+
+def test_in_place_ops_appear_as_their_out_of_place_twins():
+    w = tt.randn(3, requires_grad=True)
+
+    def f(x):
+        y = x * w
+        y.add_(1)
+        return torch.nn.functional.relu(y, inplace=True).sum()
+
+    compiled = tt.compile(f, (torch.randn(3),))
+    assert "torch.Tensor.add_: in place, recorded as its out-of-place twin" in compiled.code
+    assert "torch.nn.functional.relu(inplace=True): in place" in compiled.code
+    x = torch.randn(3)
+    compiled(x).backward()
+    gw = w.grad.clone()
+    w.grad = None
+    f(x).backward()
+    torch.testing.assert_close(gw, w.grad)
+
+
+def test_unsupported_ops_refuse_at_compile_time():
+    w = tt.randn(3, requires_grad=True)
+    with pytest.raises(tt.UnsupportedOperationError, match="torch.Tensor.numpy: tt.compile cannot record it"):
+        tt.compile(lambda x: torch.from_numpy((x * w).detach().numpy()), (torch.randn(3),))
+
+
+SCALE = {"value": 1.0}
+
+
+class Scaled(tt.Function):
+    """y = x -> dy/dx = s (s read from Python state: a rule the recorded code cannot follow)"""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * SCALE["value"]
+
+
+def test_check_inputs_names_the_first_difference():
+    def f(x):
+        return Scaled.apply(x).sum()
+
+    x = tt.randn(3, requires_grad=True)
+    compiled = tt.compile(f, (x,), check_inputs=[(tt.randn(3, requires_grad=True),)])  # agrees: no error
+    SCALE["value"] = 2.0
+    try:
+        with pytest.raises(tt.GradientMismatch, match="gradient of input x differs between compiled and eager"):
+            compiled.check(tt.randn(3, requires_grad=True))
+    finally:
+        SCALE["value"] = 1.0
+
+
+def test_check_inputs_catches_a_wrong_output():
+    state = {"n": 0}
+
+    def f(x):
+        state["n"] += 1
+        return x * state["n"]  # a Python counter: each trace bakes a different constant
+
+    with pytest.raises(tt.GradientMismatch, match="output 0 differs"):
+        tt.compile(f, (torch.ones(2),), check_inputs=[(torch.ones(2),)])
+
+
+def test_an_input_returned_as_an_output_still_gets_its_gradient():
+    f = tt.compile(lambda a: (a, a.argmax(), a * 2), (tt.randn(3, requires_grad=True),))
+    a = tt.randn(3, requires_grad=True)
+    same, index, double = f(a)
+    assert index.dtype == torch.int64 and not index.requires_grad
+    (same.sum() + double.sum()).backward()
+    torch.testing.assert_close(a.grad, torch.full((3,), 3.0))
+
+
+def test_compiled_under_no_grad_is_plain_inference_code():
+    model = tt.nn.Sequential(tt.nn.Linear(3, 4), tt.nn.ReLU())
+    x = torch.randn(2, 3)
+    with tt.no_grad():
+        f = tt.compile(model, (x,))
+        out = f(x)
+    assert "# 1: ReLU" in f.code and "return (t2,), ()" in f.code
+    torch.testing.assert_close(out, model(x).detach())
+
+
+def test_multi_output_ops_views_and_item_assignment():
+    w = tt.randn(4, 3, requires_grad=True)
+
+    def f(x):
+        a, b = (x * w).split(2)
+        biggest = torch.max(a, dim=1)
+        y = torch.stack(list(torch.cat([a, b.T.T], 0).unbind(0)))
+        q = y.clone()
+        q[0] = 5.0
+        return biggest.values.sum() + q.sum() + y.chunk(3, dim=1)[1].sum() + y.mT.sum(), biggest.indices
+
+    x = torch.randn(4, 3)
+    compiled = tt.compile(f, (x,))
+    assert "t15[0] = True" in compiled.code or "[0] = 5.0" in compiled.code
+    loss, indices = compiled(x)
+    loss.backward()
+    got = w.grad.clone()
+    w.grad = None
+    expected, expected_indices = f(x)
+    expected.backward()
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(got, w.grad)
+    assert torch.equal(indices, expected_indices)
+
+
+def test_changing_an_input_that_needs_a_gradient_in_place_is_refused():
+    w = tt.randn(3, requires_grad=True)
+
+    def f(x):
+        x.mul_(2)
+        return x.sum()
+
+    with pytest.raises(tt.UnsupportedOperationError, match=r"torch.Tensor.mul_: tt.compile cannot change an input"):
+        tt.compile(f, (w * 1,))
+
+
+def test_a_buffer_changed_in_place_without_gradient_is_changed_by_every_call():
+    counter = torch.zeros(())
+
+    def f(x):
+        counter.add_(1)
+        return x * 2
+
+    compiled = tt.compile(f, (tt.randn(2, requires_grad=True),))
+    compiled(tt.randn(2, requires_grad=True))
+    assert counter.item() == 2.0 and "add_(1)" in compiled.code

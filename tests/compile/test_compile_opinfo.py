@@ -1,0 +1,40 @@
+"""PyTorch's OpInfo samples of a spread of ops, compiled: the gradient of the generated code is eager torchtrace's."""
+import pytest
+import torch
+from torch.testing._internal.common_methods_invocations import op_db
+
+import torchtrace as tt
+
+NAMES = ["abs", "addcmul", "atan2", "amax", "clamp", "cumsum", "diagonal", "expand", "gather", "index_select",
+         "lerp", "logsumexp", "masked_fill", "matmul", "max", "mean", "nn.functional.conv2d", "nn.functional.gelu",
+         "nn.functional.layer_norm", "nn.functional.logsigmoid", "nn.functional.softplus", "norm", "pow", "prod",
+         "flip", "split", "std", "roll", "where", "nn.functional.cross_entropy"]
+OPS = {op.name: op for op in op_db if op.name in NAMES and not op.variant_test_name}
+CASES = [(name, i) for name in NAMES if name in OPS for i in range(2)]
+
+
+def _weighted(out):
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    return sum((o * 1.1).sum() for o in outs if isinstance(o, torch.Tensor) and o.is_floating_point()
+               and o.requires_grad)
+
+
+@pytest.mark.parametrize("name,index", CASES)
+def test_opinfo_samples_compile_to_eager_gradients(name, index):
+    op = OPS[name]
+    samples = list(op.sample_inputs("cpu", torch.float64, requires_grad=True))
+    if index >= len(samples):
+        pytest.skip("fewer samples")
+    sample = samples[index]
+    x = tt.as_tracer(sample.input.detach(), requires_grad=True)
+    args = [tt.as_tracer(a.detach()) if isinstance(a, torch.Tensor) else a for a in sample.args]
+
+    def f(v, *rest):
+        return _weighted(op.op(v, *rest, **sample.kwargs))
+
+    expected = tt.grad(f(x, *args), [x], allow_unused=True)[0]
+    compiled = tt.compile(f, (x, *args))
+    result = compiled(x, *args)
+    assert result.grad_fn.name.startswith("Compiled_")
+    got = tt.grad(result, [x], allow_unused=True)[0]
+    torch.testing.assert_close(got, expected, equal_nan=True)

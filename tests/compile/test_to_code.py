@@ -1,0 +1,105 @@
+"""to_code: readable source (rules' math, module names, parameter names) that runs with only torch imported."""
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torchtrace as tt
+from torchtrace.autograd.function import RULES
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return tt.nn.Sequential(tt.nn.Linear(2, 4), tt.nn.Tanh(), tt.nn.Linear(4, 1))
+
+
+def test_labels_names_and_rule_math():
+    code = tt.trace(_model(), torch.randn(3, 2)).to_code()
+    tanh_doc = RULES[torch.tanh].__doc__.strip().splitlines()[0]
+    linear_rule = RULES[torch.nn.functional.linear]
+    assert f"# {RULES[torch.tanh].__name__}: {tanh_doc}" in code  # every backward block: the rule and its math
+    assert f"# {linear_rule.__name__}  [0: Linear]" in code  # forward blocks: the module they ran in
+    assert 'params["0.weight"]' in code and 'params["2.bias"]' in code
+    assert "def forward(input, params):" in code and "def backward(params, saved, grad0):" in code
+    names = re.findall(r"^    (\w+) = ", code, flags=re.MULTILINE)
+    assert names and all(re.fullmatch(r"[tg]\d{1,2}", n) for n in names), names
+    assert code == tt.trace(_model(), torch.randn(3, 2)).to_code()  # stable names
+
+
+def test_a_changed_rule_changes_the_code():
+    class Cube(tt.Function):
+        """y = x^3 -> dy/dx = 3 x^2"""
+
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * 3 * x * x
+
+    class CubeAgain(Cube):
+        """y = x^3 -> dy/dx = 3 x^2, written with pow"""
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * torch.pow(x, 2) * 3
+
+    first = tt.compile(lambda x: Cube.apply(x).sum(), (tt.randn(3, requires_grad=True),)).code
+    second = tt.compile(lambda x: CubeAgain.apply(x).sum(), (tt.randn(3, requires_grad=True),)).code
+    assert "# Cube: y = x^3 -> dy/dx = 3 x^2" in first and "torch.pow" not in first
+    assert "torch.pow(x, 2)" in second
+
+
+RUNNER = textwrap.dedent("""
+    import sys
+    import torch
+    namespace = {}
+    exec(open(sys.argv[1]).read(), namespace)
+    data = torch.load(sys.argv[2])
+    outputs, saved = namespace["forward"](data["x"], data["params"])
+    grads = namespace["backward"](data["params"], saved, torch.ones_like(outputs[0]))
+    assert not any(name.startswith("torchtrace") for name in sys.modules)
+    torch.save({"loss": outputs[0], "grads": grads}, sys.argv[3])
+""")
+
+
+def test_the_code_runs_in_a_subprocess_with_only_torch(tmp_path):
+    model = _model()
+    x = torch.randn(5, 2)
+    code = tt.compile(lambda inputs: (model(inputs) ** 2).mean(), (x,)).code
+    (tmp_path / "step.py").write_text(code)
+    (tmp_path / "run.py").write_text(RUNNER)
+    params = {name: p.detach().as_subclass(torch.Tensor) for name, p in model.named_parameters()}
+    torch.save({"x": x, "params": params}, tmp_path / "in.pt")
+    subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "step.py"), str(tmp_path / "in.pt"),
+                    str(tmp_path / "out.pt")], check=True, cwd=tmp_path)
+    result = torch.load(tmp_path / "out.pt")
+    loss = (model(x) ** 2).mean()
+    loss.backward()
+    torch.testing.assert_close(result["loss"], loss.detach().as_subclass(torch.Tensor))
+    expected = [None, *(p.grad for p in model.parameters())]  # x needs no gradient
+    assert result["grads"][0] is None
+    for got, want in zip(result["grads"][1:], expected[1:]):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is not installed")
+def test_the_code_passes_ruff(tmp_path):
+    from test_port import GPT
+
+    model = tt.port(GPT(vocab=16, d=16, heads=2, length=8, layers=1))
+    tokens = torch.randint(0, 16, (2, 8))
+    code = tt.compile(lambda t: model(t).logsumexp(-1).mean(), (tokens,)).code
+    path = tmp_path / "gpt_step.py"
+    path.write_text(code)
+    result = subprocess.run(["ruff", "check", "--line-length", "120", "--select", "E,F,W,I", str(path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout

@@ -1,0 +1,196 @@
+"""Writing values and torch callables as Python source that needs only `import torch`."""
+import functools
+import math
+import numbers
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+from torchtrace.errors import UnsupportedOperationError
+from torchtrace.naming import callable_name
+
+_ROOT = {"torch": torch}
+_NAMESPACES = ("torch", "torch.nn.functional", "torch._C._nn", "torch.special", "torch._C._special", "torch.linalg",
+               "torch._C._linalg", "torch.fft", "torch._C._fft", "torch._C._VariableFunctions")
+_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "pow": "**",
+            "matmul": "@", "and": "&", "or": "|", "xor": "^", "lshift": "<<", "rshift": ">>"}
+_BINARY = {f"__{op}__": (symbol, False) for op, symbol in _SYMBOLS.items()}
+_BINARY.update({f"__r{op}__": (symbol, True) for op, symbol in _SYMBOLS.items()})
+_BINARY.update({f"__{op}__": (symbol, False) for op, symbol in
+                (("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))})
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve(path: str) -> Any:
+    """The object a dotted path names (None if it names nothing)."""
+    obj: Any = _ROOT
+    first, *rest = path.split(".")
+    obj = _ROOT.get(first)
+    for part in rest:
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def callable_source(func: Callable) -> str:
+    """'torch.mul', 'torch.Tensor.add', 'torch.nn.functional.relu': an expression that evaluates to `func`."""
+    name = callable_name(func)
+    if name.endswith(".__get__"):
+        return name
+    found = _resolve(name)
+    if found is func or found == func:
+        return name
+    short = getattr(func, "__name__", "")
+    for namespace in _NAMESPACES:  # e.g. torch._C._nn.log_sigmoid, which torch.nn.functional calls logsigmoid
+        if getattr(_resolve(namespace), short, None) is func:
+            return f"{namespace}.{short}"
+    raise UnsupportedOperationError(
+        f"{name}: tt.compile cannot write this callable as plain torch code — call it outside the compiled "
+        "function, or write it with torch operations")
+
+
+def is_property(func: Callable) -> bool:
+    return getattr(func, "__name__", "") == "__get__" and hasattr(func, "__self__")
+
+
+def value_source(value: Any, tensor_name: Callable[[torch.Tensor], str], device_name: Optional[Callable] = None) -> str:
+    """Python source for an argument: tensors by name, numbers, dtypes, devices, slices, nested sequences."""
+    if isinstance(value, torch.Tensor):
+        return tensor_name(value)
+    if value is None or isinstance(value, (bool, str)):
+        return repr(value)
+    if isinstance(value, numbers.Integral):
+        return repr(int(value))
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return repr(number) if math.isfinite(number) else f"float('{number}')"
+    if isinstance(value, complex):
+        return repr(value)
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+        return str(value)
+    if isinstance(value, torch.device):
+        return (device_name(value) if device_name else None) or f"torch.device({str(value)!r})"
+    if isinstance(value, slice):
+        parts = (value.start, value.stop, value.step)
+        return f"slice({', '.join(value_source(p, tensor_name, device_name) for p in parts)})"
+    if value is Ellipsis:
+        return "..."
+    if isinstance(value, (list, tuple)):
+        items = [value_source(v, tensor_name, device_name) for v in value]
+        if isinstance(value, list):
+            return f"[{', '.join(items)}]"
+        return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {value_source(v, tensor_name, device_name)}" for k, v in value.items()) + "}"
+    raise UnsupportedOperationError(
+        f"tt.compile: an argument of type {type(value).__name__} ({value!r:.60}) cannot be written into the generated "
+        "code — pass tensors, numbers, dtypes or devices, or call this outside the compiled function")
+
+
+def call_source(func: Callable, args: tuple, kwargs: Dict[str, Any], tensor_name: Callable,
+                device_name: Optional[Callable] = None) -> str:
+    """`torch.mul(t1, t2)`, `t1.sum(dim=0)`, `t1.T`: one call as source."""
+    if is_property(func):
+        return f"{value_source(args[0], tensor_name)}.{func.__self__.__name__}"
+    source = callable_source(func)
+    name = source.rpartition(".")[2] if source.startswith("torch.Tensor.") else ""
+    if name in _BINARY and len(args) == 2 and not kwargs:
+        left, right = (value_source(a, tensor_name, device_name) for a in args)
+        symbol, reflected = _BINARY[name]
+        return f"{right} {symbol} {left}" if reflected else f"{left} {symbol} {right}"
+    if name in ("__neg__", "__invert__") and len(args) == 1:
+        return ("-" if name == "__neg__" else "~") + value_source(args[0], tensor_name)
+    if func is torch.Tensor.__getitem__ and not kwargs and len(args) == 2:
+        return f"{value_source(args[0], tensor_name)}[{index_source(args[1], tensor_name)}]"
+    rendered = [value_source(a, tensor_name, device_name) for a in args]
+    rendered += [f"{k}={value_source(v, tensor_name, device_name)}" for k, v in kwargs.items()]
+    method = source.rpartition(".")[2]
+    if (source.startswith("torch.Tensor.") and not method.startswith("__") and args
+            and isinstance(args[0], torch.Tensor)):
+        return f"{rendered[0]}.{method}({', '.join(rendered[1:])})"
+    return f"{source}({', '.join(rendered)})"
+
+
+def index_source(index: Any, tensor_name: Callable) -> str:
+    """x[1:, None, ..., idx]: an index as subscript source."""
+    if isinstance(index, tuple):
+        return ", ".join(index_source(i, tensor_name) for i in index) + ("," if len(index) == 1 else "") or "()"
+    if isinstance(index, slice):
+        start, stop, step = (value_source(p, tensor_name) if p is not None else "" for p in
+                             (index.start, index.stop, index.step))
+        return f"{start}:{stop}" + (f":{step}" if step else "")
+    return value_source(index, tensor_name)
+
+
+WIDTH = 116
+
+
+def _top_level_commas(text: str) -> list:
+    """Split `text` at commas outside brackets and strings."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote and text[i - 1] != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i + 1].strip())
+            start = i + 1
+    tail = text[start:].strip()
+    return parts + ([tail] if tail else [])
+
+
+def fit(line: str, indent: str) -> list:
+    """One generated line as lines of at most WIDTH characters: comments wrapped, long calls broken at commas."""
+    if len(indent) + len(line) <= WIDTH:
+        return [indent + line]
+    if line.startswith("#"):
+        import textwrap
+
+        return [indent + "# " + part for part in textwrap.wrap(line[1:].strip(), WIDTH - len(indent) - 2)]
+    code, _, comment = line.partition("  # ")
+    lines = [] if not comment else fit("# " + comment, indent)
+    groups = []  # the longest bracketed group at depth 0 is the one to break
+    position = code.find("(")
+    while position >= 0:
+        end = _matching(code, position)
+        if end < 0:
+            break
+        groups.append((end - position, position, end))
+        position = code.find("(", end)
+    _, opening, closing = max(groups, default=(0, -1, -1))
+    if closing < 0:
+        return lines + [indent + code]
+    head, inner, tail = code[:opening + 1], code[opening + 1:closing], code[closing + 1:]
+    inner_indent = indent + "    "
+    out, current = [indent + head], inner_indent
+    for part in _top_level_commas(inner):
+        if current.strip() and len(current) + len(part) + 1 > WIDTH:
+            out.append(current.rstrip())
+            current = inner_indent
+        current += part + " "
+    out.append(current.rstrip() + ")" + tail)
+    return lines + out
+
+
+def _matching(text: str, opening: int) -> int:
+    """Index of the bracket closing text[opening] (-1 if none)."""
+    depth, quote = 0, ""
+    for i in range(opening, len(text)):
+        ch = text[i]
+        if quote:
+            quote = "" if ch == quote and text[i - 1] != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1

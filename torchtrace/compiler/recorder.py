@@ -1,0 +1,436 @@
+"""Record one run as straight-line code: every torch call becomes a line, every value read by Python a guard.
+
+Two TorchFunctionModes do the recording. `UserCalls` sees the calls the user's function makes (on
+tracers, and factories that take no tracer). When such a call records a Node, the node's rule is
+run again on plain tensors under `RuleCalls`, which writes down the torch calls the rule itself makes:
+its forward now, its backward later (`Program.backward`). So the code is the rules' own code, op by op.
+"""
+import itertools
+import linecache
+import os
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from torchtrace.autograd.engine import topological_order
+from torchtrace.autograd.function import INPLACE, Context, Function
+from torchtrace.autograd.node import Node, gradient_for, leaf_accumulator
+from torchtrace.compiler.codegen import call_source, index_source, is_property, value_source
+from torchtrace.errors import UnsupportedOperationError
+from torchtrace.naming import callable_name
+
+_guard = torch._C.DisableTorchFunctionSubclass
+T = torch.Tensor
+# calls whose Python result depends on a tensor's values: the code is specialised on them (a guard)
+DATA_READS = {T.item: "{}.item()", T.tolist: "{}.tolist()", T.__bool__: "bool({})", T.__int__: "int({})",
+              T.__float__: "float({})", T.__index__: "int({})", T.is_nonzero: "bool({})",
+              T.__complex__: "complex({})"}
+REFUSED = {T.numpy: "it leaves torch, so the compiled code could not follow the values",
+           T.data_ptr: "a storage address is not a value the compiled code can replay",
+           T.__setstate__: "", T.__reduce_ex__: ""}
+_PACKAGE_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+
+
+def user_line() -> str:
+    """'file.py:12  if x.sum() > 0:' — the innermost frame outside torch and torchtrace."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIRS):
+        frame = frame.f_back
+    if frame is None:
+        return "<unknown>"
+    where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).split("  #")[0].strip()
+    return f"{where}  {text}" if text else where
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    with _guard():
+        return torch.Tensor.as_subclass(t, torch.Tensor)
+
+
+def tensors_in(value: Any) -> List[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_in(v)]
+    return []
+
+
+class Guard:
+    """A value Python read from a tensor: the code is valid only while it reads the same."""
+
+    def __init__(self, expression: str, value: Any, where: str):
+        self.expression, self.value, self.where = expression, value, where
+
+
+class Program:
+    """Names, forward lines and backward lines of one recorded run."""
+
+    def __init__(self, params: Dict[int, str]):
+        self.names: Dict[int, str] = {}  # id(tensor) -> its name in the code
+        self.keep: List[Any] = []  # every named object stays alive, so no id is reused during the trace
+        self.lines: Dict[str, List[str]] = {"forward": [], "backward": []}
+        self.section = "forward"
+        self.known_params = params  # id(parameter or buffer) -> its dotted name
+        self.captured: List[Tuple[str, torch.Tensor]] = []  # (name, tensor) reached but not passed as an input
+        self.inputs: List[Tuple[str, torch.Tensor]] = []
+        self.boundary: Dict[Tuple[int, int], str] = {}  # (id(node or AccumulateGrad), nr) of an input -> its name
+        self.nodes: Dict[int, Tuple[Node, Context]] = {}  # id(node) -> (node, the context of its recorded rerun)
+        self.node_names: Dict[Tuple[int, int], str] = {}
+        self.node_values: Dict[Tuple[int, int], torch.Tensor] = {}
+        self.guards: List[Guard] = []
+        self.defined_forward: set = set()
+        self.saved: List[str] = []  # forward names the backward reads
+        self.random = False  # the code draws random numbers (so a failed guard restores the generator first)
+        self.buffers: Dict[Tuple[int, int], Any] = {}  # after record_backward: the gradient reaching each input
+        self.counter = {"t": itertools.count(1), "g": itertools.count(1)}
+        self.device_names: Dict[torch.device, str] = {}
+
+    # names ---------------------------------------------------------------------------------------
+    def bind(self, t: torch.Tensor, name: str) -> None:
+        self.names[id(t)] = name
+        self.keep.append(t)
+
+    def fresh(self) -> str:
+        prefix = "t" if self.section == "forward" else "g"
+        return f"{prefix}{next(self.counter[prefix])}"
+
+    def add_input(self, name: str, t: torch.Tensor) -> None:
+        self.inputs.append((name, t))
+        self.bind(t, name)
+        self.defined_forward.add(name)
+        self.device_names.setdefault(t.device, f"{name}.device")
+        self._note_boundary(t, name)
+
+    def _note_boundary(self, t: torch.Tensor, name: str) -> None:
+        """Where gradients of this input go in the eager graph: its grad_fn, or its AccumulateGrad."""
+        node = getattr(t, "_tt_node", None)
+        if node is not None:
+            self.boundary[(id(node), t._tt_nr)] = name
+        elif getattr(t, "_tt_requires_grad", False) or (type(t) is torch.Tensor and t.requires_grad):
+            acc = leaf_accumulator(t)
+            self.keep.append(acc)
+            self.boundary[(id(acc), 0)] = name
+
+    def tensor_name(self, t: torch.Tensor) -> str:
+        """Its name; a tensor never seen is a parameter, buffer or captured tensor, passed by identity."""
+        name = self.names.get(id(t))
+        if name is None and getattr(t, "_tt_node", None) is not None:  # a copy the core made (x before x.add_(1))
+            name = self.node_names.get((id(t._tt_node), t._tt_nr))
+            if name is not None:
+                self.bind(t, name)
+        if name is None:
+            label = self.known_params.get(id(t)) or f"captured{len(self.captured)}"
+            name = f'params["{label}"]'
+            self.captured.append((label, t))
+            self.bind(t, name)
+            self._note_boundary(t, name)
+        if self.section == "backward" and name in self.defined_forward and name not in self.saved:
+            self.saved.append(name)
+        return name
+
+    def is_external(self, t: torch.Tensor) -> bool:
+        """An input or a captured tensor (not computed inside the function)?"""
+        name = self.names.get(id(t))
+        return name is None or name.startswith("params[") or any(n == name for n, _ in self.inputs)
+
+    def device_name(self, device: torch.device) -> Optional[str]:
+        """`x.device` for the device of input x (so no device is baked into the code)."""
+        name = self.device_names.get(device)
+        owner = name[:-len(".device")] if name else None
+        if owner and self.section == "backward" and owner not in self.saved:
+            self.saved.append(owner)  # the backward reads x.device: x travels with the saved tensors
+        return name
+
+    # lines ---------------------------------------------------------------------------------------
+    def emit(self, line: str) -> None:
+        self.lines[self.section].append(line)
+
+    def record_call(self, func: Callable, args: tuple, kwargs: dict, out: Any, where: str = "") -> None:
+        """One torch call that ran: a line binding its tensor results, a guard, or nothing (metadata)."""
+        if func in REFUSED:
+            raise UnsupportedOperationError(
+                f"{callable_name(func)}: tt.compile cannot record it — {REFUSED[func] or 'not a tensor operation'}; "
+                "call it outside the compiled function")
+        if func in DATA_READS:
+            expression = DATA_READS[func].format(self.tensor_name(args[0]))
+            self.guards.append(Guard(expression, out, where))
+            reason = f"{where[:60] or 'a rule'} read {expression} == {out!r}"
+            self.emit(f"if {expression} != {value_source(out, self.tensor_name)}:")
+            self.emit(f"    raise GuardFailed({reason!r})")
+            return
+        results = tensors_in(out)
+        if func is T.__setitem__:  # x[i] = v changes x: a statement of its own
+            target, index, value = (value_source(a, self.tensor_name, self.device_name) for a in args[:3])
+            self.emit(f"{target}[{index_source(args[1], self.tensor_name)}] = {value}")
+            return
+        if not results:
+            if _mutates(func) and args and isinstance(args[0], torch.Tensor):
+                self.emit(call_source(func, args, kwargs, self.tensor_name, self.device_name))  # in place
+            return  # metadata (shape, dtype, dim, ...): fixed by the guards on the inputs
+        source = call_source(func, args, kwargs, self.tensor_name, self.device_name)
+        if getattr(func, "__name__", "") in _RANDOM:
+            self.random = True
+        if len(results) == 1 and out is results[0] and not is_property(func) and args and out is args[0]:
+            if _mutates(func):  # in place: the same tensor keeps its name
+                self.emit(source)
+            return  # x.to(x.dtype), x.contiguous(): the call returned its argument (shapes, dtypes are guards)
+        if func in _SAME_WHEN_SHAPE_KEPT and _same_view(args[0], out):
+            self.bind(out, self.tensor_name(args[0]))  # x.reshape(x.shape): a view with x's shape and strides is x
+            return
+        if isinstance(out, torch.Tensor):
+            target = self._define(out)
+        else:
+            if any(isinstance(o, (list, tuple)) for o in out):
+                raise UnsupportedOperationError(f"{callable_name(func)}: tt.compile cannot unpack a nested result")
+            target = ", ".join(self._define(o) if isinstance(o, torch.Tensor) else "_" for o in out)
+            target += "," if len(out) == 1 else ""
+        self.emit(f"{target} = {source}")
+        if func in _VALUE_SHAPED or (func is T.__getitem__ and _masks(args[1:])):
+            for t in results:  # the shape depends on the values: the code after it is valid for this shape only
+                name = self.tensor_name(t)
+                self.guards.append(Guard(f"{name}.shape", tuple(t.shape), where))
+                self.emit(f"if {name}.shape != {tuple(t.shape)!r}:")
+                reason = f"{where[:60] or callable_name(func)} gave {name}.shape == {tuple(t.shape)}"
+                self.emit(f"    raise GuardFailed({reason!r})")
+
+    def _define(self, t: torch.Tensor) -> str:
+        name = self.fresh()
+        self.bind(t, name)
+        if self.section == "forward":
+            self.defined_forward.add(name)
+        return name
+
+
+_VALUE_SHAPED = {f for f in (torch.nonzero, T.nonzero, torch.masked_select, T.masked_select, torch.unique, T.unique,
+                              torch.unique_consecutive, T.unique_consecutive, torch.argwhere, T.argwhere,
+                              torch.bincount, T.bincount, torch.repeat_interleave, T.repeat_interleave)}
+
+
+def _masks(index: Any) -> bool:
+    """Does an index hold a boolean tensor (x[mask]: as many elements as the mask has True values)?"""
+    return any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in tensors_in(list(index)))
+
+
+def _mutates(func: Callable) -> bool:
+    """x.add_(y), x += y: calls that change their first argument."""
+    name = getattr(func, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_OPERATORS
+
+
+_INPLACE_OPERATORS = {f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or",
+                                              "xor", "lshift", "rshift", "matmul")}
+
+
+_SAME_WHEN_SHAPE_KEPT = {T.reshape, T.view, T.expand, T.flatten, T.sum_to_size, T.expand_as, T.view_as,
+                         T.reshape_as}
+
+
+def _same_view(source: Any, out: Any) -> bool:
+    return (isinstance(source, torch.Tensor) and isinstance(out, torch.Tensor) and out.shape == source.shape
+            and out.stride() == source.stride() and out.data_ptr() == source.data_ptr()
+            and out.dtype == source.dtype)
+
+
+_RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "bernoulli_",
+           "multinomial", "normal", "normal_", "uniform_", "dropout", "alpha_dropout", "feature_alpha_dropout",
+           "dropout1d", "dropout2d", "dropout3d", "randperm", "exponential_", "geometric_", "cauchy_",
+           "log_normal_", "random_", "poisson", "rrelu", "native_dropout"}
+
+
+class RuleCalls(TorchFunctionMode):
+    """Write down every torch call made inside a rule (on plain tensors) as a line of the program."""
+
+    def __init__(self, program: Program):
+        super().__init__()
+        self.program = program
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        owner = getattr(func, "__self__", None)
+        if isinstance(owner, type) and issubclass(owner, Function):  # a rule that calls another rule's apply
+            with self:
+                return owner.forward(Context(owner), *args, **kwargs)
+        out = func(*args, **kwargs)
+        self.program.record_call(func, args, kwargs, out)
+        return out
+
+
+def _rng_state() -> tuple:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state_all(state[1])
+
+
+class UserCalls(TorchFunctionMode):
+    """The calls of the user's function: each records its rule's forward, or (recording nothing) itself."""
+
+    def __init__(self, program: Program, module_path: Callable[[], str]):
+        super().__init__()
+        self.program, self.module_path = program, module_path
+        self.recorded = 0
+        self.calling: Tuple[Any, dict] = (None, {})
+
+    def on_node(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
+        """A Node was recorded: run its rule again on plain tensors, writing down the calls it makes."""
+        program = self.program
+        if node.autocast:
+            raise UnsupportedOperationError(f"{callable_name(node.func) if node.func else node.rule.__name__}: "
+                                            "tt.compile does not record ops under torch.autocast — compile outside it")
+        self.recorded += 1
+        label = node.rule.__name__ + (f"  [{self.module_path()}]" if self.module_path() else "")
+        calling, options = self.calling
+        if calling in INPLACE or (calling is node.func and options.get("inplace")):
+            label += f"  ({callable_name(calling)}{'(inplace=True)' if calling is node.func else ''}: in place, "
+            label += "recorded as its out-of-place twin)"
+        ctx = Context(node.rule, node.edges)
+        outs = self.rerun(node.rule, ctx, args, kwargs, result, label)
+        program.nodes[id(node)] = (node, ctx)
+        program.keep.append(node)
+        for nr, raw in enumerate(outs):
+            if isinstance(raw, torch.Tensor):
+                program.node_names[(id(node), nr)] = program.tensor_name(raw)
+                program.node_values[(id(node), nr)] = raw
+
+    def rerun(self, rule: type, ctx: Context, args: tuple, kwargs: dict, result: Any, label: str) -> tuple:
+        """rule.forward again on plain aliases of args, under RuleCalls; eager's results take the new names.
+
+        The rerun must leave no trace: the random generator and every tensor it changes in place
+        (BatchNorm's running statistics) are put back as they were.
+        """
+        program, aliases = self.program, {}
+
+        def alias(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                name = program.tensor_name(value)
+                a = aliases.get(id(value))
+                if a is None:
+                    a = aliases[id(value)] = plain(value).detach()
+                    program.bind(a, name)
+                return a
+            if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+                return type(value)(alias(v) for v in value) if not hasattr(value, "_fields") else value
+            return value
+
+        plain_args = tuple(alias(a) for a in args)
+        plain_kwargs = {k: alias(v) for k, v in kwargs.items()}
+        program.emit(f"# {label}")
+        state = _rng_state()
+        before = [(a, a._version, a.clone()) for a in aliases.values()]
+        with RuleCalls(program):  # grad mode as in eager: a rule may ask torch.is_grad_enabled()
+            out = rule.forward(ctx, *plain_args, **plain_kwargs)
+        _set_rng_state(state)
+        for a, version, data in before:  # kernels such as batch_norm write running stats without a version bump
+            if a._version != version or not torch.equal(a, data):
+                with torch.no_grad():
+                    a.copy_(data)
+        outs = out if isinstance(out, (list, tuple)) else (out,)
+        linked = result if isinstance(result, (list, tuple)) else (result,)
+        for raw, t in zip(outs, linked):
+            if isinstance(raw, torch.Tensor) and isinstance(t, torch.Tensor):
+                program.bind(t, program.tensor_name(raw))
+        return outs
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        before = self.recorded
+        self.calling = func, kwargs
+        target = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        outside = target is not None and self.program.is_external(target)
+        where = user_line() if func in DATA_READS else ""
+        out = func(*args, **kwargs)
+        owner = getattr(func, "__self__", None)
+        if self.recorded == before and isinstance(owner, type) and issubclass(owner, Function):
+            self.rerun(owner, Context(owner), args, kwargs, out, owner.__name__)  # Function.apply that recorded nothing
+            return out
+        if self.recorded == before:
+            path = self.module_path()
+            lines = self.program.lines["forward"]
+            count = len(lines)
+            self.program.record_call(func, args, kwargs, out, where)
+            if path and len(lines) == count + 1:
+                lines[-1] += f"  # {path}"
+            return out
+        calling, options = self.calling
+        if outside and (calling in INPLACE or options.get("inplace")):
+            raise UnsupportedOperationError(
+                f"{callable_name(func)}: tt.compile cannot change an input of the compiled function in place (the "
+                "caller's tensor would keep its old value) — use the out-of-place form, or do it before the call")
+        for t in tensors_in(out) + tensors_in(args):  # an in-place call: the tensor now holds the node's output
+            node = getattr(t, "_tt_node", None)
+            name = self.program.node_names.get((id(node), t._tt_nr)) if node is not None else None
+            if name is not None:
+                self.program.bind(t, name)
+        return out
+
+
+def accumulate(buffers: Dict[Tuple[int, int], Any], key: Tuple[int, int], g: torch.Tensor) -> None:
+    buffers[key] = g if buffers.get(key) is None else torch.add(buffers[key], g)
+
+
+def record_backward(program: Program, outputs: List[torch.Tensor]) -> List[str]:
+    """Run every recorded rule's backward on plain tensors in reverse order, writing down its calls.
+
+    The walk is the engine's (engine.py: _run, _propagate): unbroadcast with sum_to_size, cast to the
+    input's dtype, sum what meets in one place. Returns the names of the output gradients it takes.
+    """
+    program.section = "backward"
+    buffers = program.buffers
+    grad_names = []
+    roots = []
+    for i, t in enumerate(outputs):
+        node = getattr(t, "_tt_node", None)
+        name = f"grad{i}"
+        grad_names.append(name)
+        if node is not None:
+            key = (id(node), t._tt_nr)
+        elif getattr(t, "_tt_requires_grad", False) or (type(t) is torch.Tensor and t.requires_grad):
+            key = (id(leaf_accumulator(t)), 0)  # an input returned as it is: its gradient passes straight through
+        else:
+            continue
+        g = torch.ones_like(plain(t))
+        program.bind(g, name)
+        with RuleCalls(program):
+            accumulate(buffers, key, g)
+        if node is not None and id(node) in program.nodes:
+            roots.append(node)
+    for node in topological_order(roots):
+        entry = program.nodes.get(id(node))
+        if entry is None:
+            continue
+        node, ctx = entry
+        if node.hooks or node.retained:
+            raise UnsupportedOperationError(
+                f"{node.name}: tt.compile does not record register_hook / retain_grad on tensors inside the "
+                "compiled function — register them outside it")
+        grads = [buffers.pop((id(node), nr), None) for nr in range(node.n_outputs)]
+        if all(g is None for g in grads):
+            continue
+        doc = (node.rule.__doc__ or "").strip().splitlines()
+        program.emit(f"# {node.rule.__name__}: {doc[0].strip()}" if doc else f"# {node.rule.__name__}")
+        with torch.no_grad(), RuleCalls(program):  # the engine runs backward with grad mode off
+            if node.n_outputs > 1:
+                grads = [torch.zeros_like(program.node_values[(id(node), nr)])
+                         if g is None and (id(node), nr) in program.node_values else g for nr, g in enumerate(grads)]
+            result = node.rule.backward(ctx, *grads)
+            result = result if isinstance(result, tuple) else (result,)
+            for edge in node.edges:
+                g = gradient_for(edge, result)
+                if g is None:
+                    continue
+                if g.shape != edge.shape:
+                    g = g.sum_to_size(edge.shape)
+                if g.dtype != edge.dtype:
+                    g = g.to(edge.dtype)
+                target = edge.node
+                accumulate(buffers, (id(target), edge.output_nr), g)
+    return grad_names
