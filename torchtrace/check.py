@@ -135,10 +135,7 @@ def _local_reference(node: Node, grads: List[Any]) -> Dict[Any, torch.Tensor]:
     new_args = [[leaf((i, j), e) for j, e in enumerate(a)] if isinstance(a, (list, tuple)) else leaf(i, a)
                 for i, a in enumerate(args)]
     new_kwargs = {k: leaf(node.rule.param_index(k), v) for k, v in kwargs.items()}
-    if node.func is not None:
-        out = node.func(*new_args, **new_kwargs)
-    else:
-        out = node.rule.forward(Context(node.rule), *new_args, **new_kwargs)
+    out = node.rule.forward(Context(node.rule), *new_args, **new_kwargs)  # torch autograd records its torch calls
     outs, _ = flatten(out)
     total = sum((o * g).sum() for o, g in zip(outs, grads) if g is not None and o.requires_grad)
     if isinstance(total, torch.Tensor):

@@ -1,9 +1,11 @@
-"""What a tracer needs to behave like an ordinary tensor in Python: pickling, copying, iteration, the
-real part, the original torchtrace's capitalised aliases. None of it is autograd; tracer.py mixes it in."""
-from typing import Any
+"""What a tracer offers beyond the engine: backward(show=True) with the printed trace, pickling, copying,
+iteration, the real part, the original torchtrace's capitalised aliases. tracer.py mixes it in, so the
+core itself never imports an inspection tool."""
+from typing import Any, Optional
 
 import torch
 
+from torchtrace.autograd import engine
 from torchtrace.errors import UnsupportedOperationError
 
 _guard = torch._C.DisableTorchFunctionSubclass
@@ -32,6 +34,20 @@ class TensorProtocols:
             raise UnsupportedOperationError("torch.Tensor._base: torchtrace does not track the base of a view — keep "
                                             "a reference to the tensor you took the view of")
         return None
+
+    def backward(
+        self,
+        gradient: Optional[torch.Tensor] = None,
+        retain_graph: Optional[bool] = None,
+        create_graph: bool = False,
+        show: bool = False,
+    ) -> None:
+        """Back-propagate from this tracer into every leaf's `.grad`; `show=True` prints the trace."""
+        if show:
+            from torchtrace.inspect.trace import show as print_trace  # loaded on first use, like tt.draw
+
+            print_trace(self)
+        engine.backward(self, gradient, retain_graph, create_graph)
 
     def __iter__(self) -> Any:
         with _guard():

@@ -5,7 +5,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from torchtrace.autograd import dispatch, engine
+from torchtrace.autograd import dispatch
 from torchtrace.autograd.node import Node, RemovableHandle
 from torchtrace.tensor_protocols import TensorProtocols
 
@@ -146,20 +146,6 @@ class tracer(TensorProtocols, torch.Tensor):
         hooks = self._tt_post_hooks = self._tt_post_hooks if self._tt_post_hooks is not None else []
         hooks.append(hook)
         return RemovableHandle(hooks, hook)
-
-    def backward(
-        self,
-        gradient: Optional[torch.Tensor] = None,
-        retain_graph: Optional[bool] = None,
-        create_graph: bool = False,
-        show: bool = False,
-    ) -> None:
-        """Back-propagate from this tracer into every leaf's `.grad`; `show=True` prints the trace."""
-        if show:
-            from torchtrace.inspect.trace import show as print_trace
-
-            print_trace(self)
-        engine.backward(self, gradient, retain_graph, create_graph)
 
     def detach(self) -> "tracer":
         with _guard():

@@ -312,3 +312,15 @@ def test_detect_anomaly_can_be_entered_again():
         with guard:
             x = tt.tracer(X, requires_grad=True)
             (x * 2).sum().backward()
+
+
+@pytest.mark.parametrize("update", [
+    lambda y: y.__ipow__(2), lambda y: y.__imul__(3), lambda y: y.__itruediv__(2), lambda y: torch.relu_(y),
+    lambda y: F.elu_(y), lambda y: y.__iadd__(y),
+])
+def test_augmented_assignments_and_functional_in_place_forms_are_recorded(update):
+    def program(leaf):
+        y = leaf * 1.5
+        update(y)
+        return y * leaf
+    assert_same(*grads_of(program, X))

@@ -1,4 +1,7 @@
-"""Activation rules (F.relu6, hardtanh, leaky_relu, elu, gelu, silu, mish, softplus) and every activation module."""
+"""Activation rules (F.relu6, hardtanh, leaky_relu, elu, gelu, silu, mish, softplus, selu, celu, glu, hardswish,
+hardsigmoid, logsigmoid, softsign, tanhshrink, softshrink, hardshrink, threshold) and every activation module."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -64,6 +67,12 @@ def test_reused_and_chained(fn):
     (F.elu, lambda x: F.elu(x, inplace=True)),
     (F.silu, lambda x: F.silu(x, inplace=True)),
     (F.mish, lambda x: F.mish(x, inplace=True)),
+    (F.selu, lambda x: F.selu(x, inplace=True)),
+    (F.celu, lambda x: F.celu(x, 1.0, True)),
+    (F.hardswish, lambda x: F.hardswish(x, inplace=True)),
+    (F.hardsigmoid, lambda x: F.hardsigmoid(x, True)),
+    (lambda x: F.threshold(x, 0.1, 2.0), lambda x: F.threshold(x, 0.1, 2.0, True)),
+    (lambda x: F.rrelu(x, 0.1, 0.3), lambda x: F.rrelu(x, 0.1, 0.3, False, True)),
 ])
 def test_inplace_flag_changes_the_input_as_torch_does(fn, inplace_fn):
     leaf = tt.tracer(X, requires_grad=True)
@@ -135,3 +144,94 @@ def test_original_repr_of_activations():
 def test_unknown_gelu_approximation_is_refused():
     with pytest.raises(RuntimeError, match="approximate"):
         F.gelu(tt.tracer(X, requires_grad=True), approximate="cubic")
+
+
+# --- selu, celu, glu, hardswish, hardsigmoid, logsigmoid, softsign, tanhshrink, softshrink, hardshrink, threshold
+
+NEW_ACTIVATIONS = [
+    F.selu, torch.selu, F.celu, lambda x: F.celu(x, 0.5), lambda x: torch.celu(x, alpha=2.0),
+    lambda x: F.glu(x), lambda x: F.glu(x, 0), lambda x: F.glu(x, dim=-2), F.hardswish, F.hardsigmoid, F.logsigmoid,
+    F.softsign, F.tanhshrink, F.softshrink, lambda x: F.softshrink(x, 1.5), lambda x: F.softshrink(x, lambd=0.0),
+    F.hardshrink, lambda x: F.hardshrink(x, 2.0), lambda x: x.hardshrink(0.3), lambda x: torch.hardshrink(x, 1.0),
+    lambda x: F.threshold(x, 0.5, -2.0), lambda x: F.threshold(x, threshold=-1.0, value=3.0),
+    lambda x: torch.threshold(x, 0.0, 1.0),
+]
+X4 = torch.randn(4, 6) * 3  # glu halves an even dim
+
+
+@pytest.mark.parametrize("fn", NEW_ACTIVATIONS)
+@pytest.mark.parametrize("x", [X4, X4.double(), non_contiguous(X4)])
+def test_more_activation_functions(fn, x):
+    check_op(fn, x)
+
+
+@pytest.mark.parametrize("fn", [f for f in NEW_ACTIVATIONS[:5] + NEW_ACTIVATIONS[8:]])
+@pytest.mark.parametrize("x", [torch.tensor(0.7), torch.tensor(-1.3)])
+def test_more_activations_on_0d(fn, x):
+    check_op(fn, x)
+
+
+MORE_KINKS = torch.tensor([-3.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 3.0, -4.0, 4.0])
+
+
+@pytest.mark.parametrize("fn", [
+    F.hardswish, F.hardsigmoid, F.softshrink, F.hardshrink, lambda x: F.softshrink(x, 1.5), F.selu, F.celu,
+    lambda x: F.threshold(x, 1.0, 5.0), lambda x: F.threshold(x, 0.0, 0.0), lambda x: F.celu(x, 3.0),
+])
+def test_more_kinks_follow_torch(fn):
+    """At x = +-3 (hardswish, hardsigmoid), +-lambd (shrinks), the threshold, and 0: torch's one-sided choice."""
+    check_op(fn, MORE_KINKS, gradcheck=False)
+
+
+INF_NAN = torch.tensor([math.inf, -math.inf, math.nan, 0.0, -0.0, 1.0, -1.0, 6.0, 20.0, -20.0, 30.0, 100.0, -100.0])
+
+
+def _torch_and_ours(fn, x):
+    theirs = x.clone().requires_grad_(True)
+    (expected,) = torch.autograd.grad(fn(theirs).sum(), theirs)
+    ours = tt.tracer(x, requires_grad=True)
+    out = fn(ours)
+    out.sum().backward()
+    return out.as_subclass(torch.Tensor), fn(x), ours.grad, expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("fn", [
+    F.leaky_relu, lambda x: F.leaky_relu(x, -0.5), F.elu, lambda x: F.elu(x, 0.3), F.softplus,
+    lambda x: F.softplus(x, 2.0, 10.0), lambda x: F.softplus(x, -1.0, 5.0), lambda x: F.softplus(x, 0.5, 5.0), F.gelu,
+    lambda x: F.gelu(x, approximate="tanh"), F.silu, F.mish, F.selu, F.celu, F.hardswish, F.hardsigmoid, F.logsigmoid,
+    F.tanhshrink, lambda x: F.threshold(x, 1.0, 3.0), lambda x: F.glu(torch.stack([x, x.flip(0)]), 0),
+])
+def test_infinities_and_nan_follow_torch(fn, dtype):
+    out, expected_out, grad, expected = _torch_and_ours(fn, INF_NAN.to(dtype))
+    torch.testing.assert_close(out, expected_out, equal_nan=True)
+    torch.testing.assert_close(grad, expected, equal_nan=True)
+
+
+def test_softsign_at_infinity_is_the_limit_not_torchs_nan():
+    """torch differentiates its composite x / (1 + |x|) to inf/inf = NaN at +-inf; the derivative's limit is 0."""
+    _, _, grad, expected = _torch_and_ours(F.softsign, torch.tensor([math.inf, -math.inf, 2.0]))
+    assert expected[:2].isnan().all()
+    torch.testing.assert_close(grad, torch.tensor([0.0, 0.0, 1 / 9]))
+
+
+@pytest.mark.parametrize("fn", [
+    F.selu, lambda x: F.celu(x, 0.7), F.glu, F.hardswish, F.logsigmoid, F.softsign, F.tanhshrink,
+    lambda x: F.softshrink(x, 0.3) * x, lambda x: F.threshold(x, 0.1, 2.0) * x,
+])
+def test_more_double_backward(fn):
+    double_backward_matches(fn, X4 / 3)
+
+
+@pytest.mark.parametrize("name, args", [
+    ("SELU", ()), ("CELU", (0.5,)), ("GLU", (0,)), ("Hardswish", ()), ("Hardsigmoid", ()), ("LogSigmoid", ()),
+    ("Softsign", ()), ("Softshrink", (0.7,)), ("Hardshrink", (0.2,)), ("Tanhshrink", ()), ("Threshold", (0.1, 20.0)),
+])
+def test_more_modules_match_torch(name, args):
+    ours, theirs = getattr(nn, name)(*args), getattr(torch.nn, name)(*args)
+    assert isinstance(ours, nn.Module) and isinstance(ours, type(theirs))
+    assert repr(ours) == repr(theirs)
+    check_op(ours, X4)
+    out = ours(tt.tracer(X4, requires_grad=True))
+    torch.testing.assert_close(out.as_subclass(torch.Tensor), theirs(X4))
+    assert out.grad_fn.module is ours

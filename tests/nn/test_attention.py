@@ -69,12 +69,58 @@ def test_scaled_dot_product_attention_double_backward(fn, inputs):
     double_backward_matches(fn, *inputs)
 
 
-def test_sdpa_dropout_is_refused_when_recording():
+def _dropped_attention(q, k, v, p, mask=None, is_causal=False, scale=None):
+    """sdpa with dropout written out, drawing its mask as the rule does: one bernoulli_ of the weights' shape."""
+    weights = AttentionWeights.apply(q, k, mask, is_causal, scale) if isinstance(q, tt.tracer) else None
+    scores = q @ k.transpose(-2, -1) * (scale or 1 / math.sqrt(q.size(-1)))
+    if mask is not None:
+        scores = scores + mask
+    weights = torch.softmax(scores, -1) if weights is None else weights
+    keep = torch.empty_like(weights.detach()).bernoulli_(1 - p)
+    return (weights * (keep / (1 - p) if p < 1 else keep)) @ v
+
+
+@pytest.mark.parametrize("p, options, inputs", [
+    (0.3, {}, (Q, K, V)),
+    (0.5, {"scale": 0.7}, (Q.double(), K.double(), V.double())),
+    (0.2, {"mask": BIAS}, (Q, K, V)),
+    (1.0, {}, (Q, K, V)),  # everything dropped: zero output, zero gradients
+])
+def test_sdpa_dropout_uses_one_mask_for_forward_and_backward(p, options, inputs):
+    """The rule's mask is drawn from torch's RNG; the same draw spelled out under torch autograd gives the same
+    output and gradients (forward and backward use the same mask)."""
+    mask = options.get("mask")
+    ours = [tt.tracer(x, requires_grad=True) for x in inputs]
+    torch.manual_seed(9)
+    out = sdpa(*ours, mask, dropout_p=p, scale=options.get("scale"))
+    g = torch.randn(out.shape, dtype=out.dtype)
+    out.backward(g)
+    theirs = [x.clone().requires_grad_(True) for x in inputs]
+    torch.manual_seed(9)
+    expected = _dropped_attention(*theirs, p, mask, scale=options.get("scale"))
+    expected.backward(g)
+    torch.testing.assert_close(out.as_subclass(torch.Tensor), expected.detach())
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_sdpa_dropout_is_random_and_recorded():
     q = tt.tracer(Q, requires_grad=True)
-    with pytest.raises(NotImplementedError, match="scaled_dot_product_attention with dropout_p > 0"):
-        sdpa(q, K, V, dropout_p=0.1)
+    first, second = sdpa(q, K, V, dropout_p=0.5), sdpa(q, K, V, dropout_p=0.5)
+    assert first.grad_fn.name == "ScaledDotProductAttentionBackward"
+    assert not torch.equal(first.as_subclass(torch.Tensor), second.as_subclass(torch.Tensor))
     out = sdpa(tt.tracer(Q), K, V, dropout_p=0.1)  # nothing to differentiate: torch's own kernel runs
     assert isinstance(out, tt.tracer) and out.shape == (2, 3, 3) and out.grad_fn is None
+
+
+def test_sdpa_dropout_gqa_and_causal_double_backward():
+    torch.manual_seed(2)
+    assert tt.gradcheck(lambda q, k, v: sdpa(q, k, v, dropout_p=0.0, is_causal=True, enable_gqa=True),
+                        torch.randn(1, 4, 3, 2).double(), KH.double(), VH.double())
+    q = tt.tracer(torch.randn(1, 4, 3, 2), requires_grad=True)
+    out = sdpa(q, KH, VH, dropout_p=0.4, is_causal=True, enable_gqa=True)
+    (grad,) = tt.grad(out.sum(), [q], create_graph=True)
+    tt.grad((grad * grad).sum(), [q])  # a second derivative through the same saved mask
 
 
 def test_sdpa_node_and_plain_tensors():

@@ -188,6 +188,24 @@ def test_pad(fn, inputs):
     check_op(fn, *inputs, atol=ATOL)
 
 
+
+NEGATIVE_PADS = [(1, -2), (-2, 1), (-1, -1), (2, -1), (-3, 0), (0, -3), (3, -2), (-2, 2)]
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+@pytest.mark.parametrize("pad", NEGATIVE_PADS, ids=str)
+def test_pad_negative(mode, pad):
+    """A negative pad crops: only the elements the forward read get a gradient (circular wraps around the cropped
+    interior, so F.pad(x, (1, -2), mode="circular") never reads x's last two elements)."""
+    check_op(lambda x: F.pad(x, pad, mode=mode), X1.double())
+    check_op(lambda x: F.pad(x, pad + pad[::-1], mode=mode), X.double())  # two dims, mirrored pads
+
+
+def test_pad_circular_negative_reads_only_the_interior():
+    x = tt.tracer(torch.arange(5.0).reshape(1, 1, 5), requires_grad=True)
+    F.pad(x, (1, -2), mode="circular").sum().backward()
+    assert x.grad.tolist() == [[[1.0, 1.0, 2.0, 0.0, 0.0]]]  # y = (x2, x0, x1, x2)
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 2), st.integers(1, 3), st.integers(1, 3), st.integers(0, 2), st.integers(1, 2),
        st.sampled_from([1, 2]), st.integers(7, 10), st.integers(7, 10), st.booleans())
@@ -202,7 +220,7 @@ def test_conv2d_random_shapes(batch, kernel, stride, padding, dilation, groups, 
 def test_refused_and_invalid_arguments():
     with pytest.raises(ValueError, match="invalid padding string 'full'"):
         F.conv2d(tt.tracer(X, requires_grad=True), W, groups=2, padding="full")
-    with pytest.raises(NotImplementedError, match=re.escape("F.pad(mode='wrap')")):
+    with pytest.raises(tt.UnsupportedOperationError, match=re.escape("pad: mode='wrap' has no gradient rule")):
         F.pad(tt.tracer(X, requires_grad=True), (1, 1), mode="wrap")
     with pytest.raises(RuntimeError, match="padding='same' is not supported for strided convolutions"):
         F.conv2d(tt.tracer(X, requires_grad=True), W, groups=2, padding="same", stride=2)
@@ -315,3 +333,14 @@ def test_original_snippet_c_model():
     twin["fc"](twin["conv"](x).flatten(1)).sum().backward()
     for (name, p), (_, q) in zip(model.named_parameters(), twin.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("x", [X.double(), X.double()[:0]], ids=["batch", "empty batch"])
+@pytest.mark.parametrize("options", [
+    {"padding": 1}, {"padding": 2, "dilation": 2}, {"padding": 1, "stride": 3}, {"padding": (1, 0), "dilation": (3, 2)},
+    {"padding": "same", "dilation": 2}, {"padding": 1, "stride": 2, "groups": 4},
+], ids=str)
+def test_conv_edges(x, options):
+    """Padding of half the kernel, dilation, strides that skip the last rows, an empty batch."""
+    weight = torch.randn(4, 4 // options.get("groups", 1), 3, 3, dtype=torch.float64)
+    check_op(lambda x, w, b: F.conv2d(x, w, b, **options), x, weight, torch.randn(4, dtype=torch.float64))

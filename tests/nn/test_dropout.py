@@ -1,4 +1,4 @@
-"""Dropout rules (F.dropout, dropout1d/2d/3d, torch.dropout, torch.feature_dropout) and modules.
+"""Dropout rules (F.dropout, dropout1d/2d/3d, alpha_dropout, feature_alpha_dropout and their torch.* forms) and modules.
 
 Every call reseeds torch's generator, so the tracer run, the torch autograd run and each finite-difference
 evaluation draw the same mask.
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from helpers import check_op, double_backward_matches, non_contiguous
 
 import torchtrace as tt
-from torchtrace.nn.dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
+from torchtrace.nn.dropout import AlphaDropout, Dropout, Dropout1d, Dropout2d, Dropout3d, FeatureAlphaDropout
 
 pytestmark = pytest.mark.filterwarnings("ignore:dropout2d. Received a 3D input")
 
@@ -152,3 +152,65 @@ def test_torchs_argument_errors(fn, error, message):
 
 def test_double_backward():
     double_backward_matches(seeded(lambda x: torch.tanh(F.dropout(x * x, 0.4))), X.double())
+
+
+# --- alpha dropout (F.alpha_dropout, F.feature_alpha_dropout, torch.alpha_dropout, torch.feature_alpha_dropout)
+
+ALPHA_CALLS = [
+    lambda x: F.alpha_dropout(x, 0.3, True),
+    lambda x: F.alpha_dropout(x, p=0.5, training=True),
+    lambda x: F.alpha_dropout(x),  # training=False by default: identity
+    lambda x: F.alpha_dropout(x, 0.0, True),
+    lambda x: F.alpha_dropout(x, 1.0, True),  # everything dropped: the gradient is 0
+    lambda x: F.feature_alpha_dropout(x, 0.5, True),
+    lambda x: F.feature_alpha_dropout(x, 0.5, False),
+    lambda x: torch.alpha_dropout(x, 0.4, True),
+    lambda x: torch.alpha_dropout(x, 0.4, train=False),
+    lambda x: torch.feature_alpha_dropout(x, 0.4, True),
+]
+
+
+@pytest.mark.parametrize("fn", ALPHA_CALLS)
+@pytest.mark.parametrize("x", [X3, X4.double(), non_contiguous(X3[0])])
+def test_alpha_dropout_functions(fn, x):
+    check_op(seeded(fn), x)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 123])
+@pytest.mark.parametrize("fn, x", [
+    (lambda x: F.alpha_dropout(x, 0.3, True), torch.randn(50)),
+    (lambda x: F.alpha_dropout(x, 0.5, True), torch.randn(6, 7).double().t()),
+    (lambda x: F.feature_alpha_dropout(x, 0.4, True), torch.randn(4, 5, 2, 2)),
+    (lambda x: F.alpha_dropout(x, 1.0, True), torch.randn(5)),
+])
+def test_alpha_dropout_same_values_as_torch_under_the_same_seed(fn, x, seed):
+    torch.manual_seed(seed)
+    ours = fn(tt.tracer(x, requires_grad=True))
+    after_ours = torch.rand(3)
+    torch.manual_seed(seed)
+    theirs = fn(x)
+    after_theirs = torch.rand(3)
+    assert torch.equal(ours.as_subclass(torch.Tensor), theirs)  # bit for bit: the same mask and affine map
+    assert torch.equal(after_ours, after_theirs)
+
+
+def test_alpha_dropout_gradient_is_a_times_the_mask():
+    p = 0.2
+    x = tt.tracer(torch.randn(2000, dtype=torch.float64), requires_grad=True)
+    F.alpha_dropout(x, p, True).sum().backward()
+    a = (1.7580993408473766 ** 2 * p + 1) ** -0.5 * (1 - p) ** -0.5
+    values = x.grad.unique()
+    assert len(values) == 2 and values[0] == 0 and values[1] == pytest.approx(a)
+    assert 0.75 < (x.grad != 0).double().mean().item() < 0.85
+
+
+@pytest.mark.parametrize("ours, theirs, x", [
+    (lambda: AlphaDropout(0.3), lambda: torch.nn.AlphaDropout(0.3), X3),
+    (lambda: FeatureAlphaDropout(0.5), lambda: torch.nn.FeatureAlphaDropout(0.5), X4),
+])
+def test_alpha_dropout_modules_match_torch_in_train_and_eval(ours, theirs, x):
+    test_modules_match_torch_in_train_and_eval(ours, theirs, x)
+
+
+def test_alpha_dropout_double_backward():
+    double_backward_matches(seeded(lambda x: torch.tanh(F.alpha_dropout(x * x, 0.4, True))), X.double())

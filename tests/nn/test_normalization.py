@@ -334,3 +334,8 @@ def test_node_is_labelled_with_the_layer():
     layer = LayerNorm(5)
     out = layer(tt.randn(2, 5, requires_grad=True))
     assert out.grad_fn.name == "LayerNormFunctionBackward" and out.grad_fn.module is layer
+
+
+def test_group_norm_of_an_empty_batch_matches_torch():
+    x, w, b = (torch.randn(*s, dtype=torch.float64) for s in ((0, 2), (2,), (2,)))
+    assert tt.check(lambda x, w, b: F.group_norm(x, 1, w, b), x, w, b).ok

@@ -226,3 +226,77 @@ def test_training_step_gradients_equal_torch():
     h.pow(2).sum().backward()
     r.pow(2).sum().backward()
     torch.testing.assert_close(x.grad, reference.grad)
+
+
+INF_X = X.double().clone()
+INF_X[0, 0, :3, :3] = -float("inf")  # a window of -inf only: torch still picks an index, the gradient goes there
+INF_X[1, 1] = -float("inf")
+NAN_X = X.double().clone()
+NAN_X[0, 0, 1, 1] = float("nan")  # NaN wins the max: its window's gradient goes to it
+
+
+def _edge_grads_equal(fn, x: torch.Tensor) -> None:
+    """Output and input gradient equal torch autograd's, NaN and inf compared as values (no gradcheck there)."""
+    theirs = x.clone().requires_grad_(True)
+    expected = fn(theirs)
+    g = torch.randn_like(expected)
+    expected.backward(g)
+    ours = tt.tracer(x, requires_grad=True)
+    out = fn(ours)
+    out.backward(g)
+    torch.testing.assert_close(out.as_subclass(torch.Tensor), expected.detach(), equal_nan=True)
+    torch.testing.assert_close(ours.grad, theirs.grad, equal_nan=True)
+
+
+EDGE_POOLS = [  # windows hanging off the edge (ceil_mode), padding = half the kernel, dilation
+    lambda x: F.max_pool2d(x, 3, 2, 1, 1, True), lambda x: F.max_pool2d(x, 4, 3, 2, 2, True),
+    lambda x: F.max_pool2d(x, 2, 3, 1, 1, True), lambda x: F.max_pool1d(x.flatten(2), 4, 3, 2, 3, True),
+    lambda x: F.avg_pool2d(x, 3, 2, 1, True, False), lambda x: F.avg_pool2d(x, 4, 3, 2, True, True),
+    lambda x: F.avg_pool2d(x, 2, 3, 1, True, True, 3), lambda x: F.adaptive_max_pool2d(x, (5, 4)),
+]
+
+
+@pytest.mark.parametrize("fn", EDGE_POOLS)
+@pytest.mark.parametrize("x", [X.double(), INF_X, NAN_X, TIES.double(), X.double()[:0]],
+                         ids=["generic", "-inf", "nan", "ties", "empty batch"])
+def test_pool_edges_match_torch(fn, x):
+    _edge_grads_equal(fn, x)
+
+
+SAMPLES2 = torch.rand(2, 3, 2, dtype=torch.float64)
+SAMPLES3 = torch.rand(1, 2, 3, dtype=torch.float64)
+X3F = torch.randn(1, 2, 6, 5, 5, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (lambda x: F.fractional_max_pool2d(x, 2, output_size=3, _random_samples=SAMPLES2), (X.double(),)),
+    (lambda x: F.fractional_max_pool2d(x, (2, 3), output_ratio=(0.5, 0.5), _random_samples=SAMPLES2), (X.double(),)),
+    (lambda x: F.fractional_max_pool2d(x, 3, (4, 3), return_indices=True, _random_samples=SAMPLES2)[0],
+     (X.double(),)),
+    (lambda x: F.fractional_max_pool2d_with_indices(x, 2, 5, _random_samples=SAMPLES2)[0], (X.double(),)),
+    (lambda x: F.fractional_max_pool2d(x, 2, 3, _random_samples=SAMPLES2[:1]), (X.double()[0],)),  # unbatched
+    (lambda x: F.fractional_max_pool3d(x, 2, output_size=(3, 2, 2), _random_samples=SAMPLES3), (X3F,)),
+    (lambda x: F.fractional_max_pool3d_with_indices(x, 2, output_ratio=(0.6, 0.6, 0.6), _random_samples=SAMPLES3)[0],
+     (X3F,)),
+    (lambda x: pooling.FractionalMaxPool2d(2, 3, _random_samples=SAMPLES2)(x), (X.double(),)),
+    (lambda x: pooling.FractionalMaxPool3d(2, 2, _random_samples=SAMPLES3)(x), (X3F,)),
+])
+def test_fractional_max_pool(fn, inputs):
+    check_op(fn, *inputs)
+
+
+def test_fractional_max_pool_draws_torchs_windows():
+    """Without _random_samples the windows come from torch's RNG, once: the same seed gives torch's result."""
+    torch.manual_seed(3)
+    expected = F.fractional_max_pool2d(X, 2, output_size=3)
+    torch.manual_seed(3)
+    x = tt.tracer(X, requires_grad=True)
+    y = F.fractional_max_pool2d(x, 2, output_size=3)
+    assert torch.equal(y.as_subclass(torch.Tensor), expected)
+    y.sum().backward()
+    assert x.grad.sum() == y.numel() and repr(pooling.FractionalMaxPool2d(2, 3)) == repr(
+        torch.nn.FractionalMaxPool2d(2, 3))
+
+
+def test_fractional_max_pool_double_backward():
+    double_backward_matches(lambda x: F.fractional_max_pool2d(x, 2, 3, _random_samples=SAMPLES2) ** 3, X.double())

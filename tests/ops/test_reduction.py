@@ -410,11 +410,6 @@ def test_expand_reduced_restores_dropped_dims():
 # ---------------------------------------------------------------------------------------------------- errors
 
 
-def test_nuclear_norm_is_refused():
-    with pytest.raises(NotImplementedError, match="nuc"):
-        torch.norm(leaf(X), "nuc")
-
-
 def test_out_argument_is_refused():
     with pytest.raises(RuntimeError, match="out="):
         torch.linalg.vector_norm(leaf(X), out=torch.empty((), dtype=torch.float64))

@@ -6,7 +6,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from torchtrace.autograd.function import RULES, Context, Function
+from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Context, Function
 from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.state import STATE
 from torchtrace.errors import UnsupportedOperationError
@@ -19,8 +19,6 @@ _any_autocast = torch._C._is_any_autocast_enabled
 _new_edge = tuple.__new__  # Edge(...) without NamedTuple's Python-level __new__: this runs for every input
 _containers = (list, tuple)
 
-INPLACE: Dict[Callable, tuple] = {}  # in-place callable -> (rule, out-of-place twin)
-INPLACE_FLAG: Dict[Callable, int] = {}  # callable with an `inplace` parameter (F.relu) -> its position
 NON_DIFFERENTIABLE: set = set()  # callables whose floating outputs never carry a gradient
 
 
@@ -34,14 +32,15 @@ def torch_function(cls: type, func: Callable, types: Any, args: tuple = (), kwar
 
 def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tuple, kwargs: dict) -> Any:
     """Run `rule` (forward of func); record a Node when some argument requires a gradient."""
+    call = args, kwargs  # as the caller wrote it: what torch itself is called with when nothing is recorded
     if kwargs:
         args, kwargs = _keywords_to_positions(func, rule, args, kwargs)
     if func in INPLACE_FLAG and _inplace_requested(INPLACE_FLAG[func], args, kwargs):
-        return _record_inplace_flag(tracer_type, rule, func, args, kwargs)
+        return _record_inplace_flag(tracer_type, rule, func, *call)
     with _guard():
         edges, torch_leaf = _grad_edges(tracer_type, rule, args, kwargs) if _grad_enabled() else (None, False)
         if not edges:
-            out = func(*args, **kwargs) if func is not None else rule.forward(Context(rule), *args, **kwargs)
+            out = func(*call[0], **call[1]) if func is not None else rule.forward(Context(rule), *args, **kwargs)
             return _as_tracers(out, tracer_type)
         if kwargs and kwargs.get("out") is not None:
             raise UnsupportedOperationError(
@@ -146,7 +145,7 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
     edges: List[Edge] = []
     torch_leaf = False
     pairs = enumerate(args) if not kwargs else [
-        *enumerate(args), *((rule.param_index(k), v) for k, v in kwargs.items() if k != "out" and _holds_tensor(v))]
+        *enumerate(args), *((rule.param_index(k), v) for k, v in kwargs.items() if k != "out" and _wants_gradient(v))]
     for position, arg in pairs:
         if isinstance(arg, tracer_type):
             if arg._tt_requires_grad:
@@ -252,6 +251,8 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
     if isinstance(owner, type) and issubclass(owner, Function) and func.__name__ == "apply":
         return run_rule(tracer_type, owner, None, args, kwargs)
     recording = _grad_enabled() and (_wants_gradient(args) or _wants_gradient(kwargs))
+    if recording and func not in INPLACE and func not in NON_DIFFERENTIABLE and _is_inplace(func):
+        _refuse(func)  # before torch changes the argument
     if recording and func in INPLACE:
         rule, twin = INPLACE[func]
         return _record_inplace(tracer_type, args[0], callable_name(func),
@@ -260,13 +261,22 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
     with _guard():
         out = func(*args, **kwargs)
     if recording and func not in NON_DIFFERENTIABLE and _has_floating(out):
-        name = callable_name(func)
-        raise UnsupportedOperationError(
-            f"{name}: torchtrace has no gradient rule for it, and one of its inputs requires a gradient — write one "
-            f"with tt.Function and connect it with tt.register({name}, YourFunction), or run this call under "
-            "tt.no_grad()."
-        )
+        _refuse(func)
     return _as_tracers(out, tracer_type)
+
+
+def _is_inplace(func: Callable) -> bool:
+    name = getattr(func, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _refuse(func: Callable) -> None:
+    name = callable_name(func)
+    raise UnsupportedOperationError(
+        f"{name}: torchtrace has no gradient rule for it, and one of its inputs requires a gradient — write one "
+        f"with tt.Function and connect it with tt.register({name}, YourFunction), or run this call under "
+        "tt.no_grad()."
+    )
 
 
 def _has_floating(out: Any) -> bool:
@@ -329,16 +339,3 @@ def _move_retained(old_node: Optional[Node], nr: int, target: torch.Tensor) -> N
         del old_node.retained[nr]
         new_node = target._tt_node
         new_node.retained = {**(new_node.retained or {}), target._tt_nr: ref}
-
-
-def pair_inplace_methods() -> None:
-    """Map every `torch.Tensor.op_` to the rule of `torch.Tensor.op`, and note every `inplace=` parameter."""
-    for func, rule in list(RULES.items()):
-        name = getattr(func, "__name__", "")
-        twin = getattr(torch.Tensor, name + "_", None) if getattr(torch.Tensor, name, None) is func else None
-        if twin is not None and twin not in RULES:
-            INPLACE.setdefault(twin, (rule, func))
-        if inspect.isfunction(func):
-            names = [p for p, _ in _positional_parameters(func)[0]]
-            if "inplace" in names:
-                INPLACE_FLAG[func] = names.index("inplace")

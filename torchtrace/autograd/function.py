@@ -6,10 +6,13 @@ import torch
 from torch.overrides import handle_torch_function, has_torch_function
 
 from torchtrace.autograd.state import STATE
+from torchtrace.naming import callable_name
 
 _guard = torch._C.DisableTorchFunctionSubclass
 
 RULES: Dict[Callable, type] = {}  # torch callable -> the Function whose forward/backward it runs
+INPLACE: Dict[Callable, tuple] = {}  # in-place twin (Tensor.add_, torch.relu_, F.elu_) -> (rule, out-of-place callable)
+INPLACE_FLAG: Dict[Callable, int] = {}  # callable with an `inplace` parameter (F.relu) -> its position
 
 
 class Context:
@@ -20,7 +23,7 @@ class Context:
     """
 
     _saved: Tuple[Any, ...] = ()
-    _versions: Tuple[Any, ...] = ()
+    _versions: List[Any] = []
     _released = False
     _needs: Optional[Tuple[bool, ...]] = None
     _graph_saved: Optional[Tuple[Any, ...]] = None
@@ -32,7 +35,7 @@ class Context:
     def save_for_backward(self, *tensors: Any) -> None:
         """Keep tensors for backward; an in-place change of one of them before backward is an error."""
         self._saved = tensors
-        self._versions = tuple(t._version if isinstance(t, torch.Tensor) else None for t in tensors)
+        self._versions = [t._version if isinstance(t, torch.Tensor) else None for t in tensors]
 
     @property
     def saved_tensors(self) -> Tuple[Any, ...]:
@@ -69,19 +72,25 @@ class Context:
     @property
     def needs_input_grad(self) -> Tuple[bool, ...]:
         """One flag per positional parameter of forward: does that argument need a gradient?"""
-        if self._needs is None:
-            flags = [False] * 8
-            for edge in self._edges:
-                position = edge[0] if type(edge[0]) is int else edge[0][0]
-                if position >= len(flags):
-                    flags += [False] * (position + 1 - len(flags))
-                flags[position] = True
-            self._needs = tuple(flags)
-        return self._needs
+        needs = self._needs
+        if needs is None:
+            key = tuple(edge[0] for edge in self._edges)
+            needs = self._needs = _NEEDS.get(key) or _needs_flags(key)
+        return needs
 
     @needs_input_grad.setter
     def needs_input_grad(self, flags: Tuple[bool, ...]) -> None:
         self._needs = tuple(flags)
+
+
+_NEEDS: Dict[Tuple[Any, ...], Tuple[bool, ...]] = {}  # edge positions -> needs_input_grad flags, built once
+
+
+def _needs_flags(positions: Tuple[Any, ...]) -> Tuple[bool, ...]:
+    """(0, (2, 1)) -> (True, False, True, False, ...): one flag per parameter, at least 8."""
+    taken = {p if type(p) is int else p[0] for p in positions}
+    flags = _NEEDS[positions] = tuple(i in taken for i in range(max(8, max(taken) + 1)))
+    return flags
 
 
 class Function:
@@ -137,9 +146,30 @@ def register(*torch_callables: Callable, rule: Optional[type] = None) -> Any:
     def add(fn_class: type) -> type:
         for target in torch_callables:
             RULES[target] = fn_class
+            _note_inplace_forms(target, fn_class)
         return fn_class
 
     return add if rule is None else add(rule)
+
+
+_NAMESPACES = {"torch.Tensor": torch.Tensor, "torch": torch, "torch.nn.functional": torch.nn.functional}
+
+
+def _note_inplace_forms(func: Callable, rule: type) -> None:
+    """x.add_(y), x **= y, torch.relu_(x), F.elu_(x): run `rule` out of place, then write x (as inplace=True does)."""
+    owner, _, name = callable_name(func).rpartition(".")
+    namespace = _NAMESPACES.get(owner)
+    in_place = f"__i{name[2:]}" if name.startswith("__") else name + "_"  # __pow__ -> __ipow__, add -> add_
+    already_in_place = name.endswith("_") and not name.endswith("__")
+    twin = getattr(namespace, in_place, None) if namespace is not None and not already_in_place else None
+    if twin is not None and twin not in RULES:
+        INPLACE.setdefault(twin, (rule, func))
+    try:
+        names = list(inspect.signature(func).parameters) if inspect.isfunction(func) else []
+    except ValueError:  # a Python wrapper around a builtin (Tensor.__pow__)
+        names = []
+    if "inplace" in names:
+        INPLACE_FLAG[func] = names.index("inplace")
 
 
 def supported_ops() -> List[Callable]:

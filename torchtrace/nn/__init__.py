@@ -6,11 +6,19 @@ code calling F.* on tracers is differentiated by the same rules.
 """
 from torch.nn import functional, init  # noqa: F401  (torch's initialisers fill tracer parameters, same seeds)
 
+from torchtrace.nn import sampling, weight_norm  # noqa: F401  (rules without modules: grid_sample, _weight_norm)
 from torchtrace.nn.activation import (
+    CELU,
     ELU,
     GELU,
+    GLU,
+    SELU,
+    Hardshrink,
+    Hardsigmoid,
+    Hardswish,
     Hardtanh,
     LeakyReLU,
+    LogSigmoid,
     LogSoftmax,
     Mish,
     ReLU,
@@ -19,14 +27,24 @@ from torchtrace.nn.activation import (
     SiLU,
     Softmax,
     Softplus,
+    Softshrink,
+    Softsign,
     Tanh,
+    Tanhshrink,
+    Threshold,
 )
+from torchtrace.nn.activation_parametric import PReLU, RReLU
 from torchtrace.nn.attention import MultiheadAttention
 from torchtrace.nn.container import Flatten, Identity, ModuleDict, ModuleList, Sequential, Unflatten
 from torchtrace.nn.conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
-from torchtrace.nn.dropout import Dropout, Dropout1d, Dropout2d, Dropout3d
+from torchtrace.nn.ctc import CTCLoss
+from torchtrace.nn.distance import CosineSimilarity, PairwiseDistance
+from torchtrace.nn.dropout import AlphaDropout, Dropout, Dropout1d, Dropout2d, Dropout3d, FeatureAlphaDropout
 from torchtrace.nn.embedding import Embedding
+from torchtrace.nn.embedding_bag import EmbeddingBag
+from torchtrace.nn.fold import Fold, Unfold
 from torchtrace.nn.linear import Bilinear, Linear
+from torchtrace.nn.local_response_norm import LocalResponseNorm
 from torchtrace.nn.loss import (
     MSE,
     BCELoss,
@@ -39,6 +57,19 @@ from torchtrace.nn.loss import (
     NLLLoss,
     SmoothL1Loss,
 )
+from torchtrace.nn.loss_margin import (
+    CosineEmbeddingLoss,
+    HingeEmbeddingLoss,
+    MarginRankingLoss,
+    MultiLabelMarginLoss,
+    MultiLabelSoftMarginLoss,
+    MultiMarginLoss,
+    SoftMarginLoss,
+    TripletMarginLoss,
+    TripletMarginWithDistanceLoss,
+)
+from torchtrace.nn.loss_probabilistic import GaussianNLLLoss, PoissonNLLLoss
+from torchtrace.nn.lp_pooling import LPPool1d, LPPool2d, LPPool3d
 from torchtrace.nn.module import Model, Module, Parameter
 from torchtrace.nn.normalization import (
     BatchNorm1d,
@@ -51,6 +82,7 @@ from torchtrace.nn.normalization import (
     LayerNorm,
     RMSNorm,
 )
+from torchtrace.nn.pixelshuffle import ChannelShuffle, PixelShuffle, PixelUnshuffle
 from torchtrace.nn.pooling import (
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
@@ -61,11 +93,15 @@ from torchtrace.nn.pooling import (
     AvgPool1d,
     AvgPool2d,
     AvgPool3d,
+    FractionalMaxPool2d,
+    FractionalMaxPool3d,
     MaxPool1d,
     MaxPool2d,
     MaxPool3d,
 )
 from torchtrace.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
+from torchtrace.nn.unpooling import MaxUnpool1d, MaxUnpool2d, MaxUnpool3d
+from torchtrace.nn.upsampling import Upsample, UpsamplingBilinear2d, UpsamplingNearest2d
 
 __all__ = [
     "Module", "Model", "Parameter", "Sequential", "ModuleList", "ModuleDict", "Identity", "Flatten", "Unflatten",
@@ -78,4 +114,14 @@ __all__ = [
     "ConvTranspose2d", "ConvTranspose3d", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d",
     "AvgPool3d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d",
     "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "init", "functional",
+    # activations, distances, alpha dropout and the remaining losses (issue 9)
+    "SELU", "CELU", "GLU", "Hardswish", "Hardsigmoid", "LogSigmoid", "Softsign", "Softshrink", "Hardshrink",
+    "Tanhshrink", "Threshold", "PReLU", "RReLU", "AlphaDropout", "FeatureAlphaDropout", "CosineSimilarity",
+    "PairwiseDistance", "CosineEmbeddingLoss", "MarginRankingLoss", "TripletMarginLoss",
+    "TripletMarginWithDistanceLoss", "MultiMarginLoss", "MultiLabelMarginLoss", "MultiLabelSoftMarginLoss",
+    "SoftMarginLoss", "PoissonNLLLoss",
+    "GaussianNLLLoss", "HingeEmbeddingLoss", "CTCLoss",
+    "PixelShuffle", "PixelUnshuffle", "ChannelShuffle", "Unfold", "Fold", "LocalResponseNorm", "MaxUnpool1d",
+    "MaxUnpool2d", "MaxUnpool3d", "FractionalMaxPool2d", "FractionalMaxPool3d", "LPPool1d", "LPPool2d", "LPPool3d",
+    "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "EmbeddingBag",
 ]

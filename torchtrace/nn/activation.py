@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torchtrace.autograd.function import Function, register
 from torchtrace.nn.module import Module
 
+SELU_ALPHA, SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946  # torch's constants
+
 
 def activation(name: str, target: Callable, math_line: str, grad: Callable, **defaults: Any) -> type:
     """Rule for y = target(x, **options); grad(g, x, y, **options) is the vector-Jacobian product.
@@ -40,6 +42,17 @@ def activation(name: str, target: Callable, math_line: str, grad: Callable, **de
 def _inside(g: torch.Tensor, x: torch.Tensor, low: float, high: float) -> torch.Tensor:
     """g where low < x < high, 0 elsewhere (torch's convention at the corners too)."""
     return g * ((x > low) & (x < high))
+
+
+def _outside(g: torch.Tensor, x: torch.Tensor, lambd: float) -> torch.Tensor:
+    """g where |x| > lambd, 0 elsewhere (softshrink / hardshrink; 0 at x = +-lambd, as torch)."""
+    return g * ((x < -lambd) | (x > lambd))
+
+
+def _glu(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
+    a, b = x.chunk(2, dim)
+    s = torch.sigmoid(b)
+    return torch.cat([g * s, g * a * s * (1 - s)], dim)
 
 
 def _gelu(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, approximate: str) -> torch.Tensor:
@@ -70,12 +83,41 @@ activation("LeakyRelu", F.leaky_relu, "y = x if x > 0 else a x  ->  dy/dx = 1 if
            lambda g, x, y, negative_slope: torch.where(x > 0, g, g * negative_slope),
            negative_slope=0.01, inplace=False)
 activation("Elu", F.elu, "y = x if x > 0 else a (e^x - 1)  ->  dy/dx = 1 if x > 0 else y + a",
-           lambda g, x, y, alpha: torch.where(x > 0, g, g * (y + alpha)), alpha=1.0, inplace=False)
+           lambda g, x, y, alpha: torch.where(x <= 0, g * (y + alpha), g), alpha=1.0, inplace=False)
 activation("Gelu", F.gelu, "y = x Phi(x)  ->  dy/dx = Phi(x) + x phi(x)  (approximate='tanh': that form's derivative)",
            _gelu, approximate="none")
 activation("Silu", F.silu, "y = x s(x), s = sigmoid  ->  dy/dx = s (1 + x (1 - s))", _silu, inplace=False)
 activation("Mish", F.mish, "y = x tanh(softplus x)  ->  dy/dx = t + x s(x) (1 - t^2), t = tanh(softplus x)",
            _mish, inplace=False)
+register(torch.selu, rule=activation(
+    "Selu", F.selu, "y = s x if x > 0 else s a (e^x - 1), s, a: SELU's constants  ->  dy/dx = s if x > 0 else s a e^x",
+    lambda g, x, y: torch.where(x <= 0, g * (SELU_SCALE * SELU_ALPHA) * torch.exp(x.clamp(max=0)), g * SELU_SCALE),
+    inplace=False))
+register(torch.celu, rule=activation(
+    "Celu", F.celu, "y = x if x > 0 else a (e^(x/a) - 1)  ->  dy/dx = 1 if x > 0 else e^(x/a)",
+    lambda g, x, y, alpha: torch.where(x <= 0, g * torch.exp(x.clamp(max=0) / alpha), g), alpha=1.0, inplace=False))
+register(torch._C._nn.glu, rule=activation(
+    "Glu", F.glu, "y = a s(b), (a, b) = the halves of x along dim  ->  dy/da = s(b), dy/db = a s(b) (1 - s(b))",
+    _glu, dim=-1))
+register(torch._C._nn.hardswish, rule=activation(
+    "Hardswish", F.hardswish, "y = x relu6(x + 3) / 6  ->  dy/dx = 0 if x <= -3, x/3 + 1/2 if x < 3, else 1",
+    lambda g, x, y: torch.where(x <= -3, 0.0, torch.where(x < 3, g * (x / 3 + 0.5), g)), inplace=False))
+register(torch._C._nn.hardsigmoid, rule=activation(
+    "Hardsigmoid", F.hardsigmoid, "y = relu6(x + 3) / 6  ->  dy/dx = 1/6 for -3 < x < 3, else 0",
+    lambda g, x, y: _inside(g, x, -3, 3) / 6, inplace=False))
+activation("LogSigmoid", F.logsigmoid, "y = log s(x) = -softplus(-x)  ->  dy/dx = s(-x) = 1 - s(x)",
+           lambda g, x, y: g * torch.sigmoid(-x))
+activation("Softsign", F.softsign, "y = x / (1 + |x|)  ->  dy/dx = 1 / (1 + |x|)^2",
+           lambda g, x, y: g / (1 + x.abs()) ** 2)
+activation("Tanhshrink", F.tanhshrink, "y = x - tanh x  ->  dy/dx = tanh^2 x", lambda g, x, y: g * torch.tanh(x) ** 2)
+activation("Softshrink", F.softshrink, "y = x - l if x > l, x + l if x < -l, else 0  ->  dy/dx = 1 if |x| > l, else 0",
+           lambda g, x, y, lambd: _outside(g, x, lambd), lambd=0.5)
+register(torch.Tensor.hardshrink, rule=activation(
+    "Hardshrink", F.hardshrink, "y = x if |x| > l else 0  ->  dy/dx = 1 if |x| > l, else 0",
+    lambda g, x, y, lambd: _outside(g, x, lambd), lambd=0.5))
+register(torch.threshold, rule=activation(
+    "Threshold", F.threshold, "y = x if x > threshold else value  ->  dy/dx = 1 if x > threshold, else 0",
+    lambda g, x, y, threshold, value: g * ~(x <= threshold), threshold=None, value=None, inplace=False))
 activation("Softplus", F.softplus, "y = log(1 + e^(b x)) / b (x if b x > threshold)  ->  dy/dx = s(b x) (1 past it)",
            lambda g, x, y, beta, threshold: torch.where(x * beta > threshold, g, g * torch.sigmoid(x * beta)),
            beta=1.0, threshold=20.0)
@@ -131,3 +173,47 @@ class Softmax(Module, torch.nn.Softmax):
 
 class LogSoftmax(Module, torch.nn.LogSoftmax):
     """x - logsumexp(x) along dim."""
+
+
+class SELU(Module, torch.nn.SELU):
+    """scale (x if x > 0 else alpha (e^x - 1)), with SELU's fixed constants."""
+
+
+class CELU(Module, torch.nn.CELU):
+    """x if x > 0 else alpha (e^(x / alpha) - 1)."""
+
+
+class GLU(Module, torch.nn.GLU):
+    """a sigmoid(b), where a and b are the two halves of the input along dim."""
+
+
+class Hardswish(Module, torch.nn.Hardswish):
+    """x relu6(x + 3) / 6."""
+
+
+class Hardsigmoid(Module, torch.nn.Hardsigmoid):
+    """relu6(x + 3) / 6."""
+
+
+class LogSigmoid(Module, torch.nn.LogSigmoid):
+    """log sigmoid(x)."""
+
+
+class Softsign(Module, torch.nn.Softsign):
+    """x / (1 + |x|)."""
+
+
+class Softshrink(Module, torch.nn.Softshrink):
+    """x - lambd above lambd, x + lambd below -lambd, 0 between."""
+
+
+class Hardshrink(Module, torch.nn.Hardshrink):
+    """x where |x| > lambd, 0 elsewhere."""
+
+
+class Tanhshrink(Module, torch.nn.Tanhshrink):
+    """x - tanh(x)."""
+
+
+class Threshold(Module, torch.nn.Threshold):
+    """x where x > threshold, value elsewhere."""

@@ -55,6 +55,14 @@ def score_gradients(dp: Tensor, p: Tensor, q: Tensor, k: Tensor, scale: float, n
     return grad_q, grad_k, ds if need_mask else None
 
 
+def attention_weights(query: Tensor, key: Tensor, attn_mask: Optional[Tensor], is_causal: bool,
+                      scale: float) -> Tensor:
+    """P = softmax(q k^T * scale + mask) over the keys (fully masked rows: zeros)."""
+    scores = query @ key.transpose(-2, -1) * scale
+    bias = mask_bias(attn_mask, is_causal, scores)
+    return safe_softmax(scores if bias is None else scores + bias)
+
+
 class AttentionWeights(Function):
     """P = softmax(q k^T * scale + mask)  ->  dS = P * (G - rowsum(G * P)),  dq = dS k * scale,  dk = dS^T q * scale,
     dmask = dS"""
@@ -62,9 +70,7 @@ class AttentionWeights(Function):
     @staticmethod
     def forward(ctx, query, key, attn_mask=None, is_causal=False, scale=None):
         ctx.scale = default_scale(query, scale)
-        scores = query @ key.transpose(-2, -1) * ctx.scale
-        bias = mask_bias(attn_mask, is_causal, scores)
-        p = safe_softmax(scores if bias is None else scores + bias)
+        p = attention_weights(query, key, attn_mask, is_causal, ctx.scale)
         ctx.save_for_backward(query, key, p)
         return p
 
@@ -93,36 +99,52 @@ def sum_kv_heads(g: Tensor, kv_heads: int) -> Tensor:
 
 @register(F.scaled_dot_product_attention)
 class ScaledDotProductAttention(Function):
-    """O = P v, P = softmax(q k^T * scale + mask)  ->  dV = P^T G,  dP = G V^T,  dS = P * (dP - rowsum(dP * P)),
-    dQ = dS K * scale,  dK = dS^T Q * scale,  dmask = dS"""
+    """O = (P * D) v, P = softmax(q k^T * scale + mask), D = dropout's kept/(1 - p) (1 without dropout)
+    ->  dV = (P * D)^T G,  dP = (G V^T) * D,  dS = P * (dP - rowsum(dP * P)),  dQ = dS K * scale,  dK = dS^T Q * scale,
+    dmask = dS
+
+    With dropout_p > 0 while recording, the mask D is drawn here, from torch's RNG (one bernoulli_ draw of P's
+    shape), and saved: forward and backward use the same mask. It is not the mask torch's fused kernel would draw
+    for the same seed (that kernel consumes the RNG stream its own way), so outputs differ from torch's for a
+    given seed; their distribution is the same.
+    """
 
     @staticmethod
     def forward(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if dropout_p > 0:
-            raise NotImplementedError(
-                "torchtrace: F.scaled_dot_product_attention with dropout_p > 0 cannot be differentiated (torch draws "
-                "its dropout mask inside the kernel). Use dropout_p=0.0 and drop attention weights yourself, e.g. "
-                "MultiheadAttention(dropout=...) in train mode."
-            )
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask, 0.0, is_causal, scale=scale,
-                                             enable_gqa=enable_gqa)
         ctx.is_causal, ctx.scale, ctx.enable_gqa = is_causal, default_scale(query, scale), enable_gqa
         ctx.save_for_backward(query, key, value, *([] if attn_mask is None else [attn_mask]))  # only tensors are saved
-        return out
+        ctx.keep = None
+        if dropout_p <= 0:
+            return F.scaled_dot_product_attention(query, key, value, attn_mask, 0.0, is_causal, scale=scale,
+                                                  enable_gqa=enable_gqa)
+        k_all, v_all = _all_heads(query, key, value, enable_gqa)
+        p = attention_weights(query, k_all, attn_mask, is_causal, ctx.scale)
+        kept = torch.empty_like(p).bernoulli_(1 - dropout_p)
+        ctx.keep = kept / (1 - dropout_p) if dropout_p < 1 else kept  # p = 1: every weight dropped
+        return (p * ctx.keep) @ v_all
 
     @staticmethod
     def backward(ctx, g):
         q, k, v, mask = (*ctx.saved_tensors, None)[:4]
         kv_heads = k.size(-3) if ctx.enable_gqa else None  # grouped-query attention: fewer key/value heads
-        k_all, v_all = (k, v) if kv_heads is None else (repeat_kv_heads(t, q.size(-3)) for t in (k, v))
+        k_all, v_all = _all_heads(q, k, v, ctx.enable_gqa)
         p = AttentionWeights.apply(q, k_all, mask, ctx.is_causal, ctx.scale)
         need_q, need_k, need_v, need_mask = ctx.needs_input_grad[:4]
-        grad_v = p.transpose(-2, -1) @ g if need_v else None
-        grad_q, grad_k, grad_mask = score_gradients(g @ v_all.transpose(-2, -1), p, q, k_all, ctx.scale,
-                                                    (need_q, need_k, need_mask))
+        dropped = p if ctx.keep is None else p * ctx.keep
+        grad_v = dropped.transpose(-2, -1) @ g if need_v else None
+        dp = g @ v_all.transpose(-2, -1)
+        dp = dp if ctx.keep is None else dp * ctx.keep
+        grad_q, grad_k, grad_mask = score_gradients(dp, p, q, k_all, ctx.scale, (need_q, need_k, need_mask))
         if kv_heads is not None:
             grad_k, grad_v = (None if d is None else sum_kv_heads(d, kv_heads) for d in (grad_k, grad_v))
         return grad_q, grad_k, grad_v, grad_mask
+
+
+def _all_heads(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool) -> Tuple[Tensor, Tensor]:
+    """Keys and values for every query head (enable_gqa: each shared by heads // H_kv query heads)."""
+    if not enable_gqa:
+        return key, value
+    return repeat_kv_heads(key, query.size(-3)), repeat_kv_heads(value, query.size(-3))
 
 
 def additive_mask(mask: Optional[Tensor], name: str, dtype: torch.dtype) -> Optional[Tensor]:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.errors import UnsupportedOperationError
 from torchtrace.nn.module import Module
 
 IntOrTuple = Union[int, Sequence[int]]
@@ -150,13 +151,13 @@ class ConvTranspose(Function):
 
 
 def _source_positions(mode: str, size: int, lo: int, hi: int, device: Any) -> torch.Tensor:
-    """For each position j of a padded dim, the input position it copies (reflect, replicate, circular)."""
-    j = torch.arange(-lo, size + hi, device=device)
-    if mode == "reflect":
-        return (size - 1) - ((size - 1) - j.abs()).abs()
-    if mode == "replicate":
-        return j.clamp(0, size - 1)
-    return j.remainder(size)
+    """For each position j of a padded dim, the input position it copies (reflect, replicate, circular).
+
+    Read off torch's own padding of the positions 0 .. size-1, so negative pads (crops) follow torch exactly:
+    circular padding, for one, wraps around the cropped interior, never reaching the cropped elements.
+    """
+    positions = torch.arange(size, dtype=torch.float64, device=device).reshape(1, 1, size)
+    return F.pad(positions, [lo, hi], mode).reshape(-1).long()
 
 
 @register(F.pad)
@@ -167,7 +168,8 @@ class Pad(Function):
     @staticmethod
     def forward(ctx, input, pad, mode="constant", value=None):
         if mode not in ("constant", "reflect", "replicate", "circular"):
-            raise NotImplementedError(f"torchtrace: F.pad(mode={mode!r}) has no gradient rule")
+            raise UnsupportedOperationError(f"torch.nn.functional.pad: mode={mode!r} has no gradient rule — use "
+                                            "'constant', 'reflect', 'replicate' or 'circular'")
         ctx.pad, ctx.mode, ctx.shape = list(pad), mode, input.shape
         return F.pad(input, pad, mode, value)
 

@@ -5,8 +5,13 @@ random draws as running it on x, and returns exactly the scale m / (1 - p). So, 
 torch.manual_seed, torchtrace's Dropout drops the same elements as torch.nn.Dropout, bit for bit.
 Feature dropout (dropout1d/2d/3d) draws one m per (sample, channel) and broadcasts it over the spatial
 dims. In eval mode (training=False) or with p = 0 the scale is all ones and no random numbers are drawn.
+Alpha dropout (for SELU networks) sets dropped units to SELU's saturation value and then applies an affine
+map a y + b that keeps the mean and variance: y = x a m + shift. Its forward runs torch's alpha_dropout on
+zeros, which draws exactly torch's mask and returns the shift, from which the mask is read back (shift > 0
+exactly where a unit is kept); so it too matches torch bit for bit under the same seed.
 `inplace=True` is ignored: the result is computed out of place and the input is left as it was.
 """
+import math
 from typing import Callable
 
 import torch
@@ -34,10 +39,10 @@ class DropoutFunction(Function):
         return g * scale
 
 
-def dropout_rule(name: str, op: Callable, math_line: str) -> type:
-    """The rule of a dropout variant: DropoutFunction drawing its mask with `op`."""
+def dropout_rule(name: str, op: Callable, math_line: str, base: type = DropoutFunction) -> type:
+    """The rule of a dropout variant: `base` (DropoutFunction) drawing its mask with `op`."""
     body = {"__doc__": math_line, "op": staticmethod(op)}
-    return register(op, rule=type(name, (DropoutFunction,), body))
+    return register(op, rule=type(name, (base,), body))
 
 
 register(F.dropout, DropoutFunction)
@@ -47,6 +52,43 @@ dropout_rule("Dropout1dFunction", F.dropout1d, FEATURE)
 dropout_rule("Dropout2dFunction", F.dropout2d, FEATURE)
 dropout_rule("Dropout3dFunction", F.dropout3d, FEATURE)
 dropout_rule("FeatureDropout", torch.feature_dropout, "torch.feature_dropout(x, p, train): as F.dropout2d")
+
+
+ALPHA = 1.7580993408473766  # SELU's -scale * alpha: the value a dropped unit takes before the affine correction
+
+
+class AlphaDropoutFunction(Function):
+    """y = a (x m + alpha' (1 - m)) + b = x a m + shift, m ~ Bernoulli(1 - p), a and b keep SELU's mean and
+    variance  ->  dy/dx = a m"""
+
+    op = staticmethod(F.alpha_dropout)
+
+    @staticmethod
+    def forward(ctx, input, p=0.5, training=False, inplace=False, *, train=None):
+        training = training if train is None else train  # torch.alpha_dropout(x, p, train)
+        shift = ctx.rule.op(torch.zeros_like(input), p, training)  # torch's draws: a' (m - 1) + a' p, a' = alpha a
+        if not training or p == 0 or input.numel() == 0:
+            scale = torch.ones_like(input)
+        elif p == 1:
+            scale = torch.zeros_like(input)
+        else:  # the kept units are those whose shift is a' p > 0; dropped ones have a' (p - 1) < 0
+            a = 1 / math.sqrt((ALPHA * ALPHA * p + 1) * (1 - p))
+            scale = (shift > 0).to(input.dtype) * a
+        ctx.save_for_backward(scale)
+        return input * scale + shift
+
+    @staticmethod
+    def backward(ctx, g):
+        (scale,) = ctx.saved_tensors
+        return g * scale
+
+
+register(F.alpha_dropout, AlphaDropoutFunction)
+ALPHA_MATH = "alpha dropout with one m per (sample, channel)  ->  dy/dx = a m"
+dropout_rule("TorchAlphaDropout", torch.alpha_dropout, "torch.alpha_dropout(x, p, train): as F.alpha_dropout",
+             AlphaDropoutFunction)
+dropout_rule("FeatureAlphaDropoutFunction", F.feature_alpha_dropout, ALPHA_MATH, AlphaDropoutFunction)
+dropout_rule("TorchFeatureAlphaDropout", torch.feature_alpha_dropout, ALPHA_MATH, AlphaDropoutFunction)
 
 
 class Dropout(Module, torch.nn.Dropout):
@@ -63,3 +105,11 @@ class Dropout2d(Module, torch.nn.Dropout2d):
 
 class Dropout3d(Module, torch.nn.Dropout3d):
     """torch.nn.Dropout3d: zeroes whole channels of (N, C, D, H, W) inputs."""
+
+
+class AlphaDropout(Module, torch.nn.AlphaDropout):
+    """torch.nn.AlphaDropout: dropout that keeps SELU's self-normalising mean and variance."""
+
+
+class FeatureAlphaDropout(Module, torch.nn.FeatureAlphaDropout):
+    """torch.nn.FeatureAlphaDropout: alpha dropout of whole channels."""

@@ -10,17 +10,18 @@ import torch
 import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.errors import UnsupportedOperationError
 from torchtrace.nn.module import Module
 
 
 def refuse_unsupported(max_norm, sparse) -> None:
     if max_norm is not None:
-        raise NotImplementedError(
-            "embedding: max_norm is not supported by torchtrace (torch renormalises the weight in place during "
-            "the lookup). Renormalise the weight yourself under tt.no_grad(), or pass max_norm=None.")
+        raise UnsupportedOperationError(
+            "torch.nn.functional.embedding: max_norm is not supported (torch renormalises the weight in place during "
+            "the lookup) — renormalise the weight yourself under tt.no_grad(), or pass max_norm=None")
     if sparse:
-        raise NotImplementedError("embedding: sparse=True is not supported by torchtrace (its gradients are dense "
-                                  "tensors). Pass sparse=False.")
+        raise UnsupportedOperationError("torch.nn.functional.embedding: sparse=True is not supported (torchtrace's "
+                                        "gradients are dense tensors) — pass sparse=False")
 
 
 def embedding_forward(ctx, indices, weight, padding_idx, scale_grad_by_freq):

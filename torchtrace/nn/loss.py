@@ -38,6 +38,25 @@ def _refuse_grad(ctx: Any, position: int, op: str, name: str) -> None:
         )
 
 
+REDUCTIONS = ("none", "mean", "sum")  # torch's internal enum: 0, 1, 2
+
+
+def aten_twin(name: str, rule: type, target: Callable, parameters: str) -> type:
+    """The rule of torch's internal spelling of a loss (torch.margin_ranking_loss, torch._C._nn.soft_margin_loss, ...):
+    `rule`'s math and backward, with torch's positional `parameters` and reduction as its enum (default 0, 'none')."""
+    names = parameters.split()
+
+    def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        options = {"reduction": 0, **dict(zip(names, args)), **kwargs}
+        if not isinstance(options["reduction"], str):
+            options["reduction"] = REDUCTIONS[options["reduction"]]
+        return rule.forward(ctx, **options)
+
+    body = {"__doc__": f"{rule.__doc__} (torch's internal spelling)", "_param_names": names,
+            "forward": staticmethod(forward), "__module__": rule.__module__}
+    return register(target, rule=type(name, (rule,), body))
+
+
 def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mean_over_weights: bool) -> type:
     """Rule for a loss of d = input - target, elementwise times an optional weight w, then reduced.
 

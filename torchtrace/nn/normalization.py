@@ -197,7 +197,7 @@ class GroupNormFunction(Function):
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         need_x, _, need_w, need_b = ctx.needs_input_grad[:4]
-        grouped = (x.shape[0], ctx.groups, -1)
+        grouped = (x.shape[0], ctx.groups, x[0].numel() // ctx.groups if x.shape[0] else 0)  # no -1: empty batches
         xhat_grouped, invstd = standardize(x.reshape(grouped), (2,), ctx.eps)
         xhat = xhat_grouped.reshape(x.shape)
         dxhat, dw, db = affine_backward(g, xhat, w, need_w, need_b, all_but_channel(x))

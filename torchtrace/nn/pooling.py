@@ -6,6 +6,7 @@
                     cropped to x (a transposed box filter; D: window size, count_include_pad, divisor_override)
     adaptive avg:   y_i = mean of x over [floor(i in / out), ceil((i+1) in / out))  ->  dx = A^T g along each dim
     adaptive max:   as max pool, with torch's indices
+    fractional max: as max pool, with torch's indices (the random windows are drawn once, in the forward)
 
 Every backward is linear in g and built from ops with rules (scatter_add, conv_transpose, pad, matmul), so
 double backward works.
@@ -90,17 +91,22 @@ class AvgPool(Function):
 
     @staticmethod
     def backward(ctx, g):
-        n = ctx.rule.dims
-        out, size = g.shape[-n:], ctx.shape[-n:]
-        divisor = ctx.divisor
-        if divisor is None:
-            divisor = torch.ones((), dtype=g.dtype, device=g.device)
-            for q, length, k, s, p in zip(out, size, ctx.kernel, ctx.stride, ctx.padding):
-                divisor = divisor.unsqueeze(-1) * _window_sizes(q, length, k, s, p, ctx.include_pad, g.device)
-        box = torch.ones((1, 1, *ctx.kernel), dtype=g.dtype, device=g.device)
-        spread = CONV_TRANSPOSE[n]((g / divisor).reshape(-1, 1, *out), box, None, ctx.stride)
-        crop = [(-p, length + p - full) for p, length, full in zip(ctx.padding, size, spread.shape[2:])]
-        return F.pad(spread, pad_argument(crop)).reshape(ctx.shape)
+        return avg_pool_adjoint(g, ctx.shape, ctx.kernel, ctx.stride, ctx.padding, ctx.include_pad, ctx.divisor)
+
+
+def avg_pool_adjoint(g: torch.Tensor, shape: torch.Size, kernel: Sequence[int], stride: Sequence[int],
+                     padding: Sequence[int], include_pad: bool = True, divisor: object = None) -> torch.Tensor:
+    """dx of average pooling: conv_transpose(g / D, ones(K), stride s), cropped by the padding."""
+    n = len(kernel)
+    out, size = g.shape[-n:], shape[-n:]
+    if divisor is None:
+        divisor = torch.ones((), dtype=g.dtype, device=g.device)
+        for q, length, k, s, p in zip(out, size, kernel, stride, padding):
+            divisor = divisor.unsqueeze(-1) * _window_sizes(q, length, k, s, p, include_pad, g.device)
+    box = torch.ones((1, 1, *kernel), dtype=g.dtype, device=g.device)
+    spread = CONV_TRANSPOSE[n]((g / divisor).reshape(-1, 1, *out), box, None, tuple(stride))
+    crop = [(-p, length + p - full) for p, length, full in zip(padding, size, spread.shape[2:])]
+    return F.pad(spread, pad_argument(crop)).reshape(shape)
 
 
 def _adaptive_matrix(out: int, size: int, like: torch.Tensor) -> torch.Tensor:
@@ -153,6 +159,23 @@ for _n, _pool, _with_indices in [
 ]:
     _rules(AdaptiveMaxPool, f"AdaptiveMaxPool{_n}d", _n, _with_indices, [_pool])
     _rules(AdaptiveMaxPool, f"AdaptiveMaxPool{_n}dWithIndices", _n, _with_indices, [_with_indices], always_indices=True)
+
+class FractionalMaxPool(MaxPool):
+    """y_q = max of x over the pseudo-random window q  ->  dx_i = sum of g_q over the windows whose maximum is x_i
+    (the windows are drawn once, in the forward, from torch's RNG or _random_samples; backward reuses its indices)"""
+
+    @staticmethod
+    def forward(ctx, input, kernel_size, output_size=None, output_ratio=None, return_indices=False,
+                _random_samples=None):
+        y, indices = ctx.rule.op(input, kernel_size, output_size, output_ratio, True, _random_samples)
+        return MaxPool.keep(ctx, input, y, indices, return_indices)
+
+
+for _n, _pool, _with_indices in [(2, F.fractional_max_pool2d, F.fractional_max_pool2d_with_indices),
+                                 (3, F.fractional_max_pool3d, F.fractional_max_pool3d_with_indices)]:
+    _rules(FractionalMaxPool, f"FractionalMaxPool{_n}d", _n, _with_indices, [_pool])
+    _rules(FractionalMaxPool, f"FractionalMaxPool{_n}dWithIndices", _n, _with_indices, [_with_indices],
+           always_indices=True)
 
 # F.avg_pool1d is torch.avg_pool1d, F.adaptive_avg_pool1d is torch.adaptive_avg_pool1d
 for _n, _avg, _adaptive in [(1, F.avg_pool1d, F.adaptive_avg_pool1d), (2, F.avg_pool2d, F.adaptive_avg_pool2d),
@@ -207,3 +230,11 @@ class AdaptiveMaxPool2d(Module, torch.nn.AdaptiveMaxPool2d):
 
 class AdaptiveMaxPool3d(Module, torch.nn.AdaptiveMaxPool3d):
     """torch.nn.AdaptiveMaxPool3d, recorded by torchtrace's adaptive max-pool rule."""
+
+
+class FractionalMaxPool2d(Module, torch.nn.FractionalMaxPool2d):
+    """torch.nn.FractionalMaxPool2d, recorded by torchtrace's fractional max-pool rule."""
+
+
+class FractionalMaxPool3d(Module, torch.nn.FractionalMaxPool3d):
+    """torch.nn.FractionalMaxPool3d, recorded by torchtrace's fractional max-pool rule."""

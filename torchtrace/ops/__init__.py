@@ -1,9 +1,14 @@
 """Gradient rules for tensor-level torch ops, one module per family."""
-from torchtrace.autograd.dispatch import pair_inplace_methods
 from torchtrace.ops import (  # noqa: F401
     arithmetic,
+    construction,
+    differences,
+    distances,
     indexing,
     linalg,
+    linalg_decompositions,
+    linalg_functions,
+    linalg_inverse,
     nondifferentiable,
     pointwise,
     reduction,
@@ -12,6 +17,6 @@ from torchtrace.ops import (  # noqa: F401
     softmax,
     special,
     trigonometric,
+    view_copies,
 )
 
-pair_inplace_methods()

@@ -8,8 +8,8 @@ from typing import Any, Sequence, Tuple
 
 import torch
 
-from torchtrace.autograd.dispatch import INPLACE
-from torchtrace.autograd.function import Function, register
+from torchtrace.autograd.function import INPLACE, Function, register
+from torchtrace.errors import UnsupportedOperationError
 
 T = torch.Tensor
 _TENSOR = object()  # stands for a tensor of an index, kept by save_for_backward
@@ -186,8 +186,10 @@ class Scatter(Function):
     @staticmethod
     def forward(ctx, x, dim, index, src=None, *, value=None, reduce=None):
         if reduce is not None:
-            raise NotImplementedError(f"torchtrace: scatter(..., reduce={reduce!r}) has no gradient rule. Use "
-                                      "scatter_add for reduce='add', or scatter_reduce(..., reduce='sum').")
+            twin = "'sum'" if reduce == "add" else "'prod'"
+            raise UnsupportedOperationError(
+                f"torch.scatter: reduce={reduce!r} has no gradient (torch has none either) — use "
+                f"torch.scatter_reduce(..., reduce={twin}), which torchtrace differentiates.")
         source = src if src is not None else value
         ctx.dim, ctx.src_shape = dim, source.shape if isinstance(source, torch.Tensor) else None
         ctx.save_for_backward(index)
@@ -218,27 +220,6 @@ class ScatterAdd(Function):
         return g, None, None, fit(g.gather(ctx.dim, index), ctx.src_shape) if need_src else None
 
 
-@register(torch.scatter_reduce, T.scatter_reduce)
-class ScatterReduce(Function):
-    """y = x (0 where written if not include_self) + scattered sum of src  ->  dx = g (0 there), dsrc = g gathered"""
-
-    @staticmethod
-    def forward(ctx, x, dim, index, src, reduce, include_self=True):
-        if reduce != "sum":
-            raise NotImplementedError(f"torchtrace: scatter_reduce(..., reduce={reduce!r}) has no gradient rule; "
-                                      "only reduce='sum' is supported.")
-        ctx.dim, ctx.src_shape, ctx.include_self = dim, src.shape, include_self
-        ctx.save_for_backward(index)
-        return torch.scatter_reduce(x, dim, index, src, reduce, include_self=include_self)
-
-    @staticmethod
-    def backward(ctx, g):
-        (index,) = ctx.saved_tensors
-        need_x, need_src = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
-        dx = (g if ctx.include_self else g.scatter(ctx.dim, index, 0.0)) if need_x else None
-        return dx, None, None, fit(g.gather(ctx.dim, index), ctx.src_shape) if need_src else None
-
-
 @register(torch.take_along_dim, T.take_along_dim)
 class TakeAlongDim(Function):
     """y = x.gather(dim, indices) after broadcasting the other dims (flat x when dim=None)  ->  dx = scatter_add of g"""
@@ -258,9 +239,11 @@ class TakeAlongDim(Function):
     def backward(ctx, g):
         (indices,) = ctx.saved_tensors
         if ctx.dim is None:
-            flat = g.new_zeros(math.prod(ctx.shape)).scatter_add(0, indices.reshape(-1), g)
+            size = math.prod(ctx.shape)
+            flat = g.new_zeros(size).scatter_add(0, indices.reshape(-1) % max(size, 1), g)  # -1 reads the last one
             return flat.reshape(ctx.shape)
-        return g.new_zeros(ctx.x_shape).scatter_add(ctx.dim, indices.expand(ctx.index_shape), g)
+        wrapped = indices.expand(ctx.index_shape) % max(ctx.x_shape[ctx.dim], 1)
+        return g.new_zeros(ctx.x_shape).scatter_add(ctx.dim, wrapped, g)
 
 
 @register(torch.take, T.take)
@@ -314,3 +297,249 @@ class IndexAdd(Function):
             return g
         picked = g.index_select(ctx.dim, index)
         return g, None, None, picked if ctx.alpha == 1 else picked * ctx.alpha
+
+
+@register(torch.index_copy, T.index_copy)
+class IndexCopy(Function):
+    """y = x with slice index[k] along dim replaced by s[k]  ->  dx = g zeroed there, ds = g.index_select(dim, index)"""
+
+    @staticmethod
+    def forward(ctx, x, dim, index, source):
+        ctx.dim = dim
+        ctx.save_for_backward(index)
+        return torch.index_copy(x, dim, index, source)
+
+    @staticmethod
+    def backward(ctx, g):
+        (index,) = ctx.saved_tensors
+        need_x, need_source = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
+        dx = g.index_fill(ctx.dim, index, 0.0) if need_x else None
+        return dx, None, None, g.index_select(ctx.dim, index) if need_source else None
+
+
+@register(torch.index_fill, T.index_fill)
+class IndexFill(Function):
+    """y = x with slices index[k] along dim set to v  ->  dx = g zeroed there, dv = sum of g over those slices"""
+
+    @staticmethod
+    def forward(ctx, x, dim, index, value):
+        ctx.dim = dim
+        ctx.save_for_backward(index % (x.shape[dim] if x.dim() else 1))  # -1 and n-1 name the same slice
+        return torch.index_fill(x, dim, index, value)
+
+    @staticmethod
+    def backward(ctx, g):
+        (index,) = ctx.saved_tensors
+        need_x, need_value = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
+        dx = g.index_fill(ctx.dim, index, 0.0) if need_x else None
+        # a slice named twice in index is filled once: count it once
+        dv = g.index_select(ctx.dim, index.reshape(-1).unique()).sum() if need_value else None
+        return dx, None, None, dv
+
+
+@register(torch.masked_scatter, T.masked_scatter)
+class MaskedScatter(Function):
+    """y = x, with the elements where mask taken in order from s  ->  dx = g where not mask, ds = g where mask"""
+
+    @staticmethod
+    def forward(ctx, x, mask, source):
+        ctx.source_shape = source.shape
+        ctx.save_for_backward(mask)
+        return torch.masked_scatter(x, mask, source)
+
+    @staticmethod
+    def backward(ctx, g):
+        (mask,) = ctx.saved_tensors
+        need_x, need_source = ctx.needs_input_grad[0], ctx.needs_input_grad[2]
+        dx = g.masked_fill(mask, 0.0) if need_x else None
+        ds = None
+        if need_source:  # s is read from its start; the elements not read get 0
+            ds = fit(g.masked_select(mask), (math.prod(ctx.source_shape),)).reshape(ctx.source_shape)
+        return dx, None, ds
+
+
+@register(torch.put, T.put)
+class Put(Function):
+    """y = x with flat positions index[k] set to s[k] (+= if accumulate)  ->  dx = g (0 there unless accumulate),
+    ds = g.take(index)"""
+
+    @staticmethod
+    def forward(ctx, x, index, source, accumulate=False):
+        ctx.accumulate, ctx.source_shape = accumulate, source.shape
+        ctx.save_for_backward(index)
+        return torch.put(x, index, source, accumulate)
+
+    @staticmethod
+    def backward(ctx, g):
+        (index,) = ctx.saved_tensors
+        need_x, need_source = ctx.needs_input_grad[0], ctx.needs_input_grad[2]
+        dx = None
+        if need_x:
+            dx = g if ctx.accumulate else g.put(index, g.new_zeros(ctx.source_shape))
+        return dx, None, g.take(index).reshape(ctx.source_shape) if need_source else None
+
+
+# ------------------------------------------------------------------ filling: the old values stop mattering
+
+@register(torch.fill)
+class Fill(Function):
+    """y = v everywhere  ->  dx = 0, dv = sum of g"""
+
+    @staticmethod
+    def forward(ctx, x, value):
+        return torch.fill(x, value)
+
+    @staticmethod
+    def backward(ctx, g):
+        need_x, need_value = ctx.needs_input_grad[:2]
+        return torch.zeros_like(g) if need_x else None, g.sum() if need_value else None
+
+
+class Zero(Function):
+    """y = 0 everywhere  ->  dx = 0"""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.zeros_like(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.zeros_like(g)
+
+
+def fill_diagonal(x: torch.Tensor, fill_value: Any, wrap: bool = False) -> torch.Tensor:
+    """Out-of-place `x.fill_diagonal_(fill_value, wrap)`."""
+    return x.clone().fill_diagonal_(fill_value, wrap)
+
+
+class FillDiagonal(Function):
+    """y = x with its main diagonal (every dim's index equal) set to a number  ->  dx = g zeroed there"""
+
+    @staticmethod
+    def forward(ctx, x, fill_value, wrap=False):
+        ctx.shape, ctx.wrap = x.shape, wrap
+        return fill_diagonal(x, fill_value, wrap)
+
+    @staticmethod
+    def backward(ctx, g):
+        on_diagonal = torch.zeros(ctx.shape, dtype=torch.bool, device=g.device).fill_diagonal_(True, ctx.wrap)
+        return g.masked_fill(on_diagonal, 0.0)
+
+
+INPLACE[T.fill_] = INPLACE[torch.fill_] = (Fill, torch.fill)
+INPLACE[T.zero_] = INPLACE[torch.zero_] = (Zero, torch.zeros_like)
+INPLACE[T.fill_diagonal_] = (FillDiagonal, fill_diagonal)
+
+
+# ------------------------------------------------------------------ reductions into slots: scatter_reduce, index_reduce
+
+class Along:
+    """Where src elements land in x: one element per index entry (scatter) or a whole slice (index_* ops)."""
+
+    def __init__(self, dim: int, index: torch.Tensor, whole_slices: bool):
+        self.dim, self.index, self.whole_slices = dim, index, whole_slices
+
+    def pick(self, t: torch.Tensor) -> torch.Tensor:
+        """The slot of each src element, read from t (shaped like x)."""
+        return t.index_select(self.dim, self.index) if self.whole_slices else t.gather(self.dim, self.index)
+
+    def add_into(self, base: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """base (shaped like x) with each t element (shaped like src) added into its slot."""
+        if self.whole_slices:
+            return base.index_add(self.dim, self.index, t)
+        return base.scatter_add(self.dim, self.index, t)
+
+    def clear(self, t: torch.Tensor) -> torch.Tensor:
+        """t (shaped like x) with every slot that receives src set to 0."""
+        return t.index_fill(self.dim, self.index, 0.0) if self.whole_slices else t.scatter(self.dim, self.index, 0.0)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a == b, counting NaN as equal to NaN (a max over NaNs is NaN, and is reached there)."""
+    return (a == b) | (a.isnan() & b.isnan())
+
+
+def slot_reduce_grads(at: Along, reduce: str, include_self: bool, g: torch.Tensor, x: torch.Tensor,
+                      src: torch.Tensor, y: torch.Tensor, reduced: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dsrc) of y = x with each slot reduced over x's value (if include_self) and the src values sent there.
+
+    Slots that receive nothing keep x: dx = g there. `reduced(x, src)` reruns the forward (for 'prod').
+    Masks (ties, zeros, counts) are constants: the gradient flows only through the values they select.
+    """
+    if reduce == "sum":
+        return (g if include_self else at.clear(g)), at.pick(g)
+    if reduce == "mean":  # each value in a slot counts 1/n of it
+        counts = at.add_into(torch.ones_like(x) if include_self else torch.zeros_like(x), torch.ones_like(src))
+        share = g / counts.clamp_min(1)
+        return (share if include_self else at.clear(g)), at.pick(share)
+    if reduce in ("amax", "amin"):  # the values equal to the result share g evenly
+        hits_x = _same(x, y).to(g.dtype)
+        hits_x = hits_x if include_self else at.clear(hits_x)
+        hits_src = _same(src, at.pick(y)).to(g.dtype)
+        share = g / at.add_into(hits_x, hits_src)
+        return hits_x * share, hits_src * at.pick(share)
+    # prod (torch has refused any other name in forward): d/dv of a product is the product of the slot's other
+    # values, written so that it stays exact (to the next derivative too) when the slot holds zeros
+    zero_x, zero_src = (x == 0) & include_self, src == 0
+    n_zeros = at.add_into(zero_x.to(g.dtype), zero_src.to(g.dtype))
+    if torch.is_grad_enabled() and bool((n_zeros > 1).any()):
+        raise UnsupportedOperationError(
+            "torch.scatter_reduce / index_reduce: the second derivative of reduce='prod' where two or more zeros "
+            "meet in one slot is not supported (torch refuses it too) — keep the values away from exact zeros.")
+    nonzero = reduced(x.masked_fill(zero_x, 1.0), src.masked_fill(zero_src, 1.0))  # product of the nonzero values
+    the_zero = at.add_into(x.masked_fill(~zero_x, 0.0) if include_self else torch.zeros_like(x),
+                           src.masked_fill(~zero_src, 0.0))  # the slot's zero (where it has exactly one)
+
+    def others(v: torch.Tensor, v_zero: torch.Tensor, count: torch.Tensor, product: torch.Tensor,
+               zero: torch.Tensor) -> torch.Tensor:
+        without_v = product / v.masked_fill(v_zero, 1.0)
+        return without_v * (count == 0) + (product * v_zero + zero * without_v * ~v_zero) * (count == 1)
+
+    dx = g * others(x, zero_x, n_zeros, nonzero, the_zero) if include_self else at.clear(g)
+    return dx, others(src, zero_src, at.pick(n_zeros), at.pick(g * nonzero), at.pick(the_zero))
+
+
+@register(torch.scatter_reduce, T.scatter_reduce)
+class ScatterReduce(Function):
+    """y[..index[i][j]..] = reduce(x there (if include_self), src[i][j] sent there) (dim=1)  ->  sum: g;
+    mean: g/n; amax/amin: g shared by the values equal to y; prod: g * product of the slot's other values"""
+
+    @staticmethod
+    def forward(ctx, x, dim, index, src, reduce, *, include_self=True):
+        y = torch.scatter_reduce(x, dim, index, src, reduce, include_self=include_self)
+        ctx.dim, ctx.reduce, ctx.include_self, ctx.src_shape = dim, reduce, include_self, src.shape
+        ctx.save_for_backward(x, src, y, index)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, src, y, index = ctx.saved_tensors
+        if src.shape != index.shape:  # only the front of a larger src is read
+            src = src[tuple(slice(0, n) for n in index.shape)]
+        at = Along(ctx.dim, index, whole_slices=False)
+        dx, dsrc = slot_reduce_grads(at, ctx.reduce, ctx.include_self, g, x, src, y,
+                                     lambda a, b: a.scatter_reduce(ctx.dim, index, b, "prod",
+                                                                   include_self=ctx.include_self))
+        return dx, None, None, fit(dsrc, ctx.src_shape)
+
+
+@register(torch.index_reduce, T.index_reduce)
+class IndexReduce(Function):
+    """y = x with slice index[k] along dim reduced with s[k] (prod / mean / amax / amin)  ->  as scatter_reduce,
+    slice by slice"""
+
+    @staticmethod
+    def forward(ctx, x, dim, index, source, reduce, *, include_self=True):
+        y = torch.index_reduce(x, dim, index, source, reduce, include_self=include_self)
+        ctx.dim, ctx.reduce, ctx.include_self = dim, reduce, include_self
+        ctx.save_for_backward(x, source, y, index)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, source, y, index = ctx.saved_tensors
+        at = Along(ctx.dim, index, whole_slices=True)
+        dx, dsource = slot_reduce_grads(at, ctx.reduce, ctx.include_self, g, x, source, y,
+                                        lambda a, b: a.index_reduce(ctx.dim, index, b, "prod",
+                                                                    include_self=ctx.include_self))
+        return dx, None, None, dsource

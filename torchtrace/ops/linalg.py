@@ -13,6 +13,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.errors import UnsupportedOperationError
 from torchtrace.ops.rule_tables import reflected
 
 T = torch.Tensor
@@ -92,8 +93,8 @@ def einsum_grads(equation: str, g: torch.Tensor, operands: Sequence[torch.Tensor
 
 def _real_only(name: str, *tensors: Any) -> None:
     if any(isinstance(t, torch.Tensor) and t.is_complex() for t in tensors):
-        raise NotImplementedError(f"torchtrace: the gradient rule of {name} supports real dtypes only, not complex "
-                                  "(its complex gradient would need conjugates)")
+        raise UnsupportedOperationError(f"{name}: complex inputs are not supported — torchtrace's gradient rules are "
+                                        "for real dtypes (a complex gradient would need conjugates)")
 
 
 def _names(targets: Sequence[Callable]) -> str:
@@ -153,14 +154,6 @@ def fixed(equation: str) -> Callable:
     return lambda *args, **kwargs: equation
 
 
-def matmul_equation(a: torch.Tensor, b: torch.Tensor, *args: Any, **kwargs: Any) -> str:
-    """1-D operands are vectors (their dimension is dropped from the result); leading dims are broadcast batches."""
-    left = "k" if a.dim() == 1 else "...nk"
-    right = "k" if b.dim() == 1 else "...km"
-    out = "..." + ("n" if a.dim() > 1 else "") + ("m" if b.dim() > 1 else "")
-    return f"{left},{right}->{out}"
-
-
 def inner_equation(a: torch.Tensor, b: torch.Tensor, *args: Any, **kwargs: Any) -> str:
     """Sum over the last dimension of both; a 0-d operand multiplies."""
     if a.dim() == 0 or b.dim() == 0:
@@ -190,9 +183,32 @@ def tensordot_equation(a: torch.Tensor, b: torch.Tensor, dims: Any = 2, *args: A
     return f"{left},{''.join(right)}->{''.join(kept)}"
 
 
-Matmul = contraction("Matmul", [torch.matmul, T.matmul, T.__matmul__, torch.linalg.matmul],
-                     "z = a @ b  ->  dz/da = g @ b^T, dz/db = a^T @ g   (vectors and batches via einsum)",
-                     matmul_equation)
+@register(torch.matmul, T.matmul, T.__matmul__, torch.linalg.matmul)
+class Matmul(Function):
+    """z = a @ b  ->  dz/da = g @ b^T, dz/db = a^T @ g"""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        _real_only("torch.matmul", a, b)
+        ctx.save_for_backward(a, b)
+        return torch.matmul(a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad[:2]
+        if a.dim() == 1 and b.dim() == 1:  # a dot product
+            return (g * b if need_a else None), (g * a if need_b else None)
+        # A vector a is a one-row matrix, a vector b a one-column matrix; batch dims are summed by the engine.
+        row, column = a.dim() == 1, b.dim() == 1
+        g = g.unsqueeze(-2) if row else g.unsqueeze(-1) if column else g
+        a = a.unsqueeze(0) if row else a
+        b = b.unsqueeze(-1) if column else b
+        da = g @ b.mT if need_a else None
+        db = a.mT @ g if need_b else None
+        return (da.squeeze(-2) if row and need_a else da), (db.squeeze(-1) if column and need_b else db)
+
+
 reflected("Rmatmul", Matmul, [T.__rmatmul__])
 contraction("Mm", [torch.mm, T.mm], "z = A B  ->  dz/dA = g B^T, dz/dB = A^T g", fixed("ij,jk->ik"))
 contraction("Bmm", [torch.bmm, T.bmm], "z_b = A_b B_b  ->  dz/dA_b = g_b B_b^T, dz/dB_b = A_b^T g_b",

@@ -5,6 +5,7 @@ from typing import Sequence, Tuple, Union
 import torch
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.errors import UnsupportedOperationError
 
 T = torch.Tensor
 Dims = Union[None, int, Sequence[int]]
@@ -288,7 +289,7 @@ class Norm(VectorNorm):
     @staticmethod
     def forward(ctx, x, p="fro", dim=None, keepdim=False, dtype=None, *, out=None):
         if isinstance(p, str) and p != "fro":
-            raise NotImplementedError(f"torchtrace: torch.norm(p={p!r}) has no gradient rule; use p='fro' or a number")
+            raise UnsupportedOperationError(f"torch.norm: p={p!r} has no gradient rule here — use p='fro' or a number")
         ord = 2 if p in ("fro", None) else p
         return VectorNorm.forward(ctx, x, ord, dim, keepdim, dtype, out=out)
 

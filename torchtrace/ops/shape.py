@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 import torch
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.errors import UnsupportedOperationError
 from torchtrace.ops.indexing import add_at, positions
 from torchtrace.ops.rule_tables import make_rule as rule
 
@@ -46,8 +47,8 @@ def structural(name: str, targets: Sequence[Callable], math: str, grad: Callable
 
 def _view(x: torch.Tensor, *shape: Any, **kwargs: Any) -> torch.Tensor:
     if "dtype" in kwargs or (len(shape) == 1 and isinstance(shape[0], torch.dtype)):
-        raise NotImplementedError("torchtrace: Tensor.view(dtype) reinterprets the bits of each element; it has no "
-                                  "gradient. Use x.to(dtype) to convert values, or call it under tt.no_grad().")
+        raise UnsupportedOperationError("torch.Tensor.view(dtype): it reinterprets the bits of each element and has no "
+                                        "gradient — use x.to(dtype) to convert values, or call it under tt.no_grad()")
     return T.view(x, *shape, **kwargs)
 
 
@@ -71,8 +72,8 @@ for _name, _targets, _op in [
 
 # ------------------------------------------------------------------ dims reordered: reorder g back
 
-def _same_op(ctx: Any, g: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """For ops that undo themselves (transpose, flip): apply the op again."""
+def same_op(ctx: Any, g: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """For ops that are their own adjoint (transpose, flip, tril: a swap or a mask): apply the op to g."""
     return ctx.op(g, *args, **kwargs)
 
 
@@ -96,17 +97,17 @@ def _unroll(ctx: Any, g: torch.Tensor, shifts: Any, dims: Any = None) -> torch.T
 
 structural("Permute", [T.permute, torch.permute], "y = x.permute(p)  ->  dx = g.permute(p^-1)", _unpermute)
 structural("Transpose", [T.transpose, torch.transpose, T.swapdims, torch.swapdims],
-           "y = x with dims a, b swapped  ->  dx = g with dims a, b swapped", _same_op)
+           "y = x with dims a, b swapped  ->  dx = g with dims a, b swapped", same_op)
 structural("Swapaxes", [T.swapaxes, torch.swapaxes], "y = x with axes a, b swapped  ->  dx = g with a, b swapped",
-           _same_op)
-structural("T", [T.t, torch.t], "y = x^T (2-D or less)  ->  dx = g^T", _same_op)
+           same_op)
+structural("T", [T.t, torch.t], "y = x^T (2-D or less)  ->  dx = g^T", same_op)
 structural("TProperty", [T.T.__get__], "y = x.T (all dims reversed)  ->  dx = g with all dims reversed", _reverse_dims)
-structural("MT", [T.mT.__get__], "y = x.mT (last two dims swapped)  ->  dx = g.mT", _same_op)
+structural("MT", [T.mT.__get__], "y = x.mT (last two dims swapped)  ->  dx = g.mT", same_op)
 structural("Movedim", [T.movedim, torch.movedim, T.moveaxis, torch.moveaxis],
            "y = x with dims moved src -> dst  ->  dx = g with dims moved dst -> src", _unmove)
-structural("Flip", [T.flip, torch.flip], "y = x reversed along dims  ->  dx = g reversed along dims", _same_op)
-structural("Fliplr", [T.fliplr, torch.fliplr], "y = x reversed along dim 1  ->  dx = g reversed along dim 1", _same_op)
-structural("Flipud", [T.flipud, torch.flipud], "y = x reversed along dim 0  ->  dx = g reversed along dim 0", _same_op)
+structural("Flip", [T.flip, torch.flip], "y = x reversed along dims  ->  dx = g reversed along dims", same_op)
+structural("Fliplr", [T.fliplr, torch.fliplr], "y = x reversed along dim 1  ->  dx = g reversed along dim 1", same_op)
+structural("Flipud", [T.flipud, torch.flipud], "y = x reversed along dim 0  ->  dx = g reversed along dim 0", same_op)
 structural("Roll", [T.roll, torch.roll], "y = x rolled by s  ->  dx = g rolled by -s", _unroll)
 
 
@@ -314,6 +315,9 @@ cut("TensorSplit", [T.tensor_split, torch.tensor_split])
 cut("Hsplit", [T.hsplit, torch.hsplit])
 cut("Vsplit", [T.vsplit, torch.vsplit])
 cut("Dsplit", [T.dsplit, torch.dsplit])
+cut("UnsafeSplit", [T.unsafe_split, torch.unsafe_split])
+cut("UnsafeSplitWithSizes", [T.unsafe_split_with_sizes, torch.unsafe_split_with_sizes])
+cut("UnsafeChunk", [T.unsafe_chunk, torch.unsafe_chunk])
 
 
 @register(T.unbind, torch.unbind)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 import torch
 
 from torchtrace.autograd.grad_mode import enable_grad, no_grad
+from torchtrace.errors import UnsupportedOperationError
 
 _guard = torch._C.DisableTorchFunctionSubclass
 Params = Union[Iterable[torch.Tensor], Iterable[Dict[str, Any]]]
@@ -36,8 +37,8 @@ def refuse_flags(**flags: Optional[bool]) -> None:
     """Torch options that select a specialised implementation; torchtrace.optim has only the plain one."""
     for name, value in flags.items():
         if value:
-            raise NotImplementedError(f"torchtrace.optim has one plain implementation per optimizer: {name}=True "
-                                      "is not supported")
+            raise UnsupportedOperationError(f"torchtrace.optim: {name}=True is not supported — torchtrace.optim has "
+                                            "one plain implementation per optimizer; leave {name} unset")
 
 
 class Optimizer:
@@ -79,7 +80,8 @@ class Optimizer:
             if not (p.is_leaf or p.retains_grad):
                 raise ValueError("can't optimize a non-leaf Tensor")
             if p.is_complex():
-                raise NotImplementedError("torchtrace.optim supports real floating-point parameters only")
+                raise UnsupportedOperationError("torchtrace.optim: complex parameters are not supported — use real "
+                                                "floating-point parameters")
         group["params"] = params
         for name, default in self.defaults.items():
             group.setdefault(name, default)
