@@ -3,7 +3,7 @@
 The README's convention, checked here strictly:
 - blocks fenced as ```python run in order, in one namespace, in a fresh `python` process (as a new user's);
 - a statement that prints must carry its output as comments: the comment on its last line is the first printed
-  line, and each following line made only of `# ...` is the next printed line;
+  line, and each following line made only of `# ...` is the next printed line (a blank line ends the output);
 - `...` inside an expected line matches any text (as doctest's ELLIPSIS); use it only for float noise that
   differs between CPUs;
 - a statement that prints nothing may carry prose comments, but none that claims a value (`# tensor(`,
@@ -84,8 +84,8 @@ def test_convention_helpers():
     assert [e for _, e in statements(source)] == [["1"], ["prose"], ["2 2"], ["a", "b"]]
     assert matches("CheckReport(max = ...)", "CheckReport(max = 1.2e-07)") and not matches("tensor(1.)", "tensor(2.)")
     assert run_blocks("```python\nprint(1 + 1)  # 2\nx = 3  # 3\nprint(x)  # 4\n```\n") == [
-        "block 1, line 2: 'x = 3  # 3'\n  comments claim a value ['3'] but the statement prints nothing",
-        "block 1, line 3: 'print(x)  # 4'\n  comments say: ['4']\n  it prints:    ['3']",
+        "block 1, line 2: 'x = 3'\n  comments claim a value ['3'] but the statement prints nothing",
+        "block 1, line 3: 'print(x)'\n  comments say: ['4']\n  it prints:    ['3']",
     ]
 
 
