@@ -78,15 +78,8 @@ def normalised_output(output: nbformat.NotebookNode) -> Optional[str]:
     return f"{kind}: " + _text(data.get("text/plain", ""))
 
 
-def kinds(cell: nbformat.NotebookNode) -> List[str]:
-    """The output kinds of a cell, in order, for cells whose values may differ in smoke mode."""
-    return [(output.output_type if output.output_type == "stream" else
-             sorted(output.get("data", {"": None}))[0] if output.output_type != "error" else "error")
-            for output in cell.outputs if not (output.output_type == "stream" and output.name == "stderr")]
-
-
-def texts(cell: nbformat.NotebookNode) -> List[str]:
-    """The normalised outputs of a cell (stdout chunks joined first: how the kernel splits them varies)."""
+def _merged(cell: nbformat.NotebookNode) -> List[nbformat.NotebookNode]:
+    """The cell's outputs without stderr, consecutive stdout chunks joined (how the kernel splits them varies)."""
     merged: List[nbformat.NotebookNode] = []
     for output in cell.outputs:
         if output.output_type == "stream" and output.name == "stderr":
@@ -95,7 +88,18 @@ def texts(cell: nbformat.NotebookNode) -> List[str]:
             merged[-1] = nbformat.v4.new_output("stream", name="stdout", text=merged[-1].text + output.text)
         else:
             merged.append(output)
-    return [normalised_output(output) for output in merged]
+    return merged
+
+
+def kinds(cell: nbformat.NotebookNode) -> List[str]:
+    """The output kinds of a cell, in order, for cells whose values may differ in smoke mode."""
+    return [output.output_type if output.output_type in ("stream", "error") else sorted(output.get("data", {}))[0]
+            for output in _merged(cell)]
+
+
+def texts(cell: nbformat.NotebookNode) -> List[str]:
+    """The normalised outputs of a cell, in order."""
+    return [normalised_output(output) for output in _merged(cell)]
 
 
 def _clean(notebook: nbformat.NotebookNode) -> None:
