@@ -21,3 +21,21 @@ def test_ops_listing_groups_rules_by_family():
     listing = subprocess.run([sys.executable, "-m", "torchtrace", "ops"], capture_output=True, text=True, check=True)
     assert "pointwise (" in listing.stdout and "    torch.exp" in listing.stdout
     assert int(listing.stdout.strip().splitlines()[-1].split()[-1]) >= 150
+
+
+def test_training_leaves_one_progress_line_per_epoch_with_its_loss():
+    import functools
+    import io
+
+    import torch
+    from tqdm import tqdm
+
+    from torchtrace.demo import load_digits, small_cnn, train
+
+    torch.manual_seed(0)
+    images, labels, _, _ = load_digits()
+    stream = io.StringIO()
+    means = train(small_cnn(), images[:128], labels[:128], epochs=2, progress=functools.partial(tqdm, file=stream))
+    finished = [line.split("\r")[-1] for line in stream.getvalue().split("\n")[:-1]]  # what stays on screen
+    assert [line.split(":")[0] for line in finished] == ["epoch 1/2", "epoch 2/2"]  # one line kept per epoch
+    assert [line.rsplit("loss ", 1)[1].rstrip("]") for line in finished] == [f"{m:.4f}" for m in means]

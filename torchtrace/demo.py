@@ -1,7 +1,7 @@
 """python -m torchtrace demo: a short tour on scikit-learn's bundled digits (8x8 images, nothing downloaded)."""
 import os
 import time
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -39,18 +39,26 @@ def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor)
 
 
 def train(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, epochs: int, batch: int = 64,
-          progress: Callable = lambda iterable, **kw: iterable) -> None:
+          progress: Callable = lambda iterable, **kw: iterable) -> List[float]:
+    """Adam on mini-batches; returns the mean loss of each epoch (a progress bar shows it as it goes)."""
     optimizer = tt.optim.Adam(model.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(1)
+    means = []
     for epoch in range(epochs):
         order = torch.randperm(len(labels), generator=generator)
-        steps = progress(range(0, len(labels), batch), desc=f"epoch {epoch + 1}/{epochs}", leave=False)
+        steps = progress(range(0, len(labels), batch), desc=f"epoch {epoch + 1}/{epochs}", leave=True)
+        total, count = 0.0, 0
         for start in steps:
             index = order[start:start + batch]
             loss = F.cross_entropy(model(images[index]), labels[index])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            total, count = total + loss.item() * len(index), count + len(index)
+            if hasattr(steps, "set_postfix_str"):  # the bar that stays for this epoch ends with its mean loss
+                steps.set_postfix_str(f"loss {total / count:.4f}", refresh=False)
+        means.append(total / count)
+    return means
 
 
 def check_against_torch(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor) -> object:

@@ -10,7 +10,7 @@ import torchtrace as tt
 import torchtrace.nn as nn
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.state import STATE
-from torchtrace.inspect.dot import COLOURS, SCOPES, DotNotFound, Drawing, draw, recording
+from torchtrace.inspect.dot import COLOURS, DotNotFound, Drawing, draw, recording
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -125,7 +125,7 @@ def test_forward_view_labels_ops_shapes_parameters_and_saved_tensors():
 def test_colours_by_kind():
     w = tt.randn(3, requires_grad=True)
     x = tt.randn(3, requires_grad=True)
-    graph = draw((w * x).sum(), {"w": w})
+    graph = draw((w * x).sum(), {"w": w}, values=False)
     by_label = {line.split('label="')[1].split("\n")[0]: line for line in node_lines(graph)}
     assert f"fillcolor={COLOURS['parameter']}" in by_label["w"]
     assert f"fillcolor={COLOURS['input']}" in by_label["input"]
@@ -145,9 +145,9 @@ def test_forward_edges_run_from_inputs_to_output():
 def test_names_from_a_dict_and_pairs_and_unnamed_leaves():
     a, b = tt.randn(2, requires_grad=True), tt.randn(2, requires_grad=True)
     y = (a * b).sum()
-    assert "alpha (2)" in labels(draw(y, {"alpha": a}))
-    assert "input (2)" in labels(draw(y, {"alpha": a}))
-    assert {"alpha (2)", "beta (2)"} <= set(labels(draw(y, [("alpha", a), ("beta", b)])))
+    assert "alpha (2)" in labels(draw(y, {"alpha": a}, values=False))
+    assert "input (2)" in labels(draw(y, {"alpha": a}, values=False))
+    assert {"alpha (2)", "beta (2)"} <= set(labels(draw(y, [("alpha", a), ("beta", b)], values=False)))
 
 
 def test_torch_layers_with_tracer_parameters_are_named_and_clustered():
@@ -211,7 +211,7 @@ def test_after_backward_leaves_show_their_gradient_norm_and_arrows_reverse():
     assert "gradient flow" in graph.source
     found = labels(graph)
     for name, p in model.named_parameters():
-        assert any(label.startswith(name + " ") and label.endswith(f"|grad| {p.grad.norm().item():.2e}")
+        assert any(label.startswith(name + " ") and label.endswith(f"|grad| {p.grad.norm().item():.4g}")
                    for label in found), name
     assert not any(label.startswith("saved") for label in found)  # backward freed them
     flip = {tuple(line.split()[:3:2]) for line in edge_lines(forward)}
@@ -240,10 +240,10 @@ def test_recording_labels_ops_and_edges_with_the_gradient_that_flowed():
         y = (x * w).sum()
         y.backward()
     found = labels(draw(y, {"w": w}))
-    assert "Sum () |grad| 1.00e+00" in found
-    assert f"Mul (3, 4) |grad| {torch.ones(3, 4).norm().item():.2e}" in found
+    assert "Sum () |grad| 1" in found
+    assert f"Mul (3, 4) |grad| {torch.ones(3, 4).norm().item():.4g}" in found
     edge_labels = [line.split('label="')[1].split('"')[0] for line in edge_lines(draw(y, {"w": w}))]
-    assert f"{w.grad.norm().item():.2e}" in edge_labels  # the Mul -> w edge, summed over the broadcast dimension
+    assert "[" + ", ".join(f"{v:.4g}" for v in w.grad.tolist()) + "]" in edge_labels  # Mul -> w: w.grad
     assert not STATE.on_backward and not STATE.on_record
 
 
@@ -273,7 +273,7 @@ def test_depth_collapses_modules_into_boxes():
     boxes = sorted(label for label in labels(collapsed) if label.startswith("blocks."))
     order = topological_order([loss.grad_fn])
     for i, box in enumerate(boxes):
-        ops = sum(any(m is model.blocks[i] for m in SCOPES.get(node, ())) for node in order)
+        ops = sum(any(m is model.blocks[i] for m in node.module_path) for node in order)
         assert box.startswith(f"blocks.{i} (Block) {ops} ops, ")
     assert all(box.endswith(f"{len(list(model.blocks[0].parameters()))} parameters") for box in boxes)
     assert "Softmax" not in collapsed.source and "Softmax" in full.source
@@ -298,7 +298,7 @@ def test_collapsed_box_shows_the_gradient_norm_of_its_parameters():
     y = model(tt.randn(5, 3)).sum()
     y.backward()
     expected = (model[0].weight.grad.norm() ** 2 + model[0].bias.grad.norm() ** 2).sqrt().item()
-    assert f"0 (Linear) 1 ops, 2 parameters |grad| params {expected:.2e}" in labels(draw(y, model, depth=1))
+    assert f"0 (Linear) 1 ops, 2 parameters |grad| params {expected:.4g}" in labels(draw(y, model, depth=1))
 
 
 def test_recording_works_for_modules_outside_the_given_model():
@@ -309,9 +309,7 @@ def test_recording_works_for_modules_outside_the_given_model():
     source = draw(y).source  # no names given: made-up, nested
     assert 'label="Sequential_0 (Sequential)"' in source and 'label="Sequential_0.Sequential_1 (Sequential)"' in source
     assert "Sequential_0.Sequential_1.Linear_0.weight" in source
-    assert SCOPES[y.grad_fn] == ()  # the sum ran outside every module
-    z = model(tt.randn(3, 2))
-    assert z.grad_fn not in SCOPES  # the hooks are gone after the block
+    assert y.grad_fn.module_path == ()  # the sum ran outside every module
 
 
 # -------------------------------------------------------------------------------------------- render

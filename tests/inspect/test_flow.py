@@ -50,11 +50,11 @@ def backward_through(model, width=16):
 def test_deep_sigmoid_net_vanishes_and_residual_relu_net_does_not():
     sigmoid = backward_through(deep_sigmoid_net())
     first_layers = ["0.weight", "0.bias", "2.weight", "2.bias"]
-    assert set(first_layers) <= set(sigmoid.flagged("vanishing"))
-    assert "38.weight" not in sigmoid.flagged()  # the last layer still learns
+    assert set(first_layers) <= set(sigmoid.with_flag("vanishing"))
+    assert "38.weight" not in sigmoid.flagged  # the last layer still learns
     assert sigmoid["0.weight"].grad_norm < sigmoid["38.weight"].grad_norm * 1e-6
     residual = backward_through(residual_relu_net())
-    assert residual.flagged() == []
+    assert residual.flagged == []
     assert all(row.grad_norm > 1e-3 for row in residual)
 
 
@@ -83,8 +83,8 @@ def test_flags():
     assert {row.name: row.flag for row in report} == {
         "used": "", "unused": "no grad", "zeroed": "zero", "huge": "exploding", "broken": "non-finite"}
     assert report["unused"].grad_norm is None and report["unused"].ratio is None
-    assert flow({"used": used}, vanishing=10.0).flagged() == ["used"]  # |grad| = sqrt(3) < 10
-    assert flow({"huge": huge}, exploding=1e9).flagged() == []
+    assert flow({"used": used}, vanishing=10.0).flagged == ["used"]  # |grad| = sqrt(3) < 10
+    assert flow({"huge": huge}, exploding=1e9).flagged == []
 
 
 def test_input_forms():
@@ -161,3 +161,35 @@ def test_plot_with_zero_and_missing_gradients():
     assert len(ax.patches) == 4  # the unused parameter has no bars
     assert all(math.isfinite(p.get_height()) and p.get_height() > 0 for p in ax.patches)
     assert "without grad" in ax.get_title()
+
+
+def test_plot_is_pyplots_current_figure_so_plt_savefig_saves_it(tmp_path):
+    import matplotlib.pyplot as plt
+
+    report = backward_through(deep_sigmoid_net())
+    figure = report.plot()
+    try:
+        assert plt.gcf() is figure
+        plt.savefig(tmp_path / "flow.png")
+        assert open(tmp_path / "flow.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    finally:
+        plt.close(figure)
+
+
+def test_jupyter_shows_the_figure_once(monkeypatch):
+    import IPython.display
+    import matplotlib.pyplot as plt
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objects: shown.extend(objects))
+    figure = backward_through(deep_sigmoid_net()).plot()
+    figure._ipython_display_()  # the cell's result: shown from its PNG...
+    assert [type(obj).__name__ for obj in shown] == ["Image"]
+    assert not plt.fignum_exists(figure.number)  # ...and closed, so the notebook backend does not show it again
+
+
+def test_flagged_is_an_attribute_and_with_flag_filters():
+    report = backward_through(deep_sigmoid_net())
+    assert isinstance(report.flagged, list) and report.flagged == [row.name for row in report if row.flag]
+    assert set(report.with_flag("vanishing")) <= set(report.flagged)
+    assert report.with_flag("exploding") == []

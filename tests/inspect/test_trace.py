@@ -27,7 +27,27 @@ def test_a_dag_shows_merges_and_branches():
     assert lines[0] == "BackProp:" and lines[-1] == "↘︎ Input"
     assert lines[1] == "↘︎ [0] Sum()"
     assert lines[2] == "↘︎ [1] Add()  ⑂ sends to [2], [3]"
-    assert lines[5].startswith("↘︎ [4] Mul()") and lines[5].endswith("⊕ sums gradients from [2], [3]")
+    assert "↘︎ [3] Mul()  ⑂ sends to [4], [4]" in lines  # y * y: y is used twice by one op
+    assert lines[5] == "↘︎ [4] Mul()  ⊕ sums 3 gradients from [2], [3], [3]"
+
+
+def test_a_leaf_used_three_times_shows_its_three_gradients_summed(capsys):
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    (x * x + x).sum().backward(show=True)
+    assert capsys.readouterr().out.splitlines() == [
+        "BackProp:",
+        "↘︎ [0] Sum()",
+        "↘︎ [1] Add()  ⑂ sends to [2], [3]",
+        "↘︎ [2] Mul()  ⑂ sends to [3], [3]",
+        "↘︎ [3] leaf [2] (.grad)  ⊕ sums 3 gradients from [1], [2], [2]",
+        "↘︎ Input",
+    ]
+    assert x.grad.tolist() == [3.0, 5.0]  # 2x + 1: the three contributions x, x and 1, summed
+
+
+def test_a_leaf_used_once_keeps_the_chain_format():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    assert backprop_lines((x.exp() * 2).sum()) == ["BackProp:", "↘︎ Sum()", "↘︎ Mul()", "↘︎ Exp()", "↘︎ Input"]
 
 
 def test_shapes_and_norms(capsys):
@@ -52,3 +72,28 @@ def test_a_deep_chain_prints_without_recursion():
     for _ in range(5000):
         y = y * 1.0
     assert len(backprop_lines(y.sum())) == 5003
+
+
+def test_trace_names_each_layer_as_print_model_does_for_tt_nn_and_ported_models():
+    torch.manual_seed(0)
+    native = tt.nn.Sequential(tt.nn.Linear(2, 3), tt.nn.ReLU(), tt.nn.Linear(3, 1))
+    ported = tt.port(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1)))
+    for model, x in ((native, tt.randn(4, 2)), (ported, torch.randn(4, 2))):
+        layers = [line.removeprefix("↘︎ ") for line in backprop_lines(model(x).sum())[2:-1]]
+        printed = [line.split(":", 1)[1].strip() for line in repr(model).splitlines()[1:-1]]
+        assert layers == printed[::-1]
+
+
+def test_outputs_of_a_split_are_gathered_not_summed():
+    x = tt.randn(5, requires_grad=True)
+    a, b = x.exp().split([2, 3])
+    lines = backprop_lines(a.sum() * b.sum())
+    assert "↘︎ [3] Split()  gathers the gradients of its outputs from [1], [2]" in lines
+    assert not any("⊕" in line for line in lines)
+
+
+def test_norms_of_a_leaf_that_sums_gradients(capsys):
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    tt.show((x * x + x).sum(), norms=True)
+    leaf = capsys.readouterr().out.splitlines()[4]
+    assert leaf.startswith(f"↘︎ [3] leaf [2] (.grad)  |grad| {x.grad.norm().item():.4g}  ⊕ sums 3 gradients")

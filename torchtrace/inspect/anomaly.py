@@ -8,7 +8,7 @@ import torch
 from torchtrace.autograd.node import Node
 from torchtrace.autograd.state import observing
 from torchtrace.check import flatten
-from torchtrace.inspect.scope import module_names, module_path, module_scope
+from torchtrace.inspect.scope import module_names, module_scope, path_name
 from torchtrace.naming import callable_name
 
 _guard = torch._C.DisableTorchFunctionSubclass
@@ -55,7 +55,7 @@ class detect_anomaly:
         self._scope.__exit__(*exc)
 
     def _forward(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
-        node.note(created_at=_user_line(), module_path=module_path(self._names))
+        node.note(created_at=_user_line())
         if _bad(result):
             raise AnomalyError(f"forward of {self._describe(node)} produced NaN or Inf")
 
@@ -64,9 +64,8 @@ class detect_anomaly:
             raise AnomalyError(f"backward of {self._describe(node)} produced a NaN or Inf gradient "
                                f"(its incoming gradient was {'finite' if not _bad(list(grads)) else 'not finite'})")
 
-    @staticmethod
-    def _describe(node: Node) -> str:
+    def _describe(self, node: Node) -> str:
         op = callable_name(node.func) if node.func else f"{node.rule.__name__}.apply"
         notes = node.notes or {}
-        where = notes.get("module_path") or "no module"
+        where = path_name(node.module_path, self._names) or "no module"
         return f"{node.name} ({op}) in {where}, created at {notes.get('created_at', '<before detect_anomaly>')}"

@@ -7,7 +7,9 @@
 Flags: "no grad" (no backward reached it), "non-finite" (nan or inf), "zero", "vanishing" (gradient
 norm below `vanishing`), "exploding" (gradient norm above `exploding`).
 """
+import functools
 import html
+import io
 import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -78,6 +80,26 @@ def _shape(shape: Sequence[int]) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ")"
 
 
+@functools.lru_cache(maxsize=None)
+def _figure_class() -> type:
+    """matplotlib loads on first use only."""
+    from matplotlib.figure import Figure
+
+    class FlowFigure(Figure):
+        """A pyplot figure that Jupyter shows once, whether it is the cell's result or just left open."""
+
+        def _ipython_display_(self) -> None:
+            import matplotlib.pyplot as plt
+            from IPython.display import Image, display
+
+            buffer = io.BytesIO()
+            self.savefig(buffer, format="png", dpi=100)
+            display(Image(buffer.getvalue()))
+            plt.close(self)  # shown: the notebook backend must not show it again at the end of the cell
+
+    return FlowFigure
+
+
 class Flow:
     """The per-parameter gradient table that tt.flow returns; iterate it for FlowRows."""
 
@@ -100,9 +122,14 @@ class Flow:
             raise KeyError(f"no parameter named {key!r}")
         return self.rows[key]
 
-    def flagged(self, flag: Optional[str] = None) -> List[str]:
-        """Names of the parameters with `flag` ("vanishing", "exploding", ...), or with any flag."""
-        return [row.name for row in self.rows if (row.flag == flag if flag is not None else row.flag)]
+    @property
+    def flagged(self) -> List[str]:
+        """Names of the parameters with any flag."""
+        return [row.name for row in self.rows if row.flag]
+
+    def with_flag(self, flag: str) -> List[str]:
+        """Names of the parameters flagged `flag` ("vanishing", "exploding", "zero", "non-finite", "no grad")."""
+        return [row.name for row in self.rows if row.flag == flag]
 
     def _cells(self, row: FlowRow) -> List[str]:
         return [row.name, _shape(row.shape), _fmt(row.grad_norm), _fmt(row.mean_abs), _fmt(row.max_abs),
@@ -148,15 +175,15 @@ class Flow:
 
         Biases are left out unless include_bias; parameters without a gradient are not drawn, and
         flagged ones get red tick labels. Saves a PNG (or any format matplotlib knows from the
-        suffix) when `path` is given. Uses matplotlib's object API, so no window opens and Jupyter
-        shows the returned Figure once.
+        suffix) when `path` is given. The figure is pyplot's current figure, so `plt.savefig(...)`,
+        `plt.show()` and `fig.savefig(...)` all work, and Jupyter shows it once.
         """
-        from matplotlib.figure import Figure
+        import matplotlib.pyplot as plt
 
         rows = [r for r in self.rows if r.grad_norm is not None and (include_bias or not r.name.endswith("bias"))]
         positive = [v for r in rows for v in (r.mean_abs, r.max_abs) if v and math.isfinite(v)]
         floor = min(positive) / 10 if positive else 1e-12
-        figure = Figure(figsize=(max(6.0, 0.35 * len(rows) + 2), 4.5))
+        figure = plt.figure(figsize=(max(6.0, 0.35 * len(rows) + 2), 4.5), FigureClass=_figure_class())
         ax = figure.add_subplot()
         xs = range(len(rows))
 

@@ -8,7 +8,7 @@ import torch
 from torchtrace.autograd.node import AccumulateGrad, Node
 from torchtrace.autograd.state import observing
 from torchtrace.check import flatten
-from torchtrace.inspect.scope import module_names, module_path, module_scope
+from torchtrace.inspect.scope import module_names, module_scope, path_name
 from torchtrace.naming import callable_name
 
 
@@ -68,10 +68,10 @@ def trace(model: Callable, *example_inputs: Any, **kwargs: Any) -> Graph:
     """Run `model(*example_inputs, **kwargs)` once, recording every op; return the Graph."""
     names = module_names(model) if isinstance(model, torch.nn.Module) else {}
     params = {id(p): name for name, p in model.named_parameters()} if isinstance(model, torch.nn.Module) else {}
-    recorded: List[Tuple[Node, str, Any]] = []
+    recorded: List[Tuple[Node, Any]] = []
 
     def record(node: Node, args: tuple, kw: dict, result: Any) -> None:
-        recorded.append((node, module_path(names), result))
+        recorded.append((node, result))
 
     with module_scope(), observing(on_record=record):
         output = model(*example_inputs, **kwargs)
@@ -84,8 +84,9 @@ def trace(model: Callable, *example_inputs: Any, **kwargs: Any) -> Graph:
         return entry["id"]
 
     edges = []
-    for node, path, result in recorded:
+    for node, result in recorded:
         shape, dtype = _describe(result)
+        path = path_name(node.module_path, names)
         sources = []
         for _, nxt, _, in_shape, in_dtype in node.edges:
             if id(nxt) not in index and isinstance(nxt, AccumulateGrad):

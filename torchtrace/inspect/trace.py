@@ -12,10 +12,12 @@ from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, Node
 from torchtrace.autograd.state import observing
 
+_guard = torch._C.DisableTorchFunctionSubclass
 
-def _layer(node: Node) -> Optional[torch.nn.Module]:
+
+def _layer(node: Any) -> Optional[torch.nn.Module]:
     """The layer (a module without sub-modules) that recorded this node, if any."""
-    module = getattr(node, "module", None)
+    module = node.module
     return module if module is not None and not module._modules else None
 
 
@@ -35,10 +37,21 @@ def _op_text(node: Node) -> str:
     return f"{node.rule.__name__}({tuple(shown) if shown else ''})"
 
 
-def _lines_for(order: List[Node], modules: bool) -> List[List[Node]]:
-    """Group nodes into printed lines: consecutive nodes of one layer share a line (modules=True)."""
-    groups: List[List[Node]] = []
+def _lines_for(order: List[Any], modules: bool) -> List[List[Any]]:
+    """Group nodes into printed lines: consecutive nodes of one layer share a line (modules=True).
+
+    A leaf gets a line of its own only when it receives several gradients (they are summed into .grad).
+    """
+    uses: Dict[Any, int] = {}
     for node in order:
+        for edge in node.edges:
+            uses[edge.node] = uses.get(edge.node, 0) + 1
+    groups: List[List[Any]] = []
+    for node in order:
+        if isinstance(node, AccumulateGrad):
+            if uses.get(node, 0) > 1:
+                groups.append([node])
+            continue
         layer = _layer(node) if modules else None
         if groups and layer is not None and _layer(groups[-1][-1]) is layer:
             groups[-1].append(node)
@@ -47,33 +60,50 @@ def _lines_for(order: List[Node], modules: bool) -> List[List[Node]]:
     return groups
 
 
-def backprop_lines(output: torch.Tensor, shapes: bool = False, norms: Optional[Dict[Node, float]] = None,
+def _sources(lines: List[int]) -> str:
+    return ", ".join(f"[{k}]" for k in lines)
+
+
+def backprop_lines(output: torch.Tensor, shapes: bool = False, norms: Optional[Dict[Any, float]] = None,
                    modules: bool = True) -> List[str]:
-    """The lines `output.backward(show=True)` prints. `shapes` adds gradient shapes, `norms` gradient norms."""
+    """The lines `output.backward(show=True)` prints. `shapes` adds gradient shapes, `norms` gradient norms.
+
+    A chain prints one line per layer or op. Where a tensor is used more than once (`x * x + x`),
+    its gradients are summed: every line is numbered, a line that receives several gradients says
+    `⊕ sums N gradients from [i], [j], ...` (leaves included: they sum into .grad), and a line whose op
+    sends gradients to several lines says `⑂ sends to [i], [j], ...`.
+    """
     if output.grad_fn is None:
         return ["BackProp:", "↘︎ Input"]
-    order = [n for n in topological_order([output.grad_fn]) if not isinstance(n, AccumulateGrad)]
+    order = topological_order([output.grad_fn])
     groups = _lines_for(order, modules)
     line_of = {node: i for i, group in enumerate(groups) for node in group}
-    senders: Dict[int, set] = {}  # line -> lines whose gradients reach it
-    out_shape: Dict[Node, Any] = {output.grad_fn: tuple(output.shape)}
+    senders: Dict[int, List[int]] = {}  # line -> the lines whose gradients reach it, once per gradient
+    per_output: Dict[Any, int] = {}  # (node, output nr) -> how many gradients reach that output
+    out_shape: Dict[Any, Any] = {output.grad_fn: tuple(output.shape)}
     for node in order:
         for edge in node.edges:
             nxt = edge.node
             out_shape.setdefault(nxt, tuple(edge.shape))
-            if nxt in line_of and line_of[nxt] != line_of[node]:
-                senders.setdefault(line_of[nxt], set()).add(line_of[node])
-    receivers: Dict[int, set] = {}
+            per_output[(nxt, edge.output_nr)] = per_output.get((nxt, edge.output_nr), 0) + 1
+            if nxt in line_of and line_of[nxt] != line_of.get(node):
+                senders.setdefault(line_of[nxt], []).append(line_of[node])
+    summed = {line_of[n] for (n, _), count in per_output.items() if count > 1 and n in line_of}
+    receivers: Dict[int, List[int]] = {}
     for target, sources in senders.items():
         for source in sources:
-            receivers.setdefault(source, set()).add(target)
+            receivers.setdefault(source, []).append(target)
     chain = all(len(s) <= 1 for s in senders.values()) and all(len(r) <= 1 for r in receivers.values())
     lines = ["BackProp:"]
     for i, group in enumerate(groups):
-        first, layer = group[0], _layer(group[0]) if modules else None
-        text = _layer_text(layer, group[-1]) if layer is not None else _op_text(first)
-        if not modules and getattr(first, "module", None) is not None:
-            text += f"  [in {type(first.module).__name__}]"
+        first = group[0]
+        if isinstance(first, AccumulateGrad):
+            text = f"leaf {list(first.variable.shape)} (.grad)"
+        else:
+            layer = _layer(first) if modules else None
+            text = _layer_text(layer, group[-1]) if layer is not None else _op_text(first)
+            if not modules and first.module is not None:
+                text += f"  [in {type(first.module).__name__}]"
         if shapes:
             text += f"  grad {list(out_shape.get(first, ()))}"
         if norms is not None and first in norms:
@@ -82,8 +112,10 @@ def backprop_lines(output: torch.Tensor, shapes: bool = False, norms: Optional[D
             merged = sorted(senders.get(i, ()))
             branches = sorted(receivers.get(i, ()))
             text = f"[{i}] {text}"
-            text += f"  ⊕ sums gradients from {', '.join(f'[{k}]' for k in merged)}" if len(merged) > 1 else ""
-            text += f"  ⑂ sends to {', '.join(f'[{k}]' for k in branches)}" if len(branches) > 1 else ""
+            if len(merged) > 1:  # several gradients: summed, or one per output of a multi-output op (split)
+                text += (f"  ⊕ sums {len(merged)} gradients from {_sources(merged)}" if i in summed
+                         else f"  gathers the gradients of its outputs from {_sources(merged)}")
+            text += f"  ⑂ sends to {_sources(branches)}" if len(branches) > 1 else ""
         lines.append(f"↘︎ {text}")
     lines.append("↘︎ Input")
     return lines
@@ -104,4 +136,8 @@ def show(output: torch.Tensor, shapes: bool = False, norms: bool = False, module
 
         with observing(on_backward=measure):
             output.backward()
+        for node in topological_order([output.grad_fn] if output.grad_fn is not None else []):
+            if isinstance(node, AccumulateGrad) and node.variable.grad is not None:
+                with _guard():
+                    measured[node] = node.variable.grad.detach().double().norm().item()  # what reached .grad
     print("\n".join(backprop_lines(output, shapes, measured, modules)))

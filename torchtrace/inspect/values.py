@@ -1,0 +1,107 @@
+"""The values and gradients the drawings show, kept on the nodes (`node.notes`).
+
+The engine keeps neither the value of an intermediate tensor nor the gradient that reached it, so a
+tool that wants to show them must be there when they exist. Two ways, and neither costs anything to
+a graph nobody looks at:
+
+- `tt.recording()`: every op recorded inside the block notes its value, and gets a gradient hook;
+- `tt.draw(y)` hooks every node of y's graph (the same hook a user's `register_hook` adds).
+
+A hooked node notes the gradient that reaches it in every later backward (a plain `backward()`,
+anywhere), the last one winning. Tensors of at most VALUE_LIMIT elements are kept as copies, larger
+ones as their 2-norm. Leaves need none of this: their value is the leaf and their gradient `.grad`.
+"""
+import contextlib
+import functools
+import weakref
+from typing import Any, Iterator, Optional, Union
+
+import torch
+
+from torchtrace.autograd.node import Node, gradient_for
+from torchtrace.autograd.state import observing
+from torchtrace.inspect.scope import module_scope
+
+_guard = torch._C.DisableTorchFunctionSubclass
+VALUE_LIMIT = 4  # tensors with at most this many elements are shown in full; larger ones by their norm
+Summary = Union[None, torch.Tensor, float]  # a small tensor's values, a large one's 2-norm, or unknown
+
+
+def summary(t: Any, shape: Optional[torch.Size] = None) -> Summary:
+    """A detached copy of a small tensor, the 2-norm of a larger one (summed to `shape` first, as the engine does)."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    with _guard():
+        t = t.detach()
+        if shape is not None and t.shape != shape:
+            t = t.sum_to_size(shape)
+        if t.numel() <= VALUE_LIMIT:
+            return t.as_subclass(torch.Tensor).clone()
+        return t.double().norm().item()
+
+
+def norm_of(value: Summary) -> Optional[float]:
+    if isinstance(value, torch.Tensor):
+        with _guard():
+            return value.double().norm().item()
+    return value
+
+
+def number(value: float) -> str:
+    """Plain notation where it reads well (0.336, -6, 1e-07), four significant digits."""
+    return f"{value:.4g}"
+
+
+def text(value: Summary, what: str) -> str:
+    """`data 2`, `grad [1, -0.5]`, or `|grad| 0.336` for a large tensor; '' when unknown."""
+    if value is None:
+        return ""
+    if isinstance(value, torch.Tensor):
+        items = [number(v) for v in value.double().flatten().tolist()]
+        return f"{what} {items[0] if value.dim() == 0 else '[' + ', '.join(items) + ']'}"
+    return f"|{what}| {number(value)}"
+
+
+def _capture(ref: "weakref.ref[Node]", nr: int, g: Any) -> None:
+    node = ref()
+    if node is not None:
+        node.note(grads={**node.notes.get("grads", {}), nr: summary(g)})
+
+
+def watch(node: Any) -> None:
+    """Hook each output of an op node once, so every later backward notes the gradient that reaches it."""
+    if not isinstance(node, Node) or (node.notes and node.notes.get("watched")):
+        return
+    node.note(watched=True)
+    node.hooks = node.hooks or {}
+    ref = weakref.ref(node)
+    for nr in range(node.n_outputs):
+        node.hooks.setdefault(nr, []).append(functools.partial(_capture, ref, nr))
+
+
+def _on_record(node: Node, args: tuple, kwargs: dict, result: Any) -> None:
+    outputs = result if isinstance(result, (tuple, list)) else (result,)
+    node.note(values={nr: summary(out) for nr, out in enumerate(outputs)})
+    watch(node)
+
+
+def _on_backward(node: Node, grads: Any, result: Any) -> None:
+    """The gradient each input edge received: what the drawing writes on the arrows."""
+    node.note(edge_grads={edge.position: summary(gradient_for(edge, result), edge.shape) for edge in node.edges})
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[None]:
+    """Inside the block, every op notes its module, its value and, in any later backward, its gradient.
+
+        with tt.recording():
+            loss = model(x)
+        loss.backward()        # inside or outside the block
+        tt.draw(loss, model)   # every op shows its value (or |value|) and its gradient
+
+    A backward that runs inside the block also labels each arrow with the gradient that went along
+    it. Plain torch modules (neither tt.nn nor ported) are placed in their modules only for forwards
+    run inside the block.
+    """
+    with module_scope(), observing(on_record=_on_record, on_backward=_on_backward):
+        yield
