@@ -79,6 +79,8 @@ def test_normalisation_ignores_only_what_varies():
         "stdout: took <time> at 0x…"
     assert refresh.normalised_output(out("stream", name="stdout", text="loss 0.1235")) != \
         refresh.normalised_output(out("stream", name="stdout", text="loss 0.1234"))
+    assert refresh.normalised_output(out("stream", name="stdout", text="diff 2.38e-07, 1.5e-05 vs 3.1e-04")) == \
+        "stdout: diff <rounding>, <rounding> vs 3.1e-04"
     svg = '<svg><text x="1">a | data 2.0000</text><text>grad &#45;1.5</text></svg>'
     assert refresh.normalised_output(out("display_data", data={"image/svg+xml": svg, "text/plain": "<Digraph>"})) \
         == "svg: a | data 2.0000 | grad -1.5"

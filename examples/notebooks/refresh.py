@@ -28,6 +28,7 @@ SOLUTIONS = sorted((HERE / "solutions").glob("*.ipynb"))
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 _TIME = re.compile(r"\b\d+(?:\.\d+)?\s?(?:s|ms|µs|us|min)\b")
+_ROUNDING = re.compile(r"-?\d+(?:\.\d+)?e-(?:0?[5-9]|[1-9]\d)\b")  # 1e-5 and below: float rounding, CPU-dependent
 _SVG_TEXT = re.compile(r"<text[^>]*>(.*?)</text>", re.S)
 
 
@@ -58,7 +59,7 @@ def execute(path: Path, smoke: bool, timeout: int = 600) -> nbformat.NotebookNod
 
 def _text(value) -> str:
     text = "".join(value) if isinstance(value, list) else str(value)
-    text = _TIME.sub("<time>", _ADDRESS.sub("0x…", text))
+    text = _ROUNDING.sub("<rounding>", _TIME.sub("<time>", _ADDRESS.sub("0x…", text)))
     return "\n".join(line.rstrip() for line in text.strip().splitlines())
 
 
