@@ -8,7 +8,8 @@ Each notebook is executed twice: full size (what is stored and what a student se
 accuracies after a few steps) get the cell tag `smoke-varies`; tests/test_notebooks.py re-executes every
 notebook in smoke mode and requires every other cell's text output to equal the stored one (`normalised`
 below: stdout, results, the text labels of SVG drawings; timings, memory addresses and stderr — where tqdm
-and warnings go — are ignored). A tagged cell must still produce the same kinds of outputs.
+and warnings go — are ignored, and so are the digits of numbers printed as 1e-5 or smaller: float rounding,
+which another CPU may do differently). A tagged cell must still produce the same kinds of outputs.
 """
 import html
 import os
