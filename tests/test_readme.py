@@ -89,6 +89,17 @@ def test_convention_helpers():
     ]
 
 
+def test_install_commands_name_real_extras_and_the_one_torch_pin():
+    text = README.read_text(encoding="utf-8")
+    setup = (ROOT / "setup.py").read_text(encoding="utf-8")
+    extras = set(re.findall(r'"(\w+)": [A-Z]+', setup[setup.index("extras_require"):]))
+    named = set(re.findall(r'-e "\.\[(\w+)\]"', text)) | set(re.findall(r"`\.\[(\w+)\]`", text))
+    assert {"examples", "test", "notebooks", "bench"} <= named <= extras
+    pins = [line for line in (ROOT / "constraints.txt").read_text().splitlines() if line and not line.startswith("#")]
+    assert pins == ["torch==2.13.0"] and "torch==2.13.0" in text
+    assert "--index-url https://download.pytorch.org/whl/cpu" in text  # the CPU-only wheel, as PyTorch documents
+
+
 def test_readme_has_python_blocks():
     assert len(python_blocks(README.read_text(encoding="utf-8"))) >= 2
 
