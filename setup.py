@@ -3,7 +3,9 @@ from setuptools import find_packages, setup
 
 VIZ = ["graphviz", "matplotlib"]
 EXAMPLES = VIZ + ["tqdm", "scikit-learn", "gymnasium"]
-TEST = EXAMPLES + ["pytest", "hypothesis", "ruff", "nbmake", "nbclient", "ipykernel", "expecttest"]
+NOTEBOOKS = EXAMPLES + ["jupyterlab", "ipykernel"]  # pip install -e ".[notebooks]" && jupyter lab examples/notebooks
+BENCH = ["micrograd"]  # bench/vs_micrograd.py
+TEST = EXAMPLES + ["pytest", "hypothesis", "ruff", "nbclient", "nbformat", "ipykernel", "expecttest"]
 
 setup(
     name="torchtrace",
@@ -14,6 +16,6 @@ setup(
     packages=find_packages(include=["torchtrace", "torchtrace.*"]),
     python_requires=">=3.9",
     install_requires=["torch", "numpy"],  # torch's version is pinned in constraints.txt (pip install -c ...)
-    extras_require={"viz": VIZ, "examples": EXAMPLES, "test": TEST},
+    extras_require={"viz": VIZ, "examples": EXAMPLES, "notebooks": NOTEBOOKS, "bench": BENCH, "test": TEST},
     entry_points={"console_scripts": ["torchtrace=torchtrace.__main__:main"]},
 )

@@ -1,9 +1,11 @@
-"""One training step of the same small MLP in micrograd, torchtrace and torch autograd (pip install micrograd).
+"""One training step of the same small MLP in micrograd, torchtrace and torch autograd.
 
+    pip install -c constraints.txt -e ".[bench]"    # micrograd
     python bench/vs_micrograd.py
 
 micrograd differentiates scalars (one Python object per number); torchtrace and torch differentiate
-tensors. The MLP is micrograd's own (2 -> 16 -> 16 -> 1, ReLU), on 32 points; times are medians.
+tensors. The MLP is micrograd's own (2 -> 16 -> 16 -> 1, ReLU), on 32 points; the three run in turn, round
+after round, and the script prints the median ratio and the range of the middle half of the rounds' ratios.
 """
 import random
 import statistics
@@ -60,17 +62,28 @@ def tensor_step(make: Callable, xs: List[List[float]], ys: List[float]) -> Calla
     return step
 
 
-def main() -> None:
+def main(rounds: int = 7) -> None:
+    """Interleaves the three contenders round by round, so that a burst of load on a shared machine hits all
+    of them; prints the median time per step, the median per-round ratio and the middle half of those ratios."""
     xs = points()
     ys = [1.0 if a * b > 0 else -1.0 for a, b in xs]
-    results = {
-        "micrograd": median_seconds(micrograd_step(xs, ys), 5),
-        "torchtrace": median_seconds(tensor_step(lambda t: tt.as_tracer(t, requires_grad=True), xs, ys), 200),
-        "torch autograd": median_seconds(tensor_step(lambda t: t.requires_grad_(), xs, ys), 200),
+    steps = {
+        "micrograd": (micrograd_step(xs, ys), 1),
+        "torchtrace": (tensor_step(lambda t: tt.as_tracer(t, requires_grad=True), xs, ys), 30),
+        "torch autograd": (tensor_step(lambda t: t.requires_grad_(), xs, ys), 30),
     }
-    base = results["torch autograd"]
-    for name, seconds in results.items():
-        print(f"{name:<15} {seconds * 1e3:9.3f} ms/step   {seconds / base:8.1f}x torch autograd")
+    for step, _ in steps.values():  # warm up
+        step()
+    times: dict = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, (step, repeats) in steps.items():
+            times[name].append(median_seconds(step, repeats))
+    base = times["torch autograd"]
+    for name, seconds in times.items():
+        ratios = sorted(t / b for t, b in zip(seconds, base))
+        low, high = ratios[len(ratios) // 4], ratios[-1 - len(ratios) // 4]
+        print(f"{name:<15} {statistics.median(seconds) * 1e3:9.3f} ms/step   {statistics.median(ratios):8.1f}x torch "
+              f"autograd (middle half of the rounds: {low:.1f}x-{high:.1f}x)")
 
 
 if __name__ == "__main__":

@@ -14,8 +14,14 @@ Solved means: the greedy policy averages a return >= 195 over 100 evaluation epi
 criterion; v1 episodes are cut at 500). Training stops once greedy evaluations look good, or after
 --max-steps environment steps; the best evaluated network is the one scored over 100 episodes.
 
-    python examples/dqn_cartpole.py            # at most 40,000 steps
-    python examples/dqn_cartpole.py --smoke    # 400 steps, a 5-episode evaluation (what CI runs)
+    python examples/dqn_cartpole.py                      # seed 0, at most 40,000 steps
+    python examples/dqn_cartpole.py --seeds 0 1 2 3 4    # several seeds, then their mean and spread
+    python examples/dqn_cartpole.py --smoke              # 400 steps, a 5-episode evaluation (what CI runs)
+
+Every random draw is seeded (torch's generator, the environment, exploration and replay sampling), so a run
+is repeatable on one machine. But DQN amplifies the last bit of a float: a different CPU, thread count or
+torch / gymnasium / numpy build can round one sum differently and end in another policy, and one seed's
+result spreads widely (compare seeds with --seeds). The first line printed names everything that matters.
 """
 import argparse
 import copy
@@ -147,6 +153,24 @@ def train(args: argparse.Namespace) -> Tuple[torch.nn.Module, Dict[str, Any]]:
     return best_net, log
 
 
+def setup_line(args: argparse.Namespace) -> str:
+    """What a run's numbers depend on besides the code: versions, threads, seed."""
+    return (f"torch {torch.__version__}, gymnasium {gym.__version__}, numpy {np.__version__}, "
+            f"{torch.get_num_threads()} thread(s), seed {args.seed}")
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    """Train with args.seed and score the best network over args.final_episodes greedy episodes."""
+    print(setup_line(args))
+    agent, log = train(args)
+    final = evaluate(agent, args.final_episodes, seed=1_000_000)
+    average = float(np.mean(final))
+    print(f"greedy policy over {args.final_episodes} evaluation episodes: average return {average:.1f} "
+          f"({'solved' if average >= 195 else 'not solved'}: >= 195); trained {log['steps']} steps, "
+          f"{len(log['train_returns'])} episodes, {log['seconds']:.0f} s")
+    return {"average_return": average, "eval_returns": final, **log}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-steps", type=int, default=40_000, help="environment steps, at most")
@@ -164,6 +188,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     parser.add_argument("--stop-at", type=float, default=475.0, help="stop when an evaluation averages this")
     parser.add_argument("--final-episodes", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", help="run these seeds one after the other, then summarise")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (small networks run fastest on one)")
     parser.add_argument("--smoke", action="store_true", help="400 steps and short evaluations (for CI)")
@@ -173,14 +198,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                             epsilon_steps=300)
         args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-
-    agent, log = train(args)
-    final = evaluate(agent, args.final_episodes, seed=1_000_000)
-    average = float(np.mean(final))
-    print(f"greedy policy over {args.final_episodes} evaluation episodes: average return {average:.1f} "
-          f"({'solved' if average >= 195 else 'not solved'}: >= 195); trained {log['steps']} steps, "
-          f"{len(log['train_returns'])} episodes, {log['seconds']:.0f} s")
-    return {"average_return": average, "eval_returns": final, **log}
+    if not args.seeds:
+        return run(args)
+    results = [run(argparse.Namespace(**{**vars(args), "seed": seed})) for seed in args.seeds]
+    averages = [r["average_return"] for r in results]
+    print(f"over seeds {args.seeds}: average returns {[round(a, 1) for a in averages]}; mean {np.mean(averages):.1f}, "
+          f"min {min(averages):.1f}, max {max(averages):.1f}; solved (>= 195) for {sum(a >= 195 for a in averages)} "
+          f"of {len(averages)}")
+    return {"seeds": args.seeds, "average_returns": averages, "runs": results}
 
 
 if __name__ == "__main__":

@@ -110,3 +110,14 @@ def test_custom_function_rule_is_checked(capsys):
     assert result["gradcheck"] is True
     assert result["second_derivative_error"] < 1e-5
     assert "LogAddExp()" in capsys.readouterr().out
+
+
+def test_dqn_cartpole_is_repeatable_and_summarises_seeds(capsys):
+    first = load("dqn_cartpole").main(["--smoke", "--max-steps", "250"])
+    result = load("dqn_cartpole").main(["--smoke", "--max-steps", "250", "--seeds", "0", "1"])
+    out = capsys.readouterr().out
+    assert "gymnasium" in out and "thread(s), seed 1" in out  # what a result depends on is printed
+    assert result["runs"][0]["losses"] == first["losses"]  # the same seed gives the same run, bit for bit
+    assert result["runs"][1]["losses"] != first["losses"]
+    assert result["average_returns"] == [run["average_return"] for run in result["runs"]]
+    assert f"mean {sum(result['average_returns']) / 2:.1f}" in out

@@ -1,0 +1,116 @@
+"""Every Python block of the README runs, in a fresh interpreter, and prints exactly what its comments say.
+
+The README's convention, checked here strictly:
+- blocks fenced as ```python run in order, in one namespace, in a fresh `python` process (as a new user's);
+- a statement that prints must carry its output as comments: the comment on its last line is the first printed
+  line, and each following line made only of `# ...` is the next printed line (a blank line ends the output);
+- `...` inside an expected line matches any text (as doctest's ELLIPSIS); use it only for float noise that
+  differs between CPUs;
+- a statement that prints nothing may carry prose comments, but none that claims a value (`# tensor(`,
+  `# tracer(`, `# True`, `# False`, a number): values are shown only where the code prints them.
+"""
+import ast
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tokenize
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+_CLAIM = re.compile(r"^(tensor\(|tracer\(|True$|False$|-?\d)")
+
+
+def python_blocks(text: str) -> List[str]:
+    return _BLOCK.findall(text)
+
+
+def comments_by_line(source: str) -> Dict[int, str]:
+    """1-based line number -> the text of the comment on that line (without '# ')."""
+    found = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            found[token.start[0]] = re.sub(r"^# ?", "", token.string)
+    return found
+
+
+def statements(source: str) -> List[Tuple[ast.stmt, List[str]]]:
+    """Each top-level statement with its comment lines: the one on its last line, then whole-line comments below."""
+    lines = source.splitlines()
+    comments = comments_by_line(source)
+    result = []
+    for node in ast.parse(source).body:
+        expected = [comments[node.end_lineno]] if node.end_lineno in comments else []
+        following = node.end_lineno  # 1-based number of the last line used
+        while following < len(lines) and lines[following].lstrip().startswith("#"):
+            expected.append(comments[following + 1])
+            following += 1
+        result.append((node, expected))
+    return result
+
+
+def matches(expected: str, printed: str) -> bool:
+    pattern = ".*".join(re.escape(part) for part in expected.rstrip().split("..."))
+    return re.fullmatch(pattern, printed.rstrip()) is not None
+
+
+def run_blocks(text: str) -> List[str]:
+    """Executes every block; returns the problems found (empty when the README is true)."""
+    namespace: dict = {"__name__": "__readme__"}
+    problems = []
+    for number, block in enumerate(python_blocks(text), 1):
+        for node, expected in statements(block):
+            out = io.StringIO()
+            with redirect_stdout(out):
+                exec(compile(ast.Module([node], type_ignores=[]), f"README block {number}", "exec"), namespace)
+            printed = out.getvalue().splitlines()
+            where = f"block {number}, line {node.lineno}: {ast.get_source_segment(block, node).splitlines()[0]!r}"
+            if printed:
+                if len(printed) != len(expected) or not all(matches(e, p) for e, p in zip(expected, printed)):
+                    problems.append(f"{where}\n  comments say: {expected}\n  it prints:    {printed}")
+            elif any(_CLAIM.match(comment) for comment in expected):
+                problems.append(f"{where}\n  comments claim a value {expected} but the statement prints nothing")
+    return problems
+
+
+def test_convention_helpers():
+    source = "print(1)  # 1\nx = 2  # prose\nprint(x, x)  # 2 2\nprint('a\\nb')  # a\n# b\n"
+    assert [e for _, e in statements(source)] == [["1"], ["prose"], ["2 2"], ["a", "b"]]
+    assert matches("CheckReport(max = ...)", "CheckReport(max = 1.2e-07)") and not matches("tensor(1.)", "tensor(2.)")
+    assert run_blocks("```python\nprint(1 + 1)  # 2\nx = 3  # 3\nprint(x)  # 4\n```\n") == [
+        "block 1, line 2: 'x = 3'\n  comments claim a value ['3'] but the statement prints nothing",
+        "block 1, line 3: 'print(x)'\n  comments say: ['4']\n  it prints:    ['3']",
+    ]
+
+
+def test_install_commands_name_real_extras_and_the_one_torch_pin():
+    text = README.read_text(encoding="utf-8")
+    setup = (ROOT / "setup.py").read_text(encoding="utf-8")
+    extras = set(re.findall(r'"(\w+)": [A-Z]+', setup[setup.index("extras_require"):]))
+    named = set(re.findall(r'-e "\.\[(\w+)\]"', text)) | set(re.findall(r"`\.\[(\w+)\]`", text))
+    assert {"examples", "test", "notebooks", "bench"} <= named <= extras
+    pins = [line for line in (ROOT / "constraints.txt").read_text().splitlines() if line and not line.startswith("#")]
+    assert pins == ["torch==2.13.0"] and "torch==2.13.0" in text
+    assert "--index-url https://download.pytorch.org/whl/cpu" in text  # the CPU-only wheel, as PyTorch documents
+
+
+def test_readme_has_python_blocks():
+    assert len(python_blocks(README.read_text(encoding="utf-8"))) >= 2
+
+
+def test_every_readme_block_prints_what_its_comments_say():
+    done = subprocess.run([sys.executable, __file__, str(README)], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    problems = json.loads(done.stdout.splitlines()[-1])
+    assert not problems, "\n".join(problems)
+
+
+if __name__ == "__main__":
+    print(json.dumps(run_blocks(Path(sys.argv[1]).read_text(encoding="utf-8"))))
