@@ -20,7 +20,7 @@ from torchtrace.autograd.engine import grad as tt_grad
 from torchtrace.autograd.function import Function
 from torchtrace.autograd.state import STATE, observing
 from torchtrace.errors import UnsupportedOperationError
-from torchtrace.interop.patches import has_tracer
+from torchtrace.interop.detect import has_tracer
 from torchtrace.tracer import tracer as TRACER
 
 _guard = torch._C.DisableTorchFunctionSubclass

@@ -14,23 +14,11 @@ import torch.autograd.function
 import torch.utils.checkpoint
 
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.interop.detect import has_tracer
 from torchtrace.interop.function_bridge import apply_on_tracers
-from torchtrace.tracer import tracer as TRACER
 
 _Function = torch.autograd.function.Function
 _base_setup_context = torch.autograd.function._SingleLevelFunction.setup_context
-
-
-def has_tracer(values: Any, depth: int = 0) -> bool:
-    """A tracer among `values` or inside their lists, tuples and dicts (a few levels deep)."""
-    for v in values:
-        if isinstance(v, TRACER):
-            return True
-        if depth < 3 and isinstance(v, (list, tuple)) and has_tracer(v, depth + 1):
-            return True
-        if depth < 3 and isinstance(v, dict) and has_tracer(v.values(), depth + 1):
-            return True
-    return False
 
 
 def _apply(original: Callable) -> classmethod:

@@ -10,7 +10,7 @@ import torch
 import torch.func
 
 from torchtrace.errors import UnsupportedOperationError
-from torchtrace.interop.patches import has_tracer
+from torchtrace.interop.detect import has_tracer
 
 TRANSFORMS = ("vmap", "grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "linearize",
               "functionalize")
