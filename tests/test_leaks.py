@@ -79,7 +79,7 @@ def test_training_for_1000_steps_does_not_grow_memory():
 
 @pytest.mark.parametrize("keyword", [
     False,
-    pytest.param(True, marks=pytest.mark.xfail(strict=True, reason="core: signature cache")),
+    True,
 ], ids=["positional", "keyword"])
 def test_functions_defined_in_a_loop_are_freed(keyword):
     """1,000 training steps, each defining a tt.Function; a keyword call goes through the dispatcher's signature

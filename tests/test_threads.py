@@ -1,12 +1,9 @@
 """Two threads using torchtrace at once: each gets torch autograd's answer, and no thread sees another's state."""
 import threading
 
-import pytest
 import torch
 
 import torchtrace as tt
-
-CORE_PER_THREAD = pytest.mark.xfail(strict=True, reason="core: per-thread state")
 
 
 def run_threads(*targets):
@@ -67,7 +64,6 @@ def second_derivative_torch(x):
     return h
 
 
-@CORE_PER_THREAD
 def test_create_graph_in_one_thread_while_another_runs_plain_backward():
     """Thread A's create_graph backward is paused (by a hook) while thread B runs a whole plain backward."""
     a_paused, b_inside, a_done = threading.Event(), threading.Event(), threading.Event()
@@ -103,7 +99,6 @@ def test_create_graph_in_one_thread_while_another_runs_plain_backward():
     torch.testing.assert_close(result["h"].as_subclass(torch.Tensor), second_derivative_torch(x0))
 
 
-@CORE_PER_THREAD
 def test_detect_anomaly_in_one_thread_does_not_raise_in_another():
     entered, finished = threading.Event(), threading.Event()
 

@@ -159,11 +159,12 @@ def _note_inplace_forms(func: Callable, rule: type) -> None:
     """x.add_(y), x **= y, torch.relu_(x), F.elu_(x): run `rule` out of place, then write x (as inplace=True does)."""
     owner, _, name = callable_name(func).rpartition(".")
     namespace = _NAMESPACES.get(owner)
-    in_place = f"__i{name[2:]}" if name.startswith("__") else name + "_"  # __pow__ -> __ipow__, add -> add_
-    already_in_place = name.endswith("_") and not name.endswith("__")
-    twin = getattr(namespace, in_place, None) if namespace is not None and not already_in_place else None
-    if twin is not None and twin not in RULES:
-        INPLACE.setdefault(twin, (rule, func))
+    for spelling in {name, getattr(func, "__name__", name)}:  # Tensor.abs is Tensor.__abs__: pair abs_ and __iabs__
+        in_place = f"__i{spelling[2:]}" if spelling.startswith("__") else spelling + "_"
+        already_in_place = spelling.endswith("_") and not spelling.endswith("__")
+        twin = getattr(namespace, in_place, None) if namespace is not None and not already_in_place else None
+        if twin is not None and twin not in RULES:
+            INPLACE.setdefault(twin, (rule, func))
     try:
         names = list(inspect.signature(func).parameters) if inspect.isfunction(func) else []
     except ValueError:  # a Python wrapper around a builtin (Tensor.__pow__)
