@@ -1,4 +1,4 @@
-"""create_graph=True: second derivatives equal torch's for the ops the engine issue names."""
+"""create_graph=True: second derivatives of the core ops (mul, div, pow, exp, tanh, matmul, ...) equal torch's."""
 import pytest
 import torch
 from helpers import double_backward_matches
