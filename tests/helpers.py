@@ -98,3 +98,18 @@ BackProp:
 def float_tolerances(dtype: torch.dtype) -> dict:
     """check_op tolerances: float32 sums of many products round differently from torch's kernels."""
     return {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {}
+
+
+def callables_dispatched(monkeypatch: Any) -> set:
+    """The torch callables whose rule the dispatcher runs from now on (for 'every rule is exercised' tests)."""
+    from torchtrace.autograd import dispatch
+
+    seen: set = set()
+    run_rule = dispatch.run_rule
+
+    def spy(tracer_type: type, rule: type, func: Any, args: tuple, kwargs: dict) -> Any:
+        seen.add(func)
+        return run_rule(tracer_type, rule, func, args, kwargs)
+
+    monkeypatch.setattr(dispatch, "run_rule", spy)
+    return seen

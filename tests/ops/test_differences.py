@@ -3,12 +3,11 @@ import warnings
 
 import pytest
 import torch
-from helpers import check_op, double_backward_matches, float_tolerances, non_contiguous
+from helpers import callables_dispatched, check_op, double_backward_matches, float_tolerances, non_contiguous
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torchtrace as tt
-from torchtrace.autograd import dispatch
 from torchtrace.autograd.function import RULES
 
 T = torch.Tensor
@@ -146,14 +145,7 @@ def test_results_are_linear_in_the_input(op):
 
 
 def test_every_differences_rule_is_exercised(monkeypatch):
-    seen = set()
-    run_rule = dispatch.run_rule
-
-    def spy(tracer_type, rule, func, args, kwargs):
-        seen.add(func)
-        return run_rule(tracer_type, rule, func, args, kwargs)
-
-    monkeypatch.setattr(dispatch, "run_rule", spy)
+    seen = callables_dispatched(monkeypatch)
     for fn, shapes in CASES.values():
         fn(*[tt.tracer(x, requires_grad=True) for x in rand(shapes, torch.float64)])
     registered = {f for f, rule in RULES.items() if rule.__module__ == "torchtrace.ops.differences"}

@@ -4,10 +4,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import check_op, double_backward_matches, float_tolerances, non_contiguous
+from helpers import callables_dispatched, check_op, double_backward_matches, float_tolerances, non_contiguous
 
 import torchtrace as tt
-from torchtrace.autograd import dispatch
 from torchtrace.autograd.function import RULES
 
 T = torch.Tensor
@@ -113,14 +112,7 @@ def test_renorm_in_place_is_recorded():
 
 
 def test_every_distances_rule_is_exercised(monkeypatch):
-    seen = set()
-    run_rule = dispatch.run_rule
-
-    def spy(tracer_type, rule, func, args, kwargs):
-        seen.add(func)
-        return run_rule(tracer_type, rule, func, args, kwargs)
-
-    monkeypatch.setattr(dispatch, "run_rule", spy)
+    seen = callables_dispatched(monkeypatch)
     for fn, shapes in CASES.values():
         fn(*[tt.tracer(x, requires_grad=True) for x in rand(shapes, torch.float64)])
     registered = {f for f, rule in RULES.items() if rule.__module__ == "torchtrace.ops.distances"}

@@ -1,10 +1,9 @@
 """Gradient rules of torchtrace/ops/indexing.py: x[index], x[index] = v, gather/scatter, index_* ops, masks."""
 import pytest
 import torch
-from helpers import check_op, double_backward_matches, float_tolerances
+from helpers import callables_dispatched, check_op, double_backward_matches, float_tolerances
 
 import torchtrace as tt
-from torchtrace.autograd import dispatch
 from torchtrace.autograd.function import INPLACE, RULES
 from torchtrace.ops.indexing import setitem
 
@@ -423,14 +422,7 @@ def test_fill_of_a_leaf_that_requires_grad_is_refused():
 
 
 def test_every_indexing_rule_is_exercised(monkeypatch):
-    seen = set()
-    run_rule = dispatch.run_rule
-
-    def spy(tracer_type, rule, func, args, kwargs):
-        seen.add(func)
-        return run_rule(tracer_type, rule, func, args, kwargs)
-
-    monkeypatch.setattr(dispatch, "run_rule", spy)
+    seen = callables_dispatched(monkeypatch)
     for fn, *shapes in CASES.values():
         fn(*[tt.tracer(torch.randn(s), requires_grad=True) for s in shapes])
     for fn in GETITEM.values():

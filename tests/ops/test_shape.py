@@ -3,10 +3,9 @@ import warnings
 
 import pytest
 import torch
-from helpers import check_op, double_backward_matches, float_tolerances, non_contiguous
+from helpers import callables_dispatched, check_op, double_backward_matches, float_tolerances, non_contiguous
 
 import torchtrace as tt
-from torchtrace.autograd import dispatch
 from torchtrace.autograd.function import RULES
 
 T = torch.Tensor
@@ -306,14 +305,7 @@ def test_node_names_follow_the_rules():
 
 
 def test_every_shape_rule_is_exercised(monkeypatch):
-    seen = set()
-    run_rule = dispatch.run_rule
-
-    def spy(tracer_type, rule, func, args, kwargs):
-        seen.add(func)
-        return run_rule(tracer_type, rule, func, args, kwargs)
-
-    monkeypatch.setattr(dispatch, "run_rule", spy)
+    seen = callables_dispatched(monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         for fn, shapes in CASES.values():

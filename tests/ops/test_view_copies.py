@@ -1,10 +1,9 @@
 """Gradient rules of torchtrace/ops/view_copies.py: the *_copy twins of view ops reuse the views' rules."""
 import pytest
 import torch
-from helpers import check_op, double_backward_matches, float_tolerances
+from helpers import callables_dispatched, check_op, double_backward_matches, float_tolerances
 
 import torchtrace as tt
-from torchtrace.autograd import dispatch
 from torchtrace.autograd.function import RULES
 
 T = torch.Tensor
@@ -71,14 +70,7 @@ def test_as_strided_is_refused_with_a_clear_error(call):
 
 
 def test_every_view_copy_rule_is_exercised(monkeypatch):
-    seen = set()
-    run_rule = dispatch.run_rule
-
-    def spy(tracer_type, rule, func, args, kwargs):
-        seen.add(func)
-        return run_rule(tracer_type, rule, func, args, kwargs)
-
-    monkeypatch.setattr(dispatch, "run_rule", spy)
+    seen = callables_dispatched(monkeypatch)
     for fn, shape in CASES.values():
         fn(tt.tracer(torch.randn(shape), requires_grad=True))
     registered = {f for f, rule in RULES.items() if rule.__module__ == "torchtrace.ops.view_copies"
