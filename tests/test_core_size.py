@@ -5,13 +5,15 @@ keyword normalisation, in-place recording, hooks, create_graph and tt.grad came 
 silent-gradient path (containers of tracers by keyword, `inplace=` flags, plain torch leaves, autocast,
 Function.apply through torch's override protocol, per-thread state, checked backward results and hook
 returns, leaves that own their .grad, post-accumulate hooks, checked .grad assignment) brought it to
-~880. Raising the budget needs a reason; moving code out of the core is the better fix.
+~880. Views that follow in-place changes of their base (and in-place ops on views reaching the base,
+torch's view semantics: autograd/views.py) brought it to ~980.
+Raising the budget needs a reason; moving code out of the core is the better fix.
 """
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "torchtrace"
-BUDGET = 900
+BUDGET = 1000
 
 
 def code_lines(path: pathlib.Path) -> int:

@@ -17,6 +17,7 @@ class TensorProtocols:
     _tt_node: Any
     _tt_requires_grad: bool
     _tt_view: bool
+    _tt_base: Any
 
     @property
     def real(self) -> "TensorProtocols":
@@ -28,12 +29,12 @@ class TensorProtocols:
         return self
 
     @property
-    def _base(self) -> None:
-        """torch's view base; torchtrace does not track bases, so a view refuses instead of answering wrongly."""
-        if self._tt_view:
-            raise UnsupportedOperationError("torch.Tensor._base: torchtrace does not track the base of a view — keep "
-                                            "a reference to the tensor you took the view of")
-        return None
+    def _base(self) -> Optional["TensorProtocols"]:
+        """torch's view base: the tracer this view shares memory with (None for a tensor that is not a view)."""
+        if self._tt_view and self._tt_base is None:
+            raise UnsupportedOperationError("torch.Tensor._base: torchtrace does not know the base of this view — "
+                                            "keep a reference to the tensor you took the view of")
+        return self._tt_base
 
     def backward(
         self,

@@ -61,7 +61,8 @@ class tracer(TensorProtocols, torch.Tensor):
     _tt_hooks: Optional[list] = None  # hooks of a leaf (a non-leaf's hooks live on its node)
     _tt_post_hooks: Optional[list] = None  # post-accumulate-grad hooks of a leaf
     _tt_version = 0
-    _tt_view = False  # the forward result was a view of another tensor (in-place on it is refused)
+    _tt_view = False  # the forward result was a view of another tensor (they share memory)
+    _tt_base: Optional["tracer"] = None  # the tracer a view shares memory with (None: not a view, or not known)
 
     __torch_function__ = classmethod(dispatch.torch_function)
 
@@ -78,6 +79,8 @@ class tracer(TensorProtocols, torch.Tensor):
 
     @property
     def requires_grad(self) -> bool:
+        if self._tt_view:
+            dispatch.catch_up(self, self._tt_type)
         return self._tt_requires_grad
 
     @requires_grad.setter
@@ -99,6 +102,8 @@ class tracer(TensorProtocols, torch.Tensor):
 
     @property
     def grad_fn(self) -> Optional[Node]:
+        if self._tt_view:
+            dispatch.catch_up(self, self._tt_type)
         return self._tt_node
 
     @property

@@ -281,8 +281,11 @@ def test_small_tensor_protocols():
     y = tt.tracer(X, requires_grad=True) * 2
     assert y.real is y
     assert y._base is None
-    with pytest.raises(tt.UnsupportedOperationError, match="torch.Tensor._base: torchtrace does not track"):
-        y[0]._base
+    assert y[0]._base is y and y[0][1:]._base is y  # as torch: the base of a view of a view is the first base
+    lost = y[0]
+    lost._tt_base = None
+    with pytest.raises(tt.UnsupportedOperationError, match="torch.Tensor._base: torchtrace does not know"):
+        lost._base
     with torch.inference_mode():
         frozen = torch.ones(2)
     x = tt.tracer(frozen, requires_grad=True)

@@ -190,3 +190,33 @@ def test_a_buffer_changed_in_place_without_gradient_is_changed_by_every_call():
     compiled = tt.compile(f, (tt.randn(2, requires_grad=True),))
     compiled(tt.randn(2, requires_grad=True))
     assert counter.item() == 2.0 and "add_(1)" in compiled.code
+
+
+@pytest.mark.parametrize("program", ["view_then_base_changed", "view_changed"])
+def test_recorded_in_place_changes_shared_with_a_view_are_refused(program):
+    def f(x):
+        y = x * 1
+        v = y[1:]
+        (y if program == "view_then_base_changed" else v).mul_(x[0])
+        return (v * v).sum()
+
+    with pytest.raises(tt.UnsupportedOperationError, match=r"torch.Tensor.mul_: tt.compile records in-place ops out "
+                                                           r"of place, so a change made through a view"):
+        tt.compile(f, (tt.randn(3, requires_grad=True),))
+
+
+def test_a_view_of_a_buffer_changed_without_gradient_keeps_sharing_its_memory():
+    def f(x):
+        y = torch.zeros_like(x)
+        v = y[:2]
+        y.add_(1)  # not recorded: stays an in-place call on the same memory in the code
+        return (v * x[:2]).sum()
+
+    x = tt.randn(3, requires_grad=True)
+    compiled = tt.compile(f, (x,))
+    compiled(x).backward()
+    got = x.grad.clone()
+    x.grad = None
+    f(x).backward()
+    torch.testing.assert_close(got, x.grad)
+    assert torch.equal(got[:2], torch.ones(2))

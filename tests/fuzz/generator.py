@@ -39,8 +39,6 @@ KNOWN_CORE_BUGS: Dict[str, str] = {
     "alias_self": "issue 8 §1 (new, found by this fuzzer): torch returns the input object itself from x.contiguous() "
                   "(contiguous x), x.flatten() (1-D x), x.float() (float x); torchtrace returns a new tensor, so a "
                   "hook or retain_grad on the result sees different gradients",
-    "inplace_viewed": "issue 8 §1 (new, found by this fuzzer): an in-place op on a tensor does not reach views "
-                      "taken of it before, which keep the old value's gradient (and requires_grad)",
 }
 FEATURES: FrozenSet[str] = frozenset({
     "pointwise", "binary", "reduction", "matmul", "view", "index", "cat", "where", "softmax", "inplace",

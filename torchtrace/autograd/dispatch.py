@@ -9,6 +9,7 @@ import torch
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Context, Function
 from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.state import STATE
+from torchtrace.autograd.views import ViewOfBase, WriteIntoView, base_root, geometry
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
 
@@ -41,7 +42,7 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
         edges, torch_leaf = _grad_edges(tracer_type, rule, args, kwargs) if _grad_enabled() else (None, False)
         if not edges:
             out = func(*call[0], **call[1]) if func is not None else rule.forward(Context(rule), *args, **kwargs)
-            return _as_tracers(out, tracer_type)
+            return _note_bases(_as_tracers(out, tracer_type), args)
         if kwargs and kwargs.get("out") is not None:
             raise UnsupportedOperationError(
                 f"{_name(func, rule)}: out= cannot be recorded (no gradient can flow into a preallocated output) "
@@ -58,6 +59,7 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
                 _set_grad_enabled(True)
         if _any_autocast():
             node.autocast = _autocast_state(edges[0].shape, args)
+        _note_bases(result, args)
     if STATE.on_record:
         for observe in STATE.on_record:
             observe(node, args, kwargs, result)
@@ -148,6 +150,8 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
         *enumerate(args), *((rule.param_index(k), v) for k, v in kwargs.items() if k != "out" and _wants_gradient(v))]
     for position, arg in pairs:
         if isinstance(arg, tracer_type):
+            if arg._tt_view:
+                catch_up(arg, tracer_type)
             if arg._tt_requires_grad:
                 edges.append(_edge(position, arg))
         elif isinstance(arg, torch.Tensor):
@@ -157,6 +161,8 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
         elif isinstance(arg, _containers):
             for j, item in enumerate(arg):
                 if isinstance(item, tracer_type):
+                    if item._tt_view:
+                        catch_up(item, tracer_type)
                     if item._tt_requires_grad:
                         edges.append(_edge((position, j), item))
                 elif isinstance(item, torch.Tensor) and item.requires_grad:
@@ -228,11 +234,47 @@ def _as_tracers(out: Any, tracer_type: type) -> Any:
             return out
         t = out.as_subclass(tracer_type)
         if out._is_view():
-            t._tt_view = True
+            t._tt_view, t._tt_version = True, out._version
         return t
     if isinstance(out, _containers):
         return _rebuild(out, [_as_tracers(o, tracer_type) for o in out])
     return out
+
+
+def _note_bases(out: Any, args: tuple) -> Any:
+    """A view result remembers the tracer argument whose memory it shares: its base (`_tt_base`)."""
+    if isinstance(out, _containers):
+        for item in out:
+            _note_bases(item, args)
+    elif isinstance(out, torch.Tensor) and out._tt_view and out._tt_base is None:
+        with _guard():
+            root = base_root(out)
+            bases = [a._tt_base if a._tt_view else a for a in args if isinstance(a, torch.Tensor) and a is not out
+                     and hasattr(a, "_tt_view") and base_root(a) is root]
+        out._tt_base = bases[0] if bases else None
+    return out
+
+
+def catch_up(view: torch.Tensor, tracer_type: type, always: bool = False) -> None:
+    """If the base of `view` changed in place after the view was taken, the view is now ViewOfBase(base)
+    (`always`: before an op writes into the view, which then reads its value from the base, as torch)."""
+    with _guard():
+        version, base = view._version, view._tt_base
+        if (version == view._tt_version and not always) or not _grad_enabled():
+            return
+        if base is None or base.dtype != view.dtype:
+            if view._tt_requires_grad:
+                raise RuntimeError("A view was changed in place through its base (or another view), and torchtrace "
+                                   "does not know that base tracer, so the view's gradient would be wrong. Take the "
+                                   "view after the in-place op, or use out-of-place ops.")
+            view._tt_version = version
+            return
+        old_node, old_nr = view._tt_node, view._tt_nr
+        fresh = run_rule(tracer_type, ViewOfBase, None, (base, geometry(view, base)), {})
+        view._tt_node, view._tt_nr, view._tt_requires_grad = fresh._tt_node, 0, fresh._tt_requires_grad
+        view._tt_version = version
+    if view._tt_node is not None:
+        _move_retained(old_node, old_nr, view)
 
 
 def _wants_gradient(value: Any) -> bool:
@@ -262,7 +304,7 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
         out = func(*args, **kwargs)
     if recording and func not in NON_DIFFERENTIABLE and _has_floating(out):
         _refuse(func)
-    return _as_tracers(out, tracer_type)
+    return _note_bases(_as_tracers(out, tracer_type), args)
 
 
 def _is_inplace(func: Callable) -> bool:
@@ -315,21 +357,39 @@ def _record_inplace(tracer_type: type, target: Any, name: str, compute: Callable
     if target._tt_requires_grad and target._tt_node is None:
         raise RuntimeError(f"{name}: a leaf tracer that requires grad is used in an in-place operation. Do it "
                            "under tt.no_grad() (as optimizers do), or use the out-of-place form.")
-    if target._tt_view:
-        raise RuntimeError(f"{name} changes a view of another tensor in place, which torchtrace cannot record "
-                           "(the base tensor would not know). Write y[i] = y[i] + v instead of y[i] += v, or use "
-                           "the out-of-place form.")
+    base = _written_base(target, name, tracer_type) if target._tt_view else None
     old_node, old_nr = target._tt_node, target._tt_nr
     with _guard():
         before = target.clone()
         before = link_output(before, old_node, old_nr, tracer_type) if old_node else before.as_subclass(tracer_type)
     result = compute(before)
+    if base is not None:  # the base's new value: its old one with the view's elements replaced by the result
+        with _guard():
+            where = geometry(target, base)
+        base_after = run_rule(tracer_type, WriteIntoView, None, (base, result, where), {})
     with _guard():
         mutate(result)
-        target._tt_node, target._tt_nr, target._tt_requires_grad = result._tt_node, result._tt_nr, True
-        target._tt_version = target._version
-    _move_retained(old_node, old_nr, target)
+        changed, after = (base, base_after) if base is not None else (target, result)
+        previous = changed._tt_node, changed._tt_nr
+        if after._tt_node is not None:
+            changed._tt_node, changed._tt_nr, changed._tt_requires_grad = after._tt_node, after._tt_nr, True
+        changed._tt_version = changed._version
+    _move_retained(*previous, changed)
     return target
+
+
+def _written_base(view: torch.Tensor, name: str, tracer_type: type) -> torch.Tensor:
+    """The base tracer an in-place op on `view` writes into (the view itself follows it at its next use)."""
+    base = view._tt_base
+    if base is None:
+        raise RuntimeError(f"{name} changes a view in place, but torchtrace does not know the tensor it is a view "
+                           "of, so that tensor's gradient would be wrong. Write y[i] = y[i] + v instead of y[i] += v, "
+                           "or use the out-of-place form.")
+    if base._tt_requires_grad and base._tt_node is None:
+        raise RuntimeError(f"{name}: a view of a leaf tracer that requires grad is used in an in-place operation. "
+                           "Do it under tt.no_grad() (as optimizers do), or use the out-of-place form.")
+    catch_up(view, tracer_type, always=True)
+    return base
 
 
 def _move_retained(old_node: Optional[Node], nr: int, target: torch.Tensor) -> None:

@@ -279,6 +279,11 @@ class UserCalls(TorchFunctionMode):
         self.program, self.module_path = program, module_path
         self.recorded = 0
         self.calling: Tuple[Any, dict] = (None, {})
+        self.viewed: set = set()  # ids of tensors a view was taken of
+
+    def shares_memory(self, t: torch.Tensor) -> bool:
+        """Is t a view, or was a view taken of it?"""
+        return getattr(t, "_tt_view", False) or id(t) in self.viewed
 
     def on_node(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
         """A Node was recorded: run its rule again on plain tensors, writing down the calls it makes."""
@@ -348,6 +353,9 @@ class UserCalls(TorchFunctionMode):
         outside = target is not None and self.program.is_external(target)
         where = user_line() if func in DATA_READS else ""
         out = func(*args, **kwargs)
+        for t in tensors_in(out):
+            if getattr(t, "_tt_view", False):
+                self.viewed.add(id(t._tt_base))
         owner = getattr(func, "__self__", None)
         if self.recorded == before and isinstance(owner, type) and issubclass(owner, Function):
             self.rerun(owner, Context(owner), args, kwargs, out, owner.__name__)  # Function.apply that recorded nothing
@@ -365,6 +373,11 @@ class UserCalls(TorchFunctionMode):
             raise UnsupportedOperationError(
                 f"{callable_name(func)}: tt.compile cannot change an input of the compiled function in place (the "
                 "caller's tensor would keep its old value) — use the out-of-place form, or do it before the call")
+        if (calling in INPLACE or options.get("inplace")) and target is not None and self.shares_memory(target):
+            raise UnsupportedOperationError(
+                f"{callable_name(func)}: tt.compile records in-place ops out of place, so a change made through a "
+                "view, or to a tensor a view was taken of, would not reach the other — use the out-of-place form "
+                "(e.g. y = y * 2 before taking views), or run this function eagerly")
         for t in tensors_in(out) + tensors_in(args):  # an in-place call: the tensor now holds the node's output
             node = getattr(t, "_tt_node", None)
             name = self.program.node_names.get((id(node), t._tt_nr)) if node is not None else None

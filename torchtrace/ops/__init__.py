@@ -3,6 +3,7 @@ from torchtrace.ops import (  # noqa: F401
     arithmetic,
     aten_forms,
     construction,
+    copy_into,
     differences,
     distances,
     identities,

@@ -1,0 +1,162 @@
+"""Views share memory with their base: in-place changes through either reach the other's gradient (as torch).
+
+Every case runs under torch autograd and on tracers (tt.check) and against finite differences (tt.gradcheck).
+"""
+import pytest
+import torch
+
+import torchtrace as tt
+from tests.helpers import check_op, double_backward_matches
+
+
+def base_changed_after_view(w):
+    y = torch.ones_like(w)
+    v = y[1:]
+    y.mul_(w)  # y now requires grad; v, taken before, must follow
+    return (v * v).sum() + y.sum()
+
+
+def nonleaf_base_changed(w):
+    y = w * 1
+    v = y[1:]
+    y.mul_(w)
+    return (v * v).sum()
+
+
+def transposed_view(w):
+    y = w.reshape(3, 4) * 2
+    v = y.t()
+    y.add_(y.detach() * 0 + w.reshape(3, 4).exp())
+    return (v * torch.arange(3.0, dtype=w.dtype)).sum()
+
+
+def view_of_view(w):
+    y = w * 1
+    v = y[1:][::2]
+    y.sin_()
+    return (v ** 3).sum()
+
+
+def expanded_view(w):
+    y = w[:3] * 1
+    v = y.expand(2, 3)
+    y.mul_(w[3:6])
+    return (v * torch.tensor([[1.0], [2.0]], dtype=w.dtype)).sum()
+
+
+def inplace_on_view(w):
+    y = w * 1
+    y[1:].mul_(3)
+    return (y * y).sum()
+
+
+def augmented_assignment_on_index(w):
+    y = w * 1
+    y[0] += w[1] * w[2]
+    return (y * y).sum()
+
+
+def view_changed_then_used(w):
+    y = w * 1
+    v = y[:2]
+    v.exp_()
+    return (v * y[:2]).sum() + y.sum()
+
+
+def diagonal_written(w):
+    y = w[:9].reshape(3, 3) * 1
+    y.diagonal().mul_(w[9:12])
+    return (y * y).sum()
+
+
+def overlapping_views(w):
+    y = w * 1
+    a, b = y[:4], y[2:]
+    a.mul_(2)
+    return (b * b).sum() + a.sum()
+
+
+def buffer_written_through_view(w):
+    buf = torch.zeros_like(w)
+    buf[:4].add_(w[:4] ** 2)
+    return (buf * torch.arange(12.0, dtype=w.dtype)).sum()
+
+
+def copied_into_view(w):
+    buf = torch.zeros_like(w).reshape(3, 4)
+    buf[1].copy_(w[:4].tanh())
+    buf[:, 0].copy_(w[4])  # broadcast source
+    return (buf * buf).sum()
+
+
+def transposed_view_written(w):
+    y = w.reshape(3, 4) * 1
+    y.t()[1:3].add_(w[:6].reshape(2, 3))
+    return (y ** 2).sum()
+
+
+CASES = [base_changed_after_view, nonleaf_base_changed, transposed_view, view_of_view, expanded_view,
+         inplace_on_view, augmented_assignment_on_index, view_changed_then_used, diagonal_written, overlapping_views,
+         buffer_written_through_view, copied_into_view, transposed_view_written]
+
+
+@pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__)
+def test_gradients_follow_memory_shared_by_views(fn):
+    check_op(fn, torch.rand(12) + 0.5)
+
+
+@pytest.mark.parametrize("fn", [nonleaf_base_changed, inplace_on_view, diagonal_written, transposed_view_written],
+                         ids=lambda f: f.__name__)
+def test_second_derivatives_follow_views(fn):
+    double_backward_matches(fn, torch.rand(12, dtype=torch.float64) + 0.5)
+
+
+def test_a_view_follows_its_base_in_requires_grad_and_grad_fn():
+    w = tt.tracer(torch.rand(3), requires_grad=True)
+    y = tt.ones(3)
+    v = y[1:]
+    assert not v.requires_grad
+    y.mul_(w)
+    assert v.requires_grad and v.grad_fn is not None
+    assert v._base is y
+
+
+def test_a_view_of_a_leaf_that_requires_grad_refuses_in_place():
+    w = tt.tracer(torch.rand(3), requires_grad=True)
+    with pytest.raises(RuntimeError, match="a view of a leaf tracer that requires grad is used in an in-place"):
+        w[1:].mul_(2)
+
+
+def test_a_view_whose_base_is_unknown_refuses_after_its_memory_changed():
+    y = tt.tracer(torch.rand(4), requires_grad=True) * 1
+    v = y[1:]
+    v._tt_base = None  # as for a view torchtrace could not trace to a tracer argument
+    with pytest.raises(RuntimeError, match="does not know the tensor it is a view of"):
+        v.mul_(2)
+
+
+def test_copy_into_a_tensor_sends_the_gradient_to_the_source_only():
+    w = tt.tracer(torch.rand(2, 1), requires_grad=True)
+    x = tt.tracer(torch.rand(2, 3), requires_grad=True)
+    y = x * 1
+    y.copy_(w)  # broadcast
+    (y * 3).sum().backward()
+    torch.testing.assert_close(w.grad.as_subclass(torch.Tensor), torch.full((2, 1), 9.0))
+    assert x.grad is None
+
+
+def test_views_from_one_multi_output_call_follow_their_base():
+    """torch refuses this program (unbind's views and an in-place op); torchtrace follows it: compare with the
+    same program written with single views."""
+    def rows_then_mul(w, split):
+        y = w.reshape(3, 4) * 1
+        rows = y.unbind(0) if split else (y[0], y[1], y[2])
+        y.mul_(w.reshape(3, 4))
+        return rows[0].sum() + (rows[2] ** 2).sum()
+
+    w = torch.rand(12, dtype=torch.float64)
+    ours = tt.tracer(w, requires_grad=True)
+    rows_then_mul(ours, split=True).backward()
+    theirs = w.clone().requires_grad_(True)
+    rows_then_mul(theirs, split=False).backward()
+    torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)

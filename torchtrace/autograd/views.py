@@ -1,0 +1,75 @@
+"""Views and their base share memory, so an in-place op on one changes the other (torch's view semantics).
+
+A view remembers its base tracer (`_tt_base`). When the base changes in place after the view was taken,
+the view's value is now `ViewOfBase(base)`; when an op writes into a view in place, the base's new value
+is `WriteIntoView(base, result)`. Both rules locate the view's elements inside the base by their storage
+positions (offset + index . stride), so any view (slices, transposes, diagonals, expands) is handled.
+"""
+from typing import Any, Tuple
+
+import torch
+
+from torchtrace.autograd.function import Function
+
+Geometry = Tuple[Tuple[int, ...], Tuple[int, ...], int]  # size, stride, storage offset relative to the base's
+
+
+def geometry(view: torch.Tensor, base: torch.Tensor) -> Geometry:
+    """Where the view sits in its base's memory (read from plain tensors)."""
+    return tuple(view.size()), tuple(view.stride()), view.storage_offset() - base.storage_offset()
+
+
+def _extent(size: Tuple[int, ...], stride: Tuple[int, ...], offset: int) -> int:
+    return offset + 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else offset
+
+
+def _positions(base: torch.Tensor, where: Geometry) -> Tuple[int, torch.Tensor, torch.Tensor]:
+    """(span, storage position of each view element, storage position of each base element)."""
+    size, stride, offset = where
+    span = max(_extent(size, stride, offset), _extent(base.shape, base.stride(), 0))
+    memory = torch.arange(span, device=base.device)
+    return span, memory.as_strided(size, stride, offset), memory.as_strided(base.shape, base.stride(), 0)
+
+
+class ViewOfBase(Function):
+    """v = view of base (after base changed in place)  ->  dbase = g added at the view's positions in base"""
+
+    @staticmethod
+    def forward(ctx, base, where):
+        ctx.span, ctx.view_at, ctx.base_at = _positions(base, where)
+        size, stride, offset = where
+        return base.as_strided(size, stride, base.storage_offset() + offset)
+
+    @staticmethod
+    def backward(ctx, g):
+        memory = g.new_zeros(ctx.span).index_add(0, ctx.view_at.reshape(-1), g.reshape(-1))
+        return memory[ctx.base_at], None
+
+
+class WriteIntoView(Function):
+    """base' = base with its view replaced by r  ->  dbase = g outside the view, dr = g at the view"""
+
+    @staticmethod
+    def forward(ctx, base, written, where):
+        ctx.span, ctx.view_at, ctx.base_at = _positions(base, where)
+        covered = torch.zeros(ctx.span, dtype=torch.bool, device=base.device)
+        covered[ctx.view_at.reshape(-1)] = True
+        ctx.covered = covered[ctx.base_at]
+        size, stride, offset = where
+        out = base.clone()
+        out.as_strided(size, stride, out.storage_offset() + offset).copy_(written)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        need_base, need_written = ctx.needs_input_grad[:2]
+        written = None
+        if need_written:  # g laid out in the base's memory, then read at the view's positions
+            written = g.new_zeros(ctx.span).index_add(0, ctx.base_at.reshape(-1), g.reshape(-1))[ctx.view_at]
+        return (g.masked_fill(ctx.covered, 0) if need_base else None), written, None
+
+
+def base_root(t: Any) -> Any:
+    """The plain tensor that owns t's memory as torch sees it (tracers are aliases of their raw result)."""
+    root = torch._C.TensorBase._base.__get__(t)
+    return t if root is None else root

@@ -1,0 +1,25 @@
+"""x.copy_(src): x's old value is overwritten by src (broadcast to x's shape, cast to x's dtype)."""
+import torch
+
+from torchtrace.autograd.function import INPLACE, Function
+
+
+def copied(x: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """Out-of-place `x.copy_(src)`: src broadcast to x's shape, in x's dtype and on x's device."""
+    return src.to(dtype=x.dtype, device=x.device, non_blocking=non_blocking).expand(x.shape).clone()
+
+
+class CopyInto(Function):
+    """y = src (broadcast to x, cast to x's dtype)  ->  dx = 0 (overwritten), dsrc = g summed to src's shape"""
+
+    @staticmethod
+    def forward(ctx, x, src, non_blocking=False):
+        ctx.src_device = src.device
+        return copied(x, src, non_blocking)
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, g.to(ctx.src_device), None
+
+
+INPLACE[torch.Tensor.copy_] = (CopyInto, copied)
