@@ -1,7 +1,6 @@
 """Every torch call on a tracer lands here: look up the rule, run forward on plain tensors, link a Node."""
 import inspect
 import itertools
-import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -42,7 +41,7 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
         edges, torch_leaf = _grad_edges(tracer_type, rule, args, kwargs) if _grad_enabled() else (None, False)
         if not edges:
             out = func(*call[0], **call[1]) if func is not None else rule.forward(Context(rule), *args, **kwargs)
-            return _note_bases(_as_tracers(out, tracer_type), args)
+            return _as_tracers(out, tracer_type, args)
         if kwargs and kwargs.get("out") is not None:
             raise UnsupportedOperationError(
                 f"{_name(func, rule)}: out= cannot be recorded (no gradient can flow into a preallocated output) "
@@ -53,13 +52,12 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
         if torch_leaf:  # torch's autograd must not record the plain tensors that require grad
             _set_grad_enabled(False)
         try:
-            result = _link_outputs(rule.forward(ctx, *args, **kwargs), node, tracer_type)
+            result = _link_outputs(rule.forward(ctx, *args, **kwargs), node, tracer_type, args)
         finally:
             if torch_leaf:
                 _set_grad_enabled(True)
         if _any_autocast():
             node.autocast = _autocast_state(edges[0].shape, args)
-        _note_bases(result, args)
     if STATE.on_record:
         for observe in STATE.on_record:
             observe(node, args, kwargs, result)
@@ -209,25 +207,38 @@ def _rebuild(sequence: Any, items: list) -> Any:
     return kind(*items) if hasattr(kind, "_fields") else kind(items)
 
 
-def _link_outputs(out: Any, node: Node, tracer_type: type) -> Any:
+def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     saved = node.ctx._saved
     if isinstance(out, torch.Tensor):
         if saved:
-            node.raw_outputs = (weakref.ref(out),)  # to re-link saved outputs for create_graph
-        return link_output(out, node, 0, tracer_type)
+            _note_saved_outputs(node, saved, (out,))
+        t = link_output(out, node, 0, tracer_type)
+        if t._tt_view:
+            _remember_base(t, args)
+        return t
     if not isinstance(out, _containers) or not any(isinstance(o, torch.Tensor) for o in out):
         return out  # not a tensor result (e.g. x.type() returns a string): nothing to record
     outputs = tuple(out)
     node.n_outputs = len(outputs)
     node.output_meta = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outputs]
     if saved:
-        node.raw_outputs = tuple(weakref.ref(o) if isinstance(o, torch.Tensor) else None for o in outputs)
+        _note_saved_outputs(node, saved, outputs)
     linked = [link_output(o, node, nr, tracer_type) if isinstance(o, torch.Tensor) else o
               for nr, o in enumerate(outputs)]
+    for t in linked:
+        if isinstance(t, torch.Tensor) and t._tt_view:
+            _remember_base(t, args)
     return _rebuild(out, linked)
 
 
-def _as_tracers(out: Any, tracer_type: type) -> Any:
+def _note_saved_outputs(node: Node, saved: tuple, outputs: tuple) -> None:
+    """Which saved tensors are this node's own outputs: create_graph re-links them to the node."""
+    found = tuple((i, nr) for i, s in enumerate(saved) for nr, o in enumerate(outputs) if s is o and s is not None)
+    if found:
+        node.saved_outputs = found
+
+
+def _as_tracers(out: Any, tracer_type: type, args: tuple) -> Any:
     """Results of ops that record nothing are still tracers (as torch's subclass convention)."""
     if isinstance(out, torch.Tensor):
         if isinstance(out, tracer_type):
@@ -235,24 +246,20 @@ def _as_tracers(out: Any, tracer_type: type) -> Any:
         t = out.as_subclass(tracer_type)
         if out._is_view():
             t._tt_view, t._tt_version = True, out._version
+            _remember_base(t, args)
         return t
     if isinstance(out, _containers):
-        return _rebuild(out, [_as_tracers(o, tracer_type) for o in out])
+        return _rebuild(out, [_as_tracers(o, tracer_type, args) for o in out])
     return out
 
 
-def _note_bases(out: Any, args: tuple) -> Any:
+def _remember_base(view: torch.Tensor, args: tuple) -> None:
     """A view result remembers the tracer argument whose memory it shares: its base (`_tt_base`)."""
-    if isinstance(out, _containers):
-        for item in out:
-            _note_bases(item, args)
-    elif isinstance(out, torch.Tensor) and out._tt_view and out._tt_base is None:
-        with _guard():
-            root = base_root(out)
-            bases = [a._tt_base if a._tt_view else a for a in args if isinstance(a, torch.Tensor) and a is not out
-                     and hasattr(a, "_tt_view") and base_root(a) is root]
-        out._tt_base = bases[0] if bases else None
-    return out
+    with _guard():
+        root = base_root(view)
+        bases = [a._tt_base if a._tt_view else a for a in args
+                 if isinstance(a, torch.Tensor) and hasattr(a, "_tt_view") and base_root(a) is root]
+    view._tt_base = bases[0] if bases else None
 
 
 def catch_up(view: torch.Tensor, tracer_type: type, always: bool = False) -> None:
@@ -304,7 +311,7 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
         out = func(*args, **kwargs)
     if recording and func not in NON_DIFFERENTIABLE and _has_floating(out):
         _refuse(func)
-    return _note_bases(_as_tracers(out, tracer_type), args)
+    return _as_tracers(out, tracer_type, args)
 
 
 def _is_inplace(func: Callable) -> bool:

@@ -183,12 +183,12 @@ def _call_backward(node: Node, grads: List[Any], create_graph: bool, tracer_type
     """rule.backward(ctx, *grads), under the autocast state of forward and, with create_graph, with saved
     outputs re-linked to this node (so their second derivative flows back through it)."""
     ctx = node.ctx
-    relink = create_graph and node.raw_outputs
+    relink = create_graph and node.saved_outputs
     if relink:
-        outputs = {id(raw): link_output(raw, node, nr, tracer_type)
-                   for nr, raw in enumerate(ref() if ref is not None else None for ref in node.raw_outputs)
-                   if raw is not None}
-        ctx.use_graph_saved(tuple(outputs.get(id(s), s) if s is not None else s for s in ctx._saved))
+        saved = list(ctx._saved)
+        for i, nr in node.saved_outputs:
+            saved[i] = link_output(saved[i], node, nr, tracer_type)
+        ctx.use_graph_saved(tuple(saved))
     try:
         with torch.autocast(*node.autocast) if node.autocast else contextlib.nullcontext():
             result = node.rule.backward(ctx, *grads)

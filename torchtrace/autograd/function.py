@@ -35,7 +35,7 @@ class Context:
     def save_for_backward(self, *tensors: Any) -> None:
         """Keep tensors for backward; an in-place change of one of them before backward is an error."""
         self._saved = tensors
-        self._versions = [t._version if isinstance(t, torch.Tensor) else None for t in tensors]
+        self._versions = [getattr(t, "_version", None) for t in tensors]
 
     @property
     def saved_tensors(self) -> Tuple[Any, ...]:
@@ -74,7 +74,7 @@ class Context:
         """One flag per positional parameter of forward: does that argument need a gradient?"""
         needs = self._needs
         if needs is None:
-            key = tuple(edge[0] for edge in self._edges)
+            key = tuple([edge[0] for edge in self._edges])
             needs = self._needs = _NEEDS.get(key) or _needs_flags(key)
         return needs
 

@@ -31,7 +31,7 @@ class Node:
 
     n_outputs = 1
     output_meta: Optional[List[Any]] = None  # (shape, dtype, device) per output of a multi-output op; None: no tensor
-    raw_outputs: Tuple[Any, ...] = ()  # weak refs to forward's plain results, to re-link saved outputs (create_graph)
+    saved_outputs: Tuple[Tuple[int, int], ...] = ()  # (saved index, output nr): saved outputs create_graph re-links
     hooks: Optional[dict] = None  # output nr -> [hook(grad)] registered on a non-leaf tracer
     retained: Optional[dict] = None  # output nr -> weak ref to the tracer that called retain_grad()
     autocast: Optional[Tuple[str, torch.dtype]] = None  # recorded under torch.autocast(device type, dtype)
