@@ -36,13 +36,10 @@ KNOWN_CORE_BUGS: Dict[str, str] = {
                    "saved its output (div, prod) fires again in the second backward: x.div(y) with a *3 hook gives "
                    "a second derivative 3x torch's",
     "atan2_zero": "issue 8 §1 item 10: atan2 at (0, 0) gives a NaN gradient (torch: 0)",
-    "alias_self": "issue 8 §1 (new, found by this fuzzer): torch returns the input object itself from x.contiguous() "
-                  "(contiguous x), x.flatten() (1-D x), x.float() (float x); torchtrace returns a new tensor, so a "
-                  "hook or retain_grad on the result sees different gradients",
 }
 FEATURES: FrozenSet[str] = frozenset({
     "pointwise", "binary", "reduction", "matmul", "view", "index", "cat", "where", "softmax", "inplace",
-    "inplace_view", "hook", "retain_grad", "double", "edges",
+    "inplace_view", "inplace_viewed", "alias_self", "hook", "retain_grad", "double", "edges",
 }) | frozenset(KNOWN_CORE_BUGS)
 CI_FEATURES: FrozenSet[str] = FEATURES - frozenset(KNOWN_CORE_BUGS)
 

@@ -255,13 +255,26 @@ def test_cat_gives_an_empty_one_dimensional_input_an_empty_gradient():
     assert empty.grad.shape == (0,) and torch.equal(x.grad, torch.ones(2, 3))
 
 
-def test_results_of_ops_that_return_their_input_are_new_nodes():
+def test_ops_that_return_their_input_hand_back_the_same_tracer_as_torch():
     x = tt.tracer(torch.randn(3, 4), requires_grad=True)
-    for y in (x.contiguous(), x.to(torch.float32), x.float(), x.cpu(), x.sum_to_size(3, 4), x.type_as(x)):
-        assert x.is_leaf and x.grad_fn is None
-        assert not y.is_leaf and y.grad_fn is not None
-        (y * 2).sum().backward()
+    theirs = torch.randn(3, 4, requires_grad=True)
+    for ours, plain in zip(
+            (x.contiguous(), x.to(torch.float32), x.float(), x.cpu(), x.sum_to_size(3, 4), x.type_as(x)),
+            (theirs.contiguous(), theirs.to(torch.float32), theirs.float(), theirs.cpu(), theirs.sum_to_size(3, 4),
+             theirs.type_as(theirs))):
+        assert (ours is x) == (plain is theirs) and x.is_leaf
+        (ours * 2).sum().backward()
     assert torch.equal(x.grad, torch.full((3, 4), 12.0))
+
+
+def test_a_hook_on_a_returned_input_is_a_hook_on_the_input():
+    def program(x):
+        y = x * 1
+        z = y.contiguous()
+        z.register_hook(lambda g: g * 3)
+        return (y + z).sum()
+
+    check_op(program, torch.rand(3), gradcheck=False)  # a hook is no function of the values: torch is the reference
 
 
 def test_capitalised_view_alias_is_recorded_as_view():

@@ -52,7 +52,10 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
         if torch_leaf:  # torch's autograd must not record the plain tensors that require grad
             _set_grad_enabled(False)
         try:
-            result = _link_outputs(rule.forward(ctx, *args, **kwargs), node, tracer_type, args)
+            out = rule.forward(ctx, *args, **kwargs)
+            if args and out is args[0] and isinstance(out, tracer_type):
+                return out  # torch hands back the input itself (x.contiguous() of a contiguous x): no new node
+            result = _link_outputs(out, node, tracer_type, args)
         finally:
             if torch_leaf:
                 _set_grad_enabled(True)
