@@ -113,3 +113,39 @@ def callables_dispatched(monkeypatch: Any) -> set:
 
     monkeypatch.setattr(dispatch, "run_rule", spy)
     return seen
+
+
+# ---- tables of cases, {name: (fn, [shape of each input])}, as the tests of ops/construction, distances, ... use ----
+
+def rand(shapes: Any, dtype: torch.dtype) -> list:
+    """One standard-normal tensor per shape."""
+    return [torch.randn(s, dtype=dtype) for s in shapes]
+
+
+def check_case(fn: Callable, shapes: Any, dtype: torch.dtype) -> None:
+    """check_op on random inputs of these shapes in `dtype` (float32 with float32's tolerances)."""
+    check_op(fn, *rand(shapes, dtype), **float_tolerances(dtype))
+
+
+def check_case_non_contiguous(fn: Callable, shapes: Any) -> None:
+    """check_op in float64 with the first input laid out non-contiguously."""
+    inputs = rand(shapes, torch.float64)
+    inputs[0] = non_contiguous(inputs[0])
+    assert not inputs[0].is_contiguous()
+    check_op(fn, *inputs)
+
+
+def run_cases_on_tracers(cases: dict) -> None:
+    """Call every case once on float64 leaf tracers (to see which rules they reach)."""
+    for fn, shapes in cases.values():
+        fn(*[tt.tracer(x, requires_grad=True) for x in rand(shapes, torch.float64)])
+
+
+def assert_every_rule_exercised(seen: set, module: str, exempt: Any = ()) -> None:
+    """Every torch callable that a rule of `module` is registered for is in `seen` (see callables_dispatched),
+    except those in `exempt` (callables, or rule classes for all of theirs)."""
+    from torchtrace.autograd.function import RULES
+
+    registered = {f for f, rule in RULES.items() if rule.__module__ == module}
+    missing = {f for f in registered - seen if f not in exempt and RULES[f] not in exempt}
+    assert registered and not missing, f"no test case calls {sorted(map(str, missing))}"

@@ -3,10 +3,18 @@ import warnings
 
 import pytest
 import torch
-from helpers import callables_dispatched, check_op, double_backward_matches, float_tolerances, non_contiguous
+from helpers import (
+    assert_every_rule_exercised,
+    callables_dispatched,
+    check_case,
+    check_op,
+    double_backward_matches,
+    non_contiguous,
+    rand,
+    run_cases_on_tracers,
+)
 
 import torchtrace as tt
-from torchtrace.autograd.function import RULES
 
 T = torch.Tensor
 DTYPES = [torch.float64, torch.float32]
@@ -158,17 +166,12 @@ CASES = {
 NEEDS_CONTIGUOUS = {"Tensor.view varargs", "Tensor.view tuple -1", "Tensor.view_as"}
 
 
-def rand(shapes, dtype):
-    return [torch.randn(s, dtype=dtype) for s in shapes]
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(CASES))
 def test_rule_matches_torch(name, dtype):
-    fn, shapes = CASES[name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # x.T on a 0-d tensor is deprecated in torch
-        check_op(fn, *rand(shapes, dtype), **float_tolerances(dtype))
+        check_case(*CASES[name], dtype)
 
 
 def reversed_layout(x):
@@ -308,13 +311,10 @@ def test_every_shape_rule_is_exercised(monkeypatch):
     seen = callables_dispatched(monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        for fn, shapes in CASES.values():
-            fn(*[tt.tracer(x, requires_grad=True) for x in rand(shapes, torch.float64)])
+        run_cases_on_tracers(CASES)
         for fn in CASTS.values():
             fn(tt.tracer(torch.randn(2), requires_grad=True))
-    registered = {f for f, rule in RULES.items() if rule.__module__ == "torchtrace.ops.shape"}
-    missing = registered - seen - {T.cuda}  # T.cuda needs a GPU: test_cuda_round_trip
-    assert not missing, f"no test case calls {sorted(map(str, missing))}"
+    assert_every_rule_exercised(seen, "torchtrace.ops.shape", exempt={T.cuda})  # needs a GPU: test_cuda_round_trip
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
