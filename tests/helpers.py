@@ -122,30 +122,29 @@ def rand(shapes: Any, dtype: torch.dtype) -> list:
     return [torch.randn(s, dtype=dtype) for s in shapes]
 
 
-def check_case(fn: Callable, shapes: Any, dtype: torch.dtype) -> None:
-    """check_op on random inputs of these shapes in `dtype` (float32 with float32's tolerances)."""
-    check_op(fn, *rand(shapes, dtype), **float_tolerances(dtype))
+def check_case(fn: Callable, shapes: Any, dtype: torch.dtype = torch.float64, contiguous: bool = True) -> None:
+    """check_op on random inputs of these shapes in `dtype` (float32 with float32's tolerances); the first input
+    laid out non-contiguously with contiguous=False."""
+    inputs = rand(shapes, dtype)
+    if not contiguous:
+        inputs[0] = non_contiguous(inputs[0])
+        assert not inputs[0].is_contiguous()
+    check_op(fn, *inputs, **float_tolerances(dtype))
 
 
-def check_case_non_contiguous(fn: Callable, shapes: Any) -> None:
-    """check_op in float64 with the first input laid out non-contiguously."""
-    inputs = rand(shapes, torch.float64)
-    inputs[0] = non_contiguous(inputs[0])
-    assert not inputs[0].is_contiguous()
-    check_op(fn, *inputs)
+def check_case_double_backward(fn: Callable, shapes: Any) -> None:
+    """double_backward_matches on random float64 inputs of these shapes."""
+    double_backward_matches(fn, *rand(shapes, torch.float64))
 
 
-def run_cases_on_tracers(cases: dict) -> None:
-    """Call every case once on float64 leaf tracers (to see which rules they reach)."""
-    for fn, shapes in cases.values():
-        fn(*[tt.tracer(x, requires_grad=True) for x in rand(shapes, torch.float64)])
-
-
-def assert_every_rule_exercised(seen: set, module: str, exempt: Any = ()) -> None:
-    """Every torch callable that a rule of `module` is registered for is in `seen` (see callables_dispatched),
-    except those in `exempt` (callables, or rule classes for all of theirs)."""
+def assert_every_rule_exercised(seen: set, module: str, cases: Any = None, exempt: Any = ()) -> None:
+    """Every torch callable that a rule of `module` is registered for is in `seen` (see callables_dispatched), but
+    those in `exempt` (callables, or rule classes for all of theirs). With a table of `cases`, each is first called
+    once on float64 leaf tracers."""
     from torchtrace.autograd.function import RULES
 
+    for fn, shapes in (cases or {}).values():
+        fn(*[tt.tracer(x, requires_grad=True) for x in rand(shapes, torch.float64)])
     registered = {f for f, rule in RULES.items() if rule.__module__ == module}
     missing = {f for f in registered - seen if f not in exempt and RULES[f] not in exempt}
     assert registered and not missing, f"no test case calls {sorted(map(str, missing))}"

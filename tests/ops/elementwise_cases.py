@@ -90,10 +90,10 @@ SHAPE_PAIRS = mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3
 BROADCAST_SETTINGS = settings(max_examples=25, deadline=None)
 
 
-def broadcasting_property_test(table: dict) -> Callable:
+def broadcast_test(table: dict) -> Callable:
     """A test over `table` (name -> (fn, range of a, range of b)): for every broadcast-compatible pair of shapes
     hypothesis draws, in float32 and float64, fn(a, b) matches torch autograd and both inputs get a gradient.
-    A test module binds it: `test_broadcasting_property = broadcasting_property_test(BROADCAST)`."""
+    A test module binds it: `test_broadcasting_property = broadcast_test(BROADCAST)`."""
 
     @pytest.mark.parametrize("name", list(table))
     @BROADCAST_SETTINGS

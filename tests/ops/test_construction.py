@@ -3,16 +3,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import (
-    assert_every_rule_exercised,
-    callables_dispatched,
-    check_case,
-    check_case_non_contiguous,
-    check_op,
-    double_backward_matches,
-    rand,
-    run_cases_on_tracers,
-)
+from helpers import assert_every_rule_exercised, check_case, check_case_double_backward, check_op
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,7 +87,7 @@ def test_rule_matches_torch(name, dtype):
 @pytest.mark.parametrize("name", [n for n in CASES if len(CASES[n][1][0]) >= 2 and min(CASES[n][1][0]) > 1
                                   and "kron" not in n])
 def test_rule_on_non_contiguous_input(name):
-    check_case_non_contiguous(*CASES[name])
+    check_case(*CASES[name], contiguous=False)
 
 
 @settings(max_examples=40, deadline=None)
@@ -139,10 +130,8 @@ def test_in_place_forms_are_recorded(op):
     check_op(fn, torch.randn(3, 4, dtype=torch.float64))
 
 
-def test_every_construction_rule_is_exercised(monkeypatch):
-    seen = callables_dispatched(monkeypatch)
-    run_cases_on_tracers(CASES)
-    assert_every_rule_exercised(seen, "torchtrace.ops.construction")
+def test_every_construction_rule_is_exercised(dispatched):
+    assert_every_rule_exercised(dispatched, "torchtrace.ops.construction", CASES)
 
 
 DOUBLE_BACKWARD = {
@@ -161,5 +150,4 @@ DOUBLE_BACKWARD = {
 
 @pytest.mark.parametrize("name", list(DOUBLE_BACKWARD))
 def test_double_backward_matches_torch(name):
-    fn, shapes = DOUBLE_BACKWARD[name]
-    double_backward_matches(fn, *rand(shapes, torch.float64))
+    check_case_double_backward(*DOUBLE_BACKWARD[name])

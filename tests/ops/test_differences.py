@@ -3,16 +3,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import (
-    assert_every_rule_exercised,
-    callables_dispatched,
-    check_case,
-    check_case_non_contiguous,
-    check_op,
-    double_backward_matches,
-    rand,
-    run_cases_on_tracers,
-)
+from helpers import assert_every_rule_exercised, check_case, check_case_double_backward, check_op
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -87,7 +78,7 @@ def test_rule_matches_torch(name, dtype):
 
 @pytest.mark.parametrize("name", [n for n in CASES if len(CASES[n][1][0]) >= 2 and min(CASES[n][1][0]) > 1])
 def test_rule_on_non_contiguous_input(name):
-    check_case_non_contiguous(*CASES[name])
+    check_case(*CASES[name], contiguous=False)
 
 
 @settings(max_examples=40, deadline=None)
@@ -143,10 +134,8 @@ def test_results_are_linear_in_the_input(op):
     torch.testing.assert_close(x.grad, x2.grad)
 
 
-def test_every_differences_rule_is_exercised(monkeypatch):
-    seen = callables_dispatched(monkeypatch)
-    run_cases_on_tracers(CASES)
-    assert_every_rule_exercised(seen, "torchtrace.ops.differences")
+def test_every_differences_rule_is_exercised(dispatched):
+    assert_every_rule_exercised(dispatched, "torchtrace.ops.differences", CASES)
 
 
 DOUBLE_BACKWARD = {
@@ -160,5 +149,4 @@ DOUBLE_BACKWARD = {
 
 @pytest.mark.parametrize("name", list(DOUBLE_BACKWARD))
 def test_double_backward_matches_torch(name):
-    fn, shapes = DOUBLE_BACKWARD[name]
-    double_backward_matches(fn, *rand(shapes, torch.float64))
+    check_case_double_backward(*DOUBLE_BACKWARD[name])

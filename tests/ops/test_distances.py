@@ -4,16 +4,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import (
-    assert_every_rule_exercised,
-    callables_dispatched,
-    check_case,
-    check_case_non_contiguous,
-    check_op,
-    double_backward_matches,
-    rand,
-    run_cases_on_tracers,
-)
+from helpers import assert_every_rule_exercised, check_case, check_case_double_backward, check_op
 
 import torchtrace as tt
 
@@ -58,7 +49,7 @@ def test_rule_matches_torch(name, dtype):
 
 @pytest.mark.parametrize("name", [n for n in CASES if len(CASES[n][1][0]) >= 2 and min(CASES[n][1][0]) > 1])
 def test_rule_on_non_contiguous_input(name):
-    check_case_non_contiguous(*CASES[name])
+    check_case(*CASES[name], contiguous=False)
 
 
 # coincident points, zero coordinates and (p = inf) tied coordinates: torch's conventions, where finite
@@ -110,10 +101,8 @@ def test_renorm_in_place_is_recorded():
     check_op(fn, torch.randn(3, 4, dtype=torch.float64))
 
 
-def test_every_distances_rule_is_exercised(monkeypatch):
-    seen = callables_dispatched(monkeypatch)
-    run_cases_on_tracers(CASES)
-    assert_every_rule_exercised(seen, "torchtrace.ops.distances")
+def test_every_distances_rule_is_exercised(dispatched):
+    assert_every_rule_exercised(dispatched, "torchtrace.ops.distances", CASES)
 
 
 DOUBLE_BACKWARD = {
@@ -125,8 +114,7 @@ DOUBLE_BACKWARD = {
 
 @pytest.mark.parametrize("name", list(DOUBLE_BACKWARD))
 def test_double_backward_matches_torch(name):
-    fn, shapes = DOUBLE_BACKWARD[name]
-    double_backward_matches(fn, *rand(shapes, torch.float64))
+    check_case_double_backward(*DOUBLE_BACKWARD[name])
 
 
 def second_derivatives(fn, inputs, torchtrace):

@@ -1,13 +1,7 @@
 """Gradient rules of torchtrace/ops/indexing.py: x[index], x[index] = v, gather/scatter, index_* ops, masks."""
 import pytest
 import torch
-from helpers import (
-    assert_every_rule_exercised,
-    callables_dispatched,
-    check_op,
-    double_backward_matches,
-    float_tolerances,
-)
+from helpers import assert_every_rule_exercised, check_op, double_backward_matches, float_tolerances
 
 import torchtrace as tt
 from torchtrace.autograd.function import INPLACE
@@ -427,13 +421,12 @@ def test_fill_of_a_leaf_that_requires_grad_is_refused():
         x.zero_()
 
 
-def test_every_indexing_rule_is_exercised(monkeypatch):
-    seen = callables_dispatched(monkeypatch)
+def test_every_indexing_rule_is_exercised(dispatched):
     for fn, *shapes in CASES.values():
         fn(*[tt.tracer(torch.randn(s), requires_grad=True) for s in shapes])
     for fn in GETITEM.values():
         fn(tt.tracer(torch.randn(3, 4, 5), requires_grad=True))
-    assert_every_rule_exercised(seen, "torchtrace.ops.indexing")
+    assert_every_rule_exercised(dispatched, "torchtrace.ops.indexing")
     assert INPLACE[T.__setitem__][1] is setitem
 
 

@@ -4,19 +4,7 @@ from typing import Callable
 
 import pytest
 import torch
-from elementwise_cases import (
-    DTYPES,
-    INF,
-    NAN,
-    broadcasting_property_test,
-    case,
-    double,
-    run,
-    run_edges,
-    signed,
-    uniform,
-    values,
-)
+from elementwise_cases import DTYPES, INF, NAN, broadcast_test, case, double, run, run_edges, signed, uniform, values
 from helpers import double_backward_matches
 
 import torchtrace as tt
@@ -147,7 +135,7 @@ BROADCAST = {
 }
 
 
-test_broadcasting_property = broadcasting_property_test(BROADCAST)
+test_broadcasting_property = broadcast_test(BROADCAST)
 
 
 DOUBLE_BACKWARD = [

@@ -5,13 +5,11 @@ import pytest
 import torch
 from helpers import (
     assert_every_rule_exercised,
-    callables_dispatched,
     check_case,
+    check_case_double_backward,
     check_op,
-    double_backward_matches,
     non_contiguous,
     rand,
-    run_cases_on_tracers,
 )
 
 import torchtrace as tt
@@ -307,14 +305,13 @@ def test_node_names_follow_the_rules():
     assert x.split(1)[0].grad_fn.name == "SplitBackward"
 
 
-def test_every_shape_rule_is_exercised(monkeypatch):
-    seen = callables_dispatched(monkeypatch)
+def test_every_shape_rule_is_exercised(dispatched):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        run_cases_on_tracers(CASES)
         for fn in CASTS.values():
             fn(tt.tracer(torch.randn(2), requires_grad=True))
-    assert_every_rule_exercised(seen, "torchtrace.ops.shape", exempt={T.cuda})  # needs a GPU: test_cuda_round_trip
+        # T.cuda needs a GPU: test_cuda_round_trip
+        assert_every_rule_exercised(dispatched, "torchtrace.ops.shape", CASES, exempt={T.cuda})
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -352,8 +349,7 @@ DOUBLE_BACKWARD = {
 
 @pytest.mark.parametrize("name", list(DOUBLE_BACKWARD))
 def test_double_backward_matches_torch(name):
-    fn, shapes = DOUBLE_BACKWARD[name]
-    double_backward_matches(fn, *rand(shapes, torch.float64))
+    check_case_double_backward(*DOUBLE_BACKWARD[name])
 
 
 def test_create_graph_un_broadcasts_through_the_sum_to_size_rule():

@@ -1,13 +1,7 @@
 """Gradient rules of torchtrace/ops/view_copies.py: the *_copy twins of view ops reuse the views' rules."""
 import pytest
 import torch
-from helpers import (
-    assert_every_rule_exercised,
-    callables_dispatched,
-    check_op,
-    double_backward_matches,
-    float_tolerances,
-)
+from helpers import assert_every_rule_exercised, check_op, double_backward_matches, float_tolerances
 
 import torchtrace as tt
 from torchtrace.ops.view_copies import AsStrided
@@ -75,11 +69,10 @@ def test_as_strided_is_refused_with_a_clear_error(call):
     assert call(tt.tracer(torch.randn(6))).dim() >= 1  # fine when nothing needs a gradient
 
 
-def test_every_view_copy_rule_is_exercised(monkeypatch):
-    seen = callables_dispatched(monkeypatch)
+def test_every_view_copy_rule_is_exercised(dispatched):
     for fn, shape in CASES.values():
         fn(tt.tracer(torch.randn(shape), requires_grad=True))
-    assert_every_rule_exercised(seen, "torchtrace.ops.view_copies", exempt={AsStrided})
+    assert_every_rule_exercised(dispatched, "torchtrace.ops.view_copies", exempt={AsStrided})
 
 
 def test_double_backward_matches_torch():
