@@ -1,4 +1,5 @@
 """One-line op tests: run a function on tracers and under torch autograd, then against finite differences."""
+import functools
 import importlib.util
 from pathlib import Path
 from types import ModuleType
@@ -148,3 +149,38 @@ def assert_every_rule_exercised(seen: set, module: str, cases: Any = None, exemp
     registered = {f for f, rule in RULES.items() if rule.__module__ == module}
     missing = {f for f in registered - seen if f not in exempt and RULES[f] not in exempt}
     assert registered and not missing, f"no test case calls {sorted(map(str, missing))}"
+
+
+# ---- PyTorch's OpInfo samples -----------------------------------------------------------------------------------
+
+def opinfos(names: Any) -> dict:
+    """{name: [the OpInfos of that name that support autograd]} for the OpInfo names in `names`."""
+    return _opinfos(frozenset(names))
+
+
+@functools.lru_cache(maxsize=None)
+def _opinfos(names: frozenset) -> dict:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    found: dict = {}
+    for op in op_db:
+        if op.name in names and op.supports_autograd:
+            found.setdefault(op.name, []).append(op)
+    return found
+
+
+def sample_as_function(sample: Any, call: Callable) -> tuple:
+    """(fn of the sample's tensors that require grad, those tensors): fn returns call(input, *args, **kwargs) with
+    the sample's other arguments held fixed."""
+    leaves, rebuild = flatten([sample.input, list(sample.args), dict(sample.kwargs)])
+    positions = [k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]
+    fixed = [x.detach() if isinstance(x, torch.Tensor) else x for x in leaves]
+
+    def fn(*tensors: torch.Tensor) -> Any:
+        values = list(fixed)
+        for k, t in zip(positions, tensors):
+            values[k] = t
+        input, args, kwargs = rebuild(values)
+        return call(input, *args, **kwargs)
+
+    return fn, [fixed[k] for k in positions]

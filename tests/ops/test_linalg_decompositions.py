@@ -7,22 +7,13 @@ vectors themselves are defined only up to sign.
 import pytest
 import torch
 from helpers import check_op, double_backward_matches, float_tolerances, non_contiguous
+from linalg_cases import DTYPES, rand, spd
 
 import torchtrace as tt
 from torchtrace.errors import UnsupportedOperationError
 
 T = torch.Tensor
 linalg = torch.linalg
-DTYPES = [torch.float64, torch.float32]
-
-
-def rand(*shape, dtype=torch.float64):
-    return torch.randn(shape, dtype=dtype)
-
-
-def spd(x):
-    n = x.shape[-1]
-    return x @ x.mT + n * torch.eye(n, dtype=x.dtype)
 
 
 def sym(x):

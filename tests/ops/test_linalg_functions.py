@@ -5,22 +5,13 @@ import math
 import pytest
 import torch
 from helpers import check_op, double_backward_matches, float_tolerances, non_contiguous
+from linalg_cases import DTYPES, rand, well_conditioned
 
 import torchtrace as tt
 from torchtrace.errors import UnsupportedOperationError
 
 T = torch.Tensor
 linalg = torch.linalg
-DTYPES = [torch.float64, torch.float32]
-
-
-def rand(*shape, dtype=torch.float64):
-    return torch.randn(shape, dtype=dtype)
-
-
-def well_conditioned(*shape, dtype=torch.float64):
-    n = shape[-1]
-    return torch.randn(shape, dtype=dtype) + n * torch.eye(n, dtype=dtype)
 
 
 # ------------------------------------------------------------------------------------------ exponential, powers
