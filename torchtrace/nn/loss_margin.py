@@ -24,16 +24,22 @@ def _elementwise_scale(g: torch.Tensor, reduction: str, count: int) -> torch.Ten
     return _scale(g, reduction, max(count, 1) if reduction == "mean" else count)
 
 
-@register(F.cosine_embedding_loss)
-class CosineEmbedding(Function):
-    """l = 1 - cos if y = 1, max(0, cos - margin) if y = -1, cos = x1.x2 / sqrt((|x1|^2 + e)(|x2|^2 + e)), e = 1e-12
-    ->  dl/dcos = -1 or [cos >= margin];  dcos/dx1 = x2 / sqrt(..) - cos x1 / (|x1|^2 + e)"""
+class _PairLoss(Function):
+    """The forward of a loss of (input1, input2, target, margin): torch's own `op`, with all three inputs saved."""
 
     @staticmethod
     def forward(ctx, input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
         ctx.margin, ctx.reduction = margin, _reduction(size_average, reduce, reduction)
         ctx.save_for_backward(input1, input2, target)
-        return F.cosine_embedding_loss(input1, input2, target, margin, reduction=ctx.reduction)
+        return ctx.rule.op(input1, input2, target, margin, reduction=ctx.reduction)
+
+
+@register(F.cosine_embedding_loss)
+class CosineEmbedding(_PairLoss):
+    """l = 1 - cos if y = 1, max(0, cos - margin) if y = -1, cos = x1.x2 / sqrt((|x1|^2 + e)(|x2|^2 + e)), e = 1e-12
+    ->  dl/dcos = -1 or [cos >= margin];  dcos/dx1 = x2 / sqrt(..) - cos x1 / (|x1|^2 + e)"""
+
+    op = staticmethod(F.cosine_embedding_loss)
 
     @staticmethod
     def backward(ctx, g):
@@ -52,15 +58,11 @@ class CosineEmbedding(Function):
 
 
 @register(F.margin_ranking_loss)
-class MarginRanking(Function):
+class MarginRanking(_PairLoss):
     """l = max(0, -y (x1 - x2) + margin)  ->  with m = [-y (x1 - x2) + margin >= 0]:
     dl/dx1 = -y m, dl/dx2 = y m, dl/dy = -(x1 - x2) m"""
 
-    @staticmethod
-    def forward(ctx, input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
-        ctx.margin, ctx.reduction = margin, _reduction(size_average, reduce, reduction)
-        ctx.save_for_backward(input1, input2, target)
-        return F.margin_ranking_loss(input1, input2, target, margin, reduction=ctx.reduction)
+    op = staticmethod(F.margin_ranking_loss)
 
     @staticmethod
     def backward(ctx, g):
