@@ -93,16 +93,22 @@ class HingeEmbedding(Function):
         return slope * _elementwise_scale(g, ctx.reduction, shape.numel()), None
 
 
-@register(F.soft_margin_loss)
-class SoftMargin(Function):
-    """l = log(1 + e^(-y x))  ->  dl/dx = -y s(-y x), dl/dy = -x s(-y x), s = sigmoid
-    (torch refuses the target's gradient; torchtrace gives it)"""
+class _TargetLoss(Function):
+    """The forward of a loss of (input, target) and no options: torch's own `op`, with both inputs saved."""
 
     @staticmethod
     def forward(ctx, input, target, size_average=None, reduce=None, reduction="mean"):
         ctx.reduction = _reduction(size_average, reduce, reduction)
         ctx.save_for_backward(input, target)
-        return F.soft_margin_loss(input, target, reduction=ctx.reduction)
+        return ctx.rule.op(input, target, reduction=ctx.reduction)
+
+
+@register(F.soft_margin_loss)
+class SoftMargin(_TargetLoss):
+    """l = log(1 + e^(-y x))  ->  dl/dx = -y s(-y x), dl/dy = -x s(-y x), s = sigmoid
+    (torch refuses the target's gradient; torchtrace gives it)"""
+
+    op = staticmethod(F.soft_margin_loss)
 
     @staticmethod
     def backward(ctx, g):
@@ -180,15 +186,11 @@ class MultiMargin(Function):
 
 
 @register(F.multilabel_margin_loss)
-class MultilabelMargin(Function):
+class MultilabelMargin(_TargetLoss):
     """l_n = (1/C) sum_{j in Y_n} sum_{i not in Y_n} max(0, 1 - (x_j - x_i)), Y_n = target[n] up to the first -1
     ->  each active pair (1 - x_j + x_i > 0) adds 1/C to dl/dx_i and -1/C to dl/dx_j (a repeated label counts twice)"""
 
-    @staticmethod
-    def forward(ctx, input, target, size_average=None, reduce=None, reduction="mean"):
-        ctx.reduction = _reduction(size_average, reduce, reduction)
-        ctx.save_for_backward(input, target)
-        return F.multilabel_margin_loss(input, target, reduction=ctx.reduction)
+    op = staticmethod(F.multilabel_margin_loss)
 
     @staticmethod
     def backward(ctx, g):
