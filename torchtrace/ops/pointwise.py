@@ -212,11 +212,13 @@ class Lerp(Function):
 class Addcmul(Function):
     """z = x + v t1 t2  ->  dz/dx = 1, dz/dt1 = v t2, dz/dt2 = v t1"""
 
+    op = staticmethod(torch.addcmul)
+
     @staticmethod
     def forward(ctx, input, tensor1, tensor2, value=1):
         ctx.value = value
         ctx.save_for_backward(tensor1, tensor2)
-        return torch.addcmul(input, tensor1, tensor2, value=value)
+        return ctx.rule.op(input, tensor1, tensor2, value=value)
 
     @staticmethod
     def backward(ctx, g):
@@ -227,14 +229,10 @@ class Addcmul(Function):
 
 
 @register(torch.addcdiv, T.addcdiv)
-class Addcdiv(Function):
+class Addcdiv(Addcmul):
     """z = x + v t1 / t2  ->  dz/dx = 1, dz/dt1 = v / t2, dz/dt2 = -v t1 / t2^2"""
 
-    @staticmethod
-    def forward(ctx, input, tensor1, tensor2, value=1):
-        ctx.value = value
-        ctx.save_for_backward(tensor1, tensor2)
-        return torch.addcdiv(input, tensor1, tensor2, value=value)
+    op = staticmethod(torch.addcdiv)
 
     @staticmethod
     def backward(ctx, g):
