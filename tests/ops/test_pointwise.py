@@ -229,6 +229,8 @@ WHERE = [
     case("where-number-other", lambda c, x: torch.where(c, x, 2.0), mask(3, 4), randn(3, 4, nc=True)),
     case("where-number-input", lambda c, y: torch.where(c, 0.5, y), mask(4), randn(3, 4)),
     case("where-kwargs", lambda c, x, y: torch.where(c, input=x, other=y), mask(4), randn(4), randn(4)),
+    case("where-method", lambda c, x, y: x.where(c, y), mask(3, 4), randn(3, 4), randn(4)),
+    case("where-method-keyword", lambda c, x, y: x.where(c, other=y), mask(4), randn(3, 4, nc=True), randn(4)),
     case("where-0d", torch.where, mask(), randn(), randn(3)),
     case("where-twice", lambda x: torch.where(x > 0, x, -2 * x), randn(3, 4)),
     case("where-constant", lambda c, x: torch.where(c, LOW_T, x), mask(3, 1), randn(3, 4)),

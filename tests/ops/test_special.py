@@ -35,6 +35,7 @@ CASES = [
     case("polygamma-keyword", lambda x: torch.polygamma(3, input=x), uniform(0.5, 4, 4)),
     case("polygamma-method", lambda x: x.polygamma(1), POS),
     case("polygamma-method-inplace", lambda x: (x * 1).polygamma_(2), uniform(0.5, 3, 4)),
+    case("polygamma-method-keyword", lambda x: x.polygamma(n=2), POS),
     case("mvlgamma", lambda x: torch.mvlgamma(x, 3), uniform(1.2, 4, 3, 4)),
     case("mvlgamma-keyword", lambda x: torch.mvlgamma(x, p=1), POS),
     case("multigammaln", lambda x: S.multigammaln(x, 2), uniform(0.7, 4, 5)),
