@@ -1,4 +1,5 @@
 """One-line op tests: run a function on tracers and under torch autograd, then against finite differences."""
+import functools
 import importlib.util
 from pathlib import Path
 from types import ModuleType
@@ -113,3 +114,73 @@ def callables_dispatched(monkeypatch: Any) -> set:
 
     monkeypatch.setattr(dispatch, "run_rule", spy)
     return seen
+
+
+# ---- tables of cases, {name: (fn, [shape of each input])}, as the tests of ops/construction, distances, ... use ----
+
+def rand(shapes: Any, dtype: torch.dtype) -> list:
+    """One standard-normal tensor per shape."""
+    return [torch.randn(s, dtype=dtype) for s in shapes]
+
+
+def check_case(fn: Callable, shapes: Any, dtype: torch.dtype = torch.float64, contiguous: bool = True) -> None:
+    """check_op on random inputs of these shapes in `dtype` (float32 with float32's tolerances); the first input
+    laid out non-contiguously with contiguous=False."""
+    inputs = rand(shapes, dtype)
+    if not contiguous:
+        inputs[0] = non_contiguous(inputs[0])
+        assert not inputs[0].is_contiguous()
+    check_op(fn, *inputs, **float_tolerances(dtype))
+
+
+def check_case_double_backward(fn: Callable, shapes: Any) -> None:
+    """double_backward_matches on random float64 inputs of these shapes."""
+    double_backward_matches(fn, *rand(shapes, torch.float64))
+
+
+def assert_every_rule_exercised(seen: set, module: str, cases: Any = None, exempt: Any = ()) -> None:
+    """Every torch callable that a rule of `module` is registered for is in `seen` (see callables_dispatched), but
+    those in `exempt` (callables, or rule classes for all of theirs). With a table of `cases`, each is first called
+    once on float64 leaf tracers."""
+    from torchtrace.autograd.function import RULES
+
+    for fn, shapes in (cases or {}).values():
+        fn(*[tt.tracer(x, requires_grad=True) for x in rand(shapes, torch.float64)])
+    registered = {f for f, rule in RULES.items() if rule.__module__ == module}
+    missing = {f for f in registered - seen if f not in exempt and RULES[f] not in exempt}
+    assert registered and not missing, f"no test case calls {sorted(map(str, missing))}"
+
+
+# ---- PyTorch's OpInfo samples -----------------------------------------------------------------------------------
+
+def opinfos(names: Any) -> dict:
+    """{name: [the OpInfos of that name that support autograd]} for the OpInfo names in `names`."""
+    return _opinfos(frozenset(names))
+
+
+@functools.lru_cache(maxsize=None)
+def _opinfos(names: frozenset) -> dict:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    found: dict = {}
+    for op in op_db:
+        if op.name in names and op.supports_autograd:
+            found.setdefault(op.name, []).append(op)
+    return found
+
+
+def sample_as_function(sample: Any, call: Callable) -> tuple:
+    """(fn of the sample's tensors that require grad, those tensors): fn returns call(input, *args, **kwargs) with
+    the sample's other arguments held fixed."""
+    leaves, rebuild = flatten([sample.input, list(sample.args), dict(sample.kwargs)])
+    positions = [k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]
+    fixed = [x.detach() if isinstance(x, torch.Tensor) else x for x in leaves]
+
+    def fn(*tensors: torch.Tensor) -> Any:
+        values = list(fixed)
+        for k, t in zip(positions, tensors):
+            values[k] = t
+        input, args, kwargs = rebuild(values)
+        return call(input, *args, **kwargs)
+
+    return fn, [fixed[k] for k in positions]

@@ -3,12 +3,11 @@ import warnings
 
 import pytest
 import torch
-from helpers import callables_dispatched, check_op, double_backward_matches, float_tolerances, non_contiguous
+from helpers import assert_every_rule_exercised, check_case, check_case_double_backward, check_op
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torchtrace as tt
-from torchtrace.autograd.function import RULES
 
 T = torch.Tensor
 DTYPES = [torch.float64, torch.float32]
@@ -69,26 +68,17 @@ CASES = {
 }
 
 
-def rand(shapes, dtype):
-    return [torch.randn(s, dtype=dtype) for s in shapes]
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(CASES))
 def test_rule_matches_torch(name, dtype):
-    fn, shapes = CASES[name]
     if "coordinates" in name and dtype != torch.float64:
         pytest.skip("coordinates are float64 constants")
-    check_op(fn, *rand(shapes, dtype), **float_tolerances(dtype))
+    check_case(*CASES[name], dtype)
 
 
 @pytest.mark.parametrize("name", [n for n in CASES if len(CASES[n][1][0]) >= 2 and min(CASES[n][1][0]) > 1])
 def test_rule_on_non_contiguous_input(name):
-    fn, shapes = CASES[name]
-    inputs = rand(shapes, torch.float64)
-    inputs[0] = non_contiguous(inputs[0])
-    assert not inputs[0].is_contiguous()
-    check_op(fn, *inputs)
+    check_case(*CASES[name], contiguous=False)
 
 
 @settings(max_examples=40, deadline=None)
@@ -144,12 +134,8 @@ def test_results_are_linear_in_the_input(op):
     torch.testing.assert_close(x.grad, x2.grad)
 
 
-def test_every_differences_rule_is_exercised(monkeypatch):
-    seen = callables_dispatched(monkeypatch)
-    for fn, shapes in CASES.values():
-        fn(*[tt.tracer(x, requires_grad=True) for x in rand(shapes, torch.float64)])
-    registered = {f for f, rule in RULES.items() if rule.__module__ == "torchtrace.ops.differences"}
-    assert registered and not registered - seen, f"no test case calls {registered - seen}"
+def test_every_differences_rule_is_exercised(dispatched):
+    assert_every_rule_exercised(dispatched, "torchtrace.ops.differences", CASES)
 
 
 DOUBLE_BACKWARD = {
@@ -163,5 +149,4 @@ DOUBLE_BACKWARD = {
 
 @pytest.mark.parametrize("name", list(DOUBLE_BACKWARD))
 def test_double_backward_matches_torch(name):
-    fn, shapes = DOUBLE_BACKWARD[name]
-    double_backward_matches(fn, *rand(shapes, torch.float64))
+    check_case_double_backward(*DOUBLE_BACKWARD[name])

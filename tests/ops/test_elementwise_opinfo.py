@@ -1,11 +1,11 @@
 """PyTorch's own OpInfo samples for the trigonometric, special and rounding rules: every sample, through the function,
 method, in-place and alias spellings, against torch autograd (float64)."""
-import functools
 import warnings
 from typing import Any, Callable, List, Tuple
 
 import pytest
 import torch
+from helpers import opinfos
 
 import torchtrace as tt
 from torchtrace.check import flatten
@@ -14,17 +14,6 @@ OPS = """acos asin atan acosh asinh atanh sinh cosh sinc deg2rad rad2deg hypot c
 special.xlog1py special.entr lgamma digamma polygamma mvlgamma erfinv i0 special.i0e special.i1 special.i1e special.ndtr
 special.ndtri special.log_ndtr special.erfcx special.polygamma frac fmod remainder fmax fmin float_power ldexp frexp
 nan_to_num sgn positive atan2 double float half bfloat16 to""".split()
-
-
-@functools.lru_cache(maxsize=None)
-def _op_db() -> dict:
-    from torch.testing._internal.common_methods_invocations import op_db
-
-    found: dict = {}
-    for op in op_db:
-        if op.name in OPS and op.supports_autograd:
-            found.setdefault(op.name, []).append(op)
-    return found
 
 
 def _spellings(op: Any) -> List[Tuple[str, Callable]]:
@@ -54,7 +43,7 @@ def _torch_refuses(fn: Callable, sample: Any) -> bool:
 
 @pytest.mark.parametrize("name", OPS)
 def test_opinfo_samples_match_torch(name: str) -> None:
-    ops = _op_db().get(name)
+    ops = opinfos(OPS).get(name)
     assert ops, f"no OpInfo named {name}"
     checked = 0
     for op in ops:

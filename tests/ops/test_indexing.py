@@ -1,10 +1,10 @@
 """Gradient rules of torchtrace/ops/indexing.py: x[index], x[index] = v, gather/scatter, index_* ops, masks."""
 import pytest
 import torch
-from helpers import callables_dispatched, check_op, double_backward_matches, float_tolerances
+from helpers import assert_every_rule_exercised, check_op, double_backward_matches, float_tolerances
 
 import torchtrace as tt
-from torchtrace.autograd.function import INPLACE, RULES
+from torchtrace.autograd.function import INPLACE
 from torchtrace.ops.indexing import setitem
 
 T = torch.Tensor
@@ -421,14 +421,12 @@ def test_fill_of_a_leaf_that_requires_grad_is_refused():
         x.zero_()
 
 
-def test_every_indexing_rule_is_exercised(monkeypatch):
-    seen = callables_dispatched(monkeypatch)
+def test_every_indexing_rule_is_exercised(dispatched):
     for fn, *shapes in CASES.values():
         fn(*[tt.tracer(torch.randn(s), requires_grad=True) for s in shapes])
     for fn in GETITEM.values():
         fn(tt.tracer(torch.randn(3, 4, 5), requires_grad=True))
-    registered = {f for f, rule in RULES.items() if rule.__module__ == "torchtrace.ops.indexing"}
-    assert registered and not registered - seen, f"no test case calls {registered - seen}"
+    assert_every_rule_exercised(dispatched, "torchtrace.ops.indexing")
     assert INPLACE[T.__setitem__][1] is setitem
 
 

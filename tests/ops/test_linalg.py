@@ -2,16 +2,12 @@
 import pytest
 import torch
 from helpers import check_op, double_backward_matches, float_tolerances
+from linalg_cases import DTYPES, rand
 
 import torchtrace as tt
 from torchtrace.ops.linalg import Einsum, einsum_grads, parse
 
 T = torch.Tensor
-DTYPES = [torch.float64, torch.float32]
-
-
-def rand(*shape, dtype=torch.float64):
-    return torch.randn(shape, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------------- matmul

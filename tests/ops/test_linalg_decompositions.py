@@ -7,22 +7,13 @@ vectors themselves are defined only up to sign.
 import pytest
 import torch
 from helpers import check_op, double_backward_matches, float_tolerances, non_contiguous
+from linalg_cases import DTYPES, loose_tolerances, rand, spd
 
 import torchtrace as tt
 from torchtrace.errors import UnsupportedOperationError
 
 T = torch.Tensor
 linalg = torch.linalg
-DTYPES = [torch.float64, torch.float32]
-
-
-def rand(*shape, dtype=torch.float64):
-    return torch.randn(shape, dtype=dtype)
-
-
-def spd(x):
-    n = x.shape[-1]
-    return x @ x.mT + n * torch.eye(n, dtype=x.dtype)
 
 
 def sym(x):
@@ -171,8 +162,7 @@ SVD = [
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fn, shape", [c[1:] for c in SVD], ids=[c[0] for c in SVD])
 def test_svd(fn, shape, dtype):
-    tolerances = {"rtol": 1e-3, "atol": 1e-4} if dtype == torch.float32 else {}
-    check_op(fn, rand(*shape, dtype=dtype), **tolerances)
+    check_op(fn, rand(*shape, dtype=dtype), **loose_tolerances(dtype))
 
 
 def test_svd_repeated_singular_values_follow_torch():
@@ -215,8 +205,7 @@ PINV = [
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fn, shape", [c[1:] for c in PINV], ids=[c[0] for c in PINV])
 def test_pinv(fn, shape, dtype):
-    tolerances = {"rtol": 1e-3, "atol": 1e-4} if dtype == torch.float32 else {}
-    check_op(fn, rand(*shape, dtype=dtype), **tolerances)
+    check_op(fn, rand(*shape, dtype=dtype), **loose_tolerances(dtype))
 
 
 def test_pinv_tolerance_tensors_that_require_grad_get_none():

@@ -5,22 +5,13 @@ import math
 import pytest
 import torch
 from helpers import check_op, double_backward_matches, float_tolerances, non_contiguous
+from linalg_cases import DTYPES, loose_tolerances, rand, well_conditioned
 
 import torchtrace as tt
 from torchtrace.errors import UnsupportedOperationError
 
 T = torch.Tensor
 linalg = torch.linalg
-DTYPES = [torch.float64, torch.float32]
-
-
-def rand(*shape, dtype=torch.float64):
-    return torch.randn(shape, dtype=dtype)
-
-
-def well_conditioned(*shape, dtype=torch.float64):
-    n = shape[-1]
-    return torch.randn(shape, dtype=dtype) + n * torch.eye(n, dtype=dtype)
 
 
 # ------------------------------------------------------------------------------------------ exponential, powers
@@ -122,11 +113,10 @@ def cond_reference(p):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("p", [None, 2, -2, "fro", "nuc", 1, -1, math.inf, -math.inf], ids=str)
 def test_cond(p, dtype):
-    tolerances = {"rtol": 1e-3, "atol": 1e-4} if dtype == torch.float32 else {}
     fn = lambda a: linalg.cond(a, p)  # noqa: E731
     if p not in (None, 2, -2, "nuc"):
         fn = ours_or(cond_reference(p))(fn)
-    check_op(fn, well_conditioned(2, 3, 3, dtype=dtype), **tolerances)
+    check_op(fn, well_conditioned(2, 3, 3, dtype=dtype), **loose_tolerances(dtype))
 
 
 def test_cond_non_square_and_double_backward():

@@ -4,29 +4,13 @@ import torch
 from helpers import check_op, double_backward_matches, float_tolerances, non_contiguous
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from linalg_cases import DTYPES, rand, spd, well_conditioned
 
 import torchtrace as tt
 from torchtrace.errors import UnsupportedOperationError
 
 T = torch.Tensor
 linalg = torch.linalg
-DTYPES = [torch.float64, torch.float32]
-
-
-def rand(*shape, dtype=torch.float64):
-    return torch.randn(shape, dtype=dtype)
-
-
-def well_conditioned(*shape, dtype=torch.float64):
-    """A random square matrix (batch) shifted away from singularity."""
-    n = shape[-1]
-    return torch.randn(shape, dtype=dtype) + n * torch.eye(n, dtype=dtype)
-
-
-def spd(x):
-    """A symmetric positive-definite matrix made from x inside the checked function (so gradcheck stays valid)."""
-    n = x.shape[-1]
-    return x @ x.mT + n * torch.eye(n, dtype=x.dtype)
 
 
 def lower(x, unit=False):

@@ -1,16 +1,15 @@
 """PyTorch's own OpInfo samples for the linalg rules, run through each OpInfo's gradcheck_wrapper (which makes
 symmetric / triangular inputs out of raw ones) and output_process_fn_grad (which makes losses of singular and
 eigen vectors sign-invariant), against torch autograd in float64. A few samples per OpInfo keep this fast."""
-import functools
 import itertools
 import warnings
 from typing import Any, List, Tuple
 
 import pytest
 import torch
+from helpers import opinfos, sample_as_function
 
 import torchtrace as tt
-from torchtrace.check import flatten
 from torchtrace.errors import UnsupportedOperationError
 
 OPS = """cholesky cholesky_inverse cholesky_solve linalg.cholesky linalg.cholesky_ex linalg.cond linalg.det
@@ -23,34 +22,15 @@ SAMPLES_PER_OP = 5
 OTHER_FAMILIES = ("torch.tril", "torch.triu", "torch.Tensor.tril", "torch.Tensor.triu", "torch.diag_embed")
 
 
-@functools.lru_cache(maxsize=None)
-def _op_db() -> dict:
-    from torch.testing._internal.common_methods_invocations import op_db
-
-    found: dict = {}
-    for op in op_db:
-        if op.name in OPS and op.supports_autograd:
-            found.setdefault(op.name, []).append(op)
-    return found
-
-
 def _as_function(op: Any, sample: Any) -> tuple:
-    """(fn of the differentiable tensors, those tensors): the sample's other arguments are held fixed."""
-    leaves, rebuild = flatten([sample.input, list(sample.args), dict(sample.kwargs)])
-    positions = [k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.requires_grad]
-    fixed = [x.detach() if isinstance(x, torch.Tensor) else x for x in leaves]
+    """(fn of the differentiable tensors, those tensors), through the OpInfo's gradcheck_wrapper and
+    output_process_fn_grad."""
 
-    def fn(*tensors: torch.Tensor) -> Any:
-        values = list(fixed)
-        for k, t in zip(positions, tensors):
-            values[k] = t
-        input, args, kwargs = rebuild(values)
-        out = sample.output_process_fn_grad(op.gradcheck_wrapper(op.get_op(), input, *args, **kwargs))
-        if op.name == "linalg.lstsq":  # only the solution is differentiable (torch's output_differentiability)
-            out = out[0]
-        return out
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out = sample.output_process_fn_grad(op.gradcheck_wrapper(op.get_op(), *args, **kwargs))
+        return out[0] if op.name == "linalg.lstsq" else out  # only the solution is differentiable (as torch)
 
-    return fn, [fixed[k] for k in positions]
+    return sample_as_function(sample, call)
 
 
 def _names(error: Exception, callable_name: str) -> bool:
@@ -60,13 +40,13 @@ def _names(error: Exception, callable_name: str) -> bool:
 
 
 def _samples(name: str) -> List[Tuple[Any, Any]]:
-    return [s for op in _op_db()[name] for s in itertools.islice(
+    return [s for op in opinfos(OPS)[name] for s in itertools.islice(
         ((op, s) for s in op.sample_inputs("cpu", torch.float64, requires_grad=True)), SAMPLES_PER_OP)]
 
 
 @pytest.mark.parametrize("name", OPS)
 def test_opinfo_samples_match_torch(name: str) -> None:
-    assert _op_db().get(name), f"no OpInfo named {name}"
+    assert opinfos(OPS).get(name), f"no OpInfo named {name}"
     checked, deferred = 0, []
     for op, sample in _samples(name):
         fn, tensors = _as_function(op, sample)

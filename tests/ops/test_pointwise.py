@@ -4,28 +4,12 @@ from typing import Any, Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import check_op, double_backward_matches, non_contiguous
+from elementwise_cases import DTYPES, Arg, case
+from helpers import check_op, double_backward_matches
 
 import torchtrace as tt
 
 _gen = torch.Generator().manual_seed(0)
-
-
-class Arg:
-    """An input made at test time in the test's dtype (float64 data is drawn once, at collection)."""
-
-    def __init__(self, data: torch.Tensor, nc: bool = False):
-        self.data, self.nc = data, nc
-
-    def make(self, dtype: torch.dtype) -> torch.Tensor:
-        t = self.data.to(dtype) if self.data.is_floating_point() else self.data.clone()
-        return non_contiguous(t) if self.nc else t
-
-    def __add__(self, shift: float) -> "Arg":
-        return Arg(self.data + shift, self.nc)
-
-    def __sub__(self, shift: float) -> "Arg":
-        return Arg(self.data - shift, self.nc)
 
 
 def _draw(shape: tuple) -> torch.Tensor:
@@ -67,13 +51,6 @@ def run(fn: Callable, args: tuple, dtype: torch.dtype, **kwargs: Any) -> None:
     """tt.check in `dtype`; the finite-difference check (always float64) runs once, with the float64 case."""
     inputs = [a.make(dtype) if isinstance(a, Arg) else a for a in args]
     check_op(fn, *inputs, gradcheck=dtype == torch.float64, **kwargs)
-
-
-DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-
-
-def case(name: str, fn: Callable, *args: Any) -> Any:
-    return pytest.param(fn, args, id=name)
 
 
 UNARY = [
@@ -252,6 +229,8 @@ WHERE = [
     case("where-number-other", lambda c, x: torch.where(c, x, 2.0), mask(3, 4), randn(3, 4, nc=True)),
     case("where-number-input", lambda c, y: torch.where(c, 0.5, y), mask(4), randn(3, 4)),
     case("where-kwargs", lambda c, x, y: torch.where(c, input=x, other=y), mask(4), randn(4), randn(4)),
+    case("where-method", lambda c, x, y: x.where(c, y), mask(3, 4), randn(3, 4), randn(4)),
+    case("where-method-keyword", lambda c, x, y: x.where(c, other=y), mask(4), randn(3, 4, nc=True), randn(4)),
     case("where-0d", torch.where, mask(), randn(), randn(3)),
     case("where-twice", lambda x: torch.where(x > 0, x, -2 * x), randn(3, 4)),
     case("where-constant", lambda c, x: torch.where(c, LOW_T, x), mask(3, 1), randn(3, 4)),

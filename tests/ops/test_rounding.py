@@ -1,26 +1,11 @@
 """Rules of torchtrace/ops/rounding.py: frac, fmod, remainder (%), fmax/fmin, copysign, ldexp, frexp, float_power,
 nan_to_num, sgn, positive."""
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
 import torch
-from elementwise_cases import (
-    BROADCAST_SETTINGS,
-    DTYPES,
-    INF,
-    NAN,
-    SHAPE_PAIRS,
-    broadcast_pair,
-    case,
-    run,
-    run_edges,
-    signed,
-    uniform,
-    values,
-)
-from helpers import double_backward_matches, float_tolerances
-from hypothesis import given
-from hypothesis import strategies as st
+from elementwise_cases import DTYPES, INF, NAN, broadcast_test, case, double, run, run_edges, signed, uniform, values
+from helpers import double_backward_matches
 
 import torchtrace as tt
 
@@ -150,30 +135,20 @@ BROADCAST = {
 }
 
 
-@pytest.mark.parametrize("name", list(BROADCAST))
-@BROADCAST_SETTINGS
-@given(shapes=SHAPE_PAIRS, dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 2 ** 16))
-def test_broadcasting_property(name: str, shapes: Any, dtype: torch.dtype, seed: int) -> None:
-    fn, first, second = BROADCAST[name]
-    report = tt.check(fn, *broadcast_pair(shapes, dtype, seed, first, second), **float_tolerances(dtype))
-    assert report.ok and report.n_gradients == 2
-
-
-def _double(low: float, high: float, *shape: int) -> torch.Tensor:
-    return uniform(low, high, *shape).data
+test_broadcasting_property = broadcast_test(BROADCAST)
 
 
 DOUBLE_BACKWARD = [
-    case("frac", lambda x: torch.frac(x) * x, _double(0.1, 0.4, 4)),
-    case("fmod", lambda a, b: torch.fmod(a, b) * b, _double(0.1, 0.4, 4), DEN.data[:4]),
-    case("remainder", lambda a, b: torch.remainder(a * a, b) * b, _double(0.1, 0.4, 4), DEN.data[:4]),
-    case("fmax-fmin", lambda a, b: torch.fmax(a, b) * torch.fmin(a, b), _double(-2, 2, 4), _double(-2, 2, 4)),
-    case("copysign", lambda a, b: torch.copysign(a * a, b) * a, _double(-2, 2, 4), _double(-2, 2, 4)),
-    case("ldexp", torch.ldexp, _double(-2, 2, 4), _double(-2, 2, 4)),
-    case("float_power", torch.float_power, _double(0.5, 2, 4), _double(-2, 2, 4)),
-    case("frexp", lambda x: torch.frexp(x * x)[0], _double(0.3, 3, 4)),
-    case("nan_to_num", lambda x: torch.nan_to_num(x * x), _double(-2, 2, 4)),
-    case("positive-sgn", lambda x: torch.positive(x) * x * torch.sgn(x), _double(-2, 2, 4)),
+    case("frac", lambda x: torch.frac(x) * x, double(0.1, 0.4, 4)),
+    case("fmod", lambda a, b: torch.fmod(a, b) * b, double(0.1, 0.4, 4), DEN.data[:4]),
+    case("remainder", lambda a, b: torch.remainder(a * a, b) * b, double(0.1, 0.4, 4), DEN.data[:4]),
+    case("fmax-fmin", lambda a, b: torch.fmax(a, b) * torch.fmin(a, b), double(-2, 2, 4), double(-2, 2, 4)),
+    case("copysign", lambda a, b: torch.copysign(a * a, b) * a, double(-2, 2, 4), double(-2, 2, 4)),
+    case("ldexp", torch.ldexp, double(-2, 2, 4), double(-2, 2, 4)),
+    case("float_power", torch.float_power, double(0.5, 2, 4), double(-2, 2, 4)),
+    case("frexp", lambda x: torch.frexp(x * x)[0], double(0.3, 3, 4)),
+    case("nan_to_num", lambda x: torch.nan_to_num(x * x), double(-2, 2, 4)),
+    case("positive-sgn", lambda x: torch.positive(x) * x * torch.sgn(x), double(-2, 2, 4)),
 ]
 
 

@@ -3,10 +3,16 @@ import warnings
 
 import pytest
 import torch
-from helpers import callables_dispatched, check_op, double_backward_matches, float_tolerances, non_contiguous
+from helpers import (
+    assert_every_rule_exercised,
+    check_case,
+    check_case_double_backward,
+    check_op,
+    non_contiguous,
+    rand,
+)
 
 import torchtrace as tt
-from torchtrace.autograd.function import RULES
 
 T = torch.Tensor
 DTYPES = [torch.float64, torch.float32]
@@ -158,17 +164,12 @@ CASES = {
 NEEDS_CONTIGUOUS = {"Tensor.view varargs", "Tensor.view tuple -1", "Tensor.view_as"}
 
 
-def rand(shapes, dtype):
-    return [torch.randn(s, dtype=dtype) for s in shapes]
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(CASES))
 def test_rule_matches_torch(name, dtype):
-    fn, shapes = CASES[name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # x.T on a 0-d tensor is deprecated in torch
-        check_op(fn, *rand(shapes, dtype), **float_tolerances(dtype))
+        check_case(*CASES[name], dtype)
 
 
 def reversed_layout(x):
@@ -317,17 +318,13 @@ def test_node_names_follow_the_rules():
     assert x.split(1)[0].grad_fn.name == "SplitBackward"
 
 
-def test_every_shape_rule_is_exercised(monkeypatch):
-    seen = callables_dispatched(monkeypatch)
+def test_every_shape_rule_is_exercised(dispatched):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        for fn, shapes in CASES.values():
-            fn(*[tt.tracer(x, requires_grad=True) for x in rand(shapes, torch.float64)])
         for fn in CASTS.values():
             fn(tt.tracer(torch.randn(2), requires_grad=True))
-    registered = {f for f, rule in RULES.items() if rule.__module__ == "torchtrace.ops.shape"}
-    missing = registered - seen - {T.cuda}  # T.cuda needs a GPU: test_cuda_round_trip
-    assert not missing, f"no test case calls {sorted(map(str, missing))}"
+        # T.cuda needs a GPU: test_cuda_round_trip
+        assert_every_rule_exercised(dispatched, "torchtrace.ops.shape", CASES, exempt={T.cuda})
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -365,8 +362,7 @@ DOUBLE_BACKWARD = {
 
 @pytest.mark.parametrize("name", list(DOUBLE_BACKWARD))
 def test_double_backward_matches_torch(name):
-    fn, shapes = DOUBLE_BACKWARD[name]
-    double_backward_matches(fn, *rand(shapes, torch.float64))
+    check_case_double_backward(*DOUBLE_BACKWARD[name])
 
 
 def test_create_graph_un_broadcasts_through_the_sum_to_size_rule():

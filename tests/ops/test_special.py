@@ -1,25 +1,11 @@
 """Rules of torchtrace/ops/special.py: gamma family, Bessel I0/I1, ndtr family, erfinv/erfcx, logaddexp, logit,
 xlogy/xlog1py, entr."""
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
 import torch
-from elementwise_cases import (
-    BROADCAST_SETTINGS,
-    DTYPES,
-    INF,
-    NAN,
-    SHAPE_PAIRS,
-    broadcast_pair,
-    case,
-    run,
-    run_edges,
-    uniform,
-    values,
-)
-from helpers import double_backward_matches, float_tolerances
-from hypothesis import given
-from hypothesis import strategies as st
+from elementwise_cases import DTYPES, INF, NAN, broadcast_test, case, double, run, run_edges, uniform, values
+from helpers import double_backward_matches
 
 import torchtrace as tt
 
@@ -49,6 +35,7 @@ CASES = [
     case("polygamma-keyword", lambda x: torch.polygamma(3, input=x), uniform(0.5, 4, 4)),
     case("polygamma-method", lambda x: x.polygamma(1), POS),
     case("polygamma-method-inplace", lambda x: (x * 1).polygamma_(2), uniform(0.5, 3, 4)),
+    case("polygamma-method-keyword", lambda x: x.polygamma(n=2), POS),
     case("mvlgamma", lambda x: torch.mvlgamma(x, 3), uniform(1.2, 4, 3, 4)),
     case("mvlgamma-keyword", lambda x: torch.mvlgamma(x, p=1), POS),
     case("multigammaln", lambda x: S.multigammaln(x, 2), uniform(0.7, 4, 5)),
@@ -138,40 +125,30 @@ BROADCAST = {
 }
 
 
-@pytest.mark.parametrize("name", list(BROADCAST))
-@BROADCAST_SETTINGS
-@given(shapes=SHAPE_PAIRS, dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 2 ** 16))
-def test_broadcasting_property(name: str, shapes: Any, dtype: torch.dtype, seed: int) -> None:
-    fn, first, second = BROADCAST[name]
-    report = tt.check(fn, *broadcast_pair(shapes, dtype, seed, first, second), **float_tolerances(dtype))
-    assert report.ok and report.n_gradients == 2
-
-
-def _double(low: float, high: float, *shape: int) -> torch.Tensor:
-    return uniform(low, high, *shape).data
+test_broadcasting_property = broadcast_test(BROADCAST)
 
 
 DOUBLE_BACKWARD = [
-    case("erfinv", torch.erfinv, _double(-0.9, 0.9, 4)),
-    case("erfcx", S.erfcx, _double(-2, 2, 4)),
-    case("ndtr", S.ndtr, _double(-2, 2, 4)),
-    case("ndtri", S.ndtri, _double(0.1, 0.9, 4)),
-    case("log_ndtr", S.log_ndtr, _double(-3, 2, 4)),
-    case("lgamma", torch.lgamma, _double(0.3, 4, 4)),
-    case("digamma", torch.digamma, _double(0.3, 4, 4)),
-    case("polygamma", lambda x: torch.polygamma(1, x) + x.polygamma(2), _double(0.5, 4, 4)),
-    case("mvlgamma", lambda x: torch.mvlgamma(x, 3), _double(1.5, 4, 4)),
-    case("i0", torch.i0, _double(-3, 3, 4)),
-    case("i0e", S.i0e, _double(-3, 3, 4)),
-    case("i1", S.i1, _double(-3, 3, 4)),
-    case("i1e", S.i1e, _double(-3, 3, 4)),
-    case("entr", S.entr, _double(0.3, 3, 4)),
-    case("logit", torch.logit, _double(0.1, 0.9, 4)),
-    case("logit-eps", lambda x: torch.logit(x, 0.2), _double(0.0, 1.0, 6)),
-    case("logaddexp", torch.logaddexp, _double(-2, 2, 4), _double(-2, 2, 4)),
-    case("logaddexp2", torch.logaddexp2, _double(-2, 2, 4), _double(-2, 2, 4)),
-    case("xlogy", torch.xlogy, _double(-2, 2, 4), _double(0.3, 3, 4)),
-    case("xlog1py", S.xlog1py, _double(-2, 2, 4), _double(-0.5, 3, 4)),
+    case("erfinv", torch.erfinv, double(-0.9, 0.9, 4)),
+    case("erfcx", S.erfcx, double(-2, 2, 4)),
+    case("ndtr", S.ndtr, double(-2, 2, 4)),
+    case("ndtri", S.ndtri, double(0.1, 0.9, 4)),
+    case("log_ndtr", S.log_ndtr, double(-3, 2, 4)),
+    case("lgamma", torch.lgamma, double(0.3, 4, 4)),
+    case("digamma", torch.digamma, double(0.3, 4, 4)),
+    case("polygamma", lambda x: torch.polygamma(1, x) + x.polygamma(2), double(0.5, 4, 4)),
+    case("mvlgamma", lambda x: torch.mvlgamma(x, 3), double(1.5, 4, 4)),
+    case("i0", torch.i0, double(-3, 3, 4)),
+    case("i0e", S.i0e, double(-3, 3, 4)),
+    case("i1", S.i1, double(-3, 3, 4)),
+    case("i1e", S.i1e, double(-3, 3, 4)),
+    case("entr", S.entr, double(0.3, 3, 4)),
+    case("logit", torch.logit, double(0.1, 0.9, 4)),
+    case("logit-eps", lambda x: torch.logit(x, 0.2), double(0.0, 1.0, 6)),
+    case("logaddexp", torch.logaddexp, double(-2, 2, 4), double(-2, 2, 4)),
+    case("logaddexp2", torch.logaddexp2, double(-2, 2, 4), double(-2, 2, 4)),
+    case("xlogy", torch.xlogy, double(-2, 2, 4), double(0.3, 3, 4)),
+    case("xlog1py", S.xlog1py, double(-2, 2, 4), double(-0.5, 3, 4)),
 ]
 
 

@@ -24,16 +24,22 @@ def _elementwise_scale(g: torch.Tensor, reduction: str, count: int) -> torch.Ten
     return _scale(g, reduction, max(count, 1) if reduction == "mean" else count)
 
 
-@register(F.cosine_embedding_loss)
-class CosineEmbedding(Function):
-    """l = 1 - cos if y = 1, max(0, cos - margin) if y = -1, cos = x1.x2 / sqrt((|x1|^2 + e)(|x2|^2 + e)), e = 1e-12
-    ->  dl/dcos = -1 or [cos >= margin];  dcos/dx1 = x2 / sqrt(..) - cos x1 / (|x1|^2 + e)"""
+class _PairLoss(Function):
+    """The forward of a loss of (input1, input2, target, margin): torch's own `op`, with all three inputs saved."""
 
     @staticmethod
     def forward(ctx, input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
         ctx.margin, ctx.reduction = margin, _reduction(size_average, reduce, reduction)
         ctx.save_for_backward(input1, input2, target)
-        return F.cosine_embedding_loss(input1, input2, target, margin, reduction=ctx.reduction)
+        return ctx.rule.op(input1, input2, target, margin, reduction=ctx.reduction)
+
+
+@register(F.cosine_embedding_loss)
+class CosineEmbedding(_PairLoss):
+    """l = 1 - cos if y = 1, max(0, cos - margin) if y = -1, cos = x1.x2 / sqrt((|x1|^2 + e)(|x2|^2 + e)), e = 1e-12
+    ->  dl/dcos = -1 or [cos >= margin];  dcos/dx1 = x2 / sqrt(..) - cos x1 / (|x1|^2 + e)"""
+
+    op = staticmethod(F.cosine_embedding_loss)
 
     @staticmethod
     def backward(ctx, g):
@@ -52,15 +58,11 @@ class CosineEmbedding(Function):
 
 
 @register(F.margin_ranking_loss)
-class MarginRanking(Function):
+class MarginRanking(_PairLoss):
     """l = max(0, -y (x1 - x2) + margin)  ->  with m = [-y (x1 - x2) + margin >= 0]:
     dl/dx1 = -y m, dl/dx2 = y m, dl/dy = -(x1 - x2) m"""
 
-    @staticmethod
-    def forward(ctx, input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
-        ctx.margin, ctx.reduction = margin, _reduction(size_average, reduce, reduction)
-        ctx.save_for_backward(input1, input2, target)
-        return F.margin_ranking_loss(input1, input2, target, margin, reduction=ctx.reduction)
+    op = staticmethod(F.margin_ranking_loss)
 
     @staticmethod
     def backward(ctx, g):
@@ -91,16 +93,22 @@ class HingeEmbedding(Function):
         return slope * _elementwise_scale(g, ctx.reduction, shape.numel()), None
 
 
-@register(F.soft_margin_loss)
-class SoftMargin(Function):
-    """l = log(1 + e^(-y x))  ->  dl/dx = -y s(-y x), dl/dy = -x s(-y x), s = sigmoid
-    (torch refuses the target's gradient; torchtrace gives it)"""
+class _TargetLoss(Function):
+    """The forward of a loss of (input, target) and no options: torch's own `op`, with both inputs saved."""
 
     @staticmethod
     def forward(ctx, input, target, size_average=None, reduce=None, reduction="mean"):
         ctx.reduction = _reduction(size_average, reduce, reduction)
         ctx.save_for_backward(input, target)
-        return F.soft_margin_loss(input, target, reduction=ctx.reduction)
+        return ctx.rule.op(input, target, reduction=ctx.reduction)
+
+
+@register(F.soft_margin_loss)
+class SoftMargin(_TargetLoss):
+    """l = log(1 + e^(-y x))  ->  dl/dx = -y s(-y x), dl/dy = -x s(-y x), s = sigmoid
+    (torch refuses the target's gradient; torchtrace gives it)"""
+
+    op = staticmethod(F.soft_margin_loss)
 
     @staticmethod
     def backward(ctx, g):
@@ -178,15 +186,11 @@ class MultiMargin(Function):
 
 
 @register(F.multilabel_margin_loss)
-class MultilabelMargin(Function):
+class MultilabelMargin(_TargetLoss):
     """l_n = (1/C) sum_{j in Y_n} sum_{i not in Y_n} max(0, 1 - (x_j - x_i)), Y_n = target[n] up to the first -1
     ->  each active pair (1 - x_j + x_i > 0) adds 1/C to dl/dx_i and -1/C to dl/dx_j (a repeated label counts twice)"""
 
-    @staticmethod
-    def forward(ctx, input, target, size_average=None, reduce=None, reduction="mean"):
-        ctx.reduction = _reduction(size_average, reduce, reduction)
-        ctx.save_for_backward(input, target)
-        return F.multilabel_margin_loss(input, target, reduction=ctx.reduction)
+    op = staticmethod(F.multilabel_margin_loss)
 
     @staticmethod
     def backward(ctx, g):

@@ -4,52 +4,28 @@
     pixel_unshuffle(x, r):  (*, C, H r, W r) -> (*, C r^2, H, W)   ->  dx = pixel_shuffle(g, r)
     channel_shuffle(x, G):  channels viewed as (G, C/G), transposed to (C/G, G)  ->  dx = channel_shuffle(g, C/G)
 """
+from typing import Any
+
 import torch
 
-from torchtrace.autograd.function import Function, register
 from torchtrace.nn.module import Module
+from torchtrace.ops.shape import structural
 
 
-@register(torch.pixel_shuffle)  # = F.pixel_shuffle; nn.PixelShuffle calls it
-class PixelShuffling(Function):
-    """y = pixel_shuffle(x, r), a permutation  ->  dx = pixel_unshuffle(g, r)"""
-
-    @staticmethod
-    def forward(ctx, input, upscale_factor):
-        ctx.factor = upscale_factor
-        return torch.pixel_shuffle(input, upscale_factor)
-
-    @staticmethod
-    def backward(ctx, g):
-        return torch.pixel_unshuffle(g, ctx.factor), None
+def _channel_unshuffle(ctx: Any, g: torch.Tensor, groups: int) -> torch.Tensor:
+    return torch.channel_shuffle(g, ctx.shape[1] // groups if len(ctx.shape) > 1 else 1)
 
 
-@register(torch.pixel_unshuffle)  # = F.pixel_unshuffle
-class PixelUnshuffling(Function):
-    """y = pixel_unshuffle(x, r), a permutation  ->  dx = pixel_shuffle(g, r)"""
-
-    @staticmethod
-    def forward(ctx, input, downscale_factor):
-        ctx.factor = downscale_factor
-        return torch.pixel_unshuffle(input, downscale_factor)
-
-    @staticmethod
-    def backward(ctx, g):
-        return torch.pixel_shuffle(g, ctx.factor), None
-
-
-@register(torch.channel_shuffle, torch.native_channel_shuffle)  # = F.channel_shuffle, F.native_channel_shuffle
-class ChannelShuffling(Function):
-    """y = channel_shuffle(x, G): channel (i, j) of a (G, C/G) grid moves to (j, i)  ->  dx = channel_shuffle(g, C/G)"""
-
-    @staticmethod
-    def forward(ctx, input, groups):
-        ctx.inverse = input.shape[1] // groups if input.dim() > 1 else 1
-        return torch.channel_shuffle(input, groups)
-
-    @staticmethod
-    def backward(ctx, g):
-        return torch.channel_shuffle(g, ctx.inverse), None
+for _rule in (  # = F.pixel_shuffle, F.pixel_unshuffle (nn.PixelShuffle calls them), F.(native_)channel_shuffle
+    structural("PixelShuffling", [torch.pixel_shuffle], "y = pixel_shuffle(x, r), a permutation  ->  dx = "
+               "pixel_unshuffle(g, r)", lambda ctx, g, upscale_factor: torch.pixel_unshuffle(g, upscale_factor)),
+    structural("PixelUnshuffling", [torch.pixel_unshuffle], "y = pixel_unshuffle(x, r), a permutation  ->  dx = "
+               "pixel_shuffle(g, r)", lambda ctx, g, downscale_factor: torch.pixel_shuffle(g, downscale_factor)),
+    structural("ChannelShuffling", [torch.channel_shuffle, torch.native_channel_shuffle], "y = channel_shuffle(x, G): "
+               "channel (i, j) of a (G, C/G) grid moves to (j, i)  ->  dx = channel_shuffle(g, C/G)",
+               _channel_unshuffle),
+):
+    _rule.__module__ = __name__  # filed under this module, not shape.py where the factory lives
 
 
 class PixelShuffle(Module, torch.nn.PixelShuffle):

@@ -55,57 +55,35 @@ def _unrotate(ctx: Any, g: torch.Tensor, k: int = 1, dims: Sequence[int] = (0, 1
     return torch.rot90(g, -k, dims)
 
 
+def _undiag(ctx: Any, g: torch.Tensor, diagonal: int = 0) -> torch.Tensor:
+    if len(ctx.shape) == 1:
+        return g.diagonal(diagonal)
+    return torch.diagonal_scatter(g.new_zeros(ctx.shape), g, diagonal)
+
+
+def _undiagflat(ctx: Any, g: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    return g.diagonal(offset).reshape(ctx.shape)
+
+
+def _undiag_embed(ctx: Any, g: torch.Tensor, offset: int = 0, dim1: int = -2, dim2: int = -1) -> torch.Tensor:
+    return g.diagonal(offset, dim1, dim2)
+
+
 for _rule in (
     structural("Tril", [torch.tril, T.tril], "y = x below diagonal k, 0 above  ->  dx = tril(g, k)", same_op),
     structural("Triu", [torch.triu, T.triu], "y = x above diagonal k, 0 below  ->  dx = triu(g, k)", same_op),
     structural("Rot90", [torch.rot90, T.rot90], "y = x turned k quarter turns in the plane dims  ->  dx = g turned -k",
                _unrotate),
+    structural("Diag", [torch.diag, T.diag],
+               "1-D x: y = matrix with x on diagonal k -> dx = g.diagonal(k);  "
+               "2-D x: y = x.diagonal(k) -> dx = g put there", _undiag),
+    structural("Diagflat", [torch.diagflat, T.diagflat],
+               "y = matrix with x.flatten() on diagonal k  ->  dx = g.diagonal(k) reshaped to x", _undiagflat),
+    structural("DiagEmbed", [torch.diag_embed, T.diag_embed],
+               "y[..., i, i+k] = x[..., i] on the plane (dim1, dim2)  ->  dx = g.diagonal(k, dim1, dim2)",
+               _undiag_embed),
 ):
     _rule.__module__ = __name__  # filed under this module, not shape.py where the factory lives
-
-
-@register(torch.diag, T.diag)
-class Diag(Function):
-    """1-D x: y = matrix with x on diagonal k -> dx = g.diagonal(k);  2-D x: y = x.diagonal(k) -> dx = g put there"""
-
-    @staticmethod
-    def forward(ctx, x, diagonal=0):
-        ctx.shape, ctx.diagonal = x.shape, diagonal
-        return torch.diag(x, diagonal)
-
-    @staticmethod
-    def backward(ctx, g):
-        if len(ctx.shape) == 1:
-            return g.diagonal(ctx.diagonal)
-        return torch.diagonal_scatter(g.new_zeros(ctx.shape), g, ctx.diagonal)
-
-
-@register(torch.diagflat, T.diagflat)
-class Diagflat(Function):
-    """y = matrix with x.flatten() on diagonal k  ->  dx = g.diagonal(k) reshaped to x"""
-
-    @staticmethod
-    def forward(ctx, x, offset=0):
-        ctx.shape, ctx.offset = x.shape, offset
-        return torch.diagflat(x, offset)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.diagonal(ctx.offset).reshape(ctx.shape)
-
-
-@register(torch.diag_embed, T.diag_embed)
-class DiagEmbed(Function):
-    """y[..., i, i+k] = x[..., i] on the plane (dim1, dim2)  ->  dx = g.diagonal(k, dim1, dim2)"""
-
-    @staticmethod
-    def forward(ctx, x, offset=0, dim1=-2, dim2=-1):
-        ctx.args = (offset, dim1, dim2)
-        return torch.diag_embed(x, offset, dim1, dim2)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.diagonal(*ctx.args)
 
 
 def _as_block(shape: torch.Size) -> Tuple[int, int]:

@@ -167,16 +167,18 @@ class MaskedSelect(Function):
 class Gather(Function):
     """y[i][j] = x[i][index[i][j]] (dim=1)  ->  dx = zeros.scatter_add(dim, index, g)"""
 
+    op, put_back = staticmethod(torch.gather), staticmethod(T.scatter_add)  # a pick along dim and its adjoint
+
     @staticmethod
     def forward(ctx, x, dim, index, sparse_grad=False):
         ctx.shape, ctx.dim = x.shape, dim
         ctx.save_for_backward(index)
-        return torch.gather(x, dim, index)
+        return ctx.rule.op(x, dim, index)
 
     @staticmethod
     def backward(ctx, g):
         (index,) = ctx.saved_tensors
-        return g.new_zeros(ctx.shape).scatter_add(ctx.dim, index, g)
+        return ctx.rule.put_back(g.new_zeros(ctx.shape), ctx.dim, index, g)
 
 
 @register(torch.scatter, T.scatter)
@@ -265,19 +267,10 @@ class Take(Function):
 # ------------------------------------------------------------------ whole slices picked by an index along a dim
 
 @register(torch.index_select, T.index_select)
-class IndexSelect(Function):
+class IndexSelect(Gather):
     """y = x picked at index along dim  ->  dx = zeros.index_add(dim, index, g)"""
 
-    @staticmethod
-    def forward(ctx, x, dim, index):
-        ctx.shape, ctx.dim = x.shape, dim
-        ctx.save_for_backward(index)
-        return torch.index_select(x, dim, index)
-
-    @staticmethod
-    def backward(ctx, g):
-        (index,) = ctx.saved_tensors
-        return g.new_zeros(ctx.shape).index_add(ctx.dim, index, g)
+    op, put_back = staticmethod(torch.index_select), staticmethod(T.index_add)
 
 
 @register(torch.index_add, T.index_add)

@@ -12,6 +12,7 @@ import torch
 
 from torchtrace.autograd.function import Function, register
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.ops.rule_tables import reordered
 
 T = torch.Tensor
 linalg = torch.linalg
@@ -435,9 +436,11 @@ def lu_solve_grads(ctx: Any, lu: torch.Tensor, pivots: torch.Tensor, x: torch.Te
 class LuSolve(Function):
     """X = A^-1 B, A = P L U given as (LU, pivots)  ->  dB = A^-T G, dA = -dB X^T, then dL, dU of A = P L U"""
 
+    api = "torch.linalg.lu_solve"  # the name its errors give (the legacy spelling has its own)
+
     @staticmethod
     def forward(ctx, LU, pivots, B, *, left=True, adjoint=False):
-        real_only("torch.linalg.lu_solve", LU, B)
+        real_only(ctx.rule.api, LU, B)
         x = linalg.lu_solve(LU, pivots, B, left=left, adjoint=adjoint)
         ctx.left, ctx.adjoint = left, adjoint
         ctx.save_for_backward(LU, pivots, x)
@@ -450,23 +453,10 @@ class LuSolve(Function):
         return grad_lu, None, grad_b
 
 
-@register(torch.lu_solve, T.lu_solve)
-class LegacyLuSolve(Function):
-    """X = torch.lu_solve(b, LU, pivots) = A^-1 b  ->  db = A^-T G, dA = -db X^T, then dL, dU of A = P L U"""
-
-    @staticmethod
-    def forward(ctx, b, LU_data, LU_pivots):
-        real_only("torch.lu_solve", b, LU_data)
-        x = linalg.lu_solve(LU_data, LU_pivots, b)
-        ctx.left, ctx.adjoint = True, False
-        ctx.save_for_backward(LU_data, LU_pivots, x)
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        lu, pivots, x = ctx.saved_tensors
-        grad_lu, grad_b = lu_solve_grads(ctx, lu, pivots, x, g, (ctx.needs_input_grad[1], ctx.needs_input_grad[0]))
-        return grad_b, grad_lu, None
+LegacyLuSolve = reordered("LegacyLuSolve", LuSolve, [torch.lu_solve, T.lu_solve], (1, 2, 0),  # (b, LU, pivots)
+                          "X = torch.lu_solve(b, LU, pivots) = A^-1 b  ->  "
+                          "db = A^-T G, dA = -db X^T, then dL, dU of A = P L U")
+LegacyLuSolve.api = "torch.lu_solve"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
-from torchtrace.ops.rule_tables import binary, unary
+from torchtrace.ops.rule_tables import binary, reordered, unary
 
 T = torch.Tensor
 LN2, LN10 = math.log(2.0), math.log(10.0)
@@ -172,12 +172,6 @@ class ClampMax(Function):
         return grad_x, grad_high
 
 
-def _where_grads(g: torch.Tensor, condition: torch.Tensor, need_x: bool,
-                 need_y: bool) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-    """g goes to x where the condition holds and to y elsewhere."""
-    return (torch.where(condition, g, 0.0) if need_x else None), (torch.where(condition, 0.0, g) if need_y else None)
-
-
 @register(torch.where)
 class Where(Function):
     """z = where(c, x, y)  ->  dz/dx = [c], dz/dy = [not c]   (the one-argument where(c) has no gradient)"""
@@ -189,25 +183,12 @@ class Where(Function):
 
     @staticmethod
     def backward(ctx, g):
-        (condition,) = ctx.saved_tensors
-        return (None, *_where_grads(g, condition, *ctx.needs_input_grad[1:3]))
-
-
-@register(T.where)
-class TensorWhere(Function):
-    """z = x.where(c, y)  ->  dz/dx = [c], dz/dy = [not c]"""
-
-    @staticmethod
-    def forward(ctx, input, condition, other):
-        ctx.save_for_backward(condition)
-        return torch.where(condition, input, other)
-
-    @staticmethod
-    def backward(ctx, g):
-        (condition,) = ctx.saved_tensors
+        (c,) = ctx.saved_tensors
         need = ctx.needs_input_grad
-        grad_x, grad_y = _where_grads(g, condition, need[0], need[2])
-        return grad_x, None, grad_y
+        return None, torch.where(c, g, 0.0) if need[1] else None, torch.where(c, 0.0, g) if need[2] else None
+
+
+reordered("TensorWhere", Where, [T.where], (1, 0, 2), "z = x.where(c, y)  ->  dz/dx = [c], dz/dy = [not c]")
 
 
 @register(torch.lerp, T.lerp)
@@ -231,11 +212,13 @@ class Lerp(Function):
 class Addcmul(Function):
     """z = x + v t1 t2  ->  dz/dx = 1, dz/dt1 = v t2, dz/dt2 = v t1"""
 
+    op = staticmethod(torch.addcmul)
+
     @staticmethod
     def forward(ctx, input, tensor1, tensor2, value=1):
         ctx.value = value
         ctx.save_for_backward(tensor1, tensor2)
-        return torch.addcmul(input, tensor1, tensor2, value=value)
+        return ctx.rule.op(input, tensor1, tensor2, value=value)
 
     @staticmethod
     def backward(ctx, g):
@@ -246,14 +229,10 @@ class Addcmul(Function):
 
 
 @register(torch.addcdiv, T.addcdiv)
-class Addcdiv(Function):
+class Addcdiv(Addcmul):
     """z = x + v t1 / t2  ->  dz/dx = 1, dz/dt1 = v / t2, dz/dt2 = -v t1 / t2^2"""
 
-    @staticmethod
-    def forward(ctx, input, tensor1, tensor2, value=1):
-        ctx.value = value
-        ctx.save_for_backward(tensor1, tensor2)
-        return torch.addcdiv(input, tensor1, tensor2, value=value)
+    op = staticmethod(torch.addcdiv)
 
     @staticmethod
     def backward(ctx, g):

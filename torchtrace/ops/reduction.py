@@ -74,11 +74,13 @@ def mean_grad(g: torch.Tensor, shape: torch.Size, dim: Dims, keepdim: bool) -> t
 class Nansum(Function):
     """y = sum of the non-NaN x_i (over dim)  ->  dy/dx_i = 1, 0 at NaN"""
 
+    op = staticmethod(torch.nansum)
+
     @staticmethod
     def forward(ctx, x, dim=None, keepdim=False, *, dtype=None):
         ctx.dim, ctx.keepdim = dim, keepdim
         ctx.save_for_backward(x)
-        return torch.nansum(x, dim, keepdim, dtype=dtype)
+        return ctx.rule.op(x, dim, keepdim, dtype=dtype)
 
     @staticmethod
     def backward(ctx, g):
@@ -90,11 +92,7 @@ class Nansum(Function):
 class Nanmean(Nansum):
     """y = nansum x / (number of non-NaN x_i)  ->  dy/dx_i = 1 / count, 0 at NaN (NaN for an all-NaN slice, as torch)"""
 
-    @staticmethod
-    def forward(ctx, x, dim=None, keepdim=False, *, dtype=None):
-        ctx.dim, ctx.keepdim = dim, keepdim
-        ctx.save_for_backward(x)
-        return torch.nanmean(x, dim, keepdim, dtype=dtype)
+    op = staticmethod(torch.nanmean)
 
     @staticmethod
     def backward(ctx, g):

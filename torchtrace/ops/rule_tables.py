@@ -1,6 +1,7 @@
 """Build Function classes from one line of math: most pointwise rules are data, not code."""
+import inspect
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from torchtrace.autograd.function import Function, register
 
@@ -58,16 +59,33 @@ def binary(name: str, targets: Sequence[Callable], math: str, grad_a: Callable, 
     return make_rule(name, math, forward, backward, targets)
 
 
-def reflected(name: str, rule: type, targets: Sequence[Callable]) -> type:
-    """`2 - x` arrives as Tensor.__rsub__(x, 2): run `rule` on the swapped operands, swap the gradients back."""
+def reordered(name: str, rule: type, targets: Sequence[Callable], order: Sequence[int],
+              math: Optional[str] = None) -> type:
+    """A spelling that takes `rule`'s leading arguments in another order: the rule's k-th argument is this call's
+    argument order[k] (x.where(c, y) is torch.where(c, x, y): order (1, 0, 2)); the gradients go back to match."""
+    n = len(order)
+    back = [order.index(k) for k in range(n)]  # this call's argument k is the rule's argument back[k]
+    ctx_param, *params = inspect.signature(rule.forward).parameters.values()
+    signature = inspect.Signature([ctx_param, *(params[k] for k in back), *params[n:]])
 
-    def forward(ctx: Any, a: Any, b: Any, *args: Any, **kwargs: Any) -> Any:
+    def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) < n:  # x.where(c, other=y): bind keywords and defaults to their places
+            bound = signature.bind(ctx, *args, **kwargs)
+            bound.apply_defaults()
+            args, kwargs = bound.args[1:], bound.kwargs
         flags = ctx.needs_input_grad
-        ctx.needs_input_grad = (flags[1], flags[0]) + flags[2:]  # the rule sees (b, a) from now on
-        return rule.forward(ctx, b, a, *args, **kwargs)
+        ctx.needs_input_grad = tuple(flags[k] for k in order) + tuple(flags[n:])  # the rule's order from now on
+        return rule.forward(ctx, *[args[k] for k in order], *args[n:], **kwargs)
+
+    forward.__signature__ = signature  # keyword tensors are routed by this call's parameter names
 
     def backward(ctx: Any, g: Any) -> Any:
-        grad_b, grad_a = rule.backward(ctx, g)[:2]
-        return grad_a, grad_b
+        grads = rule.backward(ctx, g)
+        return (*(grads[k] for k in back), *grads[n:])
 
-    return make_rule(name, f"{rule.__doc__} (operands swapped)", forward, backward, targets)
+    return make_rule(name, math or f"{rule.__doc__} (arguments reordered)", forward, backward, targets)
+
+
+def reflected(name: str, rule: type, targets: Sequence[Callable]) -> type:
+    """`2 - x` arrives as Tensor.__rsub__(x, 2): run `rule` on the swapped operands, swap the gradients back."""
+    return reordered(name, rule, targets, (1, 0), f"{rule.__doc__} (operands swapped)")

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from torchtrace.autograd.function import Function, register
-from torchtrace.ops.rule_tables import binary, unary
+from torchtrace.ops.rule_tables import binary, reordered, unary
 
 T = torch.Tensor
 S = torch.special
@@ -55,20 +55,7 @@ class Polygamma(Function):
         return None, g * torch.polygamma(ctx.n + 1, x)
 
 
-@register(T.polygamma)
-class TensorPolygamma(Function):
-    """y = x.polygamma(n)  ->  dy/dx = polygamma(n + 1, x)"""
-
-    @staticmethod
-    def forward(ctx, input, n):
-        ctx.n = n
-        ctx.save_for_backward(input)
-        return torch.polygamma(n, input)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * torch.polygamma(ctx.n + 1, x), None
+reordered("TensorPolygamma", Polygamma, [T.polygamma], (1, 0), "y = x.polygamma(n)  ->  dy/dx = polygamma(n + 1, x)")
 
 
 @register(torch.mvlgamma, T.mvlgamma, S.multigammaln)
