@@ -121,3 +121,22 @@ def test_keyword_tensor_arguments_get_their_gradient():
     y = tt.tracer([3.0, 4.0], requires_grad=True)
     torch.add(x, other=y, alpha=2).sum().backward()
     assert x.grad.tolist() == [1.0, 1.0] and y.grad.tolist() == [2.0, 2.0]
+
+
+def test_a_function_whose_forward_returns_its_input_still_records_its_backward():
+    class DoubleTheGradient(tt.Function):
+        """y = x  ->  dx = 2g (a deliberately custom gradient)"""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    x = tt.tracer(torch.ones(3), requires_grad=True)
+    y = DoubleTheGradient.apply(x)
+    assert y is not x and y.grad_fn is not None
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full((3,), 2.0))

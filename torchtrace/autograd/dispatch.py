@@ -53,7 +53,7 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
             _set_grad_enabled(False)
         try:
             out = rule.forward(ctx, *args, **kwargs)
-            if args and out is args[0] and isinstance(out, tracer_type):
+            if func is not None and args and out is args[0] and isinstance(out, tracer_type):
                 return out  # torch hands back the input itself (x.contiguous() of a contiguous x): no new node
             result = _link_outputs(out, node, tracer_type, args)
         finally:
