@@ -4,7 +4,6 @@ import torch
 from helpers import assert_every_rule_exercised, check_op, double_backward_matches, float_tolerances
 
 import torchtrace as tt
-from torchtrace.ops.view_copies import AsStrided
 
 T = torch.Tensor
 DTYPES = [torch.float64, torch.float32]
@@ -56,23 +55,10 @@ def test_detach_copy_carries_no_gradient():
     assert not y.requires_grad and torch.equal(y.as_subclass(T), x.as_subclass(T))
 
 
-@pytest.mark.parametrize("call", [
-    lambda x: torch.as_strided(x, (2, 2), (1, 1)),
-    lambda x: x.as_strided((2,), (2,)),
-    lambda x: torch.as_strided_copy(x, (2, 2), (1, 2)),
-    lambda x: torch.as_strided_scatter(x, torch.zeros(2), (2,), (1,)),
-], ids=["torch.as_strided", "Tensor.as_strided", "torch.as_strided_copy", "torch.as_strided_scatter"])
-def test_as_strided_is_refused_with_a_clear_error(call):
-    x = tt.tracer(torch.randn(6), requires_grad=True)
-    with pytest.raises(tt.UnsupportedOperationError, match="torch.as_strided: .* — build the result with view"):
-        call(x)
-    assert call(tt.tracer(torch.randn(6))).dim() >= 1  # fine when nothing needs a gradient
-
-
 def test_every_view_copy_rule_is_exercised(dispatched):
     for fn, shape in CASES.values():
         fn(tt.tracer(torch.randn(shape), requires_grad=True))
-    assert_every_rule_exercised(dispatched, "torchtrace.ops.view_copies", exempt={AsStrided})
+    assert_every_rule_exercised(dispatched, "torchtrace.ops.view_copies")
 
 
 def test_double_backward_matches_torch():

@@ -89,7 +89,7 @@ _NEEDS: Dict[Tuple[Any, ...], Tuple[bool, ...]] = {}  # edge positions -> needs_
 def _needs_flags(positions: Tuple[Any, ...]) -> Tuple[bool, ...]:
     """(0, (2, 1)) -> (True, False, True, False, ...): one flag per parameter, at least 8."""
     taken = {p if type(p) is int else p[0] for p in positions}
-    flags = _NEEDS[positions] = tuple(i in taken for i in range(max(8, max(taken) + 1)))
+    flags = _NEEDS[positions] = tuple(i in taken for i in range(max(8, max(taken, default=-1) + 1)))
     return flags
 
 

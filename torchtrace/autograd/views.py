@@ -23,12 +23,31 @@ def _extent(size: Tuple[int, ...], stride: Tuple[int, ...], offset: int) -> int:
     return offset + 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else offset
 
 
-def _positions(base: torch.Tensor, where: Geometry) -> Tuple[int, torch.Tensor, torch.Tensor]:
-    """(span, storage position of each view element, storage position of each base element)."""
+def locate(ctx: Any, base: torch.Tensor, where: Geometry) -> None:
+    """ctx.view_at / ctx.base_at: the memory position of each view / base element (ctx.span positions in all)."""
     size, stride, offset = where
-    span = max(_extent(size, stride, offset), _extent(base.shape, base.stride(), 0))
-    memory = torch.arange(span, device=base.device)
-    return span, memory.as_strided(size, stride, offset), memory.as_strided(base.shape, base.stride(), 0)
+    low = min(offset, 0)  # a view may start before its base (torch.as_strided on a slice)
+    ctx.span = max(_extent(size, stride, offset - low), _extent(base.shape, base.stride(), -low))
+    memory = torch.arange(ctx.span, device=base.device)
+    ctx.view_at, ctx.base_at = memory.as_strided(size, stride, offset - low), memory.as_strided(base.shape,
+                                                                                                base.stride(), -low)
+
+
+def spread(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+    """A view-shaped gradient summed into its base's elements (an element read twice gets both)."""
+    return g.new_zeros(ctx.span).index_add(0, ctx.view_at.reshape(-1), g.reshape(-1))[ctx.base_at]
+
+
+def collect(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+    """A base-shaped gradient read at the view's elements."""
+    return g.new_zeros(ctx.span).index_add(0, ctx.base_at.reshape(-1), g.reshape(-1))[ctx.view_at]
+
+
+def covered(ctx: Any) -> torch.Tensor:
+    """Which base elements the view covers (a bool tensor of the base's shape)."""
+    hit = torch.zeros(ctx.span, dtype=torch.bool, device=ctx.base_at.device)
+    hit[ctx.view_at.reshape(-1)] = True
+    return hit[ctx.base_at]
 
 
 class ViewOfBase(Function):
@@ -36,14 +55,13 @@ class ViewOfBase(Function):
 
     @staticmethod
     def forward(ctx, base, where):
-        ctx.span, ctx.view_at, ctx.base_at = _positions(base, where)
+        locate(ctx, base, where)
         size, stride, offset = where
         return base.as_strided(size, stride, base.storage_offset() + offset)
 
     @staticmethod
     def backward(ctx, g):
-        memory = g.new_zeros(ctx.span).index_add(0, ctx.view_at.reshape(-1), g.reshape(-1))
-        return memory[ctx.base_at], None
+        return spread(ctx, g), None
 
 
 class WriteIntoView(Function):
@@ -51,10 +69,8 @@ class WriteIntoView(Function):
 
     @staticmethod
     def forward(ctx, base, written, where):
-        ctx.span, ctx.view_at, ctx.base_at = _positions(base, where)
-        covered = torch.zeros(ctx.span, dtype=torch.bool, device=base.device)
-        covered[ctx.view_at.reshape(-1)] = True
-        ctx.covered = covered[ctx.base_at]
+        locate(ctx, base, where)
+        ctx.covered = covered(ctx)
         size, stride, offset = where
         out = base.clone()
         out.as_strided(size, stride, out.storage_offset() + offset).copy_(written)
@@ -63,10 +79,7 @@ class WriteIntoView(Function):
     @staticmethod
     def backward(ctx, g):
         need_base, need_written = ctx.needs_input_grad[:2]
-        written = None
-        if need_written:  # g laid out in the base's memory, then read at the view's positions
-            written = g.new_zeros(ctx.span).index_add(0, ctx.base_at.reshape(-1), g.reshape(-1))[ctx.view_at]
-        return (g.masked_fill(ctx.covered, 0) if need_base else None), written, None
+        return (g.masked_fill(ctx.covered, 0) if need_base else None), (collect(ctx, g) if need_written else None), None
 
 
 def base_root(t: Any) -> Any:

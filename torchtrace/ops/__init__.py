@@ -25,6 +25,7 @@ from torchtrace.ops import (  # noqa: F401
     softmax,
     sorting,
     special,
+    strided,
     trigonometric,
     view_copies,
 )

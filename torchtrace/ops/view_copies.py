@@ -1,16 +1,15 @@
 """The `*_copy` twins of view ops (torch.view_copy, permute_copy, ...): the view's rule, with a copied result.
 
 A copy twin computes the same elements as its view, only in fresh memory, so its gradient is the view's: each
-twin reuses the view's rule (its forward, then a copy; its backward unchanged). as_strided and its twins are
-refused: a strided view may read one element many times in ways no shape rule describes.
+twin reuses the view's rule (its forward, then a copy; its backward unchanged). as_strided and its twins live in
+strided.py (memory positions, not shapes).
 """
 from typing import Any, Callable, Sequence
 
 import torch
 
 from torchtrace.autograd.dispatch import NON_DIFFERENTIABLE
-from torchtrace.autograd.function import RULES, Function, register
-from torchtrace.errors import UnsupportedOperationError
+from torchtrace.autograd.function import RULES
 from torchtrace.ops.rule_tables import make_rule
 from torchtrace.ops.shape import part_of
 
@@ -54,16 +53,3 @@ for _view, _copies in [
 
 part_of("SliceCopy", [torch.slice_copy], torch.slice_scatter).__module__ = __name__
 NON_DIFFERENTIABLE.add(torch.detach_copy)  # like detach: the copy carries no gradient
-
-
-@register(torch.as_strided, T.as_strided, torch.as_strided_copy, torch.as_strided_scatter, T.as_strided_scatter)
-class AsStrided(Function):
-    """y = x's storage read with arbitrary sizes and strides: refused"""
-
-    @staticmethod
-    def forward(ctx, x, *args, **kwargs):
-        raise UnsupportedOperationError(
-            "torch.as_strided: gradients through arbitrary strides (which may read one element many times) are "
-            "not supported — build the result with view / reshape / unfold / diagonal / narrow instead, or call "
-            "it under tt.no_grad()."
-        )
