@@ -32,9 +32,11 @@ KNOWN_CORE_BUGS: Dict[str, str] = {
     "mask_inf": "issue 8 §1 item 10: F.relu6 / F.hardtanh multiply the gradient by a 0/1 mask (nn/activation.py "
                 "_inside), so an infinite incoming gradient (sqrt at 0) becomes NaN where torch gives 0",
     "elu_double_at_zero": "issue 8 §1 item 10: F.elu's second derivative at x = 0 differs from torch's",
-    "hook_double": "issue 8 §1 (new, found by this fuzzer): with create_graph=True, a hook on a non-leaf whose rule "
-                   "saved its output (div, prod) fires again in the second backward: x.div(y) with a *3 hook gives "
-                   "a second derivative 3x torch's",
+    "hook_double": "issue 8 §1 (found by this fuzzer; a formula choice, not a wrong derivative): with "
+                   "create_graph=True, a hook on a non-leaf fires on every gradient reaching it, also in the second "
+                   "backward. Div and prod rules reuse their saved output (dz/dy = -g z / y) where torch's formula "
+                   "recomputes from the inputs (-g x / y^2): equal math, but a scaling hook then scales a different "
+                   "set of paths, so second derivatives differ (x.div(y) with a *3 hook)",
     "atan2_zero": "issue 8 §1 item 10: atan2 at (0, 0) gives a NaN gradient (torch: 0)",
 }
 FEATURES: FrozenSet[str] = frozenset({
