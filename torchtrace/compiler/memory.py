@@ -73,7 +73,8 @@ class Notes:
         self.defined: Dict[str, int] = {}  # name -> index of the line that defines it
         self.owner: Dict[str, str] = {}  # name -> the name whose storage it shares (itself if its own)
         self.fresh: Set[str] = set()  # names whose storage was allocated by their own line
-        self.inplace: Dict[int, Tuple[str, List[Tuple[str, str, List[str]]]]] = {}  # line -> (text, options)
+        # line -> (its text, [(buffer name, () -> the in-place call's source, names of the other tensor arguments)])
+        self.inplace: Dict[int, Tuple[str, List[Tuple[str, Callable[[], str], List[str]]]]] = {}
 
     def define(self, name: str, index: int, out: torch.Tensor, func: Callable, arguments: Sequence[torch.Tensor],
                name_of: Callable[[torch.Tensor], str]) -> None:
@@ -146,18 +147,31 @@ def optimise(lines: List[str], notes: Notes, live_out: Iterable[str]) -> List[st
             group = [n for n in members.get(base, ()) if notes.defined[n] <= index and n != target]
             if not all(dead_after(s, n) for n in group) or any(root(o) == base for o in others):
                 continue
-            out[index] = out[index].replace(text, f"{target} = {source}", 1)
+            out[index] = out[index].replace(text, f"{target} = {source()}", 1)
             members[root(target)].remove(target)
             owner[target] = base
             members[base].append(target)
             break
+    freed: Dict[int, List[str]] = {}  # statement -> the names it reads (or defines) for the last time
+    for name in sorted(notes.defined, key=notes.defined.get):
+        if name not in live:
+            at = last.get(name)
+            freed.setdefault(statement_of_line(spans, notes.defined[name]) if at is None else at, []).append(name)
     result: List[str] = []
     for s, (first, end) in enumerate(spans):
         result.extend(out[first:end + 1])
-        done = sorted((n for n, at in last.items() if at == s and n not in live),
-                      key=lambda n: notes.defined[n])
-        done += [n for n, at in notes.defined.items()
-                 if spans[s][0] <= at <= spans[s][1] and n not in last and n not in live]
-        if done:
-            result.append(f"del {', '.join(done)}")
+        if s in freed:
+            result.append(f"del {', '.join(freed[s])}")
     return result
+
+
+def statement_of_line(spans: Sequence[Tuple[int, int]], index: int) -> int:
+    """The statement holding line `index` (spans are sorted and cover every line)."""
+    low, high = 0, len(spans) - 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if spans[middle][0] <= index:
+            low = middle
+        else:
+            high = middle - 1
+    return low

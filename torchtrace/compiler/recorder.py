@@ -5,6 +5,7 @@ tracers, and factories that take no tracer). When such a call records a Node, th
 run again on plain tensors under `RuleCalls`, which writes down the torch calls the rule itself makes:
 its forward now, its backward later (`Program.backward`). So the code is the rules' own code, op by op.
 """
+import functools
 import itertools
 import linecache
 import os
@@ -209,16 +210,18 @@ class Program:
         arguments = tensors_in(args) + tensors_in(kwargs)
         for t in results:
             notes.define(self.tensor_name(t), index, t, func, arguments, self.tensor_name)
-        if not isinstance(out, torch.Tensor) or func not in INPLACE_FORMS or "out" in kwargs:
+        if (not isinstance(out, torch.Tensor) or func not in INPLACE_FORMS or "out" in kwargs
+                or any(isinstance(v, torch.device) for v in (*args, *kwargs.values()))):
             return
         options = []
         for pos in (0, 1) if func in COMMUTATIVE and len(args) == 2 and not kwargs else (0,):
             if pos < len(args) and suits(args[pos], out):
                 rest = args[:pos] + args[pos + 1:]
-                source = call_source(getattr(T, INPLACE_FORMS[func]), (args[pos], *rest), kwargs, self.tensor_name,
-                                     self.device_name)
-                others = [self.tensor_name(t) for t in tensors_in(rest) + tensors_in(kwargs)]
-                options.append((self.tensor_name(args[pos]), source, others))
+                names = {id(t): self.tensor_name(t) for t in arguments}  # as this line named them (and no more)
+                source = functools.partial(call_source, getattr(T, INPLACE_FORMS[func]), (args[pos], *rest), kwargs,
+                                           lambda t, names=names: names[id(t)])  # written only if it is used
+                others = [names[id(t)] for t in tensors_in(rest) + tensors_in(kwargs)]
+                options.append((names[id(args[pos])], source, others))
         if options:
             notes.inplace[index] = (self.lines[self.section][index], options)
 
