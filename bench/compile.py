@@ -9,14 +9,19 @@ after another inside each repeat, so drifts in machine load hit all alike. Cases
   * LeNet-5 on 64 1x28x28 images, cross-entropy, Adam step (the model of bench/models.py);
   * the 2-layer GPT of bench/models.py, batch 16 x 32 tokens, Adam step.
 Prints ms per step for each contender and the ratios to torch autograd, then the one-time compile cost.
+`--lines N` also times every line of the generated forward and backward (thread CPU time, median over the
+repeats) and prints the N costliest lines and the time per rule: where the compiled step spends its time.
 """
 import argparse
+import ast
+import builtins
+import collections
 import copy
 import pathlib
 import statistics
 import sys
 import time
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -91,7 +96,7 @@ def sides(case: Callable, optimizer: str, device: str) -> Tuple[list, Callable, 
     return contenders, compile_s, (theirs, ours, compiled_model, compiled_loss)
 
 
-def run(name: str, case: Callable, optimizer: str, repeats: int, device: str) -> None:
+def run(name: str, case: Callable, optimizer: str, repeats: int, device: str, lines: int = 0) -> None:
     contenders, compile_s, models = sides(case, optimizer, device)
     for _ in range(3):  # warm-up
         for _, step in contenders:
@@ -112,6 +117,50 @@ def run(name: str, case: Callable, optimizer: str, repeats: int, device: str) ->
     for (label, _), w, f in zip(contenders, whole, fwd_bwd):
         print(f"    {label:<20} fwd+bwd {f * 1e3:8.3f} ms ({f / fwd_bwd[0]:4.2f}x)   whole step {w * 1e3:8.3f} ms "
               f"({w / whole[0]:4.2f}x)")
+    if lines:
+        torch.manual_seed(0)
+        _, x, target, _ = case(device)
+        profile_lines(models[3], x, target, repeats, lines)
+
+
+def profile_lines(compiled: Callable, x: torch.Tensor, target: torch.Tensor, repeats: int, top: int) -> None:
+    """Run the generated forward + backward with each line timed; print the costliest lines and rules."""
+    spec = compiled.latest
+    label, labels = "", {}
+    for number, line in enumerate(spec.source.splitlines(), 1):  # the rule a line belongs to: its block's comment
+        text = line.strip()
+        if text.startswith("# ") and text[2:3].isupper() and ("[" in text or ":" in text):
+            label = text[2:].split(":")[0].split("  [")[0]
+        labels[number] = label
+    tree, texts = ast.parse(spec.source), []
+    for function in tree.body:
+        if isinstance(function, ast.FunctionDef) and function.name in ("forward", "backward"):
+            body = []
+            for statement in function.body:
+                if isinstance(statement, (ast.Return, ast.Expr)):
+                    body.append(statement)
+                    continue
+                texts.append((function.name, ast.unparse(statement), labels.get(statement.lineno, "")))
+                body += ast.parse("_start = _clock()").body + [statement]
+                body += ast.parse(f"_times[{len(texts) - 1}].append(_clock() - _start)").body
+            function.body = body
+    namespace = {"_clock": time.thread_time, "_times": [[] for _ in texts]}
+    exec(builtins.compile(ast.fix_missing_locations(tree), "<generated>", "exec"), namespace)
+    params = {name: torch.Tensor.as_subclass(t, torch.Tensor).detach() for name, t in spec.captured_named}
+    for i in range(repeats + 3):
+        if i == 3:
+            for t in namespace["_times"]:
+                t.clear()
+        outputs, saved = namespace["forward"](x, target, params)
+        namespace["backward"](params, saved, torch.ones_like(outputs[0]))
+    cost = [statistics.median(t) for t in namespace["_times"]]
+    per_rule: Dict[str, float] = collections.Counter()
+    for (section, _, rule), c in zip(texts, cost):
+        per_rule[f"{section} {rule}"] += c
+    print(f"    generated lines, thread CPU time, median of {repeats}:")
+    for i in sorted(range(len(texts)), key=lambda i: -cost[i])[:top]:
+        print(f"      {cost[i] * 1e6:8.1f} us  {texts[i][0]:<8} {texts[i][1][:100]}")
+    print("    per rule: " + ", ".join(f"{name} {c * 1e3:.2f} ms" for name, c in per_rule.most_common(top)))
 
 
 def sync(device: str) -> None:
@@ -125,6 +174,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--only", default="", help="comma-separated subset: chain,mlp,lenet,gpt")
+    parser.add_argument("--lines", type=int, default=0, help="also time each generated line; print the N costliest")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}; "
@@ -133,7 +183,7 @@ def main() -> None:
              "lenet": ("LeNet-5 b64 + Adam", lenet_case, "adam"), "gpt": ("GPT 2x64 16x32 + Adam", gpt_case, "adam")}
     for key in (args.only.split(",") if args.only else cases):
         name, case, optimizer = cases[key]
-        run(name, case, optimizer, args.repeats, args.device)
+        run(name, case, optimizer, args.repeats, args.device, args.lines)
 
 
 if __name__ == "__main__":

@@ -122,6 +122,22 @@ def test_eval_mode_draws_no_random_numbers():
     assert torch.equal(out.as_subclass(torch.Tensor), X)
 
 
+@pytest.mark.parametrize("fn", [lambda x: F.dropout(x, 0.0), lambda x: F.dropout(x, 0.5, training=False),
+                                lambda x: torch.dropout(x, 0.0, train=True), lambda x: F.alpha_dropout(x, 0.0, True),
+                                lambda x: F.dropout2d(x, 0.3, training=False)])
+def test_p_zero_and_eval_are_the_identity_with_no_mask(fn):
+    x = tt.tracer(X4.double(), requires_grad=True)
+    code = tt.compile(lambda t: fn(t).sum(), (x,)).code
+    calls = [line for line in code.splitlines() if " = " in line and not line.strip().startswith("#")]
+    assert not any("like(" in line or "dropout" in line for line in calls), calls  # no mask is made
+    y = fn(x)
+    assert torch.equal(y.as_subclass(torch.Tensor), X4.double())
+    (grad,) = tt.grad((y * y).sum(), [x], create_graph=True)
+    assert torch.equal(grad.as_subclass(torch.Tensor), 2 * X4.double())
+    (second,) = tt.grad(grad.sum(), [x])
+    assert torch.equal(second.as_subclass(torch.Tensor), torch.full_like(X4.double(), 2.0))
+
+
 def test_inplace_flag_changes_a_non_leaf_as_torch_does():
     leaf, expected_leaf = tt.tracer(X3, requires_grad=True), X3.clone().requires_grad_(True)
     x, expected = leaf * 1.5, expected_leaf * 1.5

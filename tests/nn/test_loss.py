@@ -95,6 +95,10 @@ def test_cross_entropy_probabilities(kwargs, reduction):
     (lambda x: F.cross_entropy(x, LABELS, reduce=False), (LOGITS,)),
     (lambda x: F.cross_entropy(non_contiguous(x), LABELS), (LOGITS.double(),)),
     (lambda x: F.cross_entropy(x * x, LABELS) + x.sum(), (LOGITS,)),
+    # an ignore_index outside the classes never matches one; inside, the samples are masked out
+    (lambda x: F.cross_entropy(x, torch.where(LABELS == 2, -1, LABELS), ignore_index=-1), (LOGITS,)),
+    (lambda x: F.cross_entropy(x, LABELS, ignore_index=7, label_smoothing=0.2), (LOGITS,)),
+    (lambda x: F.cross_entropy(x, LABELS, ignore_index=0, label_smoothing=0.2), (LOGITS,)),
 ])
 def test_cross_entropy_forms(fn, inputs):
     check_op(fn, *inputs)

@@ -150,6 +150,17 @@ def test_double_backward(fn, inputs):
     double_backward_matches(fn, *(x.double() for x in inputs))
 
 
+def test_layer_norm_first_order_uses_forward_statistics_and_create_graph_recomputes_them():
+    x, w, b = (tt.tracer(t.double(), requires_grad=True) for t in (X3, torch.randn(4), torch.randn(4)))
+    g = torch.randn(X3.shape, dtype=torch.float64)
+    first = tt.grad(F.layer_norm(x, (4,), w, b), [x, w, b], g)
+    recorded = tt.grad(F.layer_norm(x, (4,), w, b), [x, w, b], g, create_graph=True)
+    for a, c in zip(first, recorded):
+        torch.testing.assert_close(a.as_subclass(torch.Tensor), c.as_subclass(torch.Tensor))
+    code = tt.compile(lambda x, w, b: F.layer_norm(x, (4,), w, b).square().sum(), (x, w, b)).code
+    assert "native_layer_norm" in code and "rsqrt" not in code.split("def backward")[1]
+
+
 @pytest.mark.parametrize("momentum", [0.1, 0.7, None])
 def test_functional_training_updates_running_stats_like_torch(momentum):
     ours_mean, ours_var = tt.tracer(RUNNING_MEAN), tt.tracer(RUNNING_VAR)  # as tt.port leaves buffers

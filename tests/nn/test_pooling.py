@@ -300,3 +300,19 @@ def test_fractional_max_pool_draws_torchs_windows():
 
 def test_fractional_max_pool_double_backward():
     double_backward_matches(lambda x: F.fractional_max_pool2d(x, 2, 3, _random_samples=SAMPLES2) ** 3, X.double())
+
+
+@pytest.mark.parametrize("args", [(2,), (2, 2), (3, 2, 1), (2, 1, 0, 2), (3, 3, 1, 1, True)])
+def test_max_pool2d_through_the_channels_last_kernel_gives_torchs_values_indices_and_layout(args):
+    x = torch.randn(2, 4, 7, 9, dtype=torch.float64)
+    x[0, 0, 0, :3] = float("nan")  # NaN wins its window (torch: the last NaN's index)
+    x[1, 1, 2:4, 2:4] = float("-inf")  # an all -inf window: the first position
+    x[1, 2] = 0.0  # ties everywhere: the first maximum
+    y, indices = F.max_pool2d_with_indices(tt.tracer(x, requires_grad=True), *args, return_indices=True)
+    expected, expected_indices = F.max_pool2d_with_indices(x, *args, return_indices=True)
+    torch.testing.assert_close(y.as_subclass(torch.Tensor), expected, equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(indices.as_subclass(torch.Tensor), expected_indices)
+    assert y.is_contiguous() and indices.is_contiguous()  # the layout torch returns for an NCHW input
+    finite = torch.randn(2, 4, 7, 9, dtype=torch.float64)
+    check_op(lambda t: F.max_pool2d(t, *args), finite)
+    double_backward_matches(lambda t: F.max_pool2d(t, *args) ** 2, finite)

@@ -11,6 +11,7 @@ from torchtrace.autograd.node import leaf_accumulator
 from torchtrace.autograd.state import observing
 from torchtrace.compiler import guards
 from torchtrace.compiler.codegen import fit
+from torchtrace.compiler.memory import optimise
 from torchtrace.compiler.recorder import Program, UserCalls, _rng_state, _set_rng_state, record_backward
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.tracer import tracer
@@ -118,17 +119,20 @@ class Trace:
                               for n, t in zip(self.input_names, self.inputs))
         fwd = fit(f"def forward({', '.join([*self.input_names, 'params'])}):", "")
         fwd += fit(f'"""{title}({described})"""', "    ")
-        fwd += [out for line in program.lines["forward"] for out in fit(line, "    ")]
+        gradients = self._gradient_names()
+        forward_lines = optimise(program.lines["forward"], program.notes["forward"], [*self.output_names,
+                                                                                      *program.saved])
+        fwd += [out for line in forward_lines for out in fit(line, "    ")]
         outputs = ", ".join(self.output_names) + ("," if len(self.output_names) == 1 else "")
         saved = ", ".join(program.saved) + ("," if len(program.saved) == 1 else "")
         fwd += fit(f"return ({outputs}), ({saved})", "    ")
-        gradients = self._gradient_names()
         targets = [*self.input_names, *(f'params["{label}"]' for label, _ in self.captured)]
         bwd = fit(f"def backward({', '.join(['params', 'saved', *self.grad_names])}):", "")
         bwd.append('    """The gradient of every input and parameter, given the gradient of every output."""')
         if program.saved:
             bwd += fit(f"({saved}) = saved", "    ")
-        bwd += [out for line in program.lines["backward"] for out in fit(line, "    ")]
+        backward_lines = optimise(program.lines["backward"], program.notes["backward"], [g for g in gradients if g])
+        bwd += [out for line in backward_lines for out in fit(line, "    ")]
         bwd += fit(f"# gradients of: {', '.join(targets)}", "    ")
         result = ", ".join(g or "None" for g in gradients) + ("," if len(gradients) == 1 else "")
         bwd += fit(f"return ({result})", "    ")

@@ -5,6 +5,7 @@ tracers, and factories that take no tracer). When such a call records a Node, th
 run again on plain tensors under `RuleCalls`, which writes down the torch calls the rule itself makes:
 its forward now, its backward later (`Program.backward`). So the code is the rules' own code, op by op.
 """
+import functools
 import itertools
 import linecache
 import os
@@ -18,6 +19,7 @@ from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.function import INPLACE, Context, Function
 from torchtrace.autograd.node import Node, gradient_for, leaf_accumulator
 from torchtrace.compiler.codegen import call_source, index_source, is_property, value_source
+from torchtrace.compiler.memory import COMMUTATIVE, INPLACE_FORMS, Notes, suits
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
 
@@ -89,6 +91,7 @@ class Program:
         self.buffers: Dict[Tuple[int, int], Any] = {}  # after record_backward: the gradient reaching each input
         self.counter = {"t": itertools.count(1), "g": itertools.count(1)}
         self.device_names: Dict[torch.device, str] = {}
+        self.notes = {"forward": Notes(), "backward": Notes()}  # for memory.optimise: del and in-place rewrites
 
     # names ---------------------------------------------------------------------------------------
     def bind(self, t: torch.Tensor, name: str) -> None:
@@ -182,6 +185,7 @@ class Program:
         if func in _SAME_WHEN_SHAPE_KEPT and _same_view(args[0], out):
             self.bind(out, self.tensor_name(args[0]))  # x.reshape(x.shape): a view with x's shape and strides is x
             return
+        index = len(self.lines[self.section])
         if isinstance(out, torch.Tensor):
             target = self._define(out)
         else:
@@ -190,6 +194,7 @@ class Program:
             target = ", ".join(self._define(o) if isinstance(o, torch.Tensor) else "_" for o in out)
             target += "," if len(out) == 1 else ""
         self.emit(f"{target} = {source}")
+        self._note(func, args, kwargs, out, results, index)
         if func in _VALUE_SHAPED or (func is T.__getitem__ and _masks(args[1:])):
             for t in results:  # the shape depends on the values: the code after it is valid for this shape only
                 name = self.tensor_name(t)
@@ -197,6 +202,28 @@ class Program:
                 self.emit(f"if {name}.shape != {tuple(t.shape)!r}:")
                 reason = f"{where[:60] or callable_name(func)} gave {name}.shape == {tuple(t.shape)}"
                 self.emit(f"    raise GuardFailed({reason!r})")
+
+    def _note(self, func: Callable, args: tuple, kwargs: dict, out: Any, results: List[torch.Tensor],
+              index: int) -> None:
+        """What memory.optimise needs of line `index`: the storage of its results, and its in-place forms."""
+        notes = self.notes[self.section]
+        arguments = tensors_in(args) + tensors_in(kwargs)
+        for t in results:
+            notes.define(self.tensor_name(t), index, t, func, arguments, self.tensor_name)
+        if (not isinstance(out, torch.Tensor) or func not in INPLACE_FORMS or "out" in kwargs
+                or any(isinstance(v, torch.device) for v in (*args, *kwargs.values()))):
+            return
+        options = []
+        for pos in (0, 1) if func in COMMUTATIVE and len(args) == 2 and not kwargs else (0,):
+            if pos < len(args) and suits(args[pos], out):
+                rest = args[:pos] + args[pos + 1:]
+                names = {id(t): self.tensor_name(t) for t in arguments}  # as this line named them (and no more)
+                source = functools.partial(call_source, getattr(T, INPLACE_FORMS[func]), (args[pos], *rest), kwargs,
+                                           lambda t, names=names: names[id(t)])  # written only if it is used
+                others = [names[id(t)] for t in tensors_in(rest) + tensors_in(kwargs)]
+                options.append((names[id(args[pos])], source, others))
+        if options:
+            notes.inplace[index] = (self.lines[self.section][index], options)
 
     def _define(self, t: torch.Tensor) -> str:
         name = self.fresh()

@@ -60,9 +60,8 @@ def _gelu(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, approximate: str) -
         c = math.sqrt(2 / math.pi)
         t = torch.tanh(c * (x + 0.044715 * x ** 3))
         return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x))
-    cdf = 0.5 * (1 + torch.erf(x / math.sqrt(2)))
-    pdf = torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
-    return g * (cdf + x * pdf)
+    cdf = (torch.erf(x * math.sqrt(0.5)) + 1) * 0.5  # Phi(x)
+    return g * torch.addcmul(cdf, x, torch.exp(x * x * -0.5), value=1 / math.sqrt(2 * math.pi))  # + x phi(x)
 
 
 def _mish(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

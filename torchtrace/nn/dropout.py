@@ -4,7 +4,7 @@ The mask is torch's own: forward runs torch's dropout on a tensor of ones, which
 random draws as running it on x, and returns exactly the scale m / (1 - p). So, after the same
 torch.manual_seed, torchtrace's Dropout drops the same elements as torch.nn.Dropout, bit for bit.
 Feature dropout (dropout1d/2d/3d) draws one m per (sample, channel) and broadcasts it over the spatial
-dims. In eval mode (training=False) or with p = 0 the scale is all ones and no random numbers are drawn.
+dims. In eval mode (training=False) or with p = 0 dropout is the identity, as torch's: no mask, no random numbers.
 Alpha dropout (for SELU networks) sets dropped units to SELU's saturation value and then applies an affine
 map a y + b that keeps the mean and variance: y = x a m + shift. Its forward runs torch's alpha_dropout on
 zeros, which draws exactly torch's mask and returns the shift, from which the mask is read back (shift > 0
@@ -29,14 +29,24 @@ class DropoutFunction(Function):
     @staticmethod
     def forward(ctx, input, p=0.5, training=True, inplace=False, *, train=None):
         training = training if train is None else train  # torch.dropout(x, p, train=...) spells it `train`
+        ctx.identity = _identity(p, training)
+        if ctx.identity:
+            return input
         scale = ctx.rule.op(torch.ones_like(input), p, training)  # torch's own draws: m / (1 - p)
         ctx.save_for_backward(scale)
         return input * scale
 
     @staticmethod
     def backward(ctx, g):
+        if ctx.identity:
+            return g
         (scale,) = ctx.saved_tensors
         return g * scale
+
+
+def _identity(p: float, training: bool) -> bool:
+    """Eval mode or p = 0: torch draws nothing and returns x itself (so y = x, dy/dx = 1, and no mask is made)."""
+    return isinstance(p, (int, float)) and 0 <= p <= 1 and (not training or p == 0)
 
 
 def dropout_rule(name: str, op: Callable, math_line: str, base: type = DropoutFunction) -> type:
@@ -66,8 +76,11 @@ class AlphaDropoutFunction(Function):
     @staticmethod
     def forward(ctx, input, p=0.5, training=False, inplace=False, *, train=None):
         training = training if train is None else train  # torch.alpha_dropout(x, p, train)
+        ctx.identity = _identity(p, training)
+        if ctx.identity:
+            return input
         shift = ctx.rule.op(torch.zeros_like(input), p, training)  # torch's draws: a' (m - 1) + a' p, a' = alpha a
-        if not training or p == 0 or input.numel() == 0:
+        if input.numel() == 0:
             scale = torch.ones_like(input)
         elif p == 1:
             scale = torch.zeros_like(input)
@@ -77,10 +90,7 @@ class AlphaDropoutFunction(Function):
         ctx.save_for_backward(scale)
         return input * scale + shift
 
-    @staticmethod
-    def backward(ctx, g):
-        (scale,) = ctx.saved_tensors
-        return g * scale
+    backward = staticmethod(DropoutFunction.backward)
 
 
 register(F.alpha_dropout, AlphaDropoutFunction)

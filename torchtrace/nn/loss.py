@@ -121,10 +121,14 @@ def _class_coefficients(x: torch.Tensor, target: torch.Tensor, weight: Optional[
     if target.is_floating_point():
         a = target * (1 - smoothing) + smoothing / n_classes
         return (a if w is None else a * w), x.numel() // n_classes
-    valid = (target != ignore_index).unsqueeze(class_dim)
-    classes = torch.arange(n_classes, device=x.device).reshape(along_classes)
-    hot = ((target.unsqueeze(class_dim) == classes) & valid).to(x.dtype)
-    a = hot * (1 - smoothing) + valid.to(x.dtype) * (smoothing / n_classes)
+    valid = target != ignore_index
+    hot = target.unsqueeze(class_dim) == torch.arange(n_classes, device=x.device).reshape(along_classes)
+    if 0 <= ignore_index < n_classes:  # else an ignored sample's row of `hot` is all False already
+        hot = hot & valid.unsqueeze(class_dim)
+    hot = hot.to(x.dtype)
+    a = hot
+    if smoothing:
+        a = hot * (1 - smoothing) + valid.unsqueeze(class_dim).to(x.dtype) * (smoothing / n_classes)
     if w is not None:
         a, divisor = a * w, (hot * w).sum()
     else:
@@ -157,14 +161,13 @@ class CrossEntropy(Function):
         a, divisor = _class_coefficients(x, target, weight, ctx.ignore_index, ctx.smoothing)
         scale = _per_sample_scale(g, ctx.reduction, divisor, x)
         class_dim = 0 if x.dim() == 1 else 1
-        log_p = F.log_softmax(x, class_dim)
         need_x, need_target = ctx.needs_input_grad[:2]
-        grad_x = (log_p.exp() * a.sum(class_dim, keepdim=True) - a) * scale if need_x else None
+        grad_x = (F.softmax(x, class_dim) * a.sum(class_dim, keepdim=True) - a) * scale if need_x else None
         grad_target = None
         if need_target:
             along_classes = [-1 if d == class_dim else 1 for d in range(x.dim())]
             w = 1 if weight is None else weight.reshape(along_classes)
-            grad_target = -(1 - ctx.smoothing) * w * log_p * scale
+            grad_target = -(1 - ctx.smoothing) * w * F.log_softmax(x, class_dim) * scale
         return grad_x, grad_target
 
 

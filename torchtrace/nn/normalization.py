@@ -11,7 +11,8 @@ With dxhat = g * w, the classic backward is
     dw = sum of g * xhat,   db = sum of g   (over every dim but the parameter's own).
 
 Backward recomputes mean and invstd from the saved input with ops that have rules (instead of saving
-forward's intermediates), so a backward recorded with create_graph=True is differentiated again.
+forward's intermediates), so a backward recorded with create_graph=True is differentiated again. Layer
+norm keeps the mean and invstd its forward computed and uses them when no graph is recorded (first order).
 
     batch norm     D = (N, *spatial) per channel C;  eval mode: fixed running stats, y is an affine map of x
     instance norm  D = the spatial dims, per sample and channel;  w, b per channel
@@ -169,14 +170,18 @@ class LayerNormFunction(Function):
     @staticmethod
     def forward(ctx, input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
         ctx.dims, ctx.eps = normalized_dims(input, normalized_shape), eps
-        ctx.save_for_backward(input, weight)
-        return F.layer_norm(input, normalized_shape, weight, bias, eps)
+        y, mean, invstd = torch.native_layer_norm(input, list(normalized_shape), weight, bias, eps)  # F.layer_norm's
+        ctx.save_for_backward(input, weight, mean, invstd)
+        return y
 
     @staticmethod
     def backward(ctx, g):
-        x, w = ctx.saved_tensors
+        x, w, mean, invstd = ctx.saved_tensors
         need_x, _, need_w, need_b = ctx.needs_input_grad[:4]
-        xhat, invstd = standardize(x, ctx.dims, ctx.eps)
+        if torch.is_grad_enabled():  # create_graph: mean and invstd recomputed from x, so they are differentiated too
+            xhat, invstd = standardize(x, ctx.dims, ctx.eps)
+        else:  # first order: the forward's statistics
+            xhat = (x - mean) * invstd
         dxhat, dw, db = affine_backward(g, xhat, w, need_w, need_b)
         dx = standardize_backward(dxhat, xhat, invstd, ctx.dims) if need_x else None
         return dx, None, dw, db
