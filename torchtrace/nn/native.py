@@ -138,7 +138,9 @@ class UpsampleBilinearAA(Function):
     ->  as F.interpolate"""
 
     @staticmethod
-    def forward(ctx, input, output_size, align_corners, scale_factors):
+    def forward(ctx, input, output_size, align_corners, scale_factors=None, *, scales_h=None, scales_w=None):
+        if scales_h is not None or scales_w is not None or scale_factors is None:  # the .default form
+            return UpsampleBilinearAADefault.forward(ctx, input, output_size, align_corners, scales_h, scales_w)
         size = list(output_size) if output_size is not None else None
         return Interpolate.forward(ctx, input, size, None if size else scale_factors, "bilinear", align_corners,
                                    None, True)
