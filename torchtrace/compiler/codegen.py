@@ -2,7 +2,7 @@
 import functools
 import math
 import numbers
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
@@ -126,19 +126,26 @@ def index_source(index: Any, tensor_name: Callable) -> str:
 WIDTH = 116
 
 
-def _top_level_commas(text: str) -> list:
-    """Split `text` at commas outside brackets and strings."""
-    parts, depth, quote, start = [], 0, "", 0
-    for i, ch in enumerate(text):
+def _depths(text: str, start: int = 0) -> Iterator[Tuple[int, str, int]]:
+    """(index, character, bracket depth after it) for each character outside strings, from `start`."""
+    depth, quote = 0, ""
+    for i in range(start, len(text)):
+        ch = text[i]
         if quote:
             quote = "" if ch == quote and text[i - 1] != "\\" else quote
-        elif ch in "'\"":
+            continue
+        if ch in "'\"":
             quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
+            continue
+        depth += (ch in "([{") - (ch in ")]}")
+        yield i, ch, depth
+
+
+def _top_level_commas(text: str) -> list:
+    """Split `text` at commas outside brackets and strings."""
+    parts, start = [], 0
+    for i, ch, depth in _depths(text):
+        if ch == "," and depth == 0:
             parts.append(text[start:i + 1].strip())
             start = i + 1
     tail = text[start:].strip()
@@ -180,17 +187,4 @@ def fit(line: str, indent: str) -> list:
 
 def _matching(text: str, opening: int) -> int:
     """Index of the bracket closing text[opening] (-1 if none)."""
-    depth, quote = 0, ""
-    for i in range(opening, len(text)):
-        ch = text[i]
-        if quote:
-            quote = "" if ch == quote and text[i - 1] != "\\" else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i
-    return -1
+    return next((i for i, ch, depth in _depths(text, opening) if ch in ")]}" and depth == 0), -1)
