@@ -87,6 +87,57 @@ def test_the_gradient_passed_to_backward_is_not_kept_by_a_leaf():
     assert torch.equal(seed, torch.ones_like(X))
 
 
+class ReturnsHeld(tt.Function):
+    """y = x -> dy/dx = g, returned as a tensor the rule also keeps (whole, or a view of it)."""
+
+    held: list = []
+
+    @staticmethod
+    def forward(ctx, x, as_view):
+        ctx.as_view = as_view
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        kept = g.clone()
+        ReturnsHeld.held.append(kept)
+        return (kept.view(-1).view(kept.shape) if ctx.as_view else kept), None
+
+
+@pytest.mark.parametrize("as_view", [False, True])
+def test_a_leaf_never_takes_a_gradient_someone_else_holds(as_view):
+    """The engine lets a leaf keep a fresh gradient as .grad (no copy, as torch); one still referenced elsewhere
+    (or a view of one) is copied, so a later in-place accumulation into .grad reaches nobody else."""
+    ReturnsHeld.held.clear()
+    x = tt.tracer(X, requires_grad=True)
+    ReturnsHeld.apply(x, as_view).sum().backward()
+    ReturnsHeld.apply(x, as_view).sum().backward()  # accumulates into x.grad in place
+    assert torch.equal(ReturnsHeld.held[0], torch.ones_like(X))
+    assert torch.equal(x.grad.as_subclass(torch.Tensor), torch.full_like(X, 2.0))
+
+
+def test_a_fresh_gradient_becomes_the_leaf_grad_without_a_copy():
+    seen = []
+
+    class Double(tt.Function):
+        """y = 2x -> dy/dx = 2g"""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            out = g * 2
+            seen.append(out.untyped_storage().data_ptr())
+            return out
+
+    x = tt.tracer(X, requires_grad=True)
+    Double.apply(x).sum().backward()
+    assert x.grad.untyped_storage().data_ptr() == seen[0]
+    assert torch.equal(x.grad.as_subclass(torch.Tensor), torch.full_like(X, 2.0))
+
+
 def test_leaf_grad_accumulates_in_place_as_torch():
     x = tt.tracer(X, requires_grad=True)
     (x * 2).sum().backward()

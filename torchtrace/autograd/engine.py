@@ -1,5 +1,6 @@
 """backward(): visit nodes in reverse topological order, call each rule, send every edge its gradient."""
 import contextlib
+import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -261,6 +262,37 @@ def _tensor_hooks(node: Node, grads: List[Any], captured: Optional[dict]) -> Non
                 captured[(node, nr)] = g
 
 
+def _owned(g: Any, handed_out: set) -> bool:
+    """Can a leaf keep g itself as .grad (as torch's AccumulateGrad steals)? Only a plain contiguous tensor no one
+    else references, whose storage no other leaf or caller holds, and which is not a view of a live tensor (a
+    saved input, a parameter): an in-place accumulation into .grad later must reach nobody else."""
+    if type(g) is not torch.Tensor or sys.getrefcount(g) > _UNSHARED[0] or not g.is_contiguous():
+        return False
+    base = g._base
+    if base is not None and (sys.getrefcount(base) > _UNSHARED[1] or base.numel() != g.numel()):
+        return False
+    return g.untyped_storage().data_ptr() not in handed_out
+
+
+def _unshared_counts() -> Tuple[int, int]:
+    """What sys.getrefcount says in _owned of a gradient only the engine holds (the buffer list, two frames'
+    parameters), and of the base of a view nobody else holds: measured once, as each Python counts its own."""
+    grads = [torch.empty(1)]
+    return _as_accumulate_calls(grads[0], torch.empty(1).view(1))
+
+
+def _as_accumulate_calls(g: torch.Tensor, view: torch.Tensor) -> Tuple[int, int]:
+    return _as_owned_counts(g, view)
+
+
+def _as_owned_counts(g: torch.Tensor, view: torch.Tensor) -> Tuple[int, int]:
+    base = view._base
+    return sys.getrefcount(g), sys.getrefcount(base)
+
+
+_UNSHARED = _unshared_counts()
+
+
 def _accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Optional[dict], handed_out: set) -> None:
     """Sum g into the leaf's .grad (a plain tensor leaf: torch's own .grad); every leaf owns its .grad."""
     leaf = acc.variable
@@ -281,6 +313,9 @@ def _accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Optio
             storage = g.untyped_storage().data_ptr()
         current = g.clone() if storage in handed_out else g  # two leaves never share one gradient tensor
         handed_out.add(storage)
+    elif _owned(g, handed_out):
+        current = g  # nobody else holds it: the leaf takes it as it is (as torch's AccumulateGrad steals)
+        handed_out.add(g.untyped_storage().data_ptr())
     else:
         current = g.clone(memory_format=torch.contiguous_format).as_subclass(torch.Tensor)
     if acc.torch_leaf:

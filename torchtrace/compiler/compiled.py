@@ -180,12 +180,8 @@ class Specialisation:
 def _node_function(fwd: Callable, bwd: Callable, n_inputs: int, labels: List[str], fn: Callable,
                    guard_failed: type) -> type:
     """A tt.Function whose forward and backward are the generated code: the one node of a compiled call."""
-    as_plain = torch.Tensor.as_subclass
-    tensor = torch.Tensor
-
     def forward(ctx: Any, *tensors: torch.Tensor) -> tuple:
-        tensors = [as_plain(t, tensor) for t in tensors]
-        params = dict(zip(labels, tensors[n_inputs:]))
+        params = dict(zip(labels, tensors[n_inputs:]))  # tracers: torch runs them as plain tensors here (no dispatch)
         outputs, saved = fwd(*tensors[:n_inputs], params)
         ctx.params = params
         ctx.save_for_backward(*saved)
