@@ -12,9 +12,9 @@ import torchtrace as tt
 from torchtrace.autograd.function import RULES
 
 
-def _model() -> torch.nn.Module:
+def _model(activation: type = tt.nn.Tanh) -> torch.nn.Module:
     torch.manual_seed(0)
-    return tt.nn.Sequential(tt.nn.Linear(2, 4), tt.nn.Tanh(), tt.nn.Linear(4, 1))
+    return tt.nn.Sequential(tt.nn.Linear(2, 4), activation(), tt.nn.Linear(4, 1))
 
 
 def test_labels_names_and_rule_math():
@@ -71,8 +71,9 @@ RUNNER = textwrap.dedent("""
 """)
 
 
-def test_the_code_runs_in_a_subprocess_with_only_torch(tmp_path):
-    model = _model()
+@pytest.mark.parametrize("activation", [tt.nn.Tanh, tt.nn.ReLU])  # ReLU's backward calls torch.ops.aten
+def test_the_code_runs_in_a_subprocess_with_only_torch(tmp_path, activation):
+    model = _model(activation)
     x = torch.randn(5, 2)
     code = tt.compile(lambda inputs: (model(inputs) ** 2).mean(), (x,)).code
     (tmp_path / "step.py").write_text(code)

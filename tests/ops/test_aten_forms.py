@@ -52,6 +52,24 @@ def test_softmax_backward_data(dim):
     double_backward_matches(lambda h, out: aten._softmax_backward_data(h, out, dim, torch.float64), X, y)
 
 
+@pytest.mark.parametrize("threshold", [0.0, 0.5])
+def test_threshold_backward(threshold):
+    check_op(lambda h, y: aten.threshold_backward(h, y, threshold) ** 2, X, Y)
+    double_backward_matches(lambda h, y: aten.threshold_backward(h, y, threshold), X, Y)
+
+
+def test_relu_backward_masks_infinite_and_nan_gradients_as_torch():
+    x = X.clone()
+    x[0, :3] = torch.tensor([0.0, -1.0, float("nan")])
+    g = torch.full_like(x, float("inf"))
+    g[1, 0] = float("nan")
+    ours = tt.tracer(x, requires_grad=True)
+    torch.relu(ours).backward(g)
+    theirs = x.clone().requires_grad_(True)
+    torch.relu(theirs).backward(g)
+    torch.testing.assert_close(ours.grad, theirs.grad, equal_nan=True)
+
+
 @pytest.mark.parametrize("p", [2, 1, 3, 0.5, float("inf")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_dist(p, dtype):

@@ -35,6 +35,10 @@ def _resolve(path: str) -> Any:
 
 def callable_source(func: Callable) -> str:
     """'torch.mul', 'torch.Tensor.add', 'torch.nn.functional.relu': an expression that evaluates to `func`."""
+    if isinstance(func, torch._ops.OpOverloadPacket):  # torch.ops.aten.threshold_backward
+        return f"torch.ops.{func._qualified_op_name.replace('::', '.')}"
+    if isinstance(func, torch._ops.OpOverload):  # torch.ops.aten.threshold_backward.default
+        return f"{callable_source(func.overloadpacket)}.{func._overloadname}"
     name = callable_name(func)
     if name.endswith(".__get__"):
         return name

@@ -1,5 +1,6 @@
 """aten-level spellings that reach __torch_function__ from decompositions and tests: constant_pad_nd,
-aten.slice, aten._safe_softmax, aten._softmax_backward_data; and torch.dist, torch.nextafter."""
+aten.slice, aten._safe_softmax, aten._softmax_backward_data, aten.threshold_backward; and torch.dist,
+torch.nextafter."""
 from types import SimpleNamespace
 
 import torch
@@ -78,6 +79,23 @@ class SoftmaxBackwardData(Function):
         dh = y * (g - gy) if need_h else None
         dy = g * (h - (h * y).sum(ctx.dim, keepdim=True)) - h * gy if need_y else None
         return dh, dy, None, None
+
+
+@register(aten.threshold_backward, aten.threshold_backward.default)
+class ThresholdBackward(Function):
+    """r = h where y > t, else 0 (ReLU's VJP)  ->  dh = g where y > t, else 0;  dy = 0 (piecewise constant in y)"""
+
+    @staticmethod
+    def forward(ctx, grad_output, self, threshold):
+        ctx.threshold = threshold
+        ctx.save_for_backward(self)
+        return aten.threshold_backward(grad_output, self, threshold)
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        dy = torch.zeros_like(y) if ctx.needs_input_grad[1] else None
+        return aten.threshold_backward(g, y, ctx.threshold), dy, None
 
 
 @register(torch.dist, T.dist)

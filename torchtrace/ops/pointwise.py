@@ -94,7 +94,9 @@ binary("Atan2", [torch.atan2, torch.arctan2, T.atan2, T.arctan2],
 
 @register(torch.relu, T.relu, F.relu)
 class Relu(Function):
-    """y = max(x, 0)  ->  dy/dx = [not y <= 0]   (NaN passes g, as torch; F.relu's inplace= is ignored)"""
+    """y = max(x, 0)  ->  dy/dx = [not y <= 0]   (NaN passes g, as torch; F.relu's inplace= is ignored)
+
+    g where y > 0, else 0, by torch's masked kernel threshold_backward (torch.where is ~20x slower on CPU)."""
 
     @staticmethod
     def forward(ctx, input, inplace=False):
@@ -105,7 +107,7 @@ class Relu(Function):
     @staticmethod
     def backward(ctx, g):
         (y,) = ctx.saved_tensors
-        return torch.where(y <= 0, 0.0, g)
+        return torch.ops.aten.threshold_backward(g, y, 0)
 
 
 def _clamp_grads(g: torch.Tensor, x: torch.Tensor, low: Any, high: Any, need_low: bool,
