@@ -77,10 +77,14 @@ class tracer(TensorProtocols, torch.Tensor):
             text = torch.Tensor.__repr__(self, **kwargs)
         return text.replace("grad_fn=<Node>", f"grad_fn=<{self._tt_node.name}>") if self._tt_node else text
 
-    @property
-    def requires_grad(self) -> bool:
+    def _follow_base(self) -> None:
+        """A view whose base changed in place since is now a view of the new value (as torch rebases it)."""
         if self._tt_view:
             dispatch.catch_up(self, self._tt_type)
+
+    @property
+    def requires_grad(self) -> bool:
+        self._follow_base()
         return self._tt_requires_grad
 
     @requires_grad.setter
@@ -98,12 +102,12 @@ class tracer(TensorProtocols, torch.Tensor):
 
     @property
     def is_leaf(self) -> bool:
+        self._follow_base()
         return self._tt_node is None
 
     @property
     def grad_fn(self) -> Optional[Node]:
-        if self._tt_view:
-            dispatch.catch_up(self, self._tt_type)
+        self._follow_base()
         return self._tt_node
 
     @property
@@ -121,6 +125,7 @@ class tracer(TensorProtocols, torch.Tensor):
 
     def retain_grad(self) -> None:
         """Keep `.grad` on this non-leaf after backward."""
+        self._follow_base()
         if self._tt_node is None:
             return
         retained = self._tt_node.retained = self._tt_node.retained or {}
@@ -128,10 +133,12 @@ class tracer(TensorProtocols, torch.Tensor):
 
     @property
     def retains_grad(self) -> bool:
+        self._follow_base()
         return self._tt_node is not None and self._tt_nr in (self._tt_node.retained or {})
 
     def register_hook(self, hook: Callable) -> RemovableHandle:
         """hook(grad) runs when this tracer's gradient is computed; a returned tensor replaces it."""
+        self._follow_base()
         if not self._tt_requires_grad:
             raise RuntimeError("cannot register a hook on a tracer that doesn't require gradient")
         if self._tt_node is None:

@@ -20,28 +20,24 @@ from .program import Pair, Program, TensorList
 # Generator features that known core bugs still break, by issue item. The CI budget leaves them out; the lead
 # removes an entry once the bug is fixed (python -m tests.fuzz --known-bugs runs them anyway).
 KNOWN_CORE_BUGS: Dict[str, str] = {
-    "cat_keyword": "issue 8 §1 item 1: torch.cat/stack(tensors=...) records nothing",
-    "cat_container": "issue 8 §1 item 1: cat/stack of a namedtuple or list subclass records nothing",
-    "inplace_keyword": "issue 8 §1 item 2: F.relu(x, inplace=True) and friends do not mutate x",
-    "retain_then_inplace": "issue 8 §1 item 7: retain_grad() then an in-place op reports the old value's grad",
-    "nan_inf": ("issue 8 §1 item 10: NaN/inf. Many rules multiply the incoming gradient by a 0/1 mask (relu, "
-                "max/min/amax/amin, prod, pow, where...), so a NaN reaches elements torch gives 0; var/std of one "
-                "element, norm at 0, pow at 0 differ in NaN-ness; an infinite gradient (sqrt at 0) meeting std of "
-                "equal values, prod with a zero or a tied max gives NaN where torch gives a number. Off: no NaN/inf "
-                "inputs, and a difference involving a NaN/inf (or in a program holding one) is counted, not failed"),
-    "mask_inf": "issue 8 §1 item 10: F.relu6 / F.hardtanh multiply the gradient by a 0/1 mask (nn/activation.py "
-                "_inside), so an infinite incoming gradient (sqrt at 0) becomes NaN where torch gives 0",
-    "elu_double_at_zero": "issue 8 §1 item 10: F.elu's second derivative at x = 0 differs from torch's",
+    "nan_inf": ("issue 8 §1 item 10: NaN/inf inputs. Masks are exact now (torch.where / threshold_backward: an "
+                "infinite or NaN incoming gradient gives 0 off the mask, as torch), but torch's own algorithms differ "
+                "from the textbook formula where a NaN gradient meets a zero (cumprod with zeros gives 0 where "
+                "NaN * 0 = NaN). Off: no NaN/inf inputs, and a difference involving a NaN/inf (or in a program "
+                "holding one) is counted, not failed"),
     "hook_double": "issue 8 §1 (found by this fuzzer; a formula choice, not a wrong derivative): with "
                    "create_graph=True, a hook on a non-leaf fires on every gradient reaching it, also in the second "
                    "backward. Div and prod rules reuse their saved output (dz/dy = -g z / y) where torch's formula "
                    "recomputes from the inputs (-g x / y^2): equal math, but a scaling hook then scales a different "
                    "set of paths, so second derivatives differ (x.div(y) with a *3 hook)",
-    "atan2_zero": "issue 8 §1 item 10: atan2 at (0, 0) gives a NaN gradient (torch: 0)",
 }
 FEATURES: FrozenSet[str] = frozenset({
     "pointwise", "binary", "reduction", "matmul", "view", "index", "cat", "where", "softmax", "inplace",
     "inplace_view", "inplace_viewed", "alias_self", "hook", "retain_grad", "double", "edges",
+    # once known core bugs, fixed: cat/stack(tensors=...) and of containers, inplace= keywords, retain_grad then
+    # in-place, relu6/hardtanh masks meeting an infinite gradient, atan2 at (0, 0), elu's second derivative at 0
+    "cat_keyword", "cat_container", "inplace_keyword", "retain_then_inplace", "mask_inf", "atan2_zero",
+    "elu_double_at_zero",
 }) | frozenset(KNOWN_CORE_BUGS)
 CI_FEATURES: FrozenSet[str] = FEATURES - frozenset(KNOWN_CORE_BUGS)
 
@@ -304,7 +300,7 @@ class Generator:
         self.view_mutated = self.view_mutated or target.view or target.viewed
         if "inplace_keyword" in self.features and self.rng.random() < 0.4:
             text = self.rng.choice(INPLACE_KEYWORD).format(v=v)
-            return self.define(text) if self.rng.random() < 0.5 else (text, None)
+            return self.define(text, view=True, of=target) if self.rng.random() < 0.5 else (text, None)  # an alias
         template = self.rng.choice(INPLACE)
         return template.format(v=v, b=self.operand(v) if "{b}" in template else ""), None
 

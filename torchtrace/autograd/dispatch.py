@@ -154,7 +154,11 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
             if arg._tt_view:
                 catch_up(arg, tracer_type)
             if arg._tt_requires_grad:
-                edges.append(_edge(position, arg))
+                node = arg._tt_node  # _edge(position, arg), written out: this is the hottest loop of recording
+                if node is None or arg._version != arg._tt_version:
+                    edges.append(_edge(position, arg))
+                else:
+                    edges.append(_new_edge(Edge, (position, node, arg._tt_nr, arg.shape, arg.dtype)))
         elif isinstance(arg, torch.Tensor):
             if arg.requires_grad:
                 edges.append(_torch_leaf_edge(position, arg))
@@ -213,8 +217,10 @@ def _rebuild(sequence: Any, items: list) -> Any:
 def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     saved = node.ctx._saved
     if isinstance(out, torch.Tensor):
-        if saved:
-            _note_saved_outputs(node, saved, (out,))
+        for s in saved:  # a loop, not _note_saved_outputs: most nodes save no output, and this runs for every op
+            if s is out:
+                _note_saved_outputs(node, saved, (out,))
+                break
         t = link_output(out, node, 0, tracer_type)
         if t._tt_view:
             _remember_base(t, args)
@@ -236,9 +242,8 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
 
 def _note_saved_outputs(node: Node, saved: tuple, outputs: tuple) -> None:
     """Which saved tensors are this node's own outputs: create_graph re-links them to the node."""
-    found = tuple((i, nr) for i, s in enumerate(saved) for nr, o in enumerate(outputs) if s is o and s is not None)
-    if found:
-        node.saved_outputs = found
+    node.saved_outputs = tuple((i, nr) for i, s in enumerate(saved) for nr, o in enumerate(outputs)
+                               if s is o and s is not None)
 
 
 def _as_tracers(out: Any, tracer_type: type, args: tuple) -> Any:
@@ -343,6 +348,9 @@ def _inplace_requested(position: int, args: tuple, kwargs: dict) -> bool:
 
 def _record_inplace_flag(tracer_type: type, rule: type, func: Callable, args: tuple, kwargs: dict) -> Any:
     """F.relu(x, inplace=True): x changes, so record it like x.relu_() (out of place, then written into x)."""
+    identity = getattr(rule, "is_identity", None)
+    if identity is not None and identity(*args, **kwargs):  # eval-mode dropout: torch hands x back untouched
+        return args[0]
     if not (_grad_enabled() and (_wants_gradient(args) or _wants_gradient(kwargs))):
         with _guard():
             func(*args, **kwargs)

@@ -40,13 +40,24 @@ def activation(name: str, target: Callable, math_line: str, grad: Callable, **de
 
 
 def _inside(g: torch.Tensor, x: torch.Tensor, low: float, high: float) -> torch.Tensor:
-    """g where low < x < high, 0 elsewhere (torch's convention at the corners too)."""
-    return g * ((x > low) & (x < high))
+    """g where low < x < high, 0 elsewhere, a NaN x included (as torch's hardsigmoid); an infinite g stays 0 there."""
+    return torch.where((x > low) & (x < high), g, 0.0)
+
+
+def _not_clamped(g: torch.Tensor, x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """0 where x <= low or x >= high, g elsewhere, a NaN x included (as torch's hardtanh / relu6)."""
+    return torch.where((x <= low) | (x >= high), 0.0, g)
 
 
 def _outside(g: torch.Tensor, x: torch.Tensor, lambd: float) -> torch.Tensor:
-    """g where |x| > lambd, 0 elsewhere (softshrink / hardshrink; 0 at x = +-lambd, as torch)."""
-    return g * ((x < -lambd) | (x > lambd))
+    """0 where -lambd <= x <= lambd, g elsewhere, a NaN x included (softshrink / hardshrink, as torch)."""
+    return torch.where((x >= -lambd) & (x <= lambd), 0.0, g)
+
+
+def _below_zero(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """v where x < 0, else 0: equal to v at x = 0 in the ELU family (v is 0 there), but flat at 0, so the second
+    derivative at x = 0 is 0, as torch's elu_double_backward (mask x < 0)."""
+    return torch.where(x < 0, v, 0.0)
 
 
 def _glu(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
@@ -75,14 +86,15 @@ def _silu(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 activation("Relu6", F.relu6, "y = min(max(x, 0), 6)  ->  dy/dx = 1 for 0 < x < 6, else 0",
-           lambda g, x, y: _inside(g, x, 0, 6), inplace=False)
+           lambda g, x, y: _not_clamped(g, x, 0, 6), inplace=False)
 activation("Hardtanh", F.hardtanh, "y = clamp(x, lo, hi)  ->  dy/dx = 1 for lo < x < hi, else 0",
-           lambda g, x, y, min_val, max_val: _inside(g, x, min_val, max_val), min_val=-1.0, max_val=1.0, inplace=False)
+           lambda g, x, y, min_val, max_val: _not_clamped(g, x, min_val, max_val), min_val=-1.0, max_val=1.0,
+           inplace=False)
 activation("LeakyRelu", F.leaky_relu, "y = x if x > 0 else a x  ->  dy/dx = 1 if x > 0 else a",
            lambda g, x, y, negative_slope: torch.where(x > 0, g, g * negative_slope),
            negative_slope=0.01, inplace=False)
 activation("Elu", F.elu, "y = x if x > 0 else a (e^x - 1)  ->  dy/dx = 1 if x > 0 else y + a",
-           lambda g, x, y, alpha: torch.where(x <= 0, g * (y + alpha), g), alpha=1.0, inplace=False)
+           lambda g, x, y, alpha: torch.where(x <= 0, g * (_below_zero(y, x) + alpha), g), alpha=1.0, inplace=False)
 activation("Gelu", F.gelu, "y = x Phi(x)  ->  dy/dx = Phi(x) + x phi(x)  (approximate='tanh': that form's derivative)",
            _gelu, approximate="none")
 activation("Silu", F.silu, "y = x s(x), s = sigmoid  ->  dy/dx = s (1 + x (1 - s))", _silu, inplace=False)
@@ -90,11 +102,11 @@ activation("Mish", F.mish, "y = x tanh(softplus x)  ->  dy/dx = t + x s(x) (1 - 
            _mish, inplace=False)
 register(torch.selu, rule=activation(
     "Selu", F.selu, "y = s x if x > 0 else s a (e^x - 1), s, a: SELU's constants  ->  dy/dx = s if x > 0 else s a e^x",
-    lambda g, x, y: torch.where(x <= 0, g * (SELU_SCALE * SELU_ALPHA) * torch.exp(x.clamp(max=0)), g * SELU_SCALE),
+    lambda g, x, y: torch.where(x <= 0, g * (SELU_SCALE * SELU_ALPHA) * torch.exp(_below_zero(x, x)), g * SELU_SCALE),
     inplace=False))
 register(torch.celu, rule=activation(
     "Celu", F.celu, "y = x if x > 0 else a (e^(x/a) - 1)  ->  dy/dx = 1 if x > 0 else e^(x/a)",
-    lambda g, x, y, alpha: torch.where(x <= 0, g * torch.exp(x.clamp(max=0) / alpha), g), alpha=1.0, inplace=False))
+    lambda g, x, y, alpha: torch.where(x <= 0, g * torch.exp(_below_zero(x, x) / alpha), g), alpha=1.0, inplace=False))
 register(torch._C._nn.glu, rule=activation(
     "Glu", F.glu, "y = a s(b), (a, b) = the halves of x along dim  ->  dy/da = s(b), dy/db = a s(b) (1 - s(b))",
     _glu, dim=-1))
@@ -116,7 +128,8 @@ register(torch.Tensor.hardshrink, rule=activation(
     lambda g, x, y, lambd: _outside(g, x, lambd), lambd=0.5))
 register(torch.threshold, rule=activation(
     "Threshold", F.threshold, "y = x if x > threshold else value  ->  dy/dx = 1 if x > threshold, else 0",
-    lambda g, x, y, threshold, value: g * ~(x <= threshold), threshold=None, value=None, inplace=False))
+    lambda g, x, y, threshold, value: torch.ops.aten.threshold_backward(g, x, threshold), threshold=None, value=None,
+    inplace=False))
 activation("Softplus", F.softplus, "y = log(1 + e^(b x)) / b (x if b x > threshold)  ->  dy/dx = s(b x) (1 past it)",
            lambda g, x, y, beta, threshold: torch.where(x * beta > threshold, g, g * torch.sigmoid(x * beta)),
            beta=1.0, threshold=20.0)

@@ -9,7 +9,8 @@ Alpha dropout (for SELU networks) sets dropped units to SELU's saturation value 
 map a y + b that keeps the mean and variance: y = x a m + shift. Its forward runs torch's alpha_dropout on
 zeros, which draws exactly torch's mask and returns the shift, from which the mask is read back (shift > 0
 exactly where a unit is kept); so it too matches torch bit for bit under the same seed.
-`inplace=True` is ignored: the result is computed out of place and the input is left as it was.
+`inplace=True` writes the result into the input (recorded as x.relu_() is); when dropout is the identity the
+input is handed back untouched (`is_identity`), as torch does, so that is no in-place change at all.
 """
 import math
 from typing import Callable
@@ -27,9 +28,14 @@ class DropoutFunction(Function):
     op = staticmethod(F.dropout)
 
     @staticmethod
+    def is_identity(input, p=0.5, training=True, inplace=False, *, train=None) -> bool:
+        """Eval mode or p = 0 (torch.dropout(x, p, train=...) spells training `train`)."""
+        return _identity(p, training if train is None else train)
+
+    @staticmethod
     def forward(ctx, input, p=0.5, training=True, inplace=False, *, train=None):
-        training = training if train is None else train  # torch.dropout(x, p, train=...) spells it `train`
-        ctx.identity = _identity(p, training)
+        training = training if train is None else train
+        ctx.identity = ctx.rule.is_identity(input, p, training)
         if ctx.identity:
             return input
         scale = ctx.rule.op(torch.ones_like(input), p, training)  # torch's own draws: m / (1 - p)
@@ -74,9 +80,14 @@ class AlphaDropoutFunction(Function):
     op = staticmethod(F.alpha_dropout)
 
     @staticmethod
+    def is_identity(input, p=0.5, training=False, inplace=False, *, train=None) -> bool:
+        """Eval mode (F.alpha_dropout's default) or p = 0 (torch.alpha_dropout(x, p, train) spells it `train`)."""
+        return _identity(p, training if train is None else train)
+
+    @staticmethod
     def forward(ctx, input, p=0.5, training=False, inplace=False, *, train=None):
-        training = training if train is None else train  # torch.alpha_dropout(x, p, train)
-        ctx.identity = _identity(p, training)
+        training = training if train is None else train
+        ctx.identity = ctx.rule.is_identity(input, p, training)
         if ctx.identity:
             return input
         shift = ctx.rule.op(torch.zeros_like(input), p, training)  # torch's draws: a' (m - 1) + a' p, a' = alpha a

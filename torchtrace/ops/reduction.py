@@ -144,13 +144,17 @@ def split_among_ties(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dim: Dim
                      nan_is_equal: bool = True) -> torch.Tensor:
     """Gradient of a max/min reduction: g shared evenly by the elements equal to the result.
 
-    max()/min()/median() count NaN as equal to a NaN result (torch's evenly_distribute_backward); amax/amin
-    do not, so a slice whose result is NaN has no element equal to it and gets g * 0 / 0 = NaN, as torch.
+    max()/min()/median() count NaN as equal to a NaN result and give exactly 0 elsewhere, an infinite g included
+    (torch's evenly_distribute_backward on CPU); amax/amin multiply by the 0/1 mask, so a slice whose result is NaN
+    has no element equal to it and gets g * 0 / 0 = NaN, and an infinite g gives NaN off the mask, as torch.
     """
     y = restore_dims(y, x.dim(), dim, keepdim)
-    hits = (x == y) | (x.isnan() & y.isnan()) if nan_is_equal else x == y
-    count = hits.sum(reduced_dims(dim, x.dim()), keepdim=True)
-    return restore_dims(g, x.dim(), dim, keepdim) * hits / count
+    g = restore_dims(g, x.dim(), dim, keepdim)
+    if nan_is_equal:
+        hits = (x == y) | (x.isnan() & y.isnan())
+        return torch.where(hits, g / hits.sum(reduced_dims(dim, x.dim()), keepdim=True), 0.0)
+    hits = x == y
+    return g * hits / hits.sum(reduced_dims(dim, x.dim()), keepdim=True)
 
 
 @register(torch.amax, T.amax)
@@ -233,7 +237,7 @@ class Max(Function):
         dim = ctx.dim % len(ctx.shape)
         positions = torch.arange(ctx.shape[dim], device=g.device).view([-1] + [1] * (len(ctx.shape) - dim - 1))
         chosen = positions == restore_dims(indices, len(ctx.shape), dim, ctx.keepdim)
-        return restore_dims(g, len(ctx.shape), dim, ctx.keepdim) * chosen
+        return torch.where(chosen, restore_dims(g, len(ctx.shape), dim, ctx.keepdim), 0.0)  # exactly 0 off it, as torch
 
 
 @register(torch.min, T.min)

@@ -291,15 +291,20 @@ joined("Dstack", [torch.dstack], torch.atleast_3d, lambda lifted: 2)
 joined("ColumnStack", [torch.column_stack], _as_column, lambda lifted: 1)
 
 
-def cut(name: str, targets: Sequence[Callable]) -> type:
-    """(y_1, ..., y_n) = x cut into consecutive pieces along one dim  ->  dx = the pieces' gradients joined."""
+def _dim_argument(x: torch.Tensor, sizes: Any, dim: int = 0) -> int:
+    return dim
+
+
+def cut(name: str, targets: Sequence[Callable], cut_dim: Callable = _dim_argument) -> type:
+    """(y_1, ..., y_n) = x cut into consecutive pieces along one dim  ->  dx = the pieces' gradients joined.
+
+    cut_dim(x, *args, **kwargs) names that dim: the `dim` argument, or the fixed one of hsplit/vsplit/dsplit (not
+    guessed from the pieces' shapes: pieces of size 0 are as long as x in every dim)."""
     op = targets[0]
 
     def forward(ctx: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> Tuple[torch.Tensor, ...]:
-        pieces = op(x, *args, **kwargs)
-        # the cut dim is the one where a piece is shorter than x (any dim when there is a single piece)
-        ctx.dim = next((d for d in range(x.dim()) if any(p.shape[d] != x.shape[d] for p in pieces)), 0)
-        return pieces
+        ctx.dim = cut_dim(x, *args, **kwargs)
+        return op(x, *args, **kwargs)
 
     def backward(ctx: Any, *grads: torch.Tensor) -> torch.Tensor:
         return torch.cat(grads, ctx.dim)
@@ -312,9 +317,9 @@ cut("Split", [T.split, torch.split])
 cut("SplitWithSizes", [T.split_with_sizes, torch.split_with_sizes])
 cut("Chunk", [T.chunk, torch.chunk])
 cut("TensorSplit", [T.tensor_split, torch.tensor_split])
-cut("Hsplit", [T.hsplit, torch.hsplit])
-cut("Vsplit", [T.vsplit, torch.vsplit])
-cut("Dsplit", [T.dsplit, torch.dsplit])
+cut("Hsplit", [T.hsplit, torch.hsplit], lambda x, sections: 1 if x.dim() > 1 else 0)
+cut("Vsplit", [T.vsplit, torch.vsplit], lambda x, sections: 0)
+cut("Dsplit", [T.dsplit, torch.dsplit], lambda x, sections: 2)
 cut("UnsafeSplit", [T.unsafe_split, torch.unsafe_split])
 cut("UnsafeSplitWithSizes", [T.unsafe_split_with_sizes, torch.unsafe_split_with_sizes])
 cut("UnsafeChunk", [T.unsafe_chunk, torch.unsafe_chunk])
