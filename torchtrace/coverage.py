@@ -236,7 +236,7 @@ def _compare_second(got: Sequence[Any], expected: Sequence[Any], o_leaves: list,
         second_theirs = _torch_grads([g for g, _ in t_terms], [w for _, w in t_terms], t_leaves, False)
     except Exception as exc:
         raise Skip(f"torch double backward raised {type(exc).__name__}") from None
-    o_terms = [(g, w) for g, w in zip(got, weights) if _differentiable(g)]
+    o_terms = [(g, w) for g, w in zip(got, weights) if _differentiable(g) and w is not None]  # torch: None = no term
     if o_terms:
         total = sum((g * w).sum() for g, w in o_terms)
         second_ours = tt_grad(total, o_leaves, allow_unused=True)

@@ -58,6 +58,27 @@ def test_threshold_backward(threshold):
     double_backward_matches(lambda h, y: aten.threshold_backward(h, y, threshold), X, Y)
 
 
+@pytest.mark.parametrize("scale", [1.0, 2.5])
+def test_native_dropout_backward(scale):
+    mask = torch.rand(3, 5, generator=_gen) > 0.4
+    check_op(lambda h: aten.native_dropout_backward(h, mask, scale) ** 2, X)
+    double_backward_matches(lambda h: aten.native_dropout_backward(h, mask, scale) ** 2, X)
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_max_pool2d_with_indices_backward(ceil_mode):
+    x = torch.randn(2, 3, 5, 6, generator=_gen, dtype=torch.float64)
+    pooled, indices = torch.nn.functional.max_pool2d_with_indices(x, 3, 2, 1, ceil_mode=ceil_mode)
+    h = torch.randn(pooled.shape, generator=_gen, dtype=torch.float64)
+
+    def vjp(grad_output, input):
+        return aten.max_pool2d_with_indices_backward(grad_output, input, [3, 3], [2, 2], [1, 1], [1, 1], ceil_mode,
+                                                     indices) ** 2
+
+    check_op(vjp, h, x)
+    double_backward_matches(vjp, h, x)
+
+
 def test_relu_backward_masks_infinite_and_nan_gradients_as_torch():
     x = X.clone()
     x[0, :3] = torch.tensor([0.0, -1.0, float("nan")])

@@ -1,5 +1,5 @@
 """Gradient rules of torchtrace/ops/linalg_functions.py: matrix_exp / power, norms, cond, multi_dot, vecdot,
-vander, householder_product, tensorinv / tensorsolve, linalg.diagonal."""
+vander, householder_product, ormqr, tensorinv / tensorsolve, linalg.diagonal."""
 import math
 
 import pytest
@@ -222,6 +222,24 @@ def test_householder_product(shapes):
     a, tau = rand(*shapes[0]), rand(*shapes[1])
     check_op(linalg.householder_product, a, tau)
     check_op(torch.orgqr, a, tau)
+
+
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("batch", [(), (2,)])
+def test_ormqr(left, transpose, batch):
+    a, tau = rand(*batch, 5, 3), rand(*batch, 3)
+    c = rand(*batch, 5, 4) if left else rand(*batch, 4, 5)
+    check_op(lambda *t: torch.ormqr(*t, left=left, transpose=transpose), a, tau, c)
+    check_op(lambda *t: t[0].ormqr(*t[1:], left, transpose), a, tau, c)
+
+
+def test_ormqr_of_a_qr_multiplies_by_q_and_double_backward():
+    reflectors, tau = torch.geqrf(rand(4, 4))
+    c = rand(4, 2)
+    torch.testing.assert_close(torch.ormqr(reflectors, tau, c), torch.linalg.householder_product(reflectors, tau) @ c)
+    check_op(torch.ormqr, reflectors, tau, c)
+    double_backward_matches(lambda a, t, x: torch.ormqr(a, t, x, transpose=True), rand(4, 3), rand(3), rand(4, 2))
 
 
 def test_householder_product_of_a_qr_and_double_backward():

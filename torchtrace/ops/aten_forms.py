@@ -1,6 +1,6 @@
 """aten-level spellings that reach __torch_function__ from decompositions and tests: constant_pad_nd,
-aten.slice, aten._safe_softmax, aten._softmax_backward_data, aten.threshold_backward; and torch.dist,
-torch.nextafter."""
+aten.slice, aten._safe_softmax, the VJP ops aten._softmax_backward_data / threshold_backward /
+native_dropout_backward / max_pool2d_with_indices_backward; and torch.dist, torch.nextafter."""
 from types import SimpleNamespace
 
 import torch
@@ -96,6 +96,43 @@ class ThresholdBackward(Function):
         (y,) = ctx.saved_tensors
         dy = torch.zeros_like(y) if ctx.needs_input_grad[1] else None
         return aten.threshold_backward(g, y, ctx.threshold), dy, None
+
+
+@register(aten.native_dropout_backward, aten.native_dropout_backward.default)
+class NativeDropoutBackward(Function):
+    """r = h * mask * scale (dropout's VJP)  ->  dh = g * mask * scale;  the mask is not differentiable"""
+
+    @staticmethod
+    def forward(ctx, grad_output, mask, scale):
+        ctx.scale = scale
+        ctx.save_for_backward(mask)
+        return aten.native_dropout_backward(grad_output, mask, scale)
+
+    @staticmethod
+    def backward(ctx, g):
+        (mask,) = ctx.saved_tensors
+        return g * mask * ctx.scale, None, None
+
+
+@register(aten.max_pool2d_with_indices_backward, aten.max_pool2d_with_indices_backward.default)
+class MaxPool2dWithIndicesBackward(Function):
+    """r = h scattered into zeros of x's shape at the max-pool indices (max_pool2d's VJP)  ->  dh = g gathered at
+    those indices;  dx = 0 (r does not depend on x's values, only on the indices)"""
+
+    @staticmethod
+    def forward(ctx, grad_output, self, kernel_size, stride, padding, dilation, ceil_mode, indices):
+        ctx.save_for_backward(indices)
+        ctx.input_meta = self.shape, self.dtype, self.device
+        return aten.max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation,
+                                                     ceil_mode, indices)
+
+    @staticmethod
+    def backward(ctx, g):
+        (indices,) = ctx.saved_tensors
+        grad_output = g.flatten(-2).gather(-1, indices.flatten(-2)).view(indices.shape)
+        shape, dtype, device = ctx.input_meta
+        grad_self = torch.zeros(shape, dtype=dtype, device=device) if ctx.needs_input_grad[1] else None
+        return grad_output, grad_self, None, None, None, None, None, None
 
 
 @register(torch.dist, T.dist)

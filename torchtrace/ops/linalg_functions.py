@@ -1,5 +1,5 @@
 """Gradient rules for functions of matrices: matrix_exp, matrix_power, matrix and operator norms, cond, multi_dot,
-vecdot, vander, householder_product, tensorinv / tensorsolve and linalg.diagonal.
+vecdot, vander, householder_product, ormqr, tensorinv / tensorsolve and linalg.diagonal.
 
 Most of these are compositions of the rules in linalg_inverse.py and linalg_decompositions.py, and their
 backward composes those rules' gradients: a spectral norm is a singular value (dA = g u_1 v_1^T), cond is a
@@ -350,31 +350,67 @@ class HouseholderProduct(Function):
 
     @staticmethod
     def backward(ctx, g):
-        # dH_i = (H_1..H_{i-1})^T [G 0] (H_{i+1}..H_k)^T; v_i is column i of A below the diagonal, 1 on it
         a, tau = ctx.saved_tensors
         m, n = a.shape[-2:]
-        k = tau.shape[-1]
-        if k == 0:  # no reflectors: Q is the identity's first n columns
+        if tau.shape[-1] == 0:  # no reflectors: Q is the identity's first n columns
             return torch.zeros_like(a), torch.zeros_like(tau)
-        identity = eye(m, None, a)
-        vs = tril(a[..., :, :k], -1) + eye(m, k, a)
-        v = [vs[..., :, i:i + 1] for i in range(k)]
-        reflectors = [identity - tau[..., i, None, None] * (v[i] @ v[i].mT) for i in range(k)]
         g_full = torch.cat([g, g.new_zeros(g.shape[:-1] + (m - n,))], -1) if m > n else g
-        prefixes = [identity]
-        for h in reflectors[:-1]:
-            prefixes.append(prefixes[-1] @ h)
-        grad_v, grad_tau = [None] * k, [None] * k
-        suffix = identity
-        for i in range(k - 1, -1, -1):
-            grad_h = prefixes[i].mT @ g_full @ suffix.mT
-            grad_tau[i] = -(v[i].mT @ grad_h @ v[i])[..., 0, 0]
-            grad_v[i] = -tau[..., i, None, None] * ((grad_h + grad_h.mT) @ v[i])
-            suffix = reflectors[i] @ suffix
-        grad_a = tril(torch.cat(grad_v, -1), -1)
-        if k < n:
-            grad_a = torch.cat([grad_a, grad_a.new_zeros(grad_a.shape[:-1] + (n - k,))], -1)
-        return grad_a, torch.stack(grad_tau, -1)
+        return householder_vjp(a, tau, g_full)
+
+
+def householder_vjp(a: torch.Tensor, tau: torch.Tensor, g_full: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(dA, dtau) of the full m x m product H_1..H_k of the reflectors stored in A's columns and tau, given its
+    gradient G: dH_i = (H_1..H_{i-1})^T G (H_{i+1}..H_k)^T; v_i is column i of A below the diagonal, 1 on it."""
+    m, n = a.shape[-2:]
+    k = tau.shape[-1]
+    identity = eye(m, None, a)
+    vs = tril(a[..., :, :k], -1) + eye(m, k, a)
+    v = [vs[..., :, i:i + 1] for i in range(k)]
+    reflectors = [identity - tau[..., i, None, None] * (v[i] @ v[i].mT) for i in range(k)]
+    prefixes = [identity]
+    for h in reflectors[:-1]:
+        prefixes.append(prefixes[-1] @ h)
+    grad_v, grad_tau = [None] * k, [None] * k
+    suffix = identity
+    for i in range(k - 1, -1, -1):
+        grad_h = prefixes[i].mT @ g_full @ suffix.mT
+        grad_tau[i] = -(v[i].mT @ grad_h @ v[i])[..., 0, 0]
+        grad_v[i] = -tau[..., i, None, None] * ((grad_h + grad_h.mT) @ v[i])
+        suffix = reflectors[i] @ suffix
+    grad_a = tril(torch.cat(grad_v, -1), -1)
+    if k < n:
+        grad_a = torch.cat([grad_a, grad_a.new_zeros(grad_a.shape[:-1] + (n - k,))], -1)
+    return grad_a, torch.stack(grad_tau, -1)
+
+
+@register(torch.ormqr, T.ormqr)
+class Ormqr(Function):
+    """R = op(Q) C (left) or C op(Q), op = transpose or not, Q = H_1..H_k  ->  dC = op(Q)^T G (or G op(Q)^T),
+    dQ = G C^T (left; transposed: C G^T; right: C^T G, transposed: G^T C), then dA, dtau as householder_product's"""
+
+    @staticmethod
+    def forward(ctx, input, tau, other, left=True, transpose=False):
+        real_only("torch.ormqr", input, tau, other)
+        ctx.left, ctx.transpose = left, transpose
+        ctx.save_for_backward(input, tau, other)
+        return torch.ormqr(input, tau, other, left, transpose)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, tau, c = ctx.saved_tensors
+        need_a, need_tau, need_c = ctx.needs_input_grad[:3]
+        left, transpose = ctx.left, ctx.transpose
+        grad_c = torch.ormqr(a, tau, g, left, not transpose) if need_c else None  # op(Q)^T applied to G
+        grad_a = grad_tau = None
+        if (need_a or need_tau) and tau.shape[-1] > 0:
+            if left:
+                grad_q = c @ g.mT if transpose else g @ c.mT
+            else:
+                grad_q = g.mT @ c if transpose else c.mT @ g
+            grad_a, grad_tau = householder_vjp(a, tau, grad_q)
+        elif need_a or need_tau:
+            grad_a, grad_tau = torch.zeros_like(a), torch.zeros_like(tau)
+        return grad_a, grad_tau, grad_c, None, None
 
 
 # ----------------------------------------------------------------------------------------------------------------
