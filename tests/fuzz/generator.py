@@ -100,7 +100,7 @@ class Generator:
     env: Dict[str, torch.Tensor] = field(init=False, default_factory=dict)
     vars: List[Var] = field(init=False, default_factory=list)
     counter: int = field(init=False, default=0)
-    view_mutated: bool = field(init=False, default=False)  # an in-place op hit a view: see statement()
+    inplace_ran: bool = field(init=False, default=False)  # an in-place op ran (on any tensor): see statement()
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -209,8 +209,8 @@ class Generator:
         if family == "hook":
             if self.program.double and not a.leaf and "hook_double" not in self.features:
                 return None
-            if (a.view or a.viewed) and self.view_mutated:  # torch 2.13 segfaults in register_hook on a view
-                return None  # (or its base) after a view of the same storage was changed in place
+            if (a.view or a.viewed) and self.inplace_ran:  # torch 2.13 segfaults in register_hook on a view (or
+                return None  # its base) after its storage changed in place, also through an alias (x.detach())
             factor = self.rng.choice([0.5, 2.0, -1.0, 3.0])  # scaling hooks: linear in g, as gradients are
             hook = self.rng.choice([f"lambda g: g * {factor}", "lambda g: None"])
             return f"{x}.register_hook({hook})", None
@@ -297,7 +297,7 @@ class Generator:
             return None
         v = target.name
         target.mutated = True
-        self.view_mutated = self.view_mutated or target.view or target.viewed
+        self.inplace_ran = True
         if "inplace_keyword" in self.features and self.rng.random() < 0.4:
             text = self.rng.choice(INPLACE_KEYWORD).format(v=v)
             return self.define(text, view=True, of=target) if self.rng.random() < 0.5 else (text, None)  # an alias
