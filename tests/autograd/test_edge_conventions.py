@@ -107,3 +107,37 @@ def test_identity_dropout_with_inplace_leaves_a_leaf_view_alone(call):
     assert call(view) is view
     (view * 2).sum().backward()
     assert torch.equal(x.grad.as_subclass(torch.Tensor), torch.full((1, 2), 2.0, dtype=torch.float64))
+
+
+def _retained_view_changed_by_elu(x0):
+    t0 = x0.mT @ x0
+    t1 = t0[1:]
+    t1.retain_grad()
+    F.elu(t1, inplace=True)
+    return [t0], [t1]
+
+
+def _retained_view_added_to(x0):
+    t0 = x0 * 2
+    t1 = t0[None]
+    t1.retain_grad()
+    t1 += x0
+    return [t0], [t1]
+
+
+def _retained_view_used_after_its_change(x0):
+    t0 = x0 * 2
+    t1 = t0[1:]
+    t1.retain_grad()
+    t1.mul_(3)
+    return [t1 * 5, t0], [t1]
+
+
+@pytest.mark.parametrize("program", [_retained_view_changed_by_elu, _retained_view_added_to,
+                                     _retained_view_used_after_its_change])
+def test_retain_grad_then_an_inplace_change_of_the_view_itself(program):
+    """.grad of a retained view is that of its value after the change (torch: zero when only the base is used)."""
+    from fuzz.runner import assert_same
+
+    assert_same(program, [torch.tensor([[1.0, 2.0, -0.75], [-0.5, 1.5, 0.0], [1.0, 1.5, -1.0]], dtype=torch.float64)],
+                double=False)

@@ -38,7 +38,7 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
     if func in INPLACE_FLAG and _inplace_requested(INPLACE_FLAG[func], args, kwargs):
         return _record_inplace_flag(tracer_type, rule, func, *call)
     with _guard():
-        edges, torch_leaf = _grad_edges(tracer_type, rule, args, kwargs) if _grad_enabled() else (None, False)
+        edges, torch_leaf, needs = _grad_edges(tracer_type, rule, args, kwargs) if _grad_enabled() else _NONE
         if not edges:
             out = func(*call[0], **call[1]) if func is not None else rule.forward(Context(rule), *args, **kwargs)
             return _as_tracers(out, tracer_type, args)
@@ -47,7 +47,7 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
                 f"{_name(func, rule)}: out= cannot be recorded (no gradient can flow into a preallocated output) "
                 "— assign the result instead, or run the call under tt.no_grad()")
         stack = STATE.module_stack
-        ctx = Context(rule, edges)
+        ctx = Context(rule, edges, needs)
         node = Node(rule, ctx, edges, func, tuple(stack) if stack else ())
         if torch_leaf:  # torch's autograd must not record the plain tensors that require grad
             _set_grad_enabled(False)
@@ -142,11 +142,16 @@ def _keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kw
     return tuple(args) + tuple(filled), rest
 
 
-def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tuple[List[Edge], bool]:
-    """An Edge for every argument that requires a gradient (items of list arguments too), and whether
-    one of them is a plain torch.Tensor with torch's requires_grad=True (a leaf torchtrace fills)."""
+_NONE = (None, False, 0)
+
+
+def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tuple[List[Edge], bool, int]:
+    """An Edge for every argument that requires a gradient (items of list arguments too), whether one of them is
+    a plain torch.Tensor with torch's requires_grad=True (a leaf torchtrace fills), and the bit mask of the
+    arguments that need a gradient (the rule's ctx.needs_input_grad)."""
     edges: List[Edge] = []
     torch_leaf = False
+    needs = 0
     pairs = enumerate(args) if not kwargs else [
         *enumerate(args), *((rule.param_index(k), v) for k, v in kwargs.items() if k != "out" and _wants_gradient(v))]
     for position, arg in pairs:
@@ -154,6 +159,7 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
             if arg._tt_view:
                 catch_up(arg, tracer_type)
             if arg._tt_requires_grad:
+                needs |= 1 << position
                 node = arg._tt_node  # _edge(position, arg), written out: this is the hottest loop of recording
                 if node is None or arg._version != arg._tt_version:
                     edges.append(_edge(position, arg))
@@ -161,6 +167,7 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
                     edges.append(_new_edge(Edge, (position, node, arg._tt_nr, arg.shape, arg.dtype)))
         elif isinstance(arg, torch.Tensor):
             if arg.requires_grad:
+                needs |= 1 << position
                 edges.append(_torch_leaf_edge(position, arg))
                 torch_leaf = True
         elif isinstance(arg, _containers):
@@ -169,11 +176,13 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
                     if item._tt_view:
                         catch_up(item, tracer_type)
                     if item._tt_requires_grad:
+                        needs |= 1 << position
                         edges.append(_edge((position, j), item))
                 elif isinstance(item, torch.Tensor) and item.requires_grad:
+                    needs |= 1 << position
                     edges.append(_torch_leaf_edge((position, j), item))
                     torch_leaf = True
-    return edges, torch_leaf
+    return edges, torch_leaf, needs
 
 
 def _edge(position: Any, t: torch.Tensor) -> Edge:
@@ -393,6 +402,8 @@ def _record_inplace(tracer_type: type, target: Any, name: str, compute: Callable
             changed._tt_node, changed._tt_nr, changed._tt_requires_grad = after._tt_node, after._tt_nr, True
         changed._tt_version = changed._version
     _move_retained(*previous, changed)
+    if base is not None and old_node is not None and old_nr in (old_node.retained or {}):
+        catch_up(target, tracer_type)  # a retained view: its .grad is now that of its new value, a view of the base
     return target
 
 

@@ -28,9 +28,10 @@ class Context:
     _needs: Optional[Tuple[bool, ...]] = None
     _graph_saved: Optional[Tuple[Any, ...]] = None
 
-    def __init__(self, rule: type, edges: Any = ()):
+    def __init__(self, rule: type, edges: Any = (), needs_mask: Optional[int] = None):
         self.rule = rule
         self._edges = edges
+        self._mask = needs_mask  # bit i set: argument i needs a gradient (None: read it from the edges)
 
     def save_for_backward(self, *tensors: Any) -> None:
         """Keep tensors for backward; an in-place change of one of them before backward is an error."""
@@ -74,8 +75,10 @@ class Context:
         """One flag per positional parameter of forward: does that argument need a gradient?"""
         needs = self._needs
         if needs is None:
-            key = tuple([edge[0] for edge in self._edges])
-            needs = self._needs = _NEEDS.get(key) or _needs_flags(key)
+            mask = self._mask
+            if mask is None:
+                mask = self._mask = sum({1 << (p if type(p) is int else p[0]) for p, *_ in self._edges})
+            needs = self._needs = _NEEDS.get(mask) or _needs_flags(mask)
         return needs
 
     @needs_input_grad.setter
@@ -83,13 +86,12 @@ class Context:
         self._needs = tuple(flags)
 
 
-_NEEDS: Dict[Tuple[Any, ...], Tuple[bool, ...]] = {}  # edge positions -> needs_input_grad flags, built once
+_NEEDS: Dict[int, Tuple[bool, ...]] = {}  # bit mask of the arguments needing a gradient -> needs_input_grad flags
 
 
-def _needs_flags(positions: Tuple[Any, ...]) -> Tuple[bool, ...]:
-    """(0, (2, 1)) -> (True, False, True, False, ...): one flag per parameter, at least 8."""
-    taken = {p if type(p) is int else p[0] for p in positions}
-    flags = _NEEDS[positions] = tuple(i in taken for i in range(max(8, max(taken, default=-1) + 1)))
+def _needs_flags(mask: int) -> Tuple[bool, ...]:
+    """0b101 -> (True, False, True, False, ...): one flag per parameter, at least 8."""
+    flags = _NEEDS[mask] = tuple(bool(mask >> i & 1) for i in range(max(8, mask.bit_length())))
     return flags
 
 
