@@ -240,10 +240,22 @@ def test_lstsq_solution(shapes):
     check_op(lambda a, b: linalg.lstsq(a, b, driver="gelsd")[0], a, b)
 
 
-def test_lstsq_residuals_are_refused():
+@pytest.mark.parametrize("driver", ["gels", "gelsd", "gelss"])
+@pytest.mark.parametrize("shapes", [c[1:] for c in LSTSQ[1:]], ids=[c[0] for c in LSTSQ[1:]])
+def test_lstsq_residuals(shapes, driver):
+    a, b = rand(*shapes[0]), rand(*shapes[1])
+    check_op(lambda a, b: linalg.lstsq(a, b, driver=driver).residuals, a, b)
+    check_op(lambda a, b: sum(out.sum() for out in linalg.lstsq(a, b, driver=driver)[:2]), a, b)  # both at once
+
+
+def test_lstsq_residuals_double_backward():
+    double_backward_matches(lambda a, b: linalg.lstsq(a, b, driver="gelsd").residuals, rand(5, 3), rand(5, 2))
+
+
+def test_lstsq_singular_values_are_refused():
     a, b = tt.tracer(rand(5, 3), requires_grad=True), tt.tracer(rand(5, 2), requires_grad=True)
-    with pytest.raises(UnsupportedOperationError, match="only the solution has a gradient"):
-        linalg.lstsq(a, b, driver="gelsd").residuals.sum().backward()
+    with pytest.raises(UnsupportedOperationError, match="singular_values has no gradient"):
+        linalg.lstsq(a, b, driver="gelsd").singular_values.sum().backward()
 
 
 def test_lstsq_double_backward():

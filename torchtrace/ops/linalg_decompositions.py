@@ -352,27 +352,31 @@ class Pinverse(Pinv):
 
 @register(linalg.lstsq)
 class Lstsq(Function):
-    """X = argmin |A X - B| = A^+ B  ->  dB = A^+^T G, dA = pinv backward of G B^T   (only X has a gradient)"""
+    """X = argmin |A X - B| = A^+ B  ->  dB = A^+^T G, dA = pinv backward of G B^T;  residuals r_j = |A x_j - b_j|^2
+    (X is optimal, so dr/dX = 0)  ->  dA += 2 R diag(g_r) X^T, dB -= 2 R diag(g_r), R = A X - B"""
 
     @staticmethod
     def forward(ctx, A, B, rcond=None, *, driver=None):
         real_only("torch.linalg.lstsq", A, B)
         out = linalg.lstsq(A, B, rcond, driver=driver)
         ctx.vector = B.dim() == A.dim() - 1
-        ctx.save_for_backward(A, B)
+        ctx.save_for_backward(A, B, out.solution)
         return out
 
     @staticmethod
     def backward(ctx, g, g_residuals, g_rank, g_values):
-        if used(g_residuals) or used(g_values):
+        if used(g_values):
             raise UnsupportedOperationError(
-                "torch.linalg.lstsq: only the solution has a gradient (residuals and singular_values are not "
-                "differentiable, as in torch) — compute the residuals from the solution, e.g. (A @ X - B)")
-        a, b = ctx.saved_tensors
-        g, b = (t.unsqueeze(-1) for t in (g, b)) if ctx.vector else (g, b)
+                "torch.linalg.lstsq: singular_values has no gradient (as in torch) — use torch.linalg.svdvals(A)")
+        a, b, x = ctx.saved_tensors
+        g, b, x = (t.unsqueeze(-1) for t in (g, b, x)) if ctx.vector else (g, b, x)
         p = linalg.pinv(a)
         grad_a = pinv_grad(a, p, g @ b.mT) if ctx.needs_input_grad[0] else None
         grad_b = p.mT @ g if ctx.needs_input_grad[1] else None
+        if used(g_residuals):
+            weighted = (a @ x - b) * g_residuals.unsqueeze(-2)  # column j of the residual scaled by g_r[j]
+            grad_a = grad_a + 2 * weighted @ x.mT if grad_a is not None else None
+            grad_b = grad_b - 2 * weighted if grad_b is not None else None
         if ctx.vector and grad_b is not None:
             grad_b = grad_b.squeeze(-1)
         return grad_a, grad_b
