@@ -378,3 +378,28 @@ def test_augmented_assignments_and_functional_in_place_forms_are_recorded(update
         update(y)
         return y * leaf
     assert_same(*grads_of(program, X))
+
+
+@pytest.mark.parametrize("change_input", [True, False])
+@pytest.mark.parametrize("fn", [torch.neg, torch.sin, torch.exp, torch.sign, torch.floor, torch.sqrt, F.silu, F.relu6,
+                                F.gelu, F.leaky_relu, torch.nan_to_num])
+def test_an_inplace_change_of_what_a_rule_does_not_save_is_allowed_as_in_torch(fn, change_input):
+    """A rule saves only what its gradient reads: changing the other tensor in place afterwards works in torch, so
+    it works here; changing a saved one raises in both."""
+    def program(leaf):
+        h = leaf * 2
+        y = fn(h)
+        (h if change_input else y).add_(1)
+        return y * 3
+
+    theirs = X.abs().clone().requires_grad_(True)
+    try:
+        program(theirs).sum().backward()
+    except RuntimeError:
+        ours = tt.tracer(X.abs(), requires_grad=True)
+        with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+            program(ours).sum().backward()
+        return
+    ours = tt.tracer(X.abs(), requires_grad=True)
+    program(ours).sum().backward()
+    torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)

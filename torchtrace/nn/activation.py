@@ -4,6 +4,7 @@ F.relu, torch.sigmoid, torch.tanh, F.softmax and F.log_softmax have their rules 
 the ReLU, Sigmoid, Tanh, Softmax and LogSoftmax modules below just call them. `inplace=True` is
 ignored: the result is computed out of place and returned.
 """
+import inspect
 import math
 from typing import Any, Callable
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
 from torchtrace.nn.module import Module
+from torchtrace.ops.rule_tables import reads
 
 SELU_ALPHA, SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946  # torch's constants
 
@@ -22,13 +24,14 @@ def activation(name: str, target: Callable, math_line: str, grad: Callable, **de
     `defaults` lists target's options in positional order, with their default values.
     """
     names = list(defaults)
+    keep_x, keep_y = reads(grad, *list(inspect.signature(grad).parameters)[1:3])  # save only what grad reads
 
     def forward(ctx: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
         options = {**defaults, **dict(zip(names, args)), **kwargs}
         options.pop("inplace", None)
         y = target(input, **options)
         ctx.options = options
-        ctx.save_for_backward(input, y)
+        ctx.save_for_backward(input if keep_x else None, y if keep_y else None)
         return y
 
     def backward(ctx: Any, g: Any) -> Any:

@@ -1,4 +1,5 @@
 """Build Function classes from one line of math: most pointwise rules are data, not code."""
+import dis
 import inspect
 import sys
 from typing import Any, Callable, Optional, Sequence
@@ -21,13 +22,24 @@ def make_rule(name: str, math: str, forward: Callable, backward: Callable, targe
     return register(*targets, rule=type(name, (Function,), members))
 
 
+def reads(fn: Callable, *names: str) -> Sequence[bool]:
+    """Does fn's code read each of these parameters? A rule saves only what its gradient reads, so an in-place
+    change of a tensor it does not need stays allowed (as in torch)."""
+    try:
+        loaded = {ins.argval for ins in dis.get_instructions(fn) if ins.opname.startswith("LOAD_")}
+    except TypeError:  # not Python code (a builtin, a partial): assume it reads everything
+        return [True] * len(names)
+    return [name in loaded for name in names]
+
+
 def unary(name: str, targets: Sequence[Callable], math: str, grad: Callable) -> type:
-    """Rule for y = f(x, *options); grad(g, x, y) is the vector-Jacobian product."""
+    """Rule for y = f(x, *options); grad(g, x, y) is the vector-Jacobian product (x, y saved if it reads them)."""
     op = targets[0]
+    keep_x, keep_y = reads(grad, *list(inspect.signature(grad).parameters)[1:3])
 
     def forward(ctx: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
         y = op(x, *args, **kwargs)
-        ctx.save_for_backward(x, y)
+        ctx.save_for_backward(x if keep_x else None, y if keep_y else None)
         return y
 
     def backward(ctx: Any, g: Any) -> Any:
