@@ -25,19 +25,15 @@ KNOWN_CORE_BUGS: Dict[str, str] = {
                 "from the textbook formula where a NaN gradient meets a zero (cumprod with zeros gives 0 where "
                 "NaN * 0 = NaN). Off: no NaN/inf inputs, and a difference involving a NaN/inf (or in a program "
                 "holding one) is counted, not failed"),
-    "hook_double": "issue 8 §1 (found by this fuzzer; a formula choice, not a wrong derivative): with "
-                   "create_graph=True, a hook on a non-leaf fires on every gradient reaching it, also in the second "
-                   "backward. Div and prod rules reuse their saved output (dz/dy = -g z / y) where torch's formula "
-                   "recomputes from the inputs (-g x / y^2): equal math, but a scaling hook then scales a different "
-                   "set of paths, so second derivatives differ (x.div(y) with a *3 hook)",
 }
 FEATURES: FrozenSet[str] = frozenset({
     "pointwise", "binary", "reduction", "matmul", "view", "index", "cat", "where", "softmax", "inplace",
     "inplace_view", "inplace_viewed", "alias_self", "hook", "retain_grad", "double", "edges",
     # once known core bugs, fixed: cat/stack(tensors=...) and of containers, inplace= keywords, retain_grad then
-    # in-place, relu6/hardtanh masks meeting an infinite gradient, atan2 at (0, 0), elu's second derivative at 0
+    # in-place, relu6/hardtanh masks meeting an infinite gradient, atan2 at (0, 0), elu's second derivative at 0,
+    # hooks in second derivatives (div now uses torch's formula -(a/b)/b instead of its saved output)
     "cat_keyword", "cat_container", "inplace_keyword", "retain_then_inplace", "mask_inf", "atan2_zero",
-    "elu_double_at_zero",
+    "elu_double_at_zero", "hook_double",
 }) | frozenset(KNOWN_CORE_BUGS)
 CI_FEATURES: FrozenSet[str] = FEATURES - frozenset(KNOWN_CORE_BUGS)
 

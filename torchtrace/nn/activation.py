@@ -58,7 +58,7 @@ def _outside(g: torch.Tensor, x: torch.Tensor, lambd: float) -> torch.Tensor:
 
 
 def _below_zero(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """v where x < 0, else 0: equal to v at x = 0 in the ELU family (v is 0 there), but flat at 0, so the second
+    """v where x < 0, else 0: e^v is 1 at x = 0 either way, but this is flat there, so the ELU family's second
     derivative at x = 0 is 0, as torch's elu_double_backward (mask x < 0)."""
     return torch.where(x < 0, v, 0.0)
 
@@ -96,8 +96,9 @@ activation("Hardtanh", F.hardtanh, "y = clamp(x, lo, hi)  ->  dy/dx = 1 for lo <
 activation("LeakyRelu", F.leaky_relu, "y = x if x > 0 else a x  ->  dy/dx = 1 if x > 0 else a",
            lambda g, x, y, negative_slope: torch.where(x > 0, g, g * negative_slope),
            negative_slope=0.01, inplace=False)
-activation("Elu", F.elu, "y = x if x > 0 else a (e^x - 1)  ->  dy/dx = 1 if x > 0 else y + a",
-           lambda g, x, y, alpha: torch.where(x <= 0, g * (_below_zero(y, x) + alpha), g), alpha=1.0, inplace=False)
+activation("Elu", F.elu, "y = x if x > 0 else a (e^x - 1)  ->  dy/dx = 1 if x > 0 else a e^x",
+           lambda g, x, y, alpha: torch.where(x <= 0, g * alpha * torch.exp(_below_zero(x, x)), g), alpha=1.0,
+           inplace=False)
 activation("Gelu", F.gelu, "y = x Phi(x)  ->  dy/dx = Phi(x) + x phi(x)  (approximate='tanh': that form's derivative)",
            _gelu, approximate="none")
 activation("Silu", F.silu, "y = x s(x), s = sigmoid  ->  dy/dx = s (1 + x (1 - s))", _silu, inplace=False)

@@ -56,23 +56,22 @@ class Mul(Function):
 
 @register(torch.div, torch.divide, torch.true_divide, T.div, T.divide, T.true_divide, T.__truediv__)
 class Div(Function):
-    """z = a / b  ->  dz/da = 1/b, dz/db = -z/b   (zero with a rounding_mode: floor/trunc are flat)"""
+    """z = a / b  ->  dz/da = 1/b, dz/db = -a/b^2 = -(a/b)/b   (zero with a rounding_mode: floor/trunc are flat)"""
 
     @staticmethod
     def forward(ctx, a, b, *, rounding_mode=None):
-        z = torch.div(a, b, rounding_mode=rounding_mode)
         ctx.rounded = rounding_mode is not None
-        ctx.save_for_backward(a, b, z)
-        return z
+        ctx.save_for_backward(a if ctx.needs_input_grad[1] and not ctx.rounded else None, b)
+        return torch.div(a, b, rounding_mode=rounding_mode)
 
     @staticmethod
     def backward(ctx, g):
-        a, b, z = ctx.saved_tensors
+        a, b = ctx.saved_tensors
         if ctx.rounded:  # zeros even where g is inf or NaN, as torch
             zeros = torch.zeros_like(g)
             return zeros, zeros if isinstance(b, torch.Tensor) else None
         need_a, need_b = ctx.needs_input_grad[:2]
-        return (g / b if need_a else None), (-g * z / b if need_b else None)
+        return (g / b if need_a else None), (-g * (a / b / b) if need_b else None)
 
 
 reflected("Rdiv", Div, [T.__rdiv__, T.__rtruediv__])

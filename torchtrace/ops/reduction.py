@@ -306,12 +306,13 @@ class Var(Function):
     """y = sum_i (x_i - mean)^2 / (N - correction)  ->  dy/dx_i = 2 (x_i - mean) / (N - correction)"""
 
     op = staticmethod(torch.var)
+    keeps_output = False  # std's gradient reads its output; var's does not (so var's may change in place)
 
     @staticmethod
     def forward(ctx, x, *args, **kwargs):
         y = ctx.rule.op(x, *args, **kwargs)
         ctx.dim, ctx.correction, ctx.keepdim = var_options(args, kwargs)
-        ctx.save_for_backward(x, y if isinstance(y, torch.Tensor) else y[0])
+        ctx.save_for_backward(x, (y if isinstance(y, torch.Tensor) else y[0]) if ctx.rule.keeps_output else None)
         return y
 
     @staticmethod
@@ -325,6 +326,7 @@ class Std(Var):
     """y = sqrt(var x)  ->  dy/dx_i = dvar/dx_i / (2y) = (x_i - mean) / ((N - correction) y), 0 where y = 0 (torch)"""
 
     op = staticmethod(torch.std)
+    keeps_output = True
 
     @staticmethod
     def backward(ctx, g):
@@ -350,6 +352,7 @@ class StdMean(Var):
     """(std, mean) = std_mean(x)  ->  dL/dx = g_std dstd/dx + g_mean / N"""
 
     op = staticmethod(torch.std_mean)
+    keeps_output = True
 
     @staticmethod
     def backward(ctx, g_std, g_mean):

@@ -53,18 +53,22 @@ def binary(name: str, targets: Sequence[Callable], math: str, grad_a: Callable, 
            save_output: bool = False) -> type:
     """Rule for z = f(a, b); grad_a(g, a, b, z) and grad_b(g, a, b, z) are computed only when needed.
 
-    z is saved (and passed, else None) only with save_output=True: a saved output makes a later in-place
-    change of it an error, as in torch.
+    a, b and z are saved only when a gradient that is needed reads them (z only with save_output=True): a saved
+    tensor makes a later in-place change of it an error, as in torch, and one that is not saved does not.
     """
     op = targets[0]
+    names = list(inspect.signature(grad_a).parameters)[1:4]
+    reads_a, reads_b = reads(grad_a, *names), reads(grad_b, *list(inspect.signature(grad_b).parameters)[1:4])
 
     def forward(ctx: Any, a: Any, b: Any, *args: Any, **kwargs: Any) -> Any:
         z = op(a, b, *args, **kwargs)
-        ctx.save_for_backward(a, b, z) if save_output else ctx.save_for_backward(a, b)
+        need_a, need_b = ctx.needs_input_grad[:2]
+        keep = [(need_a and by_a) or (need_b and by_b) for by_a, by_b in zip(reads_a, reads_b)]
+        ctx.save_for_backward(a if keep[0] else None, b if keep[1] else None, z if keep[2] and save_output else None)
         return z
 
     def backward(ctx: Any, g: Any) -> Any:
-        a, b, z = (*ctx.saved_tensors, None)[:3]
+        a, b, z = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad[:2]
         return (grad_a(g, a, b, z) if need_a else None, grad_b(g, a, b, z) if need_b else None)
 
