@@ -6,7 +6,8 @@ silent-gradient path (containers of tracers by keyword, `inplace=` flags, plain 
 Function.apply through torch's override protocol, per-thread state, checked backward results and hook
 returns, leaves that own their .grad, post-accumulate hooks, checked .grad assignment) brought it to
 ~880. Views that follow in-place changes of their base (and in-place ops on views reaching the base,
-torch's view semantics: autograd/views.py) brought it to ~980.
+torch's view semantics: autograd/views.py) brought it to ~980. Keyword normalisation, a purpose of its own, then
+moved out to torchtrace/arguments.py (~50 lines) to make room for leaves that keep their gradient without a copy.
 Raising the budget needs a reason; moving code out of the core is the better fix.
 """
 import ast

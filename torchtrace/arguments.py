@@ -1,0 +1,76 @@
+"""Calls as torch's signatures read them: keywords that hold tensors moved to their positions, numpy's names."""
+import inspect
+import itertools
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+_POSITIONAL: Dict[Callable, tuple] = {}  # keyed by registered torch callables only: it owns no user object
+_NUMPY_NAMES = (("axis", "dim"), ("keepdims", "keepdim"))
+
+
+def _signature_parameters(target: Callable) -> tuple:
+    """((name, default), ...) of parameters passable by position, and whether that signature is exact.
+
+    Python functions (torch.nn.functional, a Function's forward) have exact signatures; torch's builtins
+    only the approximate ones of torch.overrides.get_testing_overrides(), which do not mark keyword-only
+    parameters.
+    """
+    exact = True
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        exact, fallback = False, torch.overrides.get_testing_overrides().get(target)
+        signature = inspect.signature(fallback) if fallback else None
+    params = list(signature.parameters.values()) if signature else []
+    if params and params[0].name == "ctx":
+        params = params[1:]
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = itertools.takewhile(lambda p: p.kind in kinds and p.name != "out", params)
+    return [(p.name, p.default) for p in positional], exact
+
+
+def _positional_parameters(func: Callable) -> tuple:
+    """_signature_parameters of a registered torch callable, cached (the keys are torch's, no user object)."""
+    found = _POSITIONAL.get(func)
+    if found is None:
+        found = _POSITIONAL[func] = _signature_parameters(func)
+    return found
+
+
+def _forward_parameters(rule: type) -> tuple:
+    """_signature_parameters of a Function's forward, kept on the class (a class made in a loop can die)."""
+    found = rule.__dict__.get("_tt_positional")
+    if found is None:
+        found = rule._tt_positional = _signature_parameters(rule.forward)
+    return found
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in value)
+
+
+def keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kwargs: dict) -> tuple:
+    """torch.add(x, other=y) -> torch.add(x, y): rules see tensors in torch's positional order.
+
+    Builtins move only keywords holding tensors (a tensor, or a list of tensors as torch.cat's
+    `tensors=`), whose gradients must be routed; options such as alpha= stay keywords, which rules
+    accept under torch's names.
+    """
+    for alias, name in _NUMPY_NAMES:  # x.sum(axis=0, keepdims=True) means x.sum(dim=0, keepdim=True)
+        if alias in kwargs and name not in kwargs:
+            kwargs = {name if k == alias else k: v for k, v in kwargs.items()}
+    params, exact = _positional_parameters(func) if func is not None else _forward_parameters(rule)
+    names = [name for name, _ in params]
+    movable = [k for k, v in kwargs.items() if k in names and (exact or _holds_tensor(v))]
+    last = max((names.index(k) for k in movable), default=-1)
+    if last < len(args):
+        return args, kwargs
+    moved = params[len(args):last + 1]
+    filled = [kwargs[name] if name in kwargs else default for name, default in moved]
+    if any(value is inspect.Parameter.empty for value in filled):
+        return args, kwargs
+    rest = {k: v for k, v in kwargs.items() if k not in {name for name, _ in moved}}
+    return tuple(args) + tuple(filled), rest
