@@ -205,8 +205,8 @@ class Generator:
         if family == "hook":
             if self.program.double and not a.leaf and "hook_double" not in self.features:
                 return None
-            if (a.view or a.viewed) and self.inplace_ran:  # torch 2.13 segfaults in register_hook on a view (or
-                return None  # its base) after its storage changed in place, also through an alias (x.detach())
+            if self.inplace_ran and (a.view or a.viewed or self.shares_storage(x)):  # torch 2.13 segfaults in
+                return None  # register_hook on a tensor sharing memory (a view, a base, an alias) changed in place
             factor = self.rng.choice([0.5, 2.0, -1.0, 3.0])  # scaling hooks: linear in g, as gradients are
             hook = self.rng.choice([f"lambda g: g * {factor}", "lambda g: None"])
             return f"{x}.register_hook({hook})", None
@@ -216,6 +216,12 @@ class Generator:
         target.retained = True
         self.program.retained.append(target.name)
         return f"{target.name}.retain_grad()", None
+
+    def shares_storage(self, name: str) -> bool:
+        """Does another tensor of the program share this one's memory (a view, or the same object by an alias)?"""
+        mine = self.env[name].untyped_storage().data_ptr()
+        return any(k != name and isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == mine
+                   for k, t in self.env.items())
 
     def define(self, expression: str, view: bool = False, of: Optional[Var] = None) -> Tuple[str, Var]:
         name = self.fresh()
