@@ -403,3 +403,29 @@ def test_an_inplace_change_of_what_a_rule_does_not_save_is_allowed_as_in_torch(f
     ours = tt.tracer(X.abs(), requires_grad=True)
     program(ours).sum().backward()
     torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)
+
+
+@pytest.mark.parametrize("changed", [0, 1])
+@pytest.mark.parametrize("fn", [torch.div, torch.mul, torch.sub, torch.atan2, torch.maximum, torch.hypot,
+                                lambda a, b: torch.lerp(a, b, 0.3), lambda a, b: torch.lerp(a, b, b.sigmoid()),
+                                lambda a, b: torch.lerp(b, a, a.sigmoid())])
+def test_binary_rules_save_only_what_the_needed_gradient_reads(fn, changed):
+    """Only `a` needs a gradient here: an operand its gradient does not read may change in place afterwards (torch
+    allows it, so torchtrace does); one it reads raises in both."""
+    def program(leaf, other):
+        a, b = leaf * 2, other * 1
+        y = fn(a, b)
+        (a, b)[changed].add_(1)
+        return y * 3
+
+    other = X.flip(0).abs() + 0.5
+    theirs = X.abs().clone().requires_grad_(True)
+    ours = tt.tracer(X.abs(), requires_grad=True)
+    try:
+        program(theirs, other).sum().backward()
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+            program(ours, tt.as_tracer(other)).sum().backward()
+        return
+    program(ours, tt.as_tracer(other)).sum().backward()
+    torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)

@@ -199,7 +199,8 @@ class Lerp(Function):
 
     @staticmethod
     def forward(ctx, input, end, weight):
-        ctx.save_for_backward(input, end, weight)
+        need_weight = ctx.needs_input_grad[2]  # saved: only what the needed gradients read (as torch)
+        ctx.save_for_backward(input if need_weight else None, end if need_weight else None, weight)
         return torch.lerp(input, end, weight)
 
     @staticmethod
