@@ -429,3 +429,26 @@ def test_binary_rules_save_only_what_the_needed_gradient_reads(fn, changed):
         return
     program(ours, tt.as_tracer(other)).sum().backward()
     torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)
+
+
+@pytest.mark.parametrize("program", [lambda z, r: (z * 2).sum(), lambda z, r: torch.exp(z), lambda z, r: r * 1j,
+                                     lambda z, r: r.to(torch.complex128), lambda z, r: z.sum(), lambda z, r: z @ z])
+def test_a_complex_result_is_refused_where_a_gradient_would_need_conjugates(program):
+    """Rules are written for real tensors (g * b, not g * conj(b)): a complex result that would carry a gradient is
+    refused, never differentiated with the real formula."""
+    z = tt.tracer(torch.randn(3, dtype=torch.complex128), requires_grad=True)
+    r = tt.tracer(torch.rand(3, dtype=torch.float64), requires_grad=True)
+    with pytest.raises(tt.UnsupportedOperationError, match="complex"):
+        program(z, r)
+    with tt.no_grad():
+        assert program(z, r).is_complex()
+
+
+@pytest.mark.parametrize("program", [lambda z: z.abs().sum(), lambda z: (z.abs() ** 2).sum(),
+                                     lambda z: torch.linalg.vector_norm(z)])
+def test_real_results_of_a_complex_leaf_get_torchs_gradient(program):
+    z0 = torch.randn(4, dtype=torch.complex128)
+    ours, theirs = tt.tracer(z0, requires_grad=True), z0.clone().requires_grad_(True)
+    program(ours).backward()
+    program(theirs).backward()
+    torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)

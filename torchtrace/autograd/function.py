@@ -91,8 +91,7 @@ _NEEDS: Dict[int, Tuple[bool, ...]] = {}  # bit mask of the arguments needing a 
 
 def _needs_flags(mask: int) -> Tuple[bool, ...]:
     """0b101 -> (True, False, True, False, ...): one flag per parameter, at least 8."""
-    flags = _NEEDS[mask] = tuple(bool(mask >> i & 1) for i in range(max(8, mask.bit_length())))
-    return flags
+    return _NEEDS.setdefault(mask, tuple(bool(mask >> i & 1) for i in range(max(8, mask.bit_length()))))
 
 
 class Function:

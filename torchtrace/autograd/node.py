@@ -9,6 +9,8 @@ from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 import torch
 
+from torchtrace.errors import UnsupportedOperationError
+
 
 class Edge(NamedTuple):
     """One input of a recorded op that needs a gradient."""
@@ -103,15 +105,20 @@ def leaf_accumulator(leaf: torch.Tensor) -> AccumulateGrad:
 
 
 def link_output(raw: torch.Tensor, node: Node, nr: int, tracer_type: type) -> torch.Tensor:
-    """Wrap a plain forward result as a tracer whose grad_fn is `node` (integer results get no node)."""
+    """Wrap a plain forward result as a tracer whose grad_fn is `node` (integer results get no node; complex ones are
+    refused: every rule is written for real tensors, and a complex gradient would need conjugates)."""
     t = raw.as_subclass(tracer_type)
-    if raw.is_floating_point() or raw.is_complex():
+    if raw.is_floating_point():
         t._tt_node, t._tt_requires_grad = node, True
         if nr:
             t._tt_nr = nr
         version = raw._version
         if version:
             t._tt_version = version
+    elif raw.is_complex():
+        raise UnsupportedOperationError(f"{node.rule.__name__}: its result is complex, and torchtrace differentiates "
+                                        "real tensors only: keep real and imaginary parts as separate real tracers, "
+                                        "or run this call under tt.no_grad()")
     if raw._is_view():
         t._tt_view = True
     return t

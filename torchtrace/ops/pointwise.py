@@ -37,8 +37,9 @@ unary("Rsqrt", [torch.rsqrt, T.rsqrt], "y = x^(-1/2)  ->  dy/dx = -y^3/2",
       lambda g, x, y: g * y * y * y * -0.5)
 unary("Square", [torch.square, T.square], "y = x^2  ->  dy/dx = 2x",
       lambda g, x, y: g * x * 2)
-unary("Abs", [torch.abs, torch.absolute, T.abs, T.absolute, T.__abs__], "y = |x|  ->  dy/dx = sign x",
-      lambda g, x, y: g * torch.sign(x))
+unary("Abs", [torch.abs, torch.absolute, T.abs, T.absolute, T.__abs__],
+      "y = |x|  ->  dy/dx = sgn x = x / |x|   (sign x on real x; on a complex leaf, torch's g * sgn x)",
+      lambda g, x, y: g * torch.sgn(x))
 unary("Sin", [torch.sin, T.sin], "y = sin x  ->  dy/dx = cos x",
       lambda g, x, y: g * torch.cos(x))
 unary("Cos", [torch.cos, T.cos], "y = cos x  ->  dy/dx = -sin x",
