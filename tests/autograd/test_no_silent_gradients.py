@@ -452,3 +452,12 @@ def test_real_results_of_a_complex_leaf_get_torchs_gradient(program):
     program(ours).backward()
     program(theirs).backward()
     torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)
+
+
+def test_a_complex_gradient_for_a_real_output_is_refused_as_torch_does():
+    x = tt.tracer(torch.randn(3), requires_grad=True)
+    with pytest.raises(RuntimeError, match="pass a real gradient"):
+        (x * 2).exp().backward(torch.tensor([1 + 1j, 2, 3j]))
+    theirs = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError):
+        (theirs * 2).exp().backward(torch.tensor([1 + 1j, 2, 3j]))

@@ -80,8 +80,9 @@ def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool) -> Tu
                         f"{tuple(t.shape)}: pass gradient= (a tensor of that shape), or reduce it (e.g. .sum())."
                     )
                 g = torch.ones_like(t)
-            elif g.shape != t.shape:
-                raise RuntimeError(f"gradient has shape {tuple(g.shape)} but the output has shape {tuple(t.shape)}")
+            elif g.shape != t.shape or g.is_complex():
+                raise RuntimeError(f"gradient has shape {tuple(g.shape)} and dtype {g.dtype}, but the output has shape "
+                                   f"{tuple(t.shape)} and dtype {t.dtype}: pass a real gradient of the output's shape")
             if not (create_graph and isinstance(g, tracer_type)):
                 g = g.as_subclass(tracer_type if create_graph else torch.Tensor)
             roots.append((node, nr, g))
