@@ -222,6 +222,18 @@ def test_reflected_rule_backward_twice_with_retain_graph(fn: Callable) -> None:
     assert a.grad is not None and torch.equal(a.grad, first)
 
 
+def test_number_over_tensor_equals_torchs_bit_for_bit() -> None:
+    """torch computes c / x as reciprocal(x) * c (not div(c, x), which rounds differently): so does torchtrace,
+    and its gradient -c r^2 comes out identical too."""
+    x = torch.randn(4096) * 100
+    ours, theirs = tt.tracer(x, requires_grad=True), x.clone().requires_grad_(True)
+    z_ours, z_theirs = 3.7 / ours, 3.7 / theirs
+    (z_ours * z_ours).sum().backward()
+    (z_theirs * z_theirs).sum().backward()
+    assert torch.equal(z_ours.as_subclass(torch.Tensor), z_theirs)
+    assert torch.equal(ours.grad, theirs.grad)
+
+
 # ---- property: every broadcast-compatible pair of shapes -------------------------------------------------------------
 
 BROADCAST_OPS = {

@@ -74,7 +74,21 @@ class Div(Function):
         return (g / b if need_a else None), (-g * (a / b / b) if need_b else None)
 
 
-reflected("Rdiv", Div, [T.__rdiv__, T.__rtruediv__])
+@register(T.__rdiv__, T.__rtruediv__)
+class Rdiv(Function):
+    """z = c / x, computed as torch does: r = 1/x, z = r c  ->  dz/dx = -c r^2, dz/dc = r"""
+
+    @staticmethod
+    def forward(ctx, x, c):
+        ctx.save_for_backward(x, c if ctx.needs_input_grad[0] else None)
+        return torch.reciprocal(x) * c
+
+    @staticmethod
+    def backward(ctx, g):
+        x, c = ctx.saved_tensors
+        need_x, need_c = ctx.needs_input_grad[:2]
+        r = torch.reciprocal(x)  # recomputed from the saved input, so a second derivative sees it depend on x
+        return (-(g * c) * (r * r) if need_x else None), (g * r if need_c else None)
 
 
 def _pow_grad_base(g, a, b, z):
