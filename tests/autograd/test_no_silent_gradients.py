@@ -494,3 +494,12 @@ def test_gradients_kept_by_hooks_and_users_across_steps_are_torchs(program):
     assert len(ours) == len(theirs)
     for a, b in zip(ours, theirs):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("gradient", [torch.full((5,), 0.1, dtype=torch.float64), torch.full((5,), 3)])
+def test_a_gradient_of_another_dtype_is_cast_to_the_outputs_as_torch_does(gradient):
+    x0 = torch.randn(5)
+    ours, theirs = tt.tracer(x0, requires_grad=True), x0.clone().requires_grad_(True)
+    (ours * 0.1).exp().backward(gradient)
+    (theirs * 0.1).exp().backward(gradient)
+    assert ours.grad.dtype == torch.float32 and torch.equal(ours.grad, theirs.grad)

@@ -189,7 +189,7 @@ def test_a_buffer_changed_in_place_without_gradient_is_changed_by_every_call():
 
     compiled = tt.compile(f, (tt.randn(2, requires_grad=True),))
     compiled(tt.randn(2, requires_grad=True))
-    assert counter.item() == 2.0 and "add_(1)" in compiled.code
+    assert counter.item() == 2.0 and "add_(_1)" in compiled.code  # the number 1 as a constant made once
 
 
 @pytest.mark.parametrize("program", ["view_then_base_changed", "view_changed"])

@@ -83,6 +83,8 @@ def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool) -> Tu
             elif g.shape != t.shape or g.is_complex():
                 raise RuntimeError(f"gradient has shape {tuple(g.shape)} and dtype {g.dtype}, but the output has shape "
                                    f"{tuple(t.shape)} and dtype {t.dtype}: pass a real gradient of the output's shape")
+            if g.dtype != t.dtype:  # as torch: the gradient of an output has the output's dtype
+                g = g.to(t.dtype)
             if not (create_graph and isinstance(g, tracer_type)):
                 g = g.as_subclass(tracer_type if create_graph else torch.Tensor)
             roots.append((node, nr, g))

@@ -136,8 +136,9 @@ class Trace:
         bwd += fit(f"# gradients of: {', '.join(targets)}", "    ")
         result = ", ".join(g or "None" for g in gradients) + ("," if len(gradients) == 1 else "")
         bwd += fit(f"return ({result})", "    ")
+        constants = program.constants.source()
         return "\n".join([HEADER.format(title=f"{title}: forward and backward as code"), "",
-                          *fwd, "", "", *bwd, ""])
+                          *constants, *([""] * 2 * bool(constants)), *fwd, "", "", *bwd, ""])
 
 
 class Specialisation:

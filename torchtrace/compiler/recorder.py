@@ -19,6 +19,7 @@ from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.function import INPLACE, Context, Function
 from torchtrace.autograd.node import Node, gradient_for, leaf_accumulator
 from torchtrace.compiler.codegen import call_source, index_source, is_property, value_source
+from torchtrace.compiler.constants import Constants
 from torchtrace.compiler.memory import COMMUTATIVE, INPLACE_FORMS, Notes, suits
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
@@ -92,6 +93,7 @@ class Program:
         self.counter = {"t": itertools.count(1), "g": itertools.count(1)}
         self.device_names: Dict[torch.device, str] = {}
         self.notes = {"forward": Notes(), "backward": Notes()}  # for memory.optimise: del and in-place rewrites
+        self.constants = Constants()  # Python numbers of the arithmetic, made into tensors once
 
     # names ---------------------------------------------------------------------------------------
     def bind(self, t: torch.Tensor, name: str) -> None:
@@ -175,6 +177,7 @@ class Program:
             if _mutates(func) and args and isinstance(args[0], torch.Tensor):
                 self.emit(call_source(func, args, kwargs, self.tensor_name, self.device_name))  # in place
             return  # metadata (shape, dtype, dim, ...): fixed by the guards on the inputs
+        args = self.constants.hoist(func, args, kwargs, self.bind)
         source = call_source(func, args, kwargs, self.tensor_name, self.device_name)
         if getattr(func, "__name__", "") in _RANDOM:
             self.random = True
