@@ -1,0 +1,193 @@
+"""The exercise checkers of the teaching notebooks (`import checkers` in a notebook of this folder).
+
+Each prints `right`, `not done yet`, or `wrong` with what went wrong: tt.check's whole message (which gradient
+differs and the first diverging node, named after your rule) and a hint for the exercise. They test the points
+where rules usually fail on purpose (kinks, zeros, saturation), never print the values they expect, and treat
+an exception in your code (a wrong type, a wrong number of gradients) as a wrong answer, not a crash.
+"""
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+import torchtrace as tt
+
+Inputs = Sequence[torch.Tensor]
+
+
+def _wrong(what: str, hint: str) -> None:
+    print(f"wrong: {what}\nhint: {hint}")
+
+
+def _explain(error: Exception) -> str:
+    if isinstance(error, tt.GradientMismatch):
+        return f"your gradient differs from the reference\n{str(error).strip()}"
+    return f"your code raised {type(error).__name__}: {str(error).strip()}"
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().as_subclass(torch.Tensor)
+
+
+def _same_gradients(fn: Callable, reference: Callable, inputs: Inputs, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """fn's torchtrace gradients against reference's torch autograd gradients (raises tt.GradientMismatch)."""
+    ours = [tt.tracer(x, requires_grad=True) for x in inputs]
+    theirs = [x.detach().clone().requires_grad_(True) for x in inputs]
+    weight = torch.randn(reference(*theirs).shape, generator=torch.Generator().manual_seed(0))
+    (fn(*ours) * weight).sum().backward()
+    (reference(*theirs) * weight).sum().backward()
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        got = a.grad if a.grad is not None else torch.zeros_like(b)
+        if not torch.allclose(_plain(got).double(), b.grad.double(), rtol=rtol, atol=atol, equal_nan=True):
+            where = ", ".join(f"{v:g}" for v in _plain(a).flatten()[((got - b.grad).abs() > atol).flatten()][:4])
+            raise tt.GradientMismatch(f"gradient of input {i} differs from torch's convention at x = {where}")
+
+
+def check_rule(fn: Callable, inputs: Inputs, hint: str, edges: Sequence[Inputs] = (),
+               reference: Optional[Callable] = None) -> None:
+    """tt.check of fn at `inputs` and at every tuple of `edges`; `reference`: the same math in torch, whose gradient
+    fixes the convention at kinks (tt.check alone compares your backward with your own forward)."""
+    try:
+        report = tt.check(fn, *inputs, check_inputs=list(edges))
+        for points in edges if reference is not None else ():
+            _same_gradients(fn, reference, points)
+    except NotImplementedError:
+        print("not done yet: fill in the exercise above")
+    except Exception as error:
+        _wrong(_explain(error), hint)
+    else:
+        print(f"right: the gradients match torch autograd ({report.n_gradients} gradients, "
+              f"{1 + len(edges)} sets of points including the edge cases)")
+
+
+def check_by_finite_differences(fn: Callable, inputs: Inputs, hint: str, edges: Sequence[Inputs] = ()) -> None:
+    """For an op torch cannot differentiate: tt.gradcheck (central differences, float64) at inputs and edges."""
+    try:
+        for points in [inputs, *edges]:
+            tt.gradcheck(fn, *[x.double() for x in points])
+    except NotImplementedError:
+        print("not done yet: fill in the exercise above")
+    except Exception as error:
+        _wrong(_explain(error), hint)
+    else:
+        print(f"right: the gradients match finite differences ({1 + len(edges)} sets of points including the edges)")
+
+
+# ------------------------------------------------------------------------- 02 · writing gradient rules
+
+
+def softplus(rule: type) -> None:
+    check_rule(lambda x, w: rule.apply(x @ w), (torch.randn(4, 3), torch.randn(3, 2)),
+               hint="the derivative of log(1 + e^x) is a function you know from logistic regression; torch has it, "
+                    "computed without overflow for large |x|",
+               edges=[(torch.tensor([[-30.0], [-2.0], [0.0], [2.0], [30.0]]), torch.ones(1, 1))],
+               reference=lambda x, w: F.softplus(x @ w))
+
+
+def leaky(rule: type) -> None:
+    check_rule(lambda x: rule.apply(x, 0.1) * (x + 1), (torch.randn(10),),
+               hint="at x = 0 the slope is s (torch's leaky_relu: slope 1 only for x > 0); backward returns one "
+                    "gradient per forward argument, None for the number s",
+               edges=[(torch.tensor([-2.0, -0.5, 0.0, 0.0, 1.5]),)],
+               reference=lambda x: F.leaky_relu(x, 0.1) * (x + 1))
+
+
+# ------------------------------------------------------------------------- 03 · layers and training
+
+
+def mse(rule: type) -> None:
+    x, w = torch.randn(8, 4), torch.randn(4, 3)
+    check_rule(lambda x, w, t: rule.apply(x @ w, t), (x, w, torch.randn(8, 3)),
+               hint="two inputs, two gradients; the mean divides by the number of elements, and t enters with the "
+                    "opposite sign of p; grad (the upstream gradient) multiplies both",
+               edges=[(x, w, (x @ w).detach())])  # p == t: the residual is zero
+
+
+def swish(rule: type) -> None:
+    check_rule(lambda x, w1, w2: rule.apply(x @ w1) @ w2,
+               (torch.randn(16, 64), torch.randn(64, 32) / 8, torch.randn(32, 10)),
+               hint="product rule on x * sigmoid(x), with sigmoid' = sigmoid (1 - sigmoid)",
+               edges=[(torch.tensor([[-20.0, -1.0, 0.0, 1.0, 20.0]]), torch.eye(5), torch.ones(5, 1))],
+               reference=lambda x, w1, w2: F.silu(x @ w1) @ w2)
+
+
+# ------------------------------------------------------------------------- 04 · gradient flow
+
+
+def vanishing_layer(answer: Any, network: torch.nn.Sequential) -> None:
+    """Is `answer` the index of the linear layer whose weights were scaled down?"""
+    hint = "after one backward, tt.flow(broken) lists |grad| per parameter: find the first layer (from the output) " \
+           "after which the gradient norms collapse"
+    if answer is None:
+        return print("not done yet: fill in the exercise above")
+    linear = [i for i, layer in enumerate(network) if isinstance(layer, torch.nn.Linear)]
+    if isinstance(answer, bool) or not isinstance(answer, int):
+        return _wrong(f"answer is a {type(answer).__name__}; give the index of a layer, an int", hint)
+    if answer not in linear:
+        return _wrong(f"broken[{answer}] is not a linear layer (they sit at {linear[0]}, {linear[1]}, ..., "
+                      f"{linear[-1]})", hint)
+    smallest = min(linear, key=lambda i: network[i].weight.abs().mean().item())
+    print("right" if answer == smallest else "wrong: that layer's gradients are healthy\nhint: " + hint)
+
+
+def sigmoid(rule: type, width: int) -> None:
+    check_rule(lambda a, w: rule.apply(a @ w), (torch.randn(8, width), torch.randn(width, width)),
+               hint="save the output y in forward, not the input: the slope is y (1 - y)",
+               edges=[(torch.tensor([[-40.0, -5.0, 0.0, 5.0, 40.0]]), torch.eye(5))],
+               reference=lambda a, w: torch.sigmoid(a @ w))
+
+
+# ------------------------------------------------------------------------- 05 · porting torch models
+
+
+def bessel_i0(layer: Callable) -> None:
+    """The registered rule for torch.special.modified_bessel_i0 (torch has no derivative: finite differences)."""
+    check_by_finite_differences(lambda x: layer(x * 2), (torch.randn(12),),
+                                hint="the derivative of I0 is I1 (torch.special.modified_bessel_i1), an odd function "
+                                     "of x; multiply it by the incoming gradient",
+                                edges=[(torch.tensor([-2.5, -1.0, 0.0, 0.0, 1.0, 2.5]),)])
+
+
+# ------------------------------------------------------------------------- 06 · higher order
+
+
+def quartic(rule: type) -> None:
+    check_rule(lambda x: rule.apply(x) * 2, (torch.randn(6),),
+               hint="dy/dx = 4 x^3, times the incoming gradient", edges=[(torch.tensor([-2.0, 0.0, 0.5, 3.0]),)],
+               reference=lambda x: x ** 4 * 2)
+
+
+def quartic_second_derivative(rule: type) -> None:
+    x = tt.tracer([-1.0, 0.0, 0.5, 2.0], requires_grad=True)
+    hint = "compute backward with torch ops on the saved tracer (no .detach(), .item() or numpy), so that " \
+           "create_graph=True records it"
+    try:
+        (g,) = tt.grad(rule.apply(x).sum(), x, create_graph=True)
+        (h,) = tt.grad(g.sum(), x)
+    except NotImplementedError:
+        return print("not done yet: fill in the exercise above")
+    except Exception as error:
+        return _wrong(_explain(error), hint)
+    wrong_at = [f"{v:g}" for v, ok in zip(x.tolist(), torch.isclose(_plain(h), 12 * _plain(x) ** 2).tolist())
+                if not ok]
+    print("second derivative: right" if not wrong_at else
+          f"second derivative: wrong at x = {', '.join(wrong_at)}\nhint: {hint}")
+
+
+def hessian(build: Callable, x0: torch.Tensor) -> None:
+    """H of f(x) = sum x_i^4 + x_1 x_2 at x0, built by the student from Hessian-vector products."""
+    hint = "row i of H is the Hessian-vector product with e_i: g = tt.grad(f(x), x, create_graph=True)[0], then " \
+           "tt.grad(g @ e_i, x, retain_graph=True)"
+    try:
+        H = torch.as_tensor(build(x0))
+    except NotImplementedError:
+        return print("not done yet: fill in the exercise above")
+    except Exception as error:
+        return _wrong(_explain(error), hint)
+    if H.shape != (3, 3):
+        return _wrong(f"expected a (3, 3) tensor, got shape {tuple(H.shape)}", hint)
+    expected = torch.diag(12 * x0 ** 2) + torch.tensor([[0.0, 1, 0], [1, 0, 0], [0, 0, 0]])
+    bad = [(i, j) for i in range(3) for j in range(3) if not torch.isclose(_plain(H)[i, j].float(), expected[i, j])]
+    if bad:
+        return _wrong(f"entries {', '.join(map(str, bad))} differ", hint)
+    print("right")
