@@ -203,3 +203,170 @@ def test_hessian_never_prints_the_expected_matrix(capsys):
     assert "(0, 1), (1, 0)" in printed and "48" not in printed
     assert_wrong(capsys, checkers.hessian, lambda x: torch.zeros(3), x0)
     assert_wrong(capsys, checkers.hessian, lambda x: "H", x0)
+
+
+# ------------------------------------------------------------------ 00a
+
+
+class Value:
+    """The notebook's Value, with the exercises' methods added by each test."""
+
+    def __init__(self, data, _prev=()):
+        self.data, self.grad, self._prev = float(data), 0.0, _prev
+        self._backward = lambda: None
+
+    def _make(self, data, parents, backward):
+        out = Value(data, parents)
+
+        def _backward():
+            backward(out)
+
+        out._backward = _backward
+        return out
+
+    def __add__(self, other):
+        other = other if isinstance(other, Value) else Value(other)
+
+        def backward(out):
+            self.grad += out.grad
+            other.grad += out.grad
+        return self._make(self.data + other.data, (self, other), backward)
+
+    def __mul__(self, other):
+        other = other if isinstance(other, Value) else Value(other)
+
+        def backward(out):
+            self.grad += other.data * out.grad
+            other.grad += self.data * out.grad
+        return self._make(self.data * other.data, (self, other), backward)
+
+    __radd__, __rmul__ = __add__, __mul__
+
+    def backward(self):
+        order, seen, stack = [], set(), [(self, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+            elif id(node) not in seen:
+                seen.add(id(node))
+                stack.append((node, True))
+                stack.extend((child, False) for child in node._prev)
+        self.grad = 1.0
+        for node in reversed(order):
+            node._backward()
+
+
+def with_pow_exp(pow_backward, exp_backward):
+    import math
+
+    def value_pow(self, k):
+        return self._make(self.data ** k, (self,), lambda out: pow_backward(self, k, out))
+
+    def value_exp(self):
+        return self._make(math.exp(self.data), (self,), lambda out: exp_backward(self, out))
+
+    Value.__pow__, Value.exp = value_pow, value_exp
+    return Value
+
+
+def test_value_pow_and_exp(capsys):
+    def right_pow(self, k, out):
+        self.grad += k * self.data ** (k - 1) * out.grad
+
+    def right_exp(self, out):
+        self.grad += out.data * out.grad
+
+    def assigning_exp(self, out):  # the accumulation bug: right unless the value is used twice
+        self.grad = out.data * out.grad
+
+    def pow_off_by_one(self, k, out):  # k x^k: right only at x = 0
+        self.grad += k * self.data ** k * out.grad
+
+    def not_done(*args):
+        raise NotImplementedError
+
+    assert_right(capsys, checkers.value_pow_exp, with_pow_exp(right_pow, right_exp))
+    assert "(a used twice)" in assert_wrong(capsys, checkers.value_pow_exp, with_pow_exp(right_pow, assigning_exp))
+    assert "a ** 3 at a = -1.5" in assert_wrong(capsys, checkers.value_pow_exp, with_pow_exp(pow_off_by_one, right_exp))
+    assert verdict(capsys, checkers.value_pow_exp, with_pow_exp(not_done, not_done)).startswith("not done yet")
+
+
+def test_value_sub_and_div(capsys):
+    with_pow_exp(lambda self, k, out: setattr(self, "grad", self.grad + k * self.data ** (k - 1) * out.grad),
+                 lambda self, out: None)
+    Value.__sub__ = lambda self, other: self + (-1) * other
+    Value.__truediv__ = lambda self, other: self * other ** -1
+    assert_right(capsys, checkers.value_sub_div, Value)
+    Value.__sub__ = lambda self, other: Value(self.data - other.data)  # the right number, but no graph
+    assert "d/da, d/db differ" in assert_wrong(capsys, checkers.value_sub_div, Value)
+    Value.__sub__ = lambda self, other: "a - b"
+    assert "raised AttributeError" in assert_wrong(capsys, checkers.value_sub_div, Value)
+
+
+# ------------------------------------------------------------------ 01a
+
+
+def test_momentum_step(capsys):
+    def right(params, velocities, lr, momentum):
+        for p, v in zip(params, velocities):
+            v.mul_(momentum).add_(p.grad)
+            p -= lr * v
+
+    def velocity_not_kept(params, velocities, lr, momentum):  # right on the first step only
+        for p, v in zip(params, velocities):
+            v = momentum * v + p.grad
+            p -= lr * v
+
+    assert_right(capsys, checkers.momentum_step, right)
+    assert "after step 2" in assert_wrong(capsys, checkers.momentum_step, velocity_not_kept)
+    assert_wrong(capsys, checkers.momentum_step, lambda params, velocities, lr, momentum: params[0].grad.zero_())
+    assert_wrong(capsys, checkers.momentum_step, None)  # not even a function
+
+
+def test_weight_decay_step(capsys):
+    def right(params, lr, weight_decay):
+        for p in params:
+            p -= lr * (p.grad + weight_decay * p)
+
+    def decay_after_the_step(params, lr, weight_decay):
+        for p in params:
+            p -= lr * p.grad
+            p *= 1 - weight_decay
+
+    assert_right(capsys, checkers.weight_decay_step, right)
+    assert "after step 1" in assert_wrong(capsys, checkers.weight_decay_step, decay_after_the_step)
+
+
+# ------------------------------------------------------------------ 06a
+
+
+def test_jvp_by_hand(capsys):
+    def right(f, x, v):
+        xt = tt.tracer(x, requires_grad=True)
+        y = f(xt)
+        u = tt.zeros(y.shape, dtype=y.dtype, requires_grad=True)
+        (g,) = tt.grad(y, xt, u, create_graph=True)
+        (jv,) = tt.grad(g, u, v.to(y.dtype), allow_unused=True)
+        return jv
+
+    def transposed(f, x, v):  # J^T v: a VJP, with the shape of x (wrong shape and values)
+        xt = tt.tracer(x, requires_grad=True)
+        y = f(xt)
+        return tt.grad(y, xt, torch.ones_like(y) * v.sum())[0]
+
+    assert_right(capsys, checkers.jvp_by_hand, right)
+    assert_wrong(capsys, checkers.jvp_by_hand, transposed)
+    assert_wrong(capsys, checkers.jvp_by_hand, lambda f, x, v: "Jv")
+
+
+def test_hvp_forward_over_reverse(capsys):
+    def right(f, x, v):
+        return tt.jvp(lambda t: tt.grad(f(t), t, create_graph=True)[0], (x,), (v,))[1]
+
+    def gradient_only(f, x, v):
+        xt = tt.tracer(x, requires_grad=True)
+        return tt.grad(f(xt), xt)[0]
+
+    assert_right(capsys, checkers.hvp_forward_over_reverse, right)
+    assert_wrong(capsys, checkers.hvp_forward_over_reverse, gradient_only)

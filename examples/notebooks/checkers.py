@@ -191,3 +191,153 @@ def hessian(build: Callable, x0: torch.Tensor) -> None:
     if bad:
         return _wrong(f"entries {', '.join(map(str, bad))} differ", hint)
     print("right")
+
+
+# ------------------------------------------------------------------------- 00a · build the engine
+
+
+def _value_case(Value: type, expression: Callable, points: Sequence[float]) -> Optional[str]:
+    """Where the student's Value gradients of expression(*points) differ from torch autograd's (None: nowhere)."""
+    values = [Value(p) for p in points]
+    out = expression(*values)
+    out.backward()
+    tensors = [torch.tensor(p, dtype=torch.float64, requires_grad=True) for p in points]
+    expression(*tensors).backward()
+    if abs(out.data - expression(*[t.detach() for t in tensors]).item()) > 1e-9:
+        return "its value (data) is wrong"
+    bad = [f"d/d{'abcd'[i]}" for i, (v, t) in enumerate(zip(values, tensors)) if abs(v.grad - t.grad.item()) > 1e-9]
+    return ", ".join(bad) + " differ" if bad else None
+
+
+def _check_values(Value: type, cases: Sequence[Any], hint: str) -> None:
+    try:
+        for label, expression, points in cases:
+            problem = _value_case(Value, expression, points)
+            if problem:
+                where = ", ".join(f"{name} = {p:g}" for name, p in zip("abcd", points))
+                return _wrong(f"{label} at {where}: {problem}", hint)
+    except NotImplementedError:
+        return print("not done yet: fill in the exercise above")
+    except Exception as error:
+        return _wrong(_explain(error), hint)
+    print(f"right: your Value's gradients match torch autograd ({len(cases)} expressions, kinks and zeros included)")
+
+
+def value_pow_exp(Value: type) -> None:
+    cases = [("a ** 3", lambda a: a ** 3, (p,)) for p in (-1.5, 0.0, 2.0)]
+    cases += [("a ** -1", lambda a: a ** -1, (p,)) for p in (-0.5, 3.0)]
+    cases += [("a.exp()", lambda a: a.exp(), (p,)) for p in (-2.0, 0.0, 1.0)]
+    cases += [("a ** 2 * a.exp()  (a used twice)", lambda a: a ** 2 * a.exp(), (p,)) for p in (-1.0, 0.0, 0.5)]
+    _check_values(Value, cases, "d(x^k)/dx = k x^(k-1) and d(e^x)/dx = e^x, each times out.grad, added (+=) into "
+                                "self.grad")
+
+
+def value_sub_div(Value: type) -> None:
+    cases = [("a - b", lambda a, b: a - b, (2.0, 5.0)), ("a - b", lambda a, b: a - b, (1.5, 1.5)),
+             ("a / b", lambda a, b: a / b, (3.0, -2.0)), ("a / b", lambda a, b: a / b, (0.0, 4.0)),
+             ("(a - b) / (a * b)", lambda a, b: (a - b) / (a * b), (2.0, 2.0)),
+             ("(a - b) / (a * b)", lambda a, b: (a - b) / (a * b), (-1.0, 3.0))]
+    _check_values(Value, cases, "a - b = a + (-1) * b and a / b = a * b ** -1: built from ops that already have "
+                                "_backward closures, they need none of their own")
+
+
+# ------------------------------------------------------------------------- 01a · training by hand
+
+
+def _trajectories(step: Callable, reference: Callable, steps: int = 5) -> Optional[int]:
+    """The first step after which the student's update and tt.optim.SGD's disagree (None: they agree)."""
+    torch.manual_seed(0)
+    ours = tt.nn.Sequential(tt.nn.Linear(3, 4), tt.nn.Tanh(), tt.nn.Linear(4, 1))
+    theirs = tt.nn.Sequential(tt.nn.Linear(3, 4), tt.nn.Tanh(), tt.nn.Linear(4, 1))
+    theirs.load_state_dict(ours.state_dict())
+    optimizer = reference(theirs.parameters())
+    x, y = torch.randn(16, 3), torch.randn(16, 1)
+    state: dict = {}
+    for k in range(steps):
+        for model in (ours, theirs):
+            model.zero_grad()
+            F.mse_loss(model(x), y).backward()
+        with tt.no_grad():
+            step(list(ours.parameters()), state)
+        optimizer.step()
+        if not all(torch.allclose(_plain(p), _plain(q), rtol=1e-5, atol=1e-7)
+                   for p, q in zip(ours.parameters(), theirs.parameters())):
+            return k + 1
+    return None
+
+
+def _check_update(step: Callable, reference: Callable, what: str, hint: str) -> None:
+    try:
+        differs = _trajectories(step, reference)
+    except NotImplementedError:
+        return print("not done yet: fill in the exercise above")
+    except Exception as error:
+        return _wrong(_explain(error), hint)
+    if differs:
+        return _wrong(f"after step {differs} your parameters differ from {what}'s", hint)
+    print(f"right: 5 steps of your update equal {what}'s")
+
+
+def momentum_step(update: Callable) -> None:
+    """update(params, velocities, lr, momentum) on lists of tensors, velocities starting at zero."""
+    def step(params: list, state: dict) -> None:
+        velocities = state.setdefault("v", [torch.zeros_like(_plain(p)) for p in params])
+        update(params, velocities, 0.1, 0.9)
+
+    _check_update(step, lambda ps: tt.optim.SGD(ps, lr=0.1, momentum=0.9), "tt.optim.SGD(lr=0.1, momentum=0.9)",
+                  "v = momentum * v + p.grad, then p -= lr * v; update both in place (v.mul_(...).add_(...)), "
+                  "so the velocities persist from one step to the next")
+
+
+def weight_decay_step(update: Callable) -> None:
+    """update(params, lr, weight_decay) on a list of tensors."""
+    _check_update(lambda params, state: update(params, 0.1, 0.01),
+                  lambda ps: tt.optim.SGD(ps, lr=0.1, weight_decay=0.01), "tt.optim.SGD(lr=0.1, weight_decay=0.01)",
+                  "the decay adds weight_decay * p to the gradient before the step: p -= lr * (p.grad + wd * p)")
+
+
+# ------------------------------------------------------------------------- 06a · forward and reverse mode
+
+
+def _functions() -> list:
+    w = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    return [("sin(x) * x", lambda x: torch.sin(x) * x), ("w @ x", lambda x: w @ x),
+            ("tanh(w @ x).sum()", lambda x: torch.tanh(w @ x).sum()), ("x.cumsum(0)", lambda x: x.cumsum(0))]
+
+
+def _check_products(compute: Callable, reference: Callable, hint: str) -> None:
+    points = [torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64), torch.zeros(3, dtype=torch.float64)]
+    tangents = [torch.tensor([1.0, 0.5, -2.0], dtype=torch.float64), torch.zeros(3, dtype=torch.float64)]
+    try:
+        for label, f in _functions():
+            for x in points:
+                for v in tangents:
+                    got = torch.as_tensor(compute(f, x, v))
+                    expected = reference(f, x, v)
+                    if got.shape != expected.shape or not torch.allclose(_plain(got).double(), expected, atol=1e-9):
+                        where = "x = 0" if not x.any() else "x = (0.5, -1, 2)"
+                        along = "v = 0" if not v.any() else "v = (1, 0.5, -2)"
+                        shape = f" (shape {tuple(got.shape)})" if got.shape != expected.shape else ""
+                        return _wrong(f"for f(x) = {label} at {where} along {along}{shape}", hint)
+    except NotImplementedError:
+        return print("not done yet: fill in the exercise above")
+    except Exception as error:
+        return _wrong(_explain(error), hint)
+    print("right: your products equal torch.func's (4 functions, zero points and zero tangents included)")
+
+
+def jvp_by_hand(jvp: Callable) -> None:
+    """jvp(f, x, v) -> J v, from two reverse passes."""
+    _check_products(jvp, lambda f, x, v: torch.func.jvp(f, (x,), (v,))[1],
+                    "u = tt.zeros(shape of f(x), requires_grad=True); g = tt.grad(y, x, u, create_graph=True)[0] "
+                    "is J^T u; then tt.grad(g, u, v) is J v (allow_unused=True when a part does not depend on x)")
+
+
+def hvp_forward_over_reverse(hvp: Callable) -> None:
+    """hvp(f, x, v) -> H v for a scalar f: tt.jvp of the gradient function."""
+    def reference(f: Callable, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.func.jvp(torch.func.grad(lambda t: f(t).sum()), (x,), (v,))[1]
+
+    _check_products(lambda f, x, v: hvp(lambda t: f(t).sum(), x, v), reference,
+                    "H v is the forward-mode derivative of the gradient along v: tt.jvp(grad_f, (x,), (v,)) where "
+                    "grad_f(t) = tt.grad(f(t), t, create_graph=True)[0]")
