@@ -370,3 +370,49 @@ def test_hvp_forward_over_reverse(capsys):
 
     assert_right(capsys, checkers.hvp_forward_over_reverse, right)
     assert_wrong(capsys, checkers.hvp_forward_over_reverse, gradient_only)
+
+
+# ------------------------------------------------------------------ 00 and 01 (for their notebooks' checker cells)
+
+
+def test_by_hand_numbers(capsys):
+    import math
+
+    a, b = 3.0, -2.0
+    da, db = 2 * a * b + b * math.cos(a * b), a ** 2 + a * math.cos(a * b)
+    assert_right(capsys, checkers.by_hand_numbers, a, b, da, db)
+    assert "dq/da differ" in assert_wrong(capsys, checkers.by_hand_numbers, a, b, 2 * a * b, db)
+    for wrong_type in ("-12", [da], True):
+        assert_wrong(capsys, checkers.by_hand_numbers, a, b, wrong_type, db)
+
+
+def test_tanh(capsys):
+    def forward(ctx, x):
+        y = torch.tanh(x)
+        ctx.save_for_backward(y)
+        return y
+
+    assert_right(capsys, checkers.tanh, rule(forward, lambda ctx, g: g * (1 - ctx.saved_tensors[0] ** 2)))
+    assert_wrong(capsys, checkers.tanh, rule(forward, lambda ctx, g: g * (1 - torch.tanh(ctx.saved_tensors[0]) ** 2)),
+                 naming="RuleBackward")
+
+
+def test_central_slope(capsys):
+    assert_right(capsys, checkers.central_slope, lambda f, x, h: (f(x + h) - f(x - h)) / (2 * h))
+    assert_wrong(capsys, checkers.central_slope, lambda f, x, h: (f(x + h) - f(x)) / h)
+    assert_wrong(capsys, checkers.central_slope, lambda f, x, h: (f(x + h) - f(x - h)) / h)  # the 2 forgotten
+    assert_wrong(capsys, checkers.central_slope, lambda f, x, h: "slope")
+
+
+def test_cube(capsys):
+    forward = saving(lambda x: x ** 3)
+    assert_right(capsys, checkers.cube, rule(forward, lambda ctx, g: g * 3 * ctx.saved_tensors[0] ** 2))
+    assert_wrong(capsys, checkers.cube, rule(forward, lambda ctx, g: 3 * ctx.saved_tensors[0] ** 2),  # grad dropped
+                 naming="RuleBackward")
+
+
+def test_prediction_never_prints_the_gradient(capsys):
+    assert_right(capsys, checkers.prediction, lambda x: 2 * x ** 3)
+    printed = assert_wrong(capsys, checkers.prediction, lambda x: 4 * x ** 3)  # both factors differentiated
+    assert "wrong at x = -1, 1, 2, 3\n" in printed and "54" not in printed and "16" not in printed
+    assert_wrong(capsys, checkers.prediction, lambda x: 2 * x[:2] ** 3)

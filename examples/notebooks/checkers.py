@@ -73,6 +73,75 @@ def check_by_finite_differences(fn: Callable, inputs: Inputs, hint: str, edges: 
         print(f"right: the gradients match finite differences ({1 + len(edges)} sets of points including the edges)")
 
 
+# ------------------------------------------------------------------------- 00 · backprop by hand
+
+
+def by_hand_numbers(a_val: float, b_val: float, dq_da: Any, dq_db: Any) -> None:
+    """The student's numbers for q = a^2 b + sin(a b), against torch autograd."""
+    hint = "node by node: dq/da = 2 a b + b cos(a b) collects the paths through u = a^2 and through w = a b"
+    if dq_da is None or dq_db is None:
+        return print("not done yet: fill in the exercise above")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (dq_da, dq_db)):
+        return _wrong("give both gradients as numbers (int or float)", hint)
+    a, b = (torch.tensor(float(v), dtype=torch.float64, requires_grad=True) for v in (a_val, b_val))
+    (a ** 2 * b + torch.sin(a * b)).backward()
+    off = [name for name, got, t in (("dq/da", dq_da, a), ("dq/db", dq_db, b))
+           if abs(got - t.grad.item()) > 1e-4 * max(1.0, abs(t.grad.item()))]
+    print("right" if not off else f"wrong: {' and '.join(off)} differ from the chain rule's\nhint: {hint}")
+
+
+def tanh(rule: type) -> None:
+    check_rule(lambda x, w, b: rule.apply(x @ w + b), (torch.randn(4, 3), torch.randn(3), torch.randn(())),
+               hint="save the output y = tanh(x) in forward; the slope is 1 - y^2, times the incoming gradient",
+               edges=[(torch.tensor([[-20.0], [0.0], [20.0]]), torch.ones(1), torch.zeros(()))],
+               reference=lambda x, w, b: torch.tanh(x @ w + b))
+
+
+def central_slope(slope: Callable) -> None:
+    """(f(x + h) - f(x - h)) / 2h: at least 100 times closer than the one-sided slope, and exact for x^2 at 0."""
+    hint = "evaluate f on both sides of x: (f(x + h) - f(x - h)) / (2 h)"
+    try:
+        central = abs(slope(lambda x: x ** 3, 2.0, 1e-2) - 12)
+        at_zero = abs(slope(lambda x: x ** 2, 0.0, 1e-2))
+    except NotImplementedError:
+        return print("not done yet: fill in the exercise above")
+    except Exception as error:
+        return _wrong(_explain(error), hint)
+    one_sided = abs(((2.0 + 1e-2) ** 3 - 2.0 ** 3) / 1e-2 - 12)
+    if not (central * 100 < one_sided and at_zero < 1e-12):
+        return _wrong("your slope is not the central difference (it should be exact for x^2 at x = 0)", hint)
+    print(f"right: one-sided error {one_sided:.2e}, central error {central:.2e}")
+
+
+# ------------------------------------------------------------------------- 01 · tracer basics
+
+
+def cube(rule: type) -> None:
+    check_rule(lambda x, w: rule.apply(x * w).sum(), (torch.randn(5), torch.randn(5)),
+               hint="dy/dx = 3 x^2, times the incoming gradient",
+               edges=[(torch.tensor([0.0, -1.0, 2.0]), torch.ones(3))],
+               reference=lambda x, w: ((x * w) ** 3).sum())
+
+
+def prediction(predict: Callable) -> None:
+    """The student's predicted x.grad for (y * y.detach()).sum() with y = x * x, without printing the answer."""
+    hint = "y.detach() is a constant c: d/dx (y c) = c dy/dx, and only one of the two factors carries a gradient"
+    x = tt.tracer([-1.0, 0.0, 1.0, 2.0, 3.0], requires_grad=True)
+    y = x * x
+    (y * y.detach()).sum().backward()
+    try:
+        guess = torch.as_tensor(predict(x.detach()))
+    except NotImplementedError:
+        return print("not done yet: fill in the exercise above")
+    except Exception as error:
+        return _wrong(_explain(error), hint)
+    if guess.shape != x.shape:
+        return _wrong(f"your prediction has shape {tuple(guess.shape)}, x has {tuple(x.shape)}", hint)
+    off = [f"{v:g}" for v, ok in zip(x.tolist(), torch.isclose(_plain(guess).float(), _plain(x.grad)).tolist())
+           if not ok]
+    print("right" if not off else f"wrong at x = {', '.join(off)}\nhint: {hint}")
+
+
 # ------------------------------------------------------------------------- 02 · writing gradient rules
 
 
