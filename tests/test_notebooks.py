@@ -198,3 +198,21 @@ def test_a_cell_that_should_raise_but_does_not_fails_the_run(tmp_path):
     nbformat.write(planted, tmp_path / "planted.ipynb")
     fresh = refresh.execute(tmp_path / "planted.ipynb", smoke=True, timeout=120)
     assert refresh.silent_error_cells(fresh) == [3]
+
+
+_RULE_COUNT = re.compile(r"\b\d[\d,]*\s+(?:supported\s+)?(?:torch\s+)?(?:callables|rules|ops|operations)\b", re.I)
+
+
+def rule_counts_in_prose(text: str) -> list:
+    """Numbers of supported callables or rules written as prose: the next rule added would falsify them."""
+    return _RULE_COUNT.findall(text)
+
+
+def test_prose_states_no_count_of_rules_that_a_new_rule_would_falsify():
+    assert rule_counts_in_prose("`python -m torchtrace ops` lists every supported callable (about 380 callables)")
+    prose = {"README.md": (NOTEBOOKS.parents[1] / "README.md").read_text(encoding="utf-8")}
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")) + sorted((NOTEBOOKS / "solutions").glob("*.ipynb")):
+        notebook = nbformat.read(path, as_version=4)
+        prose[path.name] = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "markdown")
+    found = {name: rule_counts_in_prose(text) for name, text in prose.items() if rule_counts_in_prose(text)}
+    assert not found, f"print counts from the code (len(tt.supported_ops())) instead: {found}"
