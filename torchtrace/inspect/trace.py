@@ -49,13 +49,11 @@ def leaf_names(order: List[Any], params: Params = None) -> Dict[int, str]:
     pairs = params.named_parameters() if isinstance(params, torch.nn.Module) else (params or {}).items()
     for name, tensor in pairs:
         names.setdefault(id(tensor), name)
-    for node in order:
-        if not isinstance(node, AccumulateGrad) and node.module_path:
-            root = node.module_path[0]
-            if id(root) not in names:
-                names[id(root)] = ""  # each model's parameters are named once
-                for name, tensor in root.named_parameters():
-                    names.setdefault(id(tensor), name)
+    models = {id(node.module_path[0]): node.module_path[0] for node in order
+              if not isinstance(node, AccumulateGrad) and node.module_path}
+    for model in models.values():
+        for name, tensor in model.named_parameters():
+            names.setdefault(id(tensor), name)
     return names
 
 
