@@ -4,7 +4,8 @@ The engine keeps neither the value of an intermediate tensor nor the gradient th
 tool that wants to show them must be there when they exist. Two ways, and neither costs anything to
 a graph nobody looks at:
 
-- `tt.recording()`: every op recorded inside the block notes its value, and gets a gradient hook;
+- `tt.recording()`: every op recorded inside the block notes its value (and, for small tensors, its whole
+  call, so that tt.explore can run it again for a finite-difference check), and gets a gradient hook;
 - `tt.draw(y)` hooks every node of y's graph (the same hook a user's `register_hook` adds).
 
 A hooked node notes the gradient that reaches it in every later backward (a plain `backward()`,
@@ -24,6 +25,7 @@ from torchtrace.inspect.scope import module_scope
 
 _guard = torch._C.DisableTorchFunctionSubclass
 VALUE_LIMIT = 4  # tensors with at most this many elements are shown in full; larger ones by their norm
+CALL_LIMIT = 16  # an op whose tensors all have at most this many elements notes its call (tt.explore checks it)
 Summary = Union[None, torch.Tensor, float]  # a small tensor's values, a large one's 2-norm, or unknown
 
 
@@ -79,9 +81,34 @@ def watch(node: Any) -> None:
         node.hooks.setdefault(nr, []).append(functools.partial(_capture, ref, nr))
 
 
+def _copy(value: Any) -> Any:
+    """A detached plain copy of every tensor in an argument (a list of tensors too)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().as_subclass(torch.Tensor).clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy(v) for v in value)
+    return value
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+
+
+def small_call(args: tuple, kwargs: dict, outputs: tuple) -> Optional[tuple]:
+    """(args, kwargs, outputs) copied, when every tensor in them has at most CALL_LIMIT elements; else None."""
+    with _guard():
+        if any(t.numel() > CALL_LIMIT for t in _tensors((args, tuple(kwargs.values()), outputs))):
+            return None
+        return _copy(args), {k: _copy(v) for k, v in kwargs.items()}, _copy(tuple(_tensors(outputs)))
+
+
 def _on_record(node: Node, args: tuple, kwargs: dict, result: Any) -> None:
     outputs = result if isinstance(result, (tuple, list)) else (result,)
-    node.note(values={nr: summary(out) for nr, out in enumerate(outputs)})
+    node.note(values={nr: summary(out) for nr, out in enumerate(outputs)}, call=small_call(args, kwargs, outputs))
     watch(node)
 
 
