@@ -8,6 +8,7 @@ recursion. Rendering that many nodes with `dot` is slow; `depth=` collapses modu
 """
 import itertools
 import os
+import sys
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import graphviz
@@ -225,6 +226,7 @@ def draw(
     show_saved: bool = True,
     direction: str = "auto",
     values: Optional[bool] = None,
+    rankdir: str = "TB",
 ) -> Drawing:
     """The graph that produced `output` as a graphviz.Digraph (a Drawing: shown inline in Jupyter).
 
@@ -249,9 +251,16 @@ def draw(
       backward went through the graph); a backward run inside `tt.recording()` labels each arrow
       with the gradient it carried.
     - show_saved draws each tensor an op saved for backward (until backward frees them), dashed.
+    - rankdir="LR" lays the graph out left to right (micrograd's draw_dot), "TB" (the default) top to bottom.
+    - After a plain `backward()` through a tiny graph (micrograd's examples: at most 64 nodes, no tensor of
+      more than 4 elements) every op has its gradient and the values its rules saved. In the values
+      view, tensors the caller holds in variables (`e = a * b`) are named by them when `params` is None,
+      so `tt.draw(L)` after `L.backward()` is micrograd's picture, every value and gradient in it.
     """
     if direction not in ("auto", "forward", "backward"):
         raise ValueError(f"direction must be 'auto', 'forward' or 'backward', not {direction!r}")
+    if rankdir not in ("TB", "LR", "BT", "RL"):
+        raise ValueError(f"rankdir must be 'TB', 'LR', 'BT' or 'RL', not {rankdir!r}")
     if depth is not None and depth < 1:
         raise ValueError(f"depth must be a positive module depth (1 = top-level modules), not {depth}")
     outputs = [output] if isinstance(output, torch.Tensor) else list(output)
@@ -261,7 +270,7 @@ def draw(
     for node in order:
         watch(node)  # so that a later backward leaves each node's gradient for the next drawing
     gradient_view = direction == "backward" or (direction == "auto" and _backward_ran(order))
-    graph = Drawing(name="torchtrace", graph_attr={"rankdir": "TB", "labelloc": "b", "fontsize": "10"},
+    graph = Drawing(name="torchtrace", graph_attr={"rankdir": rankdir, "labelloc": "b", "fontsize": "10"},
                     node_attr={"shape": "box", "style": "filled,rounded", "fontsize": "10", "fontname": "Helvetica"},
                     edge_attr={"fontsize": "9", "fontname": "Helvetica"})
     if not roots:
@@ -269,6 +278,8 @@ def draw(
         return graph
     shapes = _output_shapes(order, outputs)
     show_values = _small_graph(order, shapes) if values is None else values
+    if show_values and params is None:
+        names.adopt(sys._getframe(1).f_locals, order)
     builder = _Builder(names, place_nodes(order, names), depth, gradient_view, show_values)
     given = {(t._tt_node, t._tt_nr): t for t in outputs if getattr(t, "_tt_node", None) is not None}
     _add_nodes(builder, order, set(roots), shapes, given, show_saved)

@@ -38,6 +38,19 @@ class Names:
             else:
                 self.tensors.setdefault(id(tensor), name)
 
+    def adopt(self, variables: Mapping[str, Any], order: List[Any]) -> None:
+        """Tensors of the graph (leaves of `order`, or results of its nodes) that the caller holds in variables, and
+        that nothing named yet, take the variables' names (those starting with `_` are skipped: IPython's `_1`)."""
+        nodes, leaves = set(order), {id(n.variable) for n in order if isinstance(n, AccumulateGrad)}
+        for name, value in variables.items():
+            if name.startswith("_") or not isinstance(value, torch.Tensor) or not hasattr(type(value), "_tt_node"):
+                continue
+            node = value._tt_node
+            if node is None and id(value) in leaves:
+                self.tensors.setdefault(id(value), name)
+            elif node in nodes:
+                self.results.setdefault((node, value._tt_nr), (name, value))
+
     def module_path(self, module: torch.nn.Module, outer: Sequence[torch.nn.Module] = ()) -> Path:
         """A module of the given model gets its attribute path; another one its class name (`Linear_0`,
         numbered) inside the innermost module of `outer` (the modules running around it, outermost first)."""

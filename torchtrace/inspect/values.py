@@ -9,8 +9,10 @@ a graph nobody looks at:
 - `tt.draw(y)` hooks every node of y's graph (the same hook a user's `register_hook` adds).
 
 A hooked node notes the gradient that reaches it in every later backward (a plain `backward()`,
-anywhere), the last one winning. Tensors of at most VALUE_LIMIT elements are kept as copies, larger
-ones as their 2-norm. Leaves need none of this: their value is the leaf and their gradient `.grad`.
+anywhere), the last one winning. A plain backward through a tiny graph (`tiny_graph`: micrograd's
+examples) notes every node's gradient, and the values its rules saved, without either. Tensors of at
+most VALUE_LIMIT elements are kept as copies, larger ones as their 2-norm. Leaves need none of this:
+their value is the leaf and their gradient `.grad`.
 """
 import contextlib
 import functools
@@ -115,6 +117,52 @@ def _on_record(node: Node, args: tuple, kwargs: dict, result: Any) -> None:
 def _on_backward(node: Node, grads: Any, result: Any) -> None:
     """The gradient each input edge received: what the drawing writes on the arrows."""
     node.note(edge_grads={edge.position: summary(gradient_for(edge, result), edge.shape) for edge in node.edges})
+
+
+TINY_NODES = 64  # a backward through a graph this small, of tensors of at most VALUE_LIMIT elements, notes its numbers
+
+
+def tiny_graph(output: Any) -> bool:
+    """At most TINY_NODES nodes, every tensor at most VALUE_LIMIT elements: the graphs tt.draw shows values for.
+
+    The walk stops at the first large tensor or past TINY_NODES nodes, so a real model costs one step of it.
+    """
+    root = getattr(output, "_tt_node", None)
+    if root is None or output.numel() > VALUE_LIMIT:
+        return False
+    seen, stack = {root}, [root]
+    while stack:
+        for edge in stack.pop().edges:
+            if edge.shape.numel() > VALUE_LIMIT:
+                return False
+            if edge.node not in seen:
+                if len(seen) == TINY_NODES:
+                    return False
+                seen.add(edge.node)
+                stack.append(edge.node)
+    return True
+
+
+def _note_everything(node: Node, grads: Any, result: Any) -> None:
+    """During a backward of a tiny graph: the gradient reaching each output, what went along each edge, and the
+    values of tensors the rule saved (an input saved by its consumer is the value of the op that made it)."""
+    node.note(grads={**(node.notes or {}).get("grads", {}),
+                     **{nr: summary(g) for nr, g in enumerate(grads) if g is not None}})
+    _on_backward(node, grads, result)
+    for saved in node.saved:
+        producer = getattr(saved, "_tt_node", None)
+        if producer is not None:
+            known = (producer.notes or {}).get("values", {})
+            if known.get(saved._tt_nr) is None:
+                producer.note(values={**known, saved._tt_nr: summary(saved)})
+
+
+def noting_tiny_graphs(output: Any, create_graph: bool) -> Any:
+    """The block a plain backward runs in: for a tiny graph, every node notes its numbers (so `tt.draw(L)` after
+    `L.backward()` shows them, as micrograd's draw_dot does); for any other graph, nothing."""
+    if create_graph or not tiny_graph(output):
+        return contextlib.nullcontext()
+    return observing(on_backward=_note_everything)
 
 
 @contextlib.contextmanager

@@ -80,24 +80,13 @@ class Collector:
         self.root = output._tt_node if output._tt_node is not None else leaf_accumulator(output)
         self.order = engine.topological_order([self.root])
         self.names = Names(params if params is not None else _model_of(self.order))
-        self._name_from(local_names)
+        self.names.adopt(local_names, self.order)
         self.place = place_nodes(self.order, self.names)
         self.ids = {node: f"n{i}" for i, node in enumerate(self.order)}
         self.checked = len(self.order) <= CHECKED_NODES
         self.ran: Dict[Any, _Ran] = {}
         self.received: Dict[Any, List[Tuple[Any, torch.Tensor]]] = {}  # node -> (sender, gradient); None: the root
         self.values: Dict[Tuple[Any, int], str] = {}
-
-    def _name_from(self, local_names: Mapping[str, Any]) -> None:
-        """Tensors of the graph that the caller holds in variables, and that nothing else named, take those names."""
-        leaves = {id(n.variable) for n in self.order if isinstance(n, AccumulateGrad)}
-        for name, value in local_names.items():
-            if name.startswith("_") or not isinstance(value, torch.Tensor) or not hasattr(type(value), "_tt_node"):
-                continue
-            if value._tt_node is None and id(value) in leaves:
-                self.names.tensors.setdefault(id(value), name)
-            elif value._tt_node is not None:
-                self.names.results.setdefault((value._tt_node, value._tt_nr), (name, value))
 
     def observe(self, node: Node, grads: Any, result: tuple) -> None:
         saved = []
