@@ -39,7 +39,7 @@ class Exploration:
                 out["local"] = sent.local_text or None
                 check = sent.check
                 out["check"] = None if check is None else {
-                    "rule": sent.local_text, "estimate": _matrix(check.estimate), "agrees": check.agrees,
+                    "rule": _matrix(check.rule), "estimate": _matrix(check.estimate), "agrees": check.agrees,
                     "max_difference": None if check.max_difference is None else f"{check.max_difference:.2g}",
                     "why_not": check.why_not}
             steps.append(record)

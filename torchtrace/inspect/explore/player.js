@@ -208,8 +208,8 @@ function torchtracePlayer(root, data) {
     }
     html += `<table class="tt-chain"><tr><th>to</th><th>upstream gradient × local derivative = downstream gradient</th></tr>`;
     for (const out of s.sent) {
-      const local = out.local ? ` × <span class="tt-local">${e(out.local)}</span>` : " × (local derivative)";
-      html += `<tr><td>${e(out.input)}</td><td>${e(s.upstream)}${local} = ` +
+      const local = out.local ? `<span class="tt-local">${e(out.local)}</span>` : "(the local derivative: see the math)";
+      html += `<tr><td>${e(out.input)}</td><td>${e(s.upstream)} × ${local} = ` +
               `<b class="tt-down" data-to="${e(out.to)}">${e(out.gradient)}</b></td></tr>`;
     }
     html += "</table>";

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from torchtrace.inspect.explore.local import Check
-from torchtrace.inspect.explore.shown import matrix_text
+from torchtrace.inspect.explore.shown import FULL, matrix_text
 
 
 @dataclass
@@ -24,7 +24,12 @@ class Sent:
 
     @property
     def local_text(self) -> str:
-        return matrix_text(self.local) if self.local is not None else ""
+        """The local derivative as the page writes it: '' when it is unknown or too large to read (> FULL numbers)."""
+        if self.local is None:
+            return ""
+        text = matrix_text(self.local)
+        shown = len(self.local) if text.startswith("diag") else len(self.local) * len(self.local[0])
+        return text if shown <= FULL else ""
 
 
 @dataclass
@@ -60,8 +65,11 @@ class Step:
         summed = " + ".join(f"{g} (from {who})" for who, g in self.parts) if len(self.parts) > 1 else ""
         lines.append(f"  upstream gradient: {self.upstream}" + (f" = {summed}" if summed else ""))
         for sent in self.sent:
-            local = f" x local {sent.local_text}" if sent.local is not None else ""
-            lines.append(f"  -> {sent.input}: {self.upstream}{local} = {sent.gradient}")
-            if sent.check is not None:
+            local = sent.local_text
+            lines.append(f"  -> {sent.input}: {self.upstream} x local {local} = {sent.gradient}" if local
+                         else f"  -> {sent.input}: sends {sent.gradient}")
+            if sent.check is not None and sent.check.estimate is not None:
                 lines.append(f"     check: {sent.check}")
+        unchecked = {sent.check.why_not for sent in self.sent if sent.check is not None and sent.check.estimate is None}
+        lines += [f"  not checked by finite differences: {why}" for why in sorted(unchecked)]
         return "\n".join(lines)
