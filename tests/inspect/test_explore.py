@@ -228,3 +228,50 @@ def test_explore_is_public():
 def test_explore_refuses_an_output_without_gradient():
     with pytest.raises(RuntimeError, match="requires grad"):
         tt.explore(tt.tracer([1.0]) * 2)
+
+
+# ------------------------------------------------------------------------------- shapes of graphs
+
+
+def test_an_op_with_several_outputs_gathers_one_gradient_per_output():
+    x = tt.tracer([1.0, 2.0, 3.0, 4.0, 5.0], requires_grad=True)
+    p, q = x.split([2, 3])
+    ex = tt.explore(p.sum() * 2 + (q * q).sum())
+    (split,) = [s for s in ex.steps if s.name.startswith("Split")]
+    assert split.gathered and split.upstream == "[2, 2]; [6, 8, 10]"  # not summed: one per output
+    assert "one per output" in str(split) and " = " not in str(split).split("upstream gradients")[1].split("\n")[0]
+    assert [s.gradient for s in split.sent] == ["[2, 2, 6, 8, 10]"]
+    torch.testing.assert_close(x.grad, torch.tensor([2.0, 2.0, 6.0, 8.0, 10.0]))
+
+
+def test_a_hook_that_replaces_a_gradient_is_named_in_the_step():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    h = x * 3
+    h.register_hook(lambda g: g * 10)
+    ex = tt.explore(h.sum())
+    (mul,) = [s for s in ex.steps if s.name.startswith("Mul")]
+    assert mul.upstream == "[10, 10]" and "a hook replaced the upstream gradient" in mul.note
+    assert "summed to [1, 1]" in mul.note
+    torch.testing.assert_close(x.grad, torch.tensor([30.0, 30.0]))  # torch: d(sum 3x)/dx = 3, times the hook's 10
+
+
+def test_a_list_of_tensors_names_them_by_their_variables():
+    weight, other = tt.tracer([1.0, 2.0], requires_grad=True), tt.tracer([3.0], requires_grad=True)
+    ex = tt.explore((weight * other).sum(), params=[weight, tt.tracer([0.0])])
+    assert sorted(s.name for s in ex.steps if s.kind == "accumulate") == ["other", "weight"]
+    ex = tt.explore((weight * 2).sum(), params=iter([weight]))
+    assert [s.name for s in ex.steps if s.kind == "accumulate"] == ["weight"]
+
+
+def test_exploring_a_leaf_fills_its_grad_with_ones():
+    x = tt.tracer(2.0, requires_grad=True)
+    ex = tt.explore(x)
+    assert [(s.kind, s.after) for s in ex.steps] == [("accumulate", "1")] and x.grad.item() == 1.0
+
+
+def test_check_of_a_non_contiguous_input():
+    w = tt.tracer(torch.arange(6.0).reshape(2, 3), requires_grad=True)
+    with tt.recording():
+        y = (w.t() * tt.tracer([1.0, 2.0])).sum()  # Mul gets the transposed (non-contiguous) view
+    checks = [sent.check for s in tt.explore(y).steps for sent in s.sent]
+    assert checks and all(c.agrees for c in checks), [str(c) for c in checks]

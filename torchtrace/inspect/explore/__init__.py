@@ -11,7 +11,7 @@ Python collects the steps (collect.py: the engine's own backward, watched); the 
 import dataclasses
 import os
 import sys
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 import torch
 
@@ -79,18 +79,30 @@ def _matrix(rows: Optional[List[List[float]]]) -> Optional[str]:
     return None if rows is None else matrix_text(rows)
 
 
+def _named(params: Any, variables: Mapping[str, Any]) -> Params:
+    """A list (or generator) of tensors becomes (name, tensor) pairs, named by the caller's variables holding them."""
+    if params is None or isinstance(params, (torch.nn.Module, Mapping)):
+        return params
+    params = list(params)
+    if not all(isinstance(p, torch.Tensor) for p in params):
+        return params  # (name, tensor) pairs
+    held = {id(v): k for k, v in variables.items() if isinstance(v, torch.Tensor) and not k.startswith("_")}
+    return [(held.get(id(p), f"params[{i}]"), p) for i, p in enumerate(params)]
+
+
 def explore(output: torch.Tensor, params: Params = None, gradient: Optional[torch.Tensor] = None,
             retain_graph: Optional[bool] = None) -> Exploration:
     """Run `output.backward(gradient, retain_graph)` and record every step of it.
 
-    Leaves are named by `params` (a module, a dict name -> tensor, or (name, tensor) pairs), else by the
+    Leaves are named by `params` (a module, a dict name -> tensor, (name, tensor) pairs, or a list of tensors named
+    by the variables that hold them, else `params[i]`), else by the
     parameter names of the tt.nn or ported model the ops ran in, else by the caller's variable names
     (tensors of the graph held in local variables, intermediate results included). Ops whose forward
     ran inside `tt.recording()` show their values, and small ones get a finite-difference check of
     their local derivative.
     """
     caller = sys._getframe(1).f_locals
-    collector = Collector(output, params, caller)
+    collector = Collector(output, _named(params, caller), caller)
     collector.run(gradient, retain_graph)
     steps, nodes, edges = collector.build()
     return Exploration(steps, nodes, edges, "torchtrace: stepping through backward")

@@ -85,7 +85,7 @@ class Collector:
         self.ids = {node: f"n{i}" for i, node in enumerate(self.order)}
         self.checked = len(self.order) <= CHECKED_NODES
         self.ran: Dict[Any, _Ran] = {}
-        self.received: Dict[Any, List[Tuple[Any, torch.Tensor]]] = {}  # node -> (sender, gradient); None: the root
+        self.received: Dict[Any, List[Tuple[Any, int, torch.Tensor]]] = {}  # node -> (sender, output nr, gradient)
         self.values: Dict[Tuple[Any, int], str] = {}
 
     def observe(self, node: Node, grads: Any, result: tuple) -> None:
@@ -99,7 +99,7 @@ class Collector:
         sent = [_sent(node, edge, result) for edge in node.edges]
         for edge, g in zip(node.edges, sent):
             if g is not None:
-                self.received.setdefault(edge.node, []).append((node, g))
+                self.received.setdefault(edge.node, []).append((node, edge.output_nr, g))
         jacobians = rule_jacobians(node, grads) if self.checked else None
         self.ran[node] = _Ran([plain(g) if g is not None else None for g in grads], saved, sent, jacobians)
 
@@ -108,7 +108,8 @@ class Collector:
                   for n in self.order if isinstance(n, AccumulateGrad)}
         with _guard():
             seed = plain(gradient) if gradient is not None else torch.ones_like(self.output).as_subclass(torch.Tensor)
-        self.received[self.root] = [(None, seed.to(self.output.dtype))]
+        nr = getattr(self.output, "_tt_nr", 0)
+        self.received[self.root] = [(None, nr, seed.to(self.output.dtype))]  # sender None: the output's own seed
         with observing(on_backward=self.observe):
             engine.backward(self.output, gradient, retain_graph)
         self.before = before
@@ -173,19 +174,36 @@ class Collector:
         return steps, nodes, edges
 
     def _parts(self, node: Any) -> List[Tuple[str, str]]:
-        return [("the output" if sender is None else f"{self.label(sender)} (step {self.index[sender] + 1})",
-                 tensor_text(g)) for sender, g in self.received.get(node, ())]
+        """Who sent what to `node` (naming the output it reached, for an op with several)."""
+        parts = []
+        for sender, nr, g in self.received.get(node, ()):
+            who = "the output" if sender is None else f"{self.label(sender)} (step {self.index[sender] + 1})"
+            parts.append((who + (f", to output {nr}" if node.n_outputs > 1 else ""), tensor_text(g)))
+        return parts
+
+    def _arrived(self, node: Any) -> List[Optional[torch.Tensor]]:
+        """The sum of the gradients that reached each output, added in the engine's order."""
+        sums: List[Optional[torch.Tensor]] = [None] * node.n_outputs
+        for _, nr, g in self.received.get(node, ()):
+            sums[nr] = g if sums[nr] is None else sums[nr] + g
+        return sums
+
+    def _hook_note(self, arrived: List[Optional[torch.Tensor]], used: List[Optional[torch.Tensor]], what: str) -> str:
+        """'' when what the step used is the sum of what arrived; else what a hook made of it."""
+        for a, u in zip(arrived, used):
+            if a is not None and u is not None and not torch.equal(a, u.to(a.dtype)):
+                return f"a hook replaced {what} (the gradients that arrived summed to {tensor_text(a)})"
+        return ""
 
     def _step(self, node: Any, i: int) -> Step:
         module = ".".join(self.place.get(node, ()))
         if isinstance(node, AccumulateGrad):
-            total = None
-            for _, g in self.received[node]:
-                total = g if total is None else total + g  # in the order the engine adds them
-            before = self.before.get(node)
-            after = node.variable.grad
+            (total,) = self._arrived(node)
+            before, after = self.before.get(node), node.variable.grad
+            expected = total if before is None else before + total
+            note = self._hook_note([expected], [after], "the gradient (or .grad was changed)")
             return Step(i, "accumulate", self.ids[node], self.label(node), module, "", tensor_text(total),
-                        self._parts(node), before=tensor_text(before), after=tensor_text(after))
+                        self._parts(node), before=tensor_text(before), after=tensor_text(after), note=note)
         ran = self.ran[node]
         saved = [(self._saved_name(s, j), text) for j, (s, text) in enumerate(ran.saved)]
         checks = estimates(node) if self.checked and ran.jacobians is not None else [None] * len(node.edges)
@@ -203,8 +221,9 @@ class Collector:
         doc = (node.rule.__doc__ or "").strip().splitlines()
         upstream = "; ".join(tensor_text(g) for g in ran.upstream)
         name = node.name + self.label(node)[len(node.rule.__name__):]  # MulBackward → e
+        note = self._hook_note(self._arrived(node), ran.upstream, "the upstream gradient")
         return Step(i, "rule", self.ids[node], name, module, doc[0].strip() if doc else "", upstream,
-                    self._parts(node), saved, sent)
+                    self._parts(node), saved, sent, gathered=node.n_outputs > 1, note=note)
 
     def _saved_name(self, s: torch.Tensor, j: int) -> str:
         producer = getattr(s, "_tt_node", None)

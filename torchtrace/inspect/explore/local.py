@@ -74,7 +74,7 @@ def rule_jacobians(node: Node, grads: Sequence[Optional[torch.Tensor]]) -> Optio
     with _guard():
         for nr, g in enumerate(outputs):
             for k in range(g.numel()):
-                onehot = [torch.zeros_like(o) for o in outputs]
+                onehot = [torch.zeros(o.shape, dtype=o.dtype, device=o.device) for o in outputs]
                 onehot[nr].view(-1)[k] = 1
                 result = node.rule.backward(node.ctx, *onehot)
                 result = result if isinstance(result, tuple) else (result,)
@@ -134,7 +134,7 @@ def estimates(node: Node) -> List[Check]:
     run = _forward(node, kwargs)
     checks = []
     for edge in node.edges:
-        x = _input(args64, edge.position)
+        x = _input(args64, edge.position).clone(memory_format=torch.contiguous_format)  # .view(-1) below writes x
         columns = []
         with _guard():
             for j in range(x.numel()):

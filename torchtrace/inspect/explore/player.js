@@ -192,17 +192,18 @@ function torchtracePlayer(root, data) {
   function describe(s) {
     const e = ttEscape;
     let html = `<h3>step ${s.index + 1}: ${e(s.name)}${s.module ? ` <small>in ${e(s.module)}</small>` : ""}</h3>`;
-    const parts = s.parts.length > 1 ? " = " + s.parts.map(([who, g]) => `${e(g)} <small>(from ${e(who)})</small>`)
-      .join(" + ") : "";
+    const sent = s.parts.map(([who, g]) => `${e(g)} <small>(from ${e(who)})</small>`);
+    const parts = s.gathered ? " — one per output: " + sent.join("; ") : sent.length > 1 ? " = " + sent.join(" + ") : "";
+    const note = s.note ? `<p class="tt-note">${e(s.note)}</p>` : "";
     if (s.kind === "accumulate") {
       html += `<p class="tt-math">⊕ the gradients that reached this leaf are added into its .grad</p>`;
       html += `<p>gradient reaching it: <b class="tt-up">${e(s.upstream)}</b>${parts}</p>`;
       html += `<p class="tt-acc">${e(s.name)}.grad = ${s.before === "—" ? "" : e(s.before) + " + "}` +
               `${e(s.upstream)} = <b class="tt-after">${e(s.after)}</b></p>`;
-      return html;
+      return html + note;
     }
     if (s.math) html += `<p class="tt-math">${e(s.math)}</p>`;
-    html += `<p>upstream gradient: <b class="tt-up">${e(s.upstream)}</b>${parts}</p>`;
+    html += `<p>upstream gradient: <b class="tt-up">${e(s.upstream)}</b>${parts}</p>${note}`;
     if (s.saved.length) {
       html += "<p>saved for backward: " + s.saved.map(([w, v]) => `${e(w)} = ${e(v)}`).join("; ") + "</p>";
     }

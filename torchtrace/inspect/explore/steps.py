@@ -48,6 +48,8 @@ class Step:
     sent: List[Sent] = field(default_factory=list)
     before: str = ""  # accumulation: the leaf's .grad before (— for none) ...
     after: str = ""  # ... and after
+    gathered: bool = False  # an op with several outputs: `upstream` is one gradient per output, not a sum
+    note: str = ""  # what a hook changed, if anything
 
     def __str__(self) -> str:
         where = f"  in {self.module}" if self.module else ""
@@ -57,13 +59,19 @@ class Step:
                          if self.before != "—" else f"  ⊕ {self.name}.grad = {self.after}")
             if len(self.parts) > 1:
                 lines.append("  reached by " + " + ".join(f"{g} (from {who})" for who, g in self.parts))
-            return "\n".join(lines)
+            return "\n".join(lines + ([f"  note: {self.note}"] if self.note else []))
         if self.math:
             lines.append(f"  math: {self.math}")
         for what, value in self.saved:
             lines.append(f"  saved {what}: {value}")
-        summed = " + ".join(f"{g} (from {who})" for who, g in self.parts) if len(self.parts) > 1 else ""
-        lines.append(f"  upstream gradient: {self.upstream}" + (f" = {summed}" if summed else ""))
+        parts = [f"{g} (from {who})" for who, g in self.parts]
+        if self.gathered:
+            lines.append(f"  upstream gradients, one per output: {self.upstream}  ({'; '.join(parts)})")
+        else:
+            summed = f" = {' + '.join(parts)}" if len(parts) > 1 else ""
+            lines.append(f"  upstream gradient: {self.upstream}{summed}")
+        if self.note:
+            lines.append(f"  note: {self.note}")
         for sent in self.sent:
             local = sent.local_text
             lines.append(f"  -> {sent.input}: {self.upstream} x local {local} = {sent.gradient}" if local
