@@ -68,6 +68,20 @@ def open_page(browser, path):
     return player, time.perf_counter() - started
 
 
+def explored_and_saved(output, path, params=None):
+    """tt.explore(output, params) and ex.save(path), with the seconds both took."""
+    started = time.perf_counter()
+    ex = tt.explore(output, params)
+    ex.save(path)
+    return ex, time.perf_counter() - started
+
+
+def report(what, ex, path, took, load):
+    """The numbers the README and the lead quote (printed with pytest -s; never asserted)."""
+    print(f"\n{what}: {len(ex.nodes)} nodes, {len(ex.steps)} steps: explore + save {took * 1000:.0f} ms, "
+          f"{os.path.getsize(path) / 1024:.0f} KiB, page load {load * 1000:.0f} ms")
+
+
 def console_errors(browser):
     return [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
 
@@ -101,8 +115,8 @@ def test_micrograd_page_steps_through_torch_autograds_numbers(browser, tmp_path)
         e = a * b
         d = e + c
         L = d * f
-    ex = tt.explore(L)
-    path = ex.save(tmp_path / "micrograd.html")
+    path = tmp_path / "micrograd.html"
+    ex, took = explored_and_saved(L, path, dict(a=a, b=b, c=c, f=f, e=e, d=d, L=L))
     ta, tb, tc, tf = (torch.tensor(v, requires_grad=True) for v in (2.0, -3.0, 10.0, -2.0))
     te = ta * tb
     td = te + tc
@@ -110,7 +124,8 @@ def test_micrograd_page_steps_through_torch_autograds_numbers(browser, tmp_path)
     for t in (te, td, tL):
         t.retain_grad()
     tL.backward()
-    player, _ = open_page(browser, path)
+    player, load = open_page(browser, path)
+    report("micrograd's L = (a*b + c) * f", ex, path, took, load)
     checked = step_through(browser, player, ex, dict(a=ta.grad, b=tb.grad, c=tc.grad, f=tf.grad),
                            {"MulBackward → e": te.grad, "AddBackward → d": td.grad, "MulBackward → L": tL.grad})
     assert checked == 7
@@ -145,8 +160,10 @@ def test_ported_mlp_shows_parameter_names_and_torchs_gradients(browser, tmp_path
     expected = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
     tt.port(model)
-    ex = tt.explore(torch.nn.functional.cross_entropy(model(x), target))
-    player, _ = open_page(browser, ex.save(tmp_path / "mlp.html"))
+    path = tmp_path / "mlp.html"
+    ex, took = explored_and_saved(torch.nn.functional.cross_entropy(model(x), target), path)
+    player, load = open_page(browser, path)
+    report("ported MLP 4-8-3 with cross-entropy", ex, path, took, load)
     labels = {t.text for t in browser.find_elements(By.CSS_SELECTOR, ".tt-node .tt-name")}
     assert {"0.weight", "0.bias", "2.weight", "2.bias"} <= labels
     assert step_through(browser, player, ex, expected, {}) == 4
@@ -165,11 +182,8 @@ def test_a_300_node_graph_groups_by_module_and_plays_through(browser, tmp_path):
 
     model = deep_model(75)
     x = torch.randn(16, 8)
-    started = time.perf_counter()
-    loss = model(x).pow(2).mean()
-    ex = tt.explore(loss)
-    path = ex.save(tmp_path / "deep.html")
-    took = time.perf_counter() - started
+    path = tmp_path / "deep.html"
+    ex, took = explored_and_saved(model(x).pow(2).mean(), path)
     assert len(ex.nodes) >= 300
     player, load = open_page(browser, path)
     groups = browser.find_elements(By.CSS_SELECTOR, ".tt-node.tt-group")
@@ -185,8 +199,8 @@ def test_a_300_node_graph_groups_by_module_and_plays_through(browser, tmp_path):
     per_step = (time.perf_counter() - started) / 30
     assert browser.find_element(By.CSS_SELECTOR, ".tt-count").text == f"step {len(ex.steps) - 30} / {len(ex.steps)}"
     assert not console_errors(browser)
-    print(f"\n{len(ex.nodes)} nodes, {len(ex.steps)} steps: explore + save {took:.2f} s, "
-          f"{os.path.getsize(path) / 1024:.0f} KiB, page load {load:.2f} s, {per_step * 1000:.0f} ms per step key")
+    report("75 ported Linear+Tanh blocks", ex, path, took, load)
+    print(f"{per_step * 1000:.0f} ms per ← key, selenium's round trip included")
 
 
 def test_widget_module_renders_in_the_browser(browser, tmp_path):

@@ -87,6 +87,7 @@ class Collector:
         self.ran: Dict[Any, _Ran] = {}
         self.received: Dict[Any, List[Tuple[Any, int, torch.Tensor]]] = {}  # node -> (sender, output nr, gradient)
         self.values: Dict[Tuple[Any, int], str] = {}
+        self.leaf_number = {n: i for i, n in enumerate(n for n in self.order if isinstance(n, AccumulateGrad))}
 
     def observe(self, node: Node, grads: Any, result: tuple) -> None:
         saved = []
@@ -153,8 +154,6 @@ class Collector:
         return ""
 
     def build(self) -> Tuple[List[Step], List[GraphNode], List[GraphEdge]]:
-        leaves = [n for n in self.order if isinstance(n, AccumulateGrad)]
-        self.leaf_number = {n: i for i, n in enumerate(leaves)}
         self.index: Dict[Any, int] = {}
         for node in self.order:
             if node in self.ran or (isinstance(node, AccumulateGrad) and node in self.received):

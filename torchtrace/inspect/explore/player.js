@@ -132,7 +132,8 @@ function torchtracePlayer(root, data) {
       const group = id.startsWith("g:");
       const n = inside[0];
       const kind = group ? "group" : n.kind;
-      const title = group ? `${id.slice(2)} (${inside.length} nodes)` : n.label;
+      const title = group ? `${id.slice(2)} (${inside.length} nodes)` :
+        n.label + (n.module && n.kind !== "leaf" ? ` · ${n.module}` : "");
       svg += `<g class="tt-node tt-${kind}" data-id="${ttEscape(id)}" transform="translate(${x},${y})">
         <title>${ttEscape(group ? title + ": click to expand" : n.label + (n.module ? " in " + n.module : ""))}</title>
         <rect width="${TT_BOX_W}" height="${TT_BOX_H}" rx="6"/>
