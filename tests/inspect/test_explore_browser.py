@@ -63,7 +63,7 @@ def open_page(browser, path):
 
     started = time.perf_counter()
     browser.get(Path(path).as_uri())
-    player = browser.find_element(By.ID, "torchtrace-player")
+    player = browser.find_element(By.CSS_SELECTOR, "#torchtrace-player .tt-player")
     browser.find_element(By.CSS_SELECTOR, ".tt-panel h3")  # the first step is drawn
     return player, time.perf_counter() - started
 
@@ -204,8 +204,10 @@ def test_a_300_node_graph_groups_by_module_and_plays_through(browser, tmp_path):
 
 
 def test_widget_module_renders_in_the_browser(browser, tmp_path):
-    """The ES module the Jupyter widget loads, rendered by its default export with a stand-in for the widget model."""
+    """The ES module the Jupyter widget loads, rendered by its default export with a stand-in for the widget model,
+    then drawn again as when the model's data changes."""
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
 
     from torchtrace.inspect.explore.page import widget_module
 
@@ -217,11 +219,14 @@ def test_widget_module_renders_in_the_browser(browser, tmp_path):
     page.write_text(f"""<!DOCTYPE html><html><body><div id="el"></div><script>
 const code = {json.dumps(widget_module())};
 const data = {json.dumps(json.dumps(ex.data()))};
-const model = {{get: () => data, on: () => null}};
+const changed = [];
+const model = {{get: () => data, on: (event, handler) => changed.push(handler)}};
 import(URL.createObjectURL(new Blob([code], {{type: "text/javascript"}})))
-  .then((m) => m.default.render({{model, el: document.getElementById("el")}}));
+  .then((m) => {{ m.default.render({{model, el: document.getElementById("el")}}); changed.forEach((f) => f()); }});
 </script></body></html>""", encoding="utf-8")
     browser.get(page.as_uri())
     heading = browser.find_element(By.CSS_SELECTOR, "#el .tt-panel h3")
     assert heading.text.startswith("step 1: SumBackward")
+    browser.find_element(By.CSS_SELECTOR, "#el .tt-player").send_keys(Keys.ARROW_RIGHT)  # drawn twice: one step
+    assert browser.find_element(By.CSS_SELECTOR, "#el .tt-count").text == "step 2 / 3"
     assert not console_errors(browser)

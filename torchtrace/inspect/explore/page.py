@@ -23,7 +23,7 @@ body {{ margin: 12px; }}
 {js}
 const TORCHTRACE_DATA = {data};
 torchtracePlayer(document.getElementById("torchtrace-player"), TORCHTRACE_DATA);
-document.getElementById("torchtrace-player").focus();
+document.querySelector("#torchtrace-player .tt-player").focus();
 </script>
 </body>
 </html>

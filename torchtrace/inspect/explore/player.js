@@ -59,7 +59,9 @@ function ttLayout(ids, edges) {
   return {xy, width: 40 + (top + 1) * TT_COL, height: 40 + tallest * TT_ROW};
 }
 
-function torchtracePlayer(root, data) {
+function torchtracePlayer(container, data) {
+  const root = document.createElement("div");  // drawn afresh on every call: no listener is added twice
+  container.replaceChildren(root);
   const steps = data.steps, nodes = data.nodes, edges = data.edges;
   const byId = new Map(nodes.map((n) => [n.id, n]));
   const stepOf = new Map(steps.map((s) => [s.node, s.index]));
