@@ -32,7 +32,7 @@ from torchtrace.tracer import as_tracer, tracer
 
 # The tools that walk the graph load on first use, so the engine never imports them.
 _INSPECT = {"AnomalyError": "anomaly", "detect_anomaly": "anomaly", "draw": "dot", "recording": "dot",
-            "flow": "flow", "trace": "graph", "show": "trace"}
+            "flow": "flow", "trace": "graph", "show": "trace", "explore": "explore"}
 
 
 def __getattr__(name: str) -> Any:
@@ -52,6 +52,6 @@ __all__ = [
     "linspace", "eye", "from_numpy", "backward", "grad", "Function", "register", "supported_ops",
     "no_grad", "enable_grad", "is_grad_enabled", "check", "gradcheck", "GradientMismatch",
     "UnsupportedOperationError", "nn", "optim", "draw", "recording", "flow", "trace", "show",
-    "detect_anomaly", "AnomalyError", "port", "compile",
+    "detect_anomaly", "AnomalyError", "port", "compile", "explore",
     "jvp", "jacobian",
 ]
