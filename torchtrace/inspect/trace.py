@@ -6,13 +6,14 @@ tensor used several times: its gradients are summed) and where they branch (an o
 differentiable inputs). The glyphs exist in DejaVu Sans Mono, Jupyter's usual monospace font on Linux.
 Walks are iterative, so graphs of any depth print.
 """
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Set, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Set
 
 import torch
 
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, Node
 from torchtrace.autograd.state import observing
+from torchtrace.inspect.names import Names, Params
 
 _guard = torch._C.DisableTorchFunctionSubclass
 
@@ -39,22 +40,16 @@ def _op_text(node: Node) -> str:
     return f"{node.rule.__name__}({tuple(shown) if shown else ''})"
 
 
-Params = Union[None, torch.nn.Module, Mapping[str, torch.Tensor]]
-
-
 def leaf_names(order: List[Any], params: Params = None) -> Dict[int, str]:
     """id(leaf tensor) -> its name: from `params` (a model's `0.weight`, or a dict such as {"w": w}),
     else from the outermost module that ran an op using it (the model that was called)."""
-    names: Dict[int, str] = {}
-    pairs = params.named_parameters() if isinstance(params, torch.nn.Module) else (params or {}).items()
-    for name, tensor in pairs:
-        names.setdefault(id(tensor), name)
+    names = Names(params)
     models = {id(node.module_path[0]): node.module_path[0] for node in order
               if not isinstance(node, AccumulateGrad) and node.module_path}
     for model in models.values():
         for name, tensor in model.named_parameters():
-            names.setdefault(id(tensor), name)
-    return names
+            names.tensors.setdefault(id(tensor), name)
+    return names.tensors
 
 
 def _absorbed(node: AccumulateGrad, senders: List[Any]) -> bool:
