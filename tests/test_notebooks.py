@@ -72,6 +72,7 @@ def test_notebook_is_stored_executed(name):
     errors = [i for i, cell in enumerate(cells, 1) for o in cell.outputs if o.output_type == "error"
               and refresh.RAISES not in cell.metadata.get("tags", [])]
     assert not errors, f"code cells {errors} stored an error without the '{refresh.RAISES}' tag"
+    assert not refresh.silent_error_cells(notebook), "a cell tagged to raise was stored without its error"
 
 
 @pytest.mark.parametrize("name", ALL)

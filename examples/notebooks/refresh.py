@@ -150,6 +150,9 @@ def _clean(notebook: nbformat.NotebookNode) -> None:
 def refresh(path: Path) -> None:
     """Execute `path` full size and smoke size; store the full run with `smoke-varies` tags."""
     full, smoke = execute(path, smoke=False), execute(path, smoke=True)
+    silent = silent_error_cells(full)
+    if silent:
+        raise RuntimeError(f"{path.name}: code cells {silent} are tagged {RAISES!r} but raised nothing")
     for cell, small in zip(full.cells, smoke.cells):
         if cell.cell_type != "code":
             continue
