@@ -1,13 +1,15 @@
 """Writing a new gradient rule: derive it, implement it as a tt.Function, register it, verify it.
 
-The op: z = logaddexp(a, b) = log(e^a + e^b), a smooth maximum. torchtrace ships no rule for it.
+The op: z = logaddexp(a, b) = log(e^a + e^b), a smooth maximum. torchtrace ships a rule for it; we write our
+own to show how, and registering it replaces the built-in one.
 
     dz/da = e^a / (e^a + e^b) = e^(a - z)        dz/db = e^(b - z)
 
 Both use only the inputs and the output, which is all a rule may save (so that gradients of gradients
 work too). The steps:
 
-1. call torch.logaddexp on tracers: torchtrace refuses, naming the callable (it never guesses a gradient);
+1. call an op torchtrace has no rule for (the Bessel function torch.special.bessel_j0) on a tracer: torchtrace
+   refuses, naming the callable (it never guesses a gradient);
 2. write the rule as a `tt.Function` and try it with `.apply`;
 3. see how `tt.check` catches a wrong rule and names the node whose gradient diverges;
 4. `tt.register` the rule for every alias (torch.logaddexp, Tensor.logaddexp): ordinary torch code now
@@ -64,12 +66,12 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     a, b = torch.randn(4, 3), torch.randn(3)  # b broadcasts against a
     result: Dict[str, Any] = {}
 
-    print("1. torchtrace has no rule for torch.logaddexp:")
+    print("1. an op without a rule is refused:")
     x, y = tt.tracer(a, requires_grad=True), tt.tracer(b, requires_grad=True)
     try:
-        torch.logaddexp(x, y)
+        torch.special.bessel_j0(x)
         result["refusal"] = None
-        print("   (this torchtrace already has one; ours below replaces it)")
+        print("   torch.special.bessel_j0 now has a rule: this step needs another op without one")
     except tt.UnsupportedOperationError as error:
         result["refusal"] = str(error)
         print("   UnsupportedOperationError:", str(error).splitlines()[0])

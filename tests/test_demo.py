@@ -1,4 +1,5 @@
 """python -m torchtrace demo / ops: the tour runs, learns, and its numbers agree with torch autograd."""
+import re
 import subprocess
 import sys
 
@@ -15,6 +16,10 @@ def test_demo_tour(tmp_path, capsys):
     assert "match torch autograd" in printed
     svg = (tmp_path / "torchtrace-demo-graph.svg").read_text()
     assert svg.count('class="node"') >= 10
+    assert printed.index("BackProp:") < printed.index("graph drawn to")  # drawn after the backward...
+    assert svg.count(">|grad| ") >= 8  # ...so the arrows carry the gradients that flowed
+    width = float(re.search(r'<svg width="([\d.]+)pt"', svg).group(1))
+    assert width < 800, f"{width} pt: a graph drawn before backward is a wide staircase"
 
 
 def test_ops_listing_groups_rules_by_family():

@@ -104,7 +104,7 @@ def test_dqn_cartpole_smoke_updates_through_gather(capsys):
 
 def test_custom_function_rule_is_checked(capsys):
     result = load("custom_function").main([])
-    assert result["refusal"] is None or "torch.logaddexp" in result["refusal"]
+    assert result["refusal"].startswith("torch.special.bessel_j0: torchtrace has no gradient rule")  # a real refusal
     assert "First diverging node: BuggyLogAddExpBackward" in result["bug_report"]
     assert result["check"].ok and result["check"].n_gradients == 2
     assert result["gradcheck"] is True

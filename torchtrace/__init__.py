@@ -26,12 +26,13 @@ from torchtrace.factories import (
     zeros,
     zeros_like,
 )
+from torchtrace.forward_mode import jacobian, jvp
 from torchtrace.port import port
 from torchtrace.tracer import as_tracer, tracer
 
 # The tools that walk the graph load on first use, so the engine never imports them.
 _INSPECT = {"AnomalyError": "anomaly", "detect_anomaly": "anomaly", "draw": "dot", "recording": "dot",
-            "flow": "flow", "trace": "graph", "show": "trace"}
+            "flow": "flow", "trace": "graph", "show": "trace", "explore": "explore"}
 
 
 def __getattr__(name: str) -> Any:
@@ -41,10 +42,16 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module(f"torchtrace.inspect.{_INSPECT[name]}"), name)
     raise AttributeError(f"module 'torchtrace' has no attribute '{name}'")
 
+
+def __dir__() -> list:
+    """dir(tt), help(tt) and tab completion list the tools that load on first use too."""
+    return sorted(set(globals()) | set(__all__))
+
 __all__ = [
     "tracer", "as_tracer", "zeros", "ones", "rand", "randn", "zeros_like", "ones_like", "full", "arange",
     "linspace", "eye", "from_numpy", "backward", "grad", "Function", "register", "supported_ops",
     "no_grad", "enable_grad", "is_grad_enabled", "check", "gradcheck", "GradientMismatch",
     "UnsupportedOperationError", "nn", "optim", "draw", "recording", "flow", "trace", "show",
-    "detect_anomaly", "AnomalyError", "port", "compile",
+    "detect_anomaly", "AnomalyError", "port", "compile", "explore",
+    "jvp", "jacobian",
 ]

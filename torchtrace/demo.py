@@ -81,15 +81,16 @@ def run(epochs: int = 6, out_dir: str = ".") -> Dict[str, float]:
     model = small_cnn()
     print(f"1. A CNN built from torchtrace.nn layers (parameters are tracers):\n{model}\n")
 
-    print("2. One forward on a batch of 32 digits; the graph it recorded, and the backprop trace:")
-    loss = F.cross_entropy(model(train_x[:32]), train_y[:32])
+    print("2. One forward and backward on a batch of 32 digits: the backprop trace, and the graph with its gradients:")
+    with tt.recording():  # the drawing then labels every edge with the gradient that flowed along it
+        loss = F.cross_entropy(model(train_x[:32]), train_y[:32])
+        loss.backward(show=True)
     drawing = tt.draw(loss, params=model)
     path = os.path.join(out_dir, "torchtrace-demo-graph")
     try:
         print(f"   graph drawn to {drawing.render(path, format='svg', cleanup=True)}")
     except DotNotFound as missing:
         print(f"   {missing}")
-    loss.backward(show=True)
     print(f"\n3. Gradient flow after that backward:\n{tt.flow(model)}\n")
 
     print(f"4. Training {epochs} epochs with tt.optim.Adam:")

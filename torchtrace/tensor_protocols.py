@@ -48,7 +48,10 @@ class TensorProtocols:
             from torchtrace.inspect.trace import show as print_trace  # loaded on first use, like tt.draw
 
             print_trace(self)
-        engine.backward(self, gradient, retain_graph, create_graph)
+        from torchtrace.inspect.values import noting_tiny_graphs  # a tiny graph keeps its numbers for tt.draw
+
+        with noting_tiny_graphs(self, create_graph):
+            engine.backward(self, gradient, retain_graph, create_graph)
 
     def __iter__(self) -> Any:
         with _guard():

@@ -24,6 +24,7 @@ from nbclient import NotebookClient
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TAG = "smoke-varies"
+RAISES = "raises-exception"
 NOTEBOOKS = sorted(HERE.glob("*.ipynb"))
 SOLUTIONS = sorted((HERE / "solutions").glob("*.ipynb"))
 
@@ -31,6 +32,9 @@ _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 _TIME = re.compile(r"\b\d+(?:\.\d+)?\s?(?:s|ms|µs|us|min)\b")
 _ROUNDING = re.compile(r"-?\d+(?:\.\d+)?e-(?:0?[5-9]|[1-9]\d)\b")  # 1e-5 and below: float rounding, CPU-dependent
 _SVG_TEXT = re.compile(r"<text[^>]*>(.*?)</text>", re.S)
+_NUMBER = r"(-?\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
+_DIFFERENCE = re.compile(r"(?:difference from torch autograd|max \|diff\| =)\D*?" + _NUMBER)
+_TABLE_HEADER = "|torch - torchtrace|"  # a table whose rows end with the difference
 
 
 def environment(smoke: bool) -> Dict[str, str]:
@@ -104,6 +108,38 @@ def texts(cell: nbformat.NotebookNode) -> List[str]:
     return [normalised_output(output) for output in _merged(cell)]
 
 
+def silent_error_cells(notebook: nbformat.NotebookNode) -> List[int]:
+    """Indices (among code cells, from 1) of cells tagged `raises-exception` that raised nothing."""
+    cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    return [i for i, cell in enumerate(cells, 1) if RAISES in cell.metadata.get("tags", [])
+            and not any(o.output_type == "error" for o in cell.outputs)]
+
+
+def differences_from_torch(notebook: nbformat.NotebookNode, limit: float = 1e-6) -> List[str]:
+    """Printed lines that report a gradient (or output) difference from torch autograd above `limit`.
+
+    Reports are `... difference from torch autograd: X`, tt.check's `max |diff| = X` and the rows of a table
+    headed `|torch - torchtrace|`; an error shown on purpose (a caught GradientMismatch, a `wrong:` verdict) is
+    not a report.
+    """
+    found = []
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if output.output_type != "stream" or output.name != "stdout":
+                continue
+            in_table = False
+            for line in "".join(output.text).splitlines():
+                if "GradientMismatch" in line or line.startswith(("wrong", "First diverging")):
+                    continue
+                values = [float(v) for v in _DIFFERENCE.findall(line)]
+                if in_table and line.split():
+                    values.append(float(line.split()[-1]))
+                in_table = in_table or _TABLE_HEADER in line
+                if any(v > limit for v in values):
+                    found.append(line.strip())
+    return found
+
+
 def _clean(notebook: nbformat.NotebookNode) -> None:
     """Drop what differs between runs and is not output: execution timestamps, widget state."""
     notebook.metadata.pop("widgets", None)
@@ -114,6 +150,9 @@ def _clean(notebook: nbformat.NotebookNode) -> None:
 def refresh(path: Path) -> None:
     """Execute `path` full size and smoke size; store the full run with `smoke-varies` tags."""
     full, smoke = execute(path, smoke=False), execute(path, smoke=True)
+    silent = silent_error_cells(full)
+    if silent:
+        raise RuntimeError(f"{path.name}: code cells {silent} are tagged {RAISES!r} but raised nothing")
     for cell, small in zip(full.cells, smoke.cells):
         if cell.cell_type != "code":
             continue

@@ -139,7 +139,17 @@ def test_forward_edges_run_from_inputs_to_output():
     graph = draw(x.exp().sum(), show_saved=False)
     ids = {label.split()[0]: line.split()[0] for label, line in zip(labels(graph), node_lines(graph))}
     edges = {tuple(line.split()[:3:2]) for line in edge_lines(graph)}
-    assert edges == {(ids["input"], ids["Exp"]), (ids["Exp"], ids["Sum"])}
+    assert edges == {(ids["x"], ids["Exp"]), (ids["Exp"], ids["Sum"])}  # a small graph: x named by its variable
+
+
+def test_variable_names_are_used_only_in_the_values_view_without_params():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    h = x.exp()
+    y = h.sum()
+    assert labels(draw(y, show_saved=False)) == ["Sum → y | data 10.11", "Exp → h (2) | data [2.718, 7.389]",
+                                                 "x (2) | data [1, 2]"]
+    assert labels(draw(y, values=False, show_saved=False)) == ["Sum ()", "Exp (2)", "input (2)"]
+    assert labels(draw(y, {"w": x}, show_saved=False)) == ["Sum | data 10.11", "Exp (2)", "w (2) | data [1, 2]"]
 
 
 def test_names_from_a_dict_and_pairs_and_unnamed_leaves():

@@ -26,8 +26,8 @@ def test_a_dag_shows_merges_and_branches():
     lines = backprop_lines(z)
     assert lines[0] == "BackProp:" and lines[-1] == "↘︎ Input"
     assert lines[1] == "↘︎ [0] Sum()"
-    assert lines[2] == "↘︎ [1] Add()  ⑂ sends to [2], [3]"
-    assert "↘︎ [3] Mul()  ⑂ sends to [4], [4]" in lines  # y * y: y is used twice by one op
+    assert lines[2] == "↘︎ [1] Add()  ⇉ sends to [2], [3]"
+    assert "↘︎ [3] Mul()  ⇉ sends to [4], [4]" in lines  # y * y: y is used twice by one op
     assert lines[5] == "↘︎ [4] Mul()  ⊕ sums 3 gradients from [2], [3], [3]"
 
 
@@ -37,25 +37,26 @@ def test_a_leaf_used_three_times_shows_its_three_gradients_summed(capsys):
     assert capsys.readouterr().out.splitlines() == [
         "BackProp:",
         "↘︎ [0] Sum()",
-        "↘︎ [1] Add()  ⑂ sends to [2], [3]",
-        "↘︎ [2] Mul()  ⑂ sends to [3], [3]",
-        "↘︎ [3] leaf [2] (.grad)  ⊕ sums 3 gradients from [1], [2], [2]",
+        "↘︎ [1] Add()  ⇉ sends to [2], [3]",
+        "↘︎ [2] Mul()  ⇉ sends to [3], [3]",
+        "↘︎ [3] leaf, shape (2,) -> .grad  ⊕ sums 3 gradients from [1], [2], [2]",
         "↘︎ Input",
     ]
     assert x.grad.tolist() == [3.0, 5.0]  # 2x + 1: the three contributions x, x and 1, summed
 
 
-def test_a_leaf_used_once_keeps_the_chain_format():
+def test_a_leaf_used_once_keeps_the_chain_format_and_its_own_line():
     x = tt.tracer([1.0, 2.0], requires_grad=True)
-    assert backprop_lines((x.exp() * 2).sum()) == ["BackProp:", "↘︎ Sum()", "↘︎ Mul()", "↘︎ Exp()", "↘︎ Input"]
+    assert backprop_lines((x.exp() * 2).sum()) == [
+        "BackProp:", "↘︎ Sum()", "↘︎ Mul()", "↘︎ Exp()", "↘︎ leaf, shape (2,) -> .grad", "↘︎ Input"]
 
 
 def test_shapes_and_norms(capsys):
     x = tt.tracer([[1.0, 2.0]], requires_grad=True)
     tt.show((x * 2).sum(), shapes=True, norms=True)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1] == "↘︎ Sum()  grad []  |grad| 1"
-    assert lines[2] == "↘︎ Mul()  grad [1, 2]  |grad| 1.414"
+    assert lines[1] == "↘︎ Sum()  grad shape ()  |grad| 1"
+    assert lines[2] == "↘︎ Mul()  grad shape (1, 2)  |grad| 1.414"
     assert x.grad.tolist() == [[2.0, 2.0]]  # norms=True ran the backward
 
 
@@ -63,7 +64,9 @@ def test_ops_inside_layers_can_be_listed_one_by_one():
     layer = Linear(2, 2)
     out = torch.nn.functional.softplus(layer(tt.tracer([[1.0, 2.0]]))).sum()
     assert backprop_lines(out)[2:4] == ["↘︎ Softplus()", "↘︎ Linear layer (2 X 2)"]
-    assert backprop_lines(out, modules=False)[3] == "↘︎ LinearFunction()  [in Linear]"
+    one_by_one = backprop_lines(out, modules=False)
+    assert one_by_one[3] == "↘︎ [2] LinearFunction()  [in Linear]  ⇉ sends to [3], [4]"
+    assert one_by_one[4:6] == ["↘︎ [3] leaf bias, shape (2,) -> .grad", "↘︎ [4] leaf weight, shape (2, 2) -> .grad"]
 
 
 def test_a_deep_chain_prints_without_recursion():
@@ -71,7 +74,7 @@ def test_a_deep_chain_prints_without_recursion():
     y = x
     for _ in range(5000):
         y = y * 1.0
-    assert len(backprop_lines(y.sum())) == 5003
+    assert len(backprop_lines(y.sum())) == 5004
 
 
 def test_trace_names_each_layer_as_print_model_does_for_tt_nn_and_ported_models():
@@ -96,4 +99,47 @@ def test_norms_of_a_leaf_that_sums_gradients(capsys):
     x = tt.tracer([1.0, 2.0], requires_grad=True)
     tt.show((x * x + x).sum(), norms=True)
     leaf = capsys.readouterr().out.splitlines()[4]
-    assert leaf.startswith(f"↘︎ [3] leaf [2] (.grad)  |grad| {x.grad.norm().item():.4g}  ⊕ sums 3 gradients")
+    assert leaf.startswith(f"↘︎ [3] leaf, shape (2,) -> .grad  |grad| {x.grad.norm().item():.4g}  ⊕ sums 3 gradients")
+
+
+def test_every_leaf_of_a_ported_lstm_is_listed_by_its_name():
+    torch.manual_seed(0)
+    lstm = tt.port(torch.nn.LSTM(3, 4))
+    out, _ = lstm(torch.randn(6, 1, 3))
+    lines = backprop_lines(out.sum())
+    for name, p in lstm.named_parameters():
+        assert sum(f"leaf {name}, shape {tuple(p.shape)} -> .grad" in line for line in lines) == 1, name
+
+
+def test_leaves_are_named_by_params_or_by_the_model_that_used_them(capsys):
+    x, w = tt.tracer([1.0, 2.0, 3.0], requires_grad=True), tt.tracer([4.0, 5.0, 6.0], requires_grad=True)
+    tt.show((x * w).sum(), params={"x": x, "w": w})
+    lines = capsys.readouterr().out.splitlines()
+    assert "↘︎ [2] leaf w, shape (3,) -> .grad" in lines and "↘︎ [3] leaf x, shape (3,) -> .grad" in lines
+    model = tt.nn.Sequential(tt.nn.Linear(2, 3), tt.nn.ReLU(), tt.nn.Linear(3, 1))
+    lines = backprop_lines(model(torch.randn(4, 2)).sum() + model[0].weight.sum())
+    assert any(line.startswith("↘︎ [9] leaf 0.weight, shape (3, 2) -> .grad  ⊕ sums 2 gradients") for line in lines)
+    assert sum("leaf" in line for line in lines) == 4  # 0.weight, 0.bias, 2.weight, 2.bias
+
+
+def test_a_long_list_of_line_references_is_compressed():
+    x = tt.randn(3, requires_grad=True)
+    total = sum((x * float(k)).sum() for k in range(1, 21))
+    lines = backprop_lines(total)
+    leaf = [line for line in lines if "leaf" in line][0]
+    assert leaf.endswith("⊕ sums 20 gradients from [2], [5], [8], ... 15 more, [56], [59]")
+
+
+def test_every_glyph_of_the_trace_exists_in_dejavu_sans_mono():
+    import matplotlib
+    from fontTools.ttLib import TTFont
+
+    font = TTFont(f"{matplotlib.get_data_path()}/fonts/ttf/DejaVuSansMono.ttf")
+    glyphs = font.getBestCmap()
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    a, b = x.exp().split([1, 1])
+    text = "\n".join(backprop_lines((x * x + x).sum() + (a * b).sum()))
+    assert "⊕" in text and "⇉" in text
+    variation_selectors = range(0xFE00, 0xFE10)  # select the text form of ↘; they draw nothing themselves
+    missing = {c for c in text if ord(c) > 127 and ord(c) not in glyphs and ord(c) not in variation_selectors}
+    assert not missing, f"characters DejaVu Sans Mono cannot draw: {sorted(missing)}"

@@ -155,3 +155,58 @@ def test_record_labels_escape_their_special_characters(values, tmp_path):
     path = draw(y, {"w{0}|x": w}, values=values).render(str(tmp_path / "g"), format="svg")  # dot parses it
     texts = [t.text for t in ET.parse(path).getroot().iter(f"{SVG}text")]
     assert any(text and text.startswith("w{0}|x") for text in texts)  # drawn as written, not split into fields
+
+
+# ------------------------------------------------------------------- a plain backward, no ceremony
+
+
+def test_micrograd_example_after_a_plain_backward_shows_all_fourteen_numbers(tmp_path):
+    a, b, c, f = micrograd()
+    e = a * b
+    d = e + c
+    L = d * f
+    L.backward()  # nothing recorded, nothing drawn before: a tiny graph keeps its numbers
+    check_micrograd_svg({header: texts for header, texts in svg_boxes(draw(L), tmp_path).items()})
+    ta, tb, tc, tf = (torch.tensor(v, requires_grad=True) for v in (2.0, -3.0, 10.0, -2.0))
+    te = ta * tb
+    td = te + tc
+    tL = td * tf
+    for t in (te, td):
+        t.retain_grad()
+    tL.backward()  # torch autograd agrees with the hand-derived EXPECTED
+    assert (te.grad.item(), td.grad.item(), ta.grad.item(), tb.grad.item()) == (-2.0, -2.0, 6.0, -4.0)
+    assert not STATE.on_backward
+
+
+def test_only_tiny_graphs_note_their_numbers_in_a_plain_backward():
+    x = tt.randn(3, 4, requires_grad=True)
+    y = (x * 2).sum()
+    y.backward()
+    assert y.grad_fn.notes is None  # a tensor of 12 elements: nothing was noted
+    s = tt.tracer(3.0, requires_grad=True)
+    (g,) = tt.grad(s * s, s, create_graph=True)
+    g.backward(create_graph=True)
+    assert g.grad_fn.notes is None  # a create_graph backward is left alone
+    z = (s * s) * 2
+    z.backward()
+    assert z.grad_fn.notes["grads"][0].item() == 1.0
+
+
+def test_tiny_graph_stops_at_the_first_large_tensor_or_too_many_nodes():
+    from torchtrace.inspect.values import TINY_NODES, tiny_graph
+
+    x = tt.tracer(1.0, requires_grad=True)
+    chain = x
+    for _ in range(TINY_NODES - 1):
+        chain = chain * 1.0
+    assert tiny_graph(chain)
+    assert not tiny_graph(chain * 1.0)
+    assert not tiny_graph((tt.randn(5, requires_grad=True) * 2).sum())
+
+
+def test_left_to_right_layout():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    y = (x * 2).sum()
+    assert "rankdir=LR" in draw(y, rankdir="LR").source and "rankdir=TB" in draw(y).source
+    with pytest.raises(ValueError, match="rankdir"):
+        draw(y, rankdir="sideways")

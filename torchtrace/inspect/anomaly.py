@@ -1,4 +1,8 @@
-"""tt.detect_anomaly(): NaN/Inf in forward or backward raises, naming the op, the module and the source line."""
+"""tt.detect_anomaly(): NaN/Inf in forward or backward raises, naming the op, the module and the source line.
+
+The message has two lines: what happened (which op's forward or backward produced NaN/Inf), and where the op
+was created (module, file:line and the code).
+"""
 import os
 import traceback
 from typing import Any, Optional
@@ -57,15 +61,20 @@ class detect_anomaly:
     def _forward(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
         node.note(created_at=_user_line())
         if _bad(result):
-            raise AnomalyError(f"forward of {self._describe(node)} produced NaN or Inf")
+            raise AnomalyError(f"forward of {_op(node)} produced NaN or Inf\n{self._where(node)}")
 
     def _backward(self, node: Node, grads: Any, result: Any) -> None:
         if _bad(list(result)):
-            raise AnomalyError(f"backward of {self._describe(node)} produced a NaN or Inf gradient "
-                               f"(its incoming gradient was {'finite' if not _bad(list(grads)) else 'not finite'})")
+            incoming = "finite" if not _bad(list(grads)) else "not finite"
+            raise AnomalyError(f"backward of {_op(node)} produced a NaN or Inf gradient (its incoming gradient was "
+                               f"{incoming})\n{self._where(node)}")
 
-    def _describe(self, node: Node) -> str:
-        op = callable_name(node.func) if node.func else f"{node.rule.__name__}.apply"
-        notes = node.notes or {}
-        where = path_name(node.module_path, self._names) or "no module"
-        return f"{node.name} ({op}) in {where}, created at {notes.get('created_at', '<before detect_anomaly>')}"
+    def _where(self, node: Node) -> str:
+        """`  where: in model.fc, created at file.py:12: y = torch.log(x)` (the message's second line)."""
+        module = path_name(node.module_path, self._names) or "no module"
+        created = (node.notes or {}).get("created_at", "<before detect_anomaly>")
+        return f"  where: in {module}, created at {created}"
+
+
+def _op(node: Node) -> str:
+    return f"{node.name} ({callable_name(node.func) if node.func else node.rule.__name__ + '.apply'})"

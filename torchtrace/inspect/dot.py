@@ -8,19 +8,19 @@ recursion. Rendering that many nodes with `dot` is slow; `depth=` collapses modu
 """
 import itertools
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import graphviz
 import torch
 
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, leaf_accumulator
+from torchtrace.inspect.names import Names, Params, Path, place_nodes
 from torchtrace.inspect.values import VALUE_LIMIT, Summary, norm_of, number, recording, summary, text, watch
 
 __all__ = ["draw", "recording", "Drawing", "DotNotFound"]
 
-Path = Tuple[str, ...]  # a module's place in the model: ("blocks", "0", "attn"); () is the top level
-Params = Union[None, torch.nn.Module, Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]]]
 
 COLOURS = {"parameter": "lightblue", "input": "lightgrey", "op": "white", "output": "palegreen",
            "saved": "orange", "module": "lavender"}
@@ -62,66 +62,6 @@ class Drawing(graphviz.Digraph):
             return {"text/plain": f"{INSTALL_HINT}\n\n{self.source}"}
 
 
-# ----------------------------------------------------------------------------------------------- names
-
-
-class _Names:
-    """Tensor names (id(tensor) -> "conv.0.weight"), named intermediate tensors, and module paths."""
-
-    def __init__(self, params: Params) -> None:
-        self.tensors: Dict[int, str] = {}
-        self.results: Dict[Tuple[Any, int], Tuple[str, torch.Tensor]] = {}  # (node, output nr) -> (name, tensor)
-        self.modules: Dict[int, Path] = {}
-        self.kinds: Dict[Path, str] = {}  # module path -> its class name, for cluster labels
-        self._unknown: Dict[str, int] = {}
-        if isinstance(params, torch.nn.Module):
-            for name, module in params.named_modules(remove_duplicate=False):
-                self.modules.setdefault(id(module), _split(name))
-                self.kinds.setdefault(_split(name), type(module).__name__)
-            pairs: Iterable[Tuple[str, torch.Tensor]] = params.named_parameters(remove_duplicate=False)
-        elif isinstance(params, Mapping):
-            pairs = params.items()
-        else:
-            pairs = params or ()
-        for name, tensor in pairs:
-            node = getattr(tensor, "_tt_node", None)
-            if node is not None:  # a named intermediate result (micrograd's `e = a * b`)
-                self.results.setdefault((node, tensor._tt_nr), (name, tensor))
-            else:
-                self.tensors.setdefault(id(tensor), name)
-
-    def module_path(self, module: torch.nn.Module, outer: Sequence[torch.nn.Module] = ()) -> Path:
-        """A module of the given model gets its attribute path; another one its class name (`Linear_0`,
-        numbered) inside the innermost module of `outer` (the modules running around it, outermost first)."""
-        path = self.modules.get(id(module))
-        if path is None:
-            base = self.module_path(outer[-1], outer[:-1]) if outer else ()
-            kind = type(module).__name__
-            self._unknown[kind] = self._unknown.get(kind, -1) + 1
-            path = self.modules[id(module)] = (*base, f"{kind}_{self._unknown[kind]}")
-            self.kinds[path] = kind
-            for name, p in module.named_parameters(recurse=False):
-                self.tensors.setdefault(id(p), ".".join((*path, name)))
-        return path
-
-
-def _split(name: str) -> Path:
-    return tuple(name.split(".")) if name else ()
-
-
-def _place(order: List[Any], names: _Names) -> Dict[Any, Path]:
-    """Every node's module: an op's from `node.module_path`, a parameter's from its name."""
-    place: Dict[Any, Path] = {}
-    for node in reversed(order):  # producers first, so modules are named before their parameters are placed
-        if not isinstance(node, AccumulateGrad):
-            stack = node.module_path
-            place[node] = names.module_path(stack[-1], stack[:-1]) if stack else ()
-    for node in order:
-        if isinstance(node, AccumulateGrad):
-            place[node] = _split(names.tensors.get(id(node.variable), ""))[:-1]
-    return place
-
-
 # -------------------------------------------------------------------------------------------- drawing
 
 
@@ -143,7 +83,7 @@ def _record_field(field: str) -> str:
 class _Builder:
     """Collects node and edge statements per cluster, then assembles the nested subgraphs."""
 
-    def __init__(self, names: _Names, place: Dict[Any, Path], depth: Optional[int], gradient_view: bool,
+    def __init__(self, names: Names, place: Dict[Any, Path], depth: Optional[int], gradient_view: bool,
                  values: bool) -> None:
         self.names, self.place, self.depth, self.gradient_view = names, place, depth, gradient_view
         self.values = values
@@ -264,7 +204,7 @@ def _uses(order: List[Any]) -> Dict[Any, int]:
     return uses
 
 
-def _values_of(node: Any, nr: int, names: _Names, outputs: Dict[Tuple[Any, int], torch.Tensor]
+def _values_of(node: Any, nr: int, names: Names, outputs: Dict[Tuple[Any, int], torch.Tensor]
                ) -> Tuple[Optional[str], Summary, Summary]:
     """(name, value, gradient) of one output of a node, from what is known about it; None where unknown."""
     if isinstance(node, AccumulateGrad):
@@ -286,6 +226,7 @@ def draw(
     show_saved: bool = True,
     direction: str = "auto",
     values: Optional[bool] = None,
+    rankdir: str = "TB",
 ) -> Drawing:
     """The graph that produced `output` as a graphviz.Digraph (a Drawing: shown inline in Jupyter).
 
@@ -310,19 +251,26 @@ def draw(
       backward went through the graph); a backward run inside `tt.recording()` labels each arrow
       with the gradient it carried.
     - show_saved draws each tensor an op saved for backward (until backward frees them), dashed.
+    - rankdir="LR" lays the graph out left to right (micrograd's draw_dot), "TB" (the default) top to bottom.
+    - After a plain `backward()` through a tiny graph (micrograd's examples: at most 64 nodes, no tensor of
+      more than 4 elements) every op has its gradient and the values its rules saved. In the values
+      view, tensors the caller holds in variables (`e = a * b`) are named by them when `params` is None,
+      so `tt.draw(L)` after `L.backward()` is micrograd's picture, every value and gradient in it.
     """
     if direction not in ("auto", "forward", "backward"):
         raise ValueError(f"direction must be 'auto', 'forward' or 'backward', not {direction!r}")
+    if rankdir not in ("TB", "LR", "BT", "RL"):
+        raise ValueError(f"rankdir must be 'TB', 'LR', 'BT' or 'RL', not {rankdir!r}")
     if depth is not None and depth < 1:
         raise ValueError(f"depth must be a positive module depth (1 = top-level modules), not {depth}")
     outputs = [output] if isinstance(output, torch.Tensor) else list(output)
-    names = _Names(params)
+    names = Names(params)
     roots = _roots(outputs)
     order = topological_order(roots)
     for node in order:
         watch(node)  # so that a later backward leaves each node's gradient for the next drawing
     gradient_view = direction == "backward" or (direction == "auto" and _backward_ran(order))
-    graph = Drawing(name="torchtrace", graph_attr={"rankdir": "TB", "labelloc": "b", "fontsize": "10"},
+    graph = Drawing(name="torchtrace", graph_attr={"rankdir": rankdir, "labelloc": "b", "fontsize": "10"},
                     node_attr={"shape": "box", "style": "filled,rounded", "fontsize": "10", "fontname": "Helvetica"},
                     edge_attr={"fontsize": "9", "fontname": "Helvetica"})
     if not roots:
@@ -330,7 +278,9 @@ def draw(
         return graph
     shapes = _output_shapes(order, outputs)
     show_values = _small_graph(order, shapes) if values is None else values
-    builder = _Builder(names, _place(order, names), depth, gradient_view, show_values)
+    if show_values and params is None:
+        names.adopt(sys._getframe(1).f_locals, order)
+    builder = _Builder(names, place_nodes(order, names), depth, gradient_view, show_values)
     given = {(t._tt_node, t._tt_nr): t for t in outputs if getattr(t, "_tt_node", None) is not None}
     _add_nodes(builder, order, set(roots), shapes, given, show_saved)
     _add_edges(builder, order)

@@ -1,16 +1,19 @@
 """The backprop trace: one line per node (or per layer), in the order gradients flow.
 
-A chain prints exactly as the original torchtrace did. In a DAG every line gets a number, and lines
-say where gradients merge (a tensor used several times: its gradients are summed) and where they branch
-(an op with several differentiable inputs). Walks are iterative, so graphs of any depth print.
+A chain of layers prints exactly as the original torchtrace did. Otherwise every line gets a number, every
+leaf a line of its own (named when its model or `params` names it), and lines say where gradients merge (a
+tensor used several times: its gradients are summed) and where they branch (an op with several
+differentiable inputs). The glyphs exist in DejaVu Sans Mono, Jupyter's usual monospace font on Linux.
+Walks are iterative, so graphs of any depth print.
 """
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Set
 
 import torch
 
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, Node
 from torchtrace.autograd.state import observing
+from torchtrace.inspect.names import Names, Params
 
 _guard = torch._C.DisableTorchFunctionSubclass
 
@@ -37,19 +40,39 @@ def _op_text(node: Node) -> str:
     return f"{node.rule.__name__}({tuple(shown) if shown else ''})"
 
 
-def _lines_for(order: List[Any], modules: bool) -> List[List[Any]]:
+def leaf_names(order: List[Any], params: Params = None) -> Dict[int, str]:
+    """id(leaf tensor) -> its name: from `params` (a model's `0.weight`, or a dict such as {"w": w}),
+    else from the outermost module that ran an op using it (the model that was called)."""
+    names = Names(params)
+    models = {id(node.module_path[0]): node.module_path[0] for node in order
+              if not isinstance(node, AccumulateGrad) and node.module_path}
+    for model in models.values():
+        for name, tensor in model.named_parameters():
+            names.tensors.setdefault(id(tensor), name)
+    return names.tensors
+
+
+def _absorbed(node: AccumulateGrad, senders: List[Any]) -> bool:
+    """A parameter used by one op of its own layer: the layer's line stands for it (the original format)."""
+    if len(senders) != 1:
+        return False
+    layer = _layer(senders[0])
+    return layer is not None and any(p is node.variable for p in layer.parameters(recurse=False))
+
+
+def _lines_for(order: List[Any], modules: bool, absorb: bool) -> List[List[Any]]:
     """Group nodes into printed lines: consecutive nodes of one layer share a line (modules=True).
 
-    A leaf gets a line of its own only when it receives several gradients (they are summed into .grad).
+    Every leaf gets a line of its own, except (absorb=True) a parameter its layer's line stands for.
     """
-    uses: Dict[Any, int] = {}
+    senders: Dict[Any, List[Any]] = {}
     for node in order:
         for edge in node.edges:
-            uses[edge.node] = uses.get(edge.node, 0) + 1
+            senders.setdefault(edge.node, []).append(node)
     groups: List[List[Any]] = []
     for node in order:
         if isinstance(node, AccumulateGrad):
-            if uses.get(node, 0) > 1:
+            if not (absorb and modules and _absorbed(node, senders.get(node, []))):
                 groups.append([node])
             continue
         layer = _layer(node) if modules else None
@@ -61,26 +84,101 @@ def _lines_for(order: List[Any], modules: bool) -> List[List[Any]]:
 
 
 def _sources(lines: List[int]) -> str:
-    return ", ".join(f"[{k}]" for k in lines)
+    """`[1], [2], [2]`; a long list is compressed: runs `[3]..[9]`, repeats `[2] x3`, then `... 9 more`."""
+    if len(lines) <= 6:
+        return ", ".join(f"[{k}]" for k in lines)
+    counts: Dict[int, int] = {}
+    for k in lines:
+        counts[k] = counts.get(k, 0) + 1
+    parts: List[str] = []
+    keys = sorted(counts)
+    start = 0
+    while start < len(keys):
+        end = start
+        while end + 1 < len(keys) and keys[end + 1] == keys[end] + 1 and counts[keys[end + 1]] == counts[keys[start]]:
+            end += 1
+        times = f" x{counts[keys[start]]}" if counts[keys[start]] > 1 else ""
+        if end - start >= 2:
+            parts.append(f"[{keys[start]}]..[{keys[end]}]{times}")
+            start = end + 1
+        else:
+            parts.append(f"[{keys[start]}]{times}")
+            start += 1
+    if len(parts) > 6:
+        parts = [*parts[:3], f"... {len(parts) - 5} more", *parts[-2:]]
+    return ", ".join(parts)
+
+
+def _shape_text(shape: Any) -> str:
+    return str(tuple(shape))
+
+
+def _leaf_text(node: AccumulateGrad, names: Dict[int, str]) -> str:
+    name = names.get(id(node.variable))
+    return f"leaf{' ' + name if name else ''}, shape {_shape_text(node.variable.shape)} -> .grad"
 
 
 def backprop_lines(output: torch.Tensor, shapes: bool = False, norms: Optional[Dict[Any, float]] = None,
-                   modules: bool = True) -> List[str]:
+                   modules: bool = True, params: Params = None) -> List[str]:
     """The lines `output.backward(show=True)` prints. `shapes` adds gradient shapes, `norms` gradient norms.
 
-    A chain prints one line per layer or op. Where a tensor is used more than once (`x * x + x`),
-    its gradients are summed: every line is numbered, a line that receives several gradients says
+    A chain of layers prints as the original torchtrace did (a layer's line stands for its parameters).
+    Otherwise every line is numbered and every leaf has a line, named from `params` or its model
+    (`leaf 0.weight, shape (3, 2) -> .grad`); a line that receives several gradients says
     `⊕ sums N gradients from [i], [j], ...` (leaves included: they sum into .grad), and a line whose op
-    sends gradients to several lines says `⑂ sends to [i], [j], ...`.
+    sends gradients to several lines says `⇉ sends to [i], [j], ...`.
     """
     if output.grad_fn is None:
         return ["BackProp:", "↘︎ Input"]
     order = topological_order([output.grad_fn])
-    groups = _lines_for(order, modules)
+    names = leaf_names(order, params)
+    groups = _lines_for(order, modules, absorb=True)
+    links = _links(order, groups)
+    if not links.chain:
+        groups = _lines_for(order, modules, absorb=False)
+        links = _links(order, groups)
+    lines = ["BackProp:"]
+    for i, group in enumerate(groups):
+        first = group[0]
+        if isinstance(first, AccumulateGrad):
+            text = _leaf_text(first, names)
+        else:
+            layer = _layer(first) if modules else None
+            text = _layer_text(layer, group[-1]) if layer is not None else _op_text(first)
+            if not modules and first.module is not None:
+                text += f"  [in {type(first.module).__name__}]"
+        if shapes:
+            shape = output.shape if first is output.grad_fn else links.out_shape.get(first, ())
+            text += f"  grad shape {_shape_text(shape)}"
+        if norms is not None and first in norms:
+            text += f"  |grad| {norms[first]:.4g}"
+        if not links.chain:
+            merged = sorted(links.senders.get(i, ()))
+            branches = sorted(links.receivers.get(i, ()))
+            text = f"[{i}] {text}"
+            if len(merged) > 1:  # several gradients: summed, or one per output of a multi-output op (split)
+                text += (f"  ⊕ sums {len(merged)} gradients from {_sources(merged)}" if i in links.summed
+                         else f"  gathers the gradients of its outputs from {_sources(merged)}")
+            text += f"  ⇉ sends to {_sources(branches)}" if len(branches) > 1 else ""
+        lines.append(f"↘︎ {text}")
+    lines.append("↘︎ Input")
+    return lines
+
+
+class _Links(NamedTuple):
+    senders: Dict[int, List[int]]  # line -> the lines whose gradients reach it, once per gradient
+    receivers: Dict[int, List[int]]  # line -> the lines it sends gradients to
+    summed: Set[int]  # lines whose node output receives several gradients (summed)
+    out_shape: Dict[Any, Any]  # node -> the shape of the gradient it receives
+    chain: bool
+
+
+def _links(order: List[Any], groups: List[List[Any]]) -> _Links:
+    """Which printed line sends gradients to which, and whether the lines form a chain."""
     line_of = {node: i for i, group in enumerate(groups) for node in group}
-    senders: Dict[int, List[int]] = {}  # line -> the lines whose gradients reach it, once per gradient
+    senders: Dict[int, List[int]] = {}
     per_output: Dict[Any, int] = {}  # (node, output nr) -> how many gradients reach that output
-    out_shape: Dict[Any, Any] = {output.grad_fn: tuple(output.shape)}
+    out_shape: Dict[Any, Any] = {}
     for node in order:
         for edge in node.edges:
             nxt = edge.node
@@ -94,36 +192,14 @@ def backprop_lines(output: torch.Tensor, shapes: bool = False, norms: Optional[D
         for source in sources:
             receivers.setdefault(source, []).append(target)
     chain = all(len(s) <= 1 for s in senders.values()) and all(len(r) <= 1 for r in receivers.values())
-    lines = ["BackProp:"]
-    for i, group in enumerate(groups):
-        first = group[0]
-        if isinstance(first, AccumulateGrad):
-            text = f"leaf {list(first.variable.shape)} (.grad)"
-        else:
-            layer = _layer(first) if modules else None
-            text = _layer_text(layer, group[-1]) if layer is not None else _op_text(first)
-            if not modules and first.module is not None:
-                text += f"  [in {type(first.module).__name__}]"
-        if shapes:
-            text += f"  grad {list(out_shape.get(first, ()))}"
-        if norms is not None and first in norms:
-            text += f"  |grad| {norms[first]:.4g}"
-        if not chain:
-            merged = sorted(senders.get(i, ()))
-            branches = sorted(receivers.get(i, ()))
-            text = f"[{i}] {text}"
-            if len(merged) > 1:  # several gradients: summed, or one per output of a multi-output op (split)
-                text += (f"  ⊕ sums {len(merged)} gradients from {_sources(merged)}" if i in summed
-                         else f"  gathers the gradients of its outputs from {_sources(merged)}")
-            text += f"  ⑂ sends to {_sources(branches)}" if len(branches) > 1 else ""
-        lines.append(f"↘︎ {text}")
-    lines.append("↘︎ Input")
-    return lines
+    return _Links(senders, receivers, summed, out_shape, chain)
 
 
-def show(output: torch.Tensor, shapes: bool = False, norms: bool = False, modules: bool = True) -> None:
+def show(output: torch.Tensor, shapes: bool = False, norms: bool = False, modules: bool = True,
+         params: Params = None) -> None:
     """Print the backprop trace of `output`.
 
+    params names the leaves: a model (its parameters' dotted names) or a dict such as {"w": w, "b": b}.
     norms=True runs `output.backward()` itself (it needs the gradients) and prints the norm of the
     gradient arriving at each line; modules=False prints one line per op, with the module it ran in.
     """
@@ -140,4 +216,4 @@ def show(output: torch.Tensor, shapes: bool = False, norms: bool = False, module
             if isinstance(node, AccumulateGrad) and node.variable.grad is not None:
                 with _guard():
                     measured[node] = node.variable.grad.detach().double().norm().item()  # what reached .grad
-    print("\n".join(backprop_lines(output, shapes, measured, modules)))
+    print("\n".join(backprop_lines(output, shapes, measured, modules, params)))

@@ -4,12 +4,15 @@ The engine keeps neither the value of an intermediate tensor nor the gradient th
 tool that wants to show them must be there when they exist. Two ways, and neither costs anything to
 a graph nobody looks at:
 
-- `tt.recording()`: every op recorded inside the block notes its value, and gets a gradient hook;
+- `tt.recording()`: every op recorded inside the block notes its value (and, for small tensors, its whole
+  call, so that tt.explore can run it again for a finite-difference check), and gets a gradient hook;
 - `tt.draw(y)` hooks every node of y's graph (the same hook a user's `register_hook` adds).
 
 A hooked node notes the gradient that reaches it in every later backward (a plain `backward()`,
-anywhere), the last one winning. Tensors of at most VALUE_LIMIT elements are kept as copies, larger
-ones as their 2-norm. Leaves need none of this: their value is the leaf and their gradient `.grad`.
+anywhere), the last one winning. A plain backward through a tiny graph (`tiny_graph`: micrograd's
+examples) notes every node's gradient, and the values its rules saved, without either. Tensors of at
+most VALUE_LIMIT elements are kept as copies, larger ones as their 2-norm. Leaves need none of this:
+their value is the leaf and their gradient `.grad`.
 """
 import contextlib
 import functools
@@ -24,6 +27,7 @@ from torchtrace.inspect.scope import module_scope
 
 _guard = torch._C.DisableTorchFunctionSubclass
 VALUE_LIMIT = 4  # tensors with at most this many elements are shown in full; larger ones by their norm
+CALL_LIMIT = 16  # an op whose tensors all have at most this many elements notes its call (tt.explore checks it)
 Summary = Union[None, torch.Tensor, float]  # a small tensor's values, a large one's 2-norm, or unknown
 
 
@@ -79,15 +83,86 @@ def watch(node: Any) -> None:
         node.hooks.setdefault(nr, []).append(functools.partial(_capture, ref, nr))
 
 
+def _copy(value: Any) -> Any:
+    """A detached plain copy of every tensor in an argument (a list of tensors too)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().as_subclass(torch.Tensor).clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy(v) for v in value)
+    return value
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+
+
+def small_call(args: tuple, kwargs: dict, outputs: tuple) -> Optional[tuple]:
+    """(args, kwargs, outputs) copied, when every tensor in them has at most CALL_LIMIT elements; else None."""
+    with _guard():
+        if any(t.numel() > CALL_LIMIT for t in _tensors((args, tuple(kwargs.values()), outputs))):
+            return None
+        return _copy(args), {k: _copy(v) for k, v in kwargs.items()}, _copy(tuple(_tensors(outputs)))
+
+
 def _on_record(node: Node, args: tuple, kwargs: dict, result: Any) -> None:
     outputs = result if isinstance(result, (tuple, list)) else (result,)
-    node.note(values={nr: summary(out) for nr, out in enumerate(outputs)})
+    node.note(values={nr: summary(out) for nr, out in enumerate(outputs)}, call=small_call(args, kwargs, outputs))
     watch(node)
 
 
 def _on_backward(node: Node, grads: Any, result: Any) -> None:
     """The gradient each input edge received: what the drawing writes on the arrows."""
     node.note(edge_grads={edge.position: summary(gradient_for(edge, result), edge.shape) for edge in node.edges})
+
+
+TINY_NODES = 64  # a backward through a graph this small, of tensors of at most VALUE_LIMIT elements, notes its numbers
+
+
+def tiny_graph(output: Any) -> bool:
+    """At most TINY_NODES nodes, every tensor at most VALUE_LIMIT elements: the graphs tt.draw shows values for.
+
+    The walk stops at the first large tensor or past TINY_NODES nodes, so a real model costs one step of it.
+    """
+    root = getattr(output, "_tt_node", None)
+    if root is None or output.numel() > VALUE_LIMIT:
+        return False
+    seen, stack = {root}, [root]
+    while stack:
+        for edge in stack.pop().edges:
+            if edge.shape.numel() > VALUE_LIMIT:
+                return False
+            if edge.node not in seen:
+                if len(seen) == TINY_NODES:
+                    return False
+                seen.add(edge.node)
+                stack.append(edge.node)
+    return True
+
+
+def _note_everything(node: Node, grads: Any, result: Any) -> None:
+    """During a backward of a tiny graph: the gradient reaching each output, what went along each edge, and the
+    values of tensors the rule saved (an input saved by its consumer is the value of the op that made it)."""
+    node.note(grads={**(node.notes or {}).get("grads", {}),
+                     **{nr: summary(g) for nr, g in enumerate(grads) if g is not None}})
+    _on_backward(node, grads, result)
+    for saved in node.saved:
+        producer = getattr(saved, "_tt_node", None)
+        if producer is not None:
+            known = (producer.notes or {}).get("values", {})
+            if known.get(saved._tt_nr) is None:
+                producer.note(values={**known, saved._tt_nr: summary(saved)})
+
+
+def noting_tiny_graphs(output: Any, create_graph: bool) -> Any:
+    """The block a plain backward runs in: for a tiny graph, every node notes its numbers (so `tt.draw(L)` after
+    `L.backward()` shows them, as micrograd's draw_dot does); for any other graph, nothing."""
+    if create_graph or not tiny_graph(output):
+        return contextlib.nullcontext()
+    return observing(on_backward=_note_everything)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,54 @@
+"""python -m torchtrace: subcommands with their own --help, public names only, quiet when the reader leaves."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchtrace.__main__ import is_public, main, public_ops
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "torchtrace", *args], capture_output=True, text=True, env=env,
+                          timeout=120, **kwargs)
+
+
+def test_each_subcommand_has_its_own_help_with_only_its_options():
+    top = run_cli("--help").stdout
+    assert "demo" in top and "ops" in top and "--epochs" not in top and "--coverage" not in top
+    demo = run_cli("demo", "--help").stdout
+    assert "--epochs" in demo and "--out-dir" in demo and "--coverage" not in demo
+    ops = run_cli("ops", "--help").stdout
+    assert "--coverage" in ops and "--only" in ops and "--epochs" not in ops
+
+
+def test_an_option_of_the_other_subcommand_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["ops", "--epochs", "3"])
+    assert "unrecognized arguments: --epochs 3" in capsys.readouterr().err
+
+
+def test_ops_lists_public_names_only():
+    assert is_public("torch.exp") and is_public("torch.Tensor.__add__") and is_public("torch.nn.functional.glu")
+    assert not is_public("torch._C._nn.glu") and not is_public("torch._ops.aten.slice.Tensor")
+    printed = run_cli("ops").stdout.splitlines()
+    names = [line.strip() for line in printed if line.startswith("    ")]
+    assert names and all(is_public(name) for name in names)
+    assert "torch.exp" in names and "torch.nn.functional.linear" in names
+    assert printed[-1] == f"total: {len(names)}" == f"total: {sum(map(len, public_ops().values()))}"
+
+
+def test_ops_piped_into_a_reader_that_left_ends_without_a_traceback():
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader (`| head`) is gone before the listing is written: every write fails
+    try:
+        done = subprocess.run([sys.executable, "-m", "torchtrace", "ops"], stdout=write_end, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    finally:
+        os.close(write_end)
+    assert b"Traceback" not in done.stderr and b"BrokenPipeError" not in done.stderr
+    assert done.returncode == 0

@@ -1,0 +1,139 @@
+"""tt.jvp and tt.jacobian equal torch.func.jvp / torch.autograd.functional.jacobian and finite differences."""
+import pytest
+import torch
+
+import torchtrace as tt
+import torchtrace.forward_mode as forward_mode
+
+
+def numeric_jacobian(f, x, eps=1e-6):
+    """Central differences in float64: column k is (f(x + eps e_k) - f(x - eps e_k)) / 2 eps."""
+    columns = []
+    flat = x.detach().reshape(-1)
+    for k in range(flat.numel()):
+        step = torch.zeros_like(flat)
+        step[k] = eps
+        plus, minus = f((flat + step).view(x.shape)), f((flat - step).view(x.shape))
+        columns.append(((plus - minus) / (2 * eps)).reshape(-1))
+    out_shape = f(x).shape
+    return torch.stack(columns, -1).view(*out_shape, *x.shape)
+
+
+def mlp(x, w, b):
+    return torch.tanh(x @ w + b).pow(2).sum(1)
+
+
+def inputs():
+    torch.manual_seed(0)
+    return torch.randn(5, 3, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64), \
+        torch.randn(4, dtype=torch.float64)
+
+
+def test_jvp_equals_torch_func_jvp_and_finite_differences():
+    primals = inputs()
+    tangents = tuple(torch.randn_like(p) for p in primals)
+    out, jvp = tt.jvp(mlp, primals, tangents)
+    out_torch, jvp_torch = torch.func.jvp(mlp, primals, tangents)
+    torch.testing.assert_close(out, out_torch)
+    torch.testing.assert_close(jvp, jvp_torch)
+    eps = 1e-6  # directional finite difference along the tangents
+    plus = mlp(*(p + eps * t for p, t in zip(primals, tangents)))
+    minus = mlp(*(p - eps * t for p, t in zip(primals, tangents)))
+    torch.testing.assert_close(jvp, (plus - minus) / (2 * eps), rtol=1e-6, atol=1e-7)
+    assert type(out) is torch.Tensor and type(jvp) is torch.Tensor
+
+
+def test_jvp_of_a_function_with_tuple_outputs_and_an_unused_input():
+    def f(x, y, unused):
+        return x.exp() * y, (x * y).sum(), torch.ones(2, dtype=x.dtype)
+
+    primals = (torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64), torch.randn(2).double())
+    tangents = tuple(torch.randn_like(p) for p in primals)
+    ours, theirs = tt.jvp(f, primals, tangents), torch.func.jvp(f, primals, tangents)
+    assert isinstance(ours[1], tuple) and len(ours[1]) == 3
+    for a, b in zip(ours[0] + ours[1], theirs[0] + theirs[1]):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("mode", ["forward", "reverse"])
+def test_jacobian_of_one_tensor_equals_torch_and_finite_differences(mode):
+    x = torch.randn(4, 3, dtype=torch.float64)
+
+    def f(t):
+        return torch.sigmoid(t).cumsum(0)[1:] * t[:3]
+
+    ours = tt.jacobian(f, x, mode=mode)
+    torch.testing.assert_close(ours, torch.autograd.functional.jacobian(f, x))
+    torch.testing.assert_close(ours, numeric_jacobian(f, x), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", ["forward", "reverse"])
+def test_jacobian_nesting_follows_torch_for_tuple_inputs_and_outputs(mode):
+    primals = inputs()
+
+    def two_outputs(x, w, b):
+        return mlp(x, w, b), (w * 2).sum(0) + b
+
+    ours = tt.jacobian(two_outputs, primals, mode=mode)
+    theirs = torch.autograd.functional.jacobian(two_outputs, primals)
+    assert len(ours) == 2 and all(len(row) == 3 for row in ours)
+    for row_ours, row_theirs in zip(ours, theirs):
+        for a, b in zip(row_ours, row_theirs):
+            torch.testing.assert_close(a, b)
+    single = tt.jacobian(lambda x: (x.sin(), x.sum()), primals[2], mode=mode)
+    torch.testing.assert_close(single[0], torch.diag(primals[2].cos()))
+    torch.testing.assert_close(single[1], torch.ones(4, dtype=torch.float64))
+
+
+def test_jacobian_of_tuple_inputs_matches_finite_differences_blockwise():
+    x, w, b = inputs()
+    blocks = tt.jacobian(mlp, (x, w, b), mode="forward")
+    torch.testing.assert_close(blocks[1], numeric_jacobian(lambda t: mlp(x, t, b), w), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(blocks[2], numeric_jacobian(lambda t: mlp(x, w, t), b), rtol=1e-6, atol=1e-7)
+
+
+def count_reverse_passes(monkeypatch):
+    calls = []
+    real = forward_mode.grad
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("create_graph", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(forward_mode, "grad", counted)
+    return calls
+
+
+def test_reverse_mode_takes_one_pass_per_output_element_forward_mode_one_per_input_element(monkeypatch):
+    wide, x = (lambda t: (t ** 2).sum(0)), torch.randn(10, 2, dtype=torch.float64)  # R^20 -> R^2
+    calls = count_reverse_passes(monkeypatch)
+    tt.jacobian(wide, x, mode="reverse")
+    assert len(calls) == 2
+    calls.clear()
+    tt.jacobian(wide, x, mode="forward")
+    assert calls == [True] + [False] * 20  # J^T u recorded once, then one pass through it per column
+
+
+def test_outputs_that_do_not_depend_on_the_inputs_give_zero_blocks():
+    x = torch.randn(3, dtype=torch.float64)
+    for mode in ("forward", "reverse"):
+        jacobian = tt.jacobian(lambda t: torch.ones(2, dtype=t.dtype), x, mode=mode)
+        assert torch.equal(jacobian, torch.zeros(2, 3, dtype=torch.float64))
+
+
+def test_bad_input_is_refused_with_a_message_that_says_what_to_pass():
+    x = torch.randn(3)
+    with pytest.raises(TypeError, match="tuples of tensors"):
+        tt.jvp(torch.sin, x, x)
+    with pytest.raises(ValueError, match="one tangent per primal"):
+        tt.jvp(torch.add, (x, x), (x,))
+    with pytest.raises(ValueError, match="a tangent has its primal's shape"):
+        tt.jvp(torch.sin, (x,), (torch.ones(4),))
+    with pytest.raises(TypeError, match="only floating-point inputs"):
+        tt.jvp(torch.sin, (torch.arange(3),), (torch.ones(3),))
+    with pytest.raises(TypeError, match=r"primals\[0\] is a list"):
+        tt.jacobian(torch.sin, ([1.0, 2.0],))
+    with pytest.raises(TypeError, match="must return a tensor"):
+        tt.jacobian(lambda t: t.sum().item(), x)
+    with pytest.raises(ValueError, match="'forward' or 'reverse'"):
+        tt.jacobian(torch.sin, x, mode="backward")

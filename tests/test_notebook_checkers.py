@@ -1,0 +1,418 @@
+"""The notebooks' exercise checkers: right answers pass; wrong ones (wrong only at a kink or a zero, a wrong type,
+a wrong number of gradients) are called wrong with the full tt.check message and a hint; nothing crashes, and no
+checker prints the values it expects."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchtrace as tt
+
+_path = Path(__file__).resolve().parents[1] / "examples" / "notebooks" / "checkers.py"
+_spec = importlib.util.spec_from_file_location("checkers", _path)
+checkers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(checkers)
+
+
+def verdict(capsys, check, *args) -> str:
+    torch.manual_seed(0)
+    check(*args)
+    return capsys.readouterr().out
+
+
+def assert_right(capsys, check, *args):
+    printed = verdict(capsys, check, *args)
+    assert printed.startswith("right") or "right" in printed.splitlines()[-1], printed
+
+
+def assert_wrong(capsys, check, *args, naming=None):
+    printed = verdict(capsys, check, *args)
+    assert printed.startswith("wrong") or "wrong" in printed, printed
+    assert "\nhint: " in printed, printed
+    assert "tensor(" not in printed and "Traceback" not in printed, printed
+    if naming:
+        assert naming in printed, printed  # the full tt.check message names the student's rule
+    return printed
+
+
+def rule(forward, backward):
+    """A tt.Function from two plain functions (forward(ctx, *args), backward(ctx, grad))."""
+    return type("Rule", (tt.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+def saving(f):
+    def forward(ctx, x, *rest):
+        ctx.save_for_backward(x)
+        ctx.rest = rest
+        return f(x, *rest)
+    return forward
+
+
+def not_done(ctx, *args):
+    raise NotImplementedError
+
+
+# ------------------------------------------------------------------ 02
+
+
+def test_softplus(capsys):
+    forward = saving(lambda x: torch.log1p(torch.exp(x)))
+    assert_right(capsys, checkers.softplus, rule(forward, lambda ctx, g: g * torch.sigmoid(ctx.saved_tensors[0])))
+    wrong = rule(forward, lambda ctx, g: g * torch.exp(ctx.saved_tensors[0]))
+    printed = assert_wrong(capsys, checkers.softplus, wrong, naming="First diverging node: RuleBackward (Rule.apply)")
+    assert "gradient of input 0 differs" in printed
+    assert verdict(capsys, checkers.softplus, rule(forward, not_done)).startswith("not done yet")
+
+
+def test_leaky_wrong_only_at_zero_is_caught(capsys):
+    forward = saving(lambda x, s: torch.where(x > 0, x, s * x))
+
+    def right(ctx, g):
+        (x,) = ctx.saved_tensors
+        return torch.where(x > 0, g, ctx.rest[0] * g), None
+
+    def slope_one_at_zero(ctx, g):  # agrees everywhere except x = 0, which random inputs never hit
+        (x,) = ctx.saved_tensors
+        return torch.where(x >= 0, g, ctx.rest[0] * g), None
+
+    assert_right(capsys, checkers.leaky, rule(forward, right))
+    assert_wrong(capsys, checkers.leaky, rule(forward, slope_one_at_zero), naming="RuleBackward")
+    printed = assert_wrong(capsys, checkers.leaky, rule(forward, lambda ctx, g: "a string"))
+    assert "raised" in printed
+
+
+# ------------------------------------------------------------------ 03
+
+
+def test_mse(capsys):
+    def forward(ctx, p, t):
+        ctx.save_for_backward(p, t)
+        return ((p - t) ** 2).mean()
+
+    def right(ctx, g):
+        p, t = ctx.saved_tensors
+        d = g * 2 * (p - t) / p.numel()
+        return d, -d
+
+    def one_gradient_for_both(ctx, g):
+        p, t = ctx.saved_tensors
+        d = g * 2 * (p - t) / p.numel()
+        return d, d
+
+    def without_the_mean(ctx, g):
+        p, t = ctx.saved_tensors
+        return g * 2 * (p - t), -g * 2 * (p - t)
+
+    assert_right(capsys, checkers.mse, rule(forward, right))
+    assert "input 2" in assert_wrong(capsys, checkers.mse, rule(forward, one_gradient_for_both), naming="RuleBackward")
+    assert_wrong(capsys, checkers.mse, rule(forward, without_the_mean), naming="RuleBackward")
+
+
+def test_swish(capsys):
+    forward = saving(lambda x: x * torch.sigmoid(x))
+
+    def right(ctx, g):
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(x)
+        return g * (s + x * s * (1 - s))
+
+    def sigmoid_only(ctx, g):
+        return g * torch.sigmoid(ctx.saved_tensors[0])
+
+    assert_right(capsys, checkers.swish, rule(forward, right))
+    assert_wrong(capsys, checkers.swish, rule(forward, sigmoid_only), naming="RuleBackward")
+
+
+# ------------------------------------------------------------------ 04
+
+
+@pytest.fixture
+def broken():
+    torch.manual_seed(1)
+    layers = []
+    for i in range(10):
+        layers += [torch.nn.Linear(4, 4), torch.nn.ReLU()]
+    network = torch.nn.Sequential(*layers[:19])
+    with torch.no_grad():
+        network[6].weight.mul_(1e-6)
+    return network
+
+
+def test_vanishing_layer_answers_of_any_type(capsys, broken):
+    assert_right(capsys, checkers.vanishing_layer, 6, broken)
+    assert verdict(capsys, checkers.vanishing_layer, None, broken).startswith("not done yet")
+    assert_wrong(capsys, checkers.vanishing_layer, 8, broken)
+    for answer in (7, 40, -3, "6", 6.0, True, [6]):  # KeyError, TypeError before: now each is a wrong answer
+        assert_wrong(capsys, checkers.vanishing_layer, answer, broken)
+
+
+def test_sigmoid(capsys):
+    def forward(ctx, a):
+        y = torch.sigmoid(a)
+        ctx.save_for_backward(y)
+        return y
+
+    def right(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * y * (1 - y)
+
+    def from_the_formula_of_the_input(ctx, g):  # y(1 - y) with y taken as the input
+        (y,) = ctx.saved_tensors
+        return g * torch.sigmoid(y) * (1 - torch.sigmoid(y))
+
+    assert_right(capsys, checkers.sigmoid, rule(forward, right), 8)
+    assert_wrong(capsys, checkers.sigmoid, rule(forward, from_the_formula_of_the_input), 8, naming="RuleBackward")
+
+
+# ------------------------------------------------------------------ 05
+
+
+def test_bessel_i0_is_checked_against_finite_differences(capsys):
+    forward = saving(torch.special.modified_bessel_i0)
+    right = rule(forward, lambda ctx, g: g * torch.special.modified_bessel_i1(ctx.saved_tensors[0]))
+    even = rule(forward, lambda ctx, g: g * torch.special.modified_bessel_i1(ctx.saved_tensors[0].abs()))
+    assert_right(capsys, checkers.bessel_i0, right.apply)
+    printed = assert_wrong(capsys, checkers.bessel_i0, even.apply)  # wrong for x < 0 only
+    assert "finite differences" in printed
+    assert verdict(capsys, checkers.bessel_i0, rule(forward, not_done).apply).startswith("not done yet")
+
+
+# ------------------------------------------------------------------ 06
+
+
+def test_quartic_and_its_second_derivative(capsys):
+    forward = saving(lambda x: x ** 4)
+    right = rule(forward, lambda ctx, g: g * 4 * ctx.saved_tensors[0] ** 3)
+    detached = rule(forward, lambda ctx, g: g * 4 * ctx.saved_tensors[0].detach() ** 3)
+    half_recorded = rule(forward, lambda ctx, g: g * 4 * ctx.saved_tensors[0] * ctx.saved_tensors[0].detach() ** 2)
+    assert_right(capsys, checkers.quartic, right)
+    assert_right(capsys, checkers.quartic_second_derivative, right)
+    assert "does not require grad" in assert_wrong(capsys, checkers.quartic_second_derivative, detached)
+    printed = assert_wrong(capsys, checkers.quartic_second_derivative, half_recorded)
+    assert "wrong at x = -1, 0.5, 2\n" in printed  # 4 x^2 instead of 12 x^2: right only at x = 0
+    assert_wrong(capsys, checkers.quartic, rule(forward, lambda ctx, g: g * 4 * ctx.saved_tensors[0].abs() ** 3),
+                 naming="RuleBackward")
+
+
+def test_hessian_never_prints_the_expected_matrix(capsys):
+    x0 = torch.tensor([1.0, -2.0, 0.5])
+    expected = torch.diag(12 * x0 ** 2) + torch.tensor([[0.0, 1, 0], [1, 0, 0], [0, 0, 0]])
+    assert_right(capsys, checkers.hessian, lambda x: expected.clone(), x0)
+    printed = assert_wrong(capsys, checkers.hessian, lambda x: torch.diag(12 * x ** 2), x0)
+    assert "(0, 1), (1, 0)" in printed and "48" not in printed
+    assert_wrong(capsys, checkers.hessian, lambda x: torch.zeros(3), x0)
+    assert_wrong(capsys, checkers.hessian, lambda x: "H", x0)
+
+
+# ------------------------------------------------------------------ 00a
+
+
+class Value:
+    """The notebook's Value, with the exercises' methods added by each test."""
+
+    def __init__(self, data, _prev=()):
+        self.data, self.grad, self._prev = float(data), 0.0, _prev
+        self._backward = lambda: None
+
+    def _make(self, data, parents, backward):
+        out = Value(data, parents)
+
+        def _backward():
+            backward(out)
+
+        out._backward = _backward
+        return out
+
+    def __add__(self, other):
+        other = other if isinstance(other, Value) else Value(other)
+
+        def backward(out):
+            self.grad += out.grad
+            other.grad += out.grad
+        return self._make(self.data + other.data, (self, other), backward)
+
+    def __mul__(self, other):
+        other = other if isinstance(other, Value) else Value(other)
+
+        def backward(out):
+            self.grad += other.data * out.grad
+            other.grad += self.data * out.grad
+        return self._make(self.data * other.data, (self, other), backward)
+
+    __radd__, __rmul__ = __add__, __mul__
+
+    def backward(self):
+        order, seen, stack = [], set(), [(self, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+            elif id(node) not in seen:
+                seen.add(id(node))
+                stack.append((node, True))
+                stack.extend((child, False) for child in node._prev)
+        self.grad = 1.0
+        for node in reversed(order):
+            node._backward()
+
+
+def with_pow_exp(pow_backward, exp_backward):
+    import math
+
+    def value_pow(self, k):
+        return self._make(self.data ** k, (self,), lambda out: pow_backward(self, k, out))
+
+    def value_exp(self):
+        return self._make(math.exp(self.data), (self,), lambda out: exp_backward(self, out))
+
+    Value.__pow__, Value.exp = value_pow, value_exp
+    return Value
+
+
+def test_value_pow_and_exp(capsys):
+    def right_pow(self, k, out):
+        self.grad += k * self.data ** (k - 1) * out.grad
+
+    def right_exp(self, out):
+        self.grad += out.data * out.grad
+
+    def assigning_exp(self, out):  # the accumulation bug: right unless the value is used twice
+        self.grad = out.data * out.grad
+
+    def pow_off_by_one(self, k, out):  # k x^k: right only at x = 0
+        self.grad += k * self.data ** k * out.grad
+
+    def not_done(*args):
+        raise NotImplementedError
+
+    assert_right(capsys, checkers.value_pow_exp, with_pow_exp(right_pow, right_exp))
+    assert "(a used twice)" in assert_wrong(capsys, checkers.value_pow_exp, with_pow_exp(right_pow, assigning_exp))
+    assert "a ** 3 at a = -1.5" in assert_wrong(capsys, checkers.value_pow_exp, with_pow_exp(pow_off_by_one, right_exp))
+    assert verdict(capsys, checkers.value_pow_exp, with_pow_exp(not_done, not_done)).startswith("not done yet")
+
+
+def test_value_sub_and_div(capsys):
+    with_pow_exp(lambda self, k, out: setattr(self, "grad", self.grad + k * self.data ** (k - 1) * out.grad),
+                 lambda self, out: None)
+    Value.__sub__ = lambda self, other: self + (-1) * other
+    Value.__truediv__ = lambda self, other: self * other ** -1
+    assert_right(capsys, checkers.value_sub_div, Value)
+    Value.__sub__ = lambda self, other: Value(self.data - other.data)  # the right number, but no graph
+    assert "d/da, d/db differ" in assert_wrong(capsys, checkers.value_sub_div, Value)
+    Value.__sub__ = lambda self, other: "a - b"
+    assert "raised AttributeError" in assert_wrong(capsys, checkers.value_sub_div, Value)
+
+
+# ------------------------------------------------------------------ 01a
+
+
+def test_momentum_step(capsys):
+    def right(params, velocities, lr, momentum):
+        for p, v in zip(params, velocities):
+            v.mul_(momentum).add_(p.grad)
+            p -= lr * v
+
+    def velocity_not_kept(params, velocities, lr, momentum):  # right on the first step only
+        for p, v in zip(params, velocities):
+            v = momentum * v + p.grad
+            p -= lr * v
+
+    assert_right(capsys, checkers.momentum_step, right)
+    assert "after step 2" in assert_wrong(capsys, checkers.momentum_step, velocity_not_kept)
+    assert_wrong(capsys, checkers.momentum_step, lambda params, velocities, lr, momentum: params[0].grad.zero_())
+    assert_wrong(capsys, checkers.momentum_step, None)  # not even a function
+
+
+def test_weight_decay_step(capsys):
+    def right(params, lr, weight_decay):
+        for p in params:
+            p -= lr * (p.grad + weight_decay * p)
+
+    def decay_after_the_step(params, lr, weight_decay):
+        for p in params:
+            p -= lr * p.grad
+            p *= 1 - weight_decay
+
+    assert_right(capsys, checkers.weight_decay_step, right)
+    assert "after step 1" in assert_wrong(capsys, checkers.weight_decay_step, decay_after_the_step)
+
+
+# ------------------------------------------------------------------ 06a
+
+
+def test_jvp_by_hand(capsys):
+    def right(f, x, v):
+        xt = tt.tracer(x, requires_grad=True)
+        y = f(xt)
+        u = tt.zeros(y.shape, dtype=y.dtype, requires_grad=True)
+        (g,) = tt.grad(y, xt, u, create_graph=True)
+        (jv,) = tt.grad(g, u, v.to(y.dtype), allow_unused=True)
+        return jv
+
+    def transposed(f, x, v):  # J^T v: a VJP, with the shape of x (wrong shape and values)
+        xt = tt.tracer(x, requires_grad=True)
+        y = f(xt)
+        return tt.grad(y, xt, torch.ones_like(y) * v.sum())[0]
+
+    assert_right(capsys, checkers.jvp_by_hand, right)
+    assert_wrong(capsys, checkers.jvp_by_hand, transposed)
+    assert_wrong(capsys, checkers.jvp_by_hand, lambda f, x, v: "Jv")
+
+
+def test_hvp_forward_over_reverse(capsys):
+    def right(f, x, v):
+        return tt.jvp(lambda t: tt.grad(f(t), t, create_graph=True)[0], (x,), (v,))[1]
+
+    def gradient_only(f, x, v):
+        xt = tt.tracer(x, requires_grad=True)
+        return tt.grad(f(xt), xt)[0]
+
+    assert_right(capsys, checkers.hvp_forward_over_reverse, right)
+    assert_wrong(capsys, checkers.hvp_forward_over_reverse, gradient_only)
+
+
+# ------------------------------------------------------------------ 00 and 01 (for their notebooks' checker cells)
+
+
+def test_by_hand_numbers(capsys):
+    import math
+
+    a, b = 3.0, -2.0
+    da, db = 2 * a * b + b * math.cos(a * b), a ** 2 + a * math.cos(a * b)
+    assert_right(capsys, checkers.by_hand_numbers, a, b, da, db)
+    assert "dq/da differ" in assert_wrong(capsys, checkers.by_hand_numbers, a, b, 2 * a * b, db)
+    for wrong_type in ("-12", [da], True):
+        assert_wrong(capsys, checkers.by_hand_numbers, a, b, wrong_type, db)
+
+
+def test_tanh(capsys):
+    def forward(ctx, x):
+        y = torch.tanh(x)
+        ctx.save_for_backward(y)
+        return y
+
+    assert_right(capsys, checkers.tanh, rule(forward, lambda ctx, g: g * (1 - ctx.saved_tensors[0] ** 2)))
+    assert_wrong(capsys, checkers.tanh, rule(forward, lambda ctx, g: g * (1 - torch.tanh(ctx.saved_tensors[0]) ** 2)),
+                 naming="RuleBackward")
+
+
+def test_central_slope(capsys):
+    assert_right(capsys, checkers.central_slope, lambda f, x, h: (f(x + h) - f(x - h)) / (2 * h))
+    assert_wrong(capsys, checkers.central_slope, lambda f, x, h: (f(x + h) - f(x)) / h)
+    assert_wrong(capsys, checkers.central_slope, lambda f, x, h: (f(x + h) - f(x - h)) / h)  # the 2 forgotten
+    assert_wrong(capsys, checkers.central_slope, lambda f, x, h: "slope")
+
+
+def test_cube(capsys):
+    forward = saving(lambda x: x ** 3)
+    assert_right(capsys, checkers.cube, rule(forward, lambda ctx, g: g * 3 * ctx.saved_tensors[0] ** 2))
+    assert_wrong(capsys, checkers.cube, rule(forward, lambda ctx, g: 3 * ctx.saved_tensors[0] ** 2),  # grad dropped
+                 naming="RuleBackward")
+
+
+def test_prediction_never_prints_the_gradient(capsys):
+    assert_right(capsys, checkers.prediction, lambda x: 2 * x ** 3)
+    printed = assert_wrong(capsys, checkers.prediction, lambda x: 4 * x ** 3)  # both factors differentiated
+    assert "wrong at x = -1, 1, 2, 3\n" in printed and "54" not in printed and "16" not in printed
+    assert_wrong(capsys, checkers.prediction, lambda x: 2 * x[:2] ** 3)

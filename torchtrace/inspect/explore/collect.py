@@ -1,0 +1,236 @@
+"""Run the backward pass once, through the engine, and write down every step of it.
+
+The engine does the work (so every `.grad` is what `output.backward()` gives); an observer that the
+engine calls after each rule (`observing(on_backward=...)`) notes what reached the node, what the rule
+saved, and what it sent along each edge, unbroadcast and cast as the engine sends it. Leaves get a
+step of their own where the engine sums their gradients into `.grad`.
+"""
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+
+from torchtrace.autograd import engine
+from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for, leaf_accumulator
+from torchtrace.autograd.state import observing
+from torchtrace.inspect.explore.local import Check, estimates, rule_jacobians
+from torchtrace.inspect.explore.shown import plain, shape_text, tensor_text
+from torchtrace.inspect.explore.steps import Sent, Step
+from torchtrace.inspect.names import Names, Params, place_nodes
+
+_guard = torch._C.DisableTorchFunctionSubclass
+CHECKED_NODES = 64  # graphs up to this many nodes get local derivatives and finite-difference checks
+
+
+@dataclass
+class GraphNode:
+    """A node of the drawing: an op, or a leaf (whose step is the sum into its .grad)."""
+
+    id: str
+    label: str
+    kind: str  # "op", "output", "leaf"
+    module: str
+    shape: str
+    value: str  # '' where the value is not known
+
+
+@dataclass
+class GraphEdge:
+    """An edge in the direction gradients flow: from the op that sends to the input that receives."""
+
+    source: str
+    target: str
+    gradient: str  # '' when no gradient went along it
+    step: int  # the index of the step that sent it (-1: none)
+
+
+@dataclass
+class _Ran:
+    """What the observer saw of one rule step."""
+
+    upstream: List[Optional[torch.Tensor]]
+    saved: List[Tuple[Any, str]]
+    sent: List[Optional[torch.Tensor]]
+    jacobians: Optional[List[List[List[float]]]]
+
+
+def _model_of(order: List[Any]) -> Optional[torch.nn.Module]:
+    """The outermost module any op ran in: tt.nn and ported models name their parameters through it."""
+    return next((n.module_path[0] for n in order if n.module_path), None)
+
+
+def _sent(node: Node, edge: Any, result: tuple) -> Optional[torch.Tensor]:
+    """What the engine sends along `edge`: the rule's gradient, summed to the input's shape, in its dtype."""
+    g = gradient_for(edge, result)
+    if g is None:
+        return None
+    if g.shape != edge.shape:
+        g = g.sum_to_size(edge.shape)
+    return plain(g.to(edge.dtype))
+
+
+class Collector:
+    """Runs the backward and builds the steps and the drawing's nodes and edges."""
+
+    def __init__(self, output: torch.Tensor, params: Params, local_names: Mapping[str, Any]) -> None:
+        if not getattr(output, "_tt_requires_grad", False):
+            raise RuntimeError("tt.explore needs a tracer that requires grad: make a leaf it depends on require grad "
+                               "(tt.tracer(..., requires_grad=True))")
+        self.output = output
+        self.root = output._tt_node if output._tt_node is not None else leaf_accumulator(output)
+        self.order = engine.topological_order([self.root])
+        self.names = Names(params if params is not None else _model_of(self.order))
+        self.names.adopt(local_names, self.order)
+        self.place = place_nodes(self.order, self.names)
+        self.ids = {node: f"n{i}" for i, node in enumerate(self.order)}
+        self.checked = len(self.order) <= CHECKED_NODES
+        self.ran: Dict[Any, _Ran] = {}
+        self.received: Dict[Any, List[Tuple[Any, int, torch.Tensor]]] = {}  # node -> (sender, output nr, gradient)
+        self.values: Dict[Tuple[Any, int], str] = {}
+        self.leaf_number = {n: i for i, n in enumerate(n for n in self.order if isinstance(n, AccumulateGrad))}
+
+    def observe(self, node: Node, grads: Any, result: tuple) -> None:
+        saved = []
+        for s in node.saved:
+            if isinstance(s, torch.Tensor):
+                saved.append((s, tensor_text(s)))
+                producer = getattr(s, "_tt_node", None)
+                if producer is not None:
+                    self.values.setdefault((producer, s._tt_nr), tensor_text(s))
+        sent = [_sent(node, edge, result) for edge in node.edges]
+        for edge, g in zip(node.edges, sent):
+            if g is not None:
+                self.received.setdefault(edge.node, []).append((node, edge.output_nr, g))
+        jacobians = rule_jacobians(node, grads) if self.checked else None
+        self.ran[node] = _Ran([plain(g) if g is not None else None for g in grads], saved, sent, jacobians)
+
+    def run(self, gradient: Optional[torch.Tensor], retain_graph: Optional[bool]) -> None:
+        before = {n: plain(n.variable.grad) if n.variable.grad is not None else None
+                  for n in self.order if isinstance(n, AccumulateGrad)}
+        with _guard():
+            seed = plain(gradient) if gradient is not None else torch.ones_like(self.output).as_subclass(torch.Tensor)
+        nr = getattr(self.output, "_tt_nr", 0)
+        self.received[self.root] = [(None, nr, seed.to(self.output.dtype))]  # sender None: the output's own seed
+        with observing(on_backward=self.observe):
+            engine.backward(self.output, gradient, retain_graph)
+        self.before = before
+
+    # ------------------------------------------------------------------------------------ the record
+
+    def label(self, node: Any) -> str:
+        if isinstance(node, AccumulateGrad):
+            name = self.names.tensors.get(id(node.variable))
+            if name is None:
+                kind = "parameter" if isinstance(node.variable, torch.nn.Parameter) else "input"
+                name = f"{kind} {self.leaf_number[node]}"
+            return name
+        named = [self.names.results[(node, nr)][0] for nr in range(node.n_outputs) if (node, nr) in self.names.results]
+        return node.rule.__name__ + (f" → {', '.join(named)}" if named else "")
+
+    def value(self, node: Any) -> str:
+        if isinstance(node, AccumulateGrad):
+            return tensor_text(node.variable)
+        if node is self.root:
+            return tensor_text(self.output)
+        texts = []
+        call = (node.notes or {}).get("call")
+        for nr in range(node.n_outputs):
+            if (node, nr) in self.names.results:
+                texts.append(tensor_text(self.names.results[(node, nr)][1]))
+            elif call is not None and nr < len(call[2]):
+                texts.append(tensor_text(call[2][nr]))
+            else:
+                texts.append(self.values.get((node, nr), ""))
+        return "; ".join(texts) if any(texts) else ""
+
+    def shape(self, node: Any) -> str:
+        if isinstance(node, AccumulateGrad):
+            return shape_text(node.variable.shape)
+        if node is self.root:
+            return shape_text(self.output.shape)
+        ran = self.ran.get(node)
+        if ran is not None:
+            return "; ".join(shape_text(g.shape) for g in ran.upstream if g is not None)
+        return ""
+
+    def build(self) -> Tuple[List[Step], List[GraphNode], List[GraphEdge]]:
+        self.index: Dict[Any, int] = {}
+        for node in self.order:
+            if node in self.ran or (isinstance(node, AccumulateGrad) and node in self.received):
+                self.index[node] = len(self.index)
+        index = self.index
+        steps = [self._step(node, i) for node, i in index.items()]
+        nodes = [GraphNode(self.ids[n], self.label(n), "output" if n is self.root else
+                           "leaf" if isinstance(n, AccumulateGrad) else "op",
+                           ".".join(self.place.get(n, ())), self.shape(n), self.value(n)) for n in self.order]
+        edges = []
+        for node in self.order:
+            ran = self.ran.get(node)
+            for i, edge in enumerate(node.edges):
+                g = ran.sent[i] if ran is not None else None
+                edges.append(GraphEdge(self.ids[node], self.ids[edge.node], tensor_text(g) if g is not None else "",
+                                       index[node] if g is not None else -1))
+        return steps, nodes, edges
+
+    def _parts(self, node: Any) -> List[Tuple[str, str]]:
+        """Who sent what to `node` (naming the output it reached, for an op with several)."""
+        parts = []
+        for sender, nr, g in self.received.get(node, ()):
+            who = "the output" if sender is None else f"{self.label(sender)} (step {self.index[sender] + 1})"
+            parts.append((who + (f", to output {nr}" if node.n_outputs > 1 else ""), tensor_text(g)))
+        return parts
+
+    def _arrived(self, node: Any) -> List[Optional[torch.Tensor]]:
+        """The sum of the gradients that reached each output, added in the engine's order."""
+        sums: List[Optional[torch.Tensor]] = [None] * node.n_outputs
+        for _, nr, g in self.received.get(node, ()):
+            sums[nr] = g if sums[nr] is None else sums[nr] + g
+        return sums
+
+    def _hook_note(self, arrived: List[Optional[torch.Tensor]], used: List[Optional[torch.Tensor]], what: str) -> str:
+        """'' when what the step used is the sum of what arrived; else what a hook made of it."""
+        for a, u in zip(arrived, used):
+            if a is not None and u is not None and not torch.equal(a, u.to(a.dtype)):
+                return f"a hook replaced {what} (the gradients that arrived summed to {tensor_text(a)})"
+        return ""
+
+    def _step(self, node: Any, i: int) -> Step:
+        module = ".".join(self.place.get(node, ()))
+        if isinstance(node, AccumulateGrad):
+            (total,) = self._arrived(node)
+            before, after = self.before.get(node), node.variable.grad
+            expected = total if before is None else before + total
+            note = self._hook_note([expected], [after], "the gradient (or .grad was changed)")
+            return Step(i, "accumulate", self.ids[node], self.label(node), module, "", tensor_text(total),
+                        self._parts(node), before=tensor_text(before), after=tensor_text(after), note=note)
+        ran = self.ran[node]
+        saved = [(self._saved_name(s, j), text) for j, (s, text) in enumerate(ran.saved)]
+        checks = estimates(node) if self.checked and ran.jacobians is not None else [None] * len(node.edges)
+        sent = []
+        for k, edge in enumerate(node.edges):
+            g = ran.sent[k]
+            local = ran.jacobians[k] if ran.jacobians is not None else None
+            check = checks[k]
+            if check is not None:
+                check = Check(local, check.estimate, check.why_not)
+            target = edge.node
+            who = self.label(target) + ("" if isinstance(target, AccumulateGrad) else " (its output)")
+            sent.append(Sent(self.ids[target], f"input {_position(edge.position)}: {who}",
+                             tensor_text(g) if g is not None else "none", local, check))
+        doc = (node.rule.__doc__ or "").strip().splitlines()
+        upstream = "; ".join(tensor_text(g) for g in ran.upstream)
+        name = node.name + self.label(node)[len(node.rule.__name__):]  # MulBackward → e
+        note = self._hook_note(self._arrived(node), ran.upstream, "the upstream gradient")
+        return Step(i, "rule", self.ids[node], name, module, doc[0].strip() if doc else "", upstream,
+                    self._parts(node), saved, sent, gathered=node.n_outputs > 1, note=note)
+
+    def _saved_name(self, s: torch.Tensor, j: int) -> str:
+        producer = getattr(s, "_tt_node", None)
+        if producer in self.ids:
+            return f"#{j} (output of {self.label(producer)})"
+        name = self.names.tensors.get(id(s))
+        return f"#{j} ({name})" if name else f"#{j}"
+
+
+def _position(position: Any) -> str:
+    return str(position) if type(position) is int else f"{position[0]}[{position[1]}]"

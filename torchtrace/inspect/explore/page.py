@@ -1,0 +1,59 @@
+"""The player's front end, from its two asset files: a standalone HTML page, or the module a widget loads.
+
+Both run the same player.js; the page inlines it with player.css and the data, so the file needs
+nothing from the network.
+"""
+import json
+from importlib import resources
+from typing import Any, Dict
+
+PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<style>
+body {{ margin: 12px; }}
+{css}
+</style>
+</head>
+<body>
+<div id="torchtrace-player"></div>
+<script>
+{js}
+const TORCHTRACE_DATA = {data};
+torchtracePlayer(document.getElementById("torchtrace-player"), TORCHTRACE_DATA);
+document.querySelector("#torchtrace-player .tt-player").focus();
+</script>
+</body>
+</html>
+"""
+
+WIDGET_ENTRY = """
+export default {
+  render({ model, el }) {
+    const draw = () => torchtracePlayer(el, JSON.parse(model.get("data")));
+    draw();
+    model.on("change:data", draw);
+  },
+};
+"""
+
+
+def asset(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def _script_json(data: Dict[str, Any]) -> str:
+    """JSON that is safe inside <script> (no `</` can end the element early)."""
+    return json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
+
+
+def page(data: Dict[str, Any], title: str) -> str:
+    escaped = title.replace("&", "&amp;").replace("<", "&lt;")
+    return PAGE.format(title=escaped, css=asset("player.css"), js=asset("player.js"), data=_script_json(data))
+
+
+def widget_module() -> str:
+    """player.js as an ES module whose default export anywidget renders."""
+    return asset("player.js") + WIDGET_ENTRY
