@@ -260,7 +260,7 @@ function torchtracePlayer(container, data) {
   }
   root.addEventListener("keydown", (event) => {
     const act = {ArrowRight: "next", ArrowLeft: "prev", " ": "play", Home: "first", End: "last"}[event.key];
-    if (act) { event.preventDefault(); actions[act](); }
+    if (act) { event.preventDefault(); event.stopPropagation(); actions[act](); }  // not Jupyter's shortcuts
   });
   render();
   return {go, state};
