@@ -128,8 +128,11 @@ def tiny_graph(output: Any) -> bool:
     The walk stops at the first large tensor or past TINY_NODES nodes, so a real model costs one step of it.
     """
     root = getattr(output, "_tt_node", None)
-    if root is None or output.numel() > VALUE_LIMIT:
+    if root is None:
         return False
+    with _guard():  # a plain numel(), not one more call through the tracer's hook
+        if output.numel() > VALUE_LIMIT:
+            return False
     seen, stack = {root}, [root]
     while stack:
         for edge in stack.pop().edges:

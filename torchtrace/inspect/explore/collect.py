@@ -88,6 +88,7 @@ class Collector:
         self.received: Dict[Any, List[Tuple[Any, int, torch.Tensor]]] = {}  # node -> (sender, output nr, gradient)
         self.values: Dict[Tuple[Any, int], str] = {}
         self.leaf_number = {n: i for i, n in enumerate(n for n in self.order if isinstance(n, AccumulateGrad))}
+        self.before: Dict[Any, Optional[torch.Tensor]] = {}  # leaf -> its .grad before the backward
 
     def observe(self, node: Node, grads: Any, result: tuple) -> None:
         saved = []
@@ -105,15 +106,14 @@ class Collector:
         self.ran[node] = _Ran([plain(g) if g is not None else None for g in grads], saved, sent, jacobians)
 
     def run(self, gradient: Optional[torch.Tensor], retain_graph: Optional[bool]) -> None:
-        before = {n: plain(n.variable.grad) if n.variable.grad is not None else None
-                  for n in self.order if isinstance(n, AccumulateGrad)}
+        self.before = {n: plain(n.variable.grad) if n.variable.grad is not None else None
+                       for n in self.order if isinstance(n, AccumulateGrad)}
         with _guard():
             seed = plain(gradient) if gradient is not None else torch.ones_like(self.output).as_subclass(torch.Tensor)
         nr = getattr(self.output, "_tt_nr", 0)
         self.received[self.root] = [(None, nr, seed.to(self.output.dtype))]  # sender None: the output's own seed
         with observing(on_backward=self.observe):
             engine.backward(self.output, gradient, retain_graph)
-        self.before = before
 
     # ------------------------------------------------------------------------------------ the record
 

@@ -201,8 +201,8 @@ function torchtracePlayer(container, data) {
     if (s.kind === "accumulate") {
       html += `<p class="tt-math">⊕ the gradients that reached this leaf are added into its .grad</p>`;
       html += `<p>gradient reaching it: <b class="tt-up">${e(s.upstream)}</b>${parts}</p>`;
-      html += `<p class="tt-acc">${e(s.name)}.grad = ${s.before === "—" ? "" : e(s.before) + " + "}` +
-              `${e(s.upstream)} = <b class="tt-after">${e(s.after)}</b></p>`;
+      const sum = s.before === "—" ? "" : `${e(s.before)} + ${e(s.upstream)} = `;  // no .grad before: it is the gradient
+      html += `<p class="tt-acc">${e(s.name)}.grad = ${sum}<b class="tt-after">${e(s.after)}</b></p>`;
       return html + note;
     }
     if (s.math) html += `<p class="tt-math">${e(s.math)}</p>`;
@@ -260,7 +260,7 @@ function torchtracePlayer(container, data) {
   }
   root.addEventListener("keydown", (event) => {
     const act = {ArrowRight: "next", ArrowLeft: "prev", " ": "play", Home: "first", End: "last"}[event.key];
-    if (act) { event.preventDefault(); actions[act](); }
+    if (act) { event.preventDefault(); event.stopPropagation(); actions[act](); }  // not Jupyter's shortcuts
   });
   render();
   return {go, state};
