@@ -5,6 +5,8 @@ VIZ = ["graphviz", "matplotlib"]
 EXAMPLES = VIZ + ["tqdm", "scikit-learn", "gymnasium"]
 NOTEBOOKS = EXAMPLES + ["jupyterlab", "ipykernel"]  # pip install -e ".[notebooks]" && jupyter lab examples/notebooks
 BENCH = ["micrograd"]  # bench/vs_micrograd.py
+DOCS = ["mkdocs", "mkdocs-material", "mkdocstrings[python]", "mkdocs-jupyter", "mkdocs-gen-files",
+        "mkdocs-literate-nav"]  # pip install -e ".[docs]" && mkdocs serve
 TEST = EXAMPLES + ["pytest", "hypothesis", "ruff", "nbclient", "nbformat", "ipykernel", "expecttest"]
 
 setup(
@@ -14,8 +16,25 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["torchtrace", "torchtrace.*"]),
-    python_requires=">=3.9",
+    package_data={"": ["*.js", "*.css", "*.html"]},  # assets that ship inside the package
+    python_requires=">=3.10",  # torch 2.13 needs 3.10
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Education",
+        "Intended Audience :: Science/Research",
+        "Operating System :: OS Independent",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+        "Programming Language :: Python :: 3.14",
+        "Topic :: Education",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
     install_requires=["torch", "numpy"],  # torch's version is pinned in constraints.txt (pip install -c ...)
-    extras_require={"viz": VIZ, "examples": EXAMPLES, "notebooks": NOTEBOOKS, "bench": BENCH, "test": TEST},
+    extras_require={"viz": VIZ, "examples": EXAMPLES, "notebooks": NOTEBOOKS, "bench": BENCH, "test": TEST,
+                    "docs": DOCS},
     entry_points={"console_scripts": ["torchtrace=torchtrace.__main__:main"]},
 )

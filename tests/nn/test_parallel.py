@@ -169,3 +169,9 @@ def test_reachable_leaves_follow_the_graph():
     out = (a * 2).sum() + b.exp().sum()
     assert reachable_leaves([out]) == {id(a), id(b)}
     assert reachable_leaves([a, tt.tracer(torch.ones(1))]) == {id(a)}
+
+
+def test_the_docs_page_shows_the_trace_this_run_printed(ranks):
+    page = (ROOT / "docs" / "ddp.md").read_text(encoding="utf-8")
+    shown = re.search(r"```text\n(BackProp:.*?)```", page, re.S).group(1)
+    assert shown == ranks[0]["trace"]
