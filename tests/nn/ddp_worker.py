@@ -108,6 +108,11 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
     xb, yb = shard(data(4), rank, world)
     mse(branch(tt.tracer(xb), use_extra=rank == 1), yb).backward()
     result["branch_grads"] = grads(branch.module)
+    branch.module.zero_grad()  # rank 1 accumulates into `extra` without sync; then no rank uses it
+    with branch.no_sync():
+        mse(branch(tt.tracer(xb), use_extra=rank == 1), yb).backward()
+    mse(branch(tt.tracer(xb), use_extra=False), yb).backward()
+    result["branch_accumulated_grads"] = grads(branch.module)
 
     out = ddp(tt.tracer(x))
     mse(out, y).backward(retain_graph=True)

@@ -127,6 +127,22 @@ def test_a_parameter_one_rank_uses_averages_with_zeros_and_one_no_rank_uses_keep
                     {k: v.grad for k, v in p.items() if not k.startswith("unused")})
 
 
+def test_a_gradient_accumulated_on_one_rank_is_averaged_on_every_rank_even_if_the_last_forward_skips_it(ranks):
+    p = {name: v.clone().requires_grad_(True) for name, v in ranks[0]["branch_initial"].items()}
+    total = 0
+    for rank in range(WORLD):
+        x, y = shard(data(4), rank, WORLD)
+        plain = x @ p["body.weight"].T + p["body.bias"]
+        with_extra = plain + x @ p["extra.weight"].T + p["extra.bias"] if rank == 1 else plain
+        total = total + torch.nn.functional.mse_loss(with_extra, y) + torch.nn.functional.mse_loss(plain, y)
+    (total / WORLD).backward()
+    for result in ranks:
+        grads = result["branch_accumulated_grads"]
+        assert grads["unused.weight"] is None and grads["unused.bias"] is None
+        assert_same({k: v for k, v in grads.items() if not k.startswith("unused")},
+                    {k: v.grad for k, v in p.items() if not k.startswith("unused")})
+
+
 def test_the_backprop_trace_shows_each_bucket_all_reduce_where_it_starts(ranks):
     lines = ranks[0]["trace"].splitlines()
     buckets = ranks[0]["buckets"]

@@ -9,8 +9,8 @@ started, the reducer waits for all of them and writes back each rank's average:
 
     g_p <- (1 / world_size) * sum over ranks r of g_p^(r)      for every parameter p of the bucket
 
-Each buffer carries one extra number per parameter (1 if this rank's backward gave it a gradient), so a
-parameter no rank used keeps `.grad = None`, and a parameter some ranks used averages with zeros from the rest.
+Each buffer carries one extra number per parameter (1 if this rank has a gradient for it), so a parameter
+no rank has a gradient for keeps `.grad = None`, and one that only some ranks have averages with zeros.
 """
 from typing import Any, List, Optional, Set
 
@@ -75,7 +75,6 @@ class Reducer:
         self.armed = False  # a synchronised forward prepared this iteration: its backward reduces
         self.finished = False  # this iteration's reduction is done: another gradient now would stay local
         self.ready: List[bool] = [False] * len(params)
-        self.used: List[bool] = [False] * len(params)
         self.next_bucket = 0
         self.hooks_fired = False
 
@@ -95,7 +94,6 @@ class Reducer:
             return
         reached = reachable_leaves(outputs)
         self.ready = [id(p) not in reached for p in self.params]
-        self.used = [False] * len(self.params)
         for bucket in self.buckets:
             bucket.pending = sum(not self.ready[i] for i in bucket.members)
         self.next_bucket, self.hooks_fired, self.armed = 0, False, True
@@ -106,8 +104,9 @@ class Reducer:
         if self.finished:
             raise RuntimeError(
                 f"DistributedDataParallel: parameter {self.names[index]} received a gradient after its forward's "
-                "gradients were averaged (a second backward through the same outputs?). Run one backward per "
-                "forward, or run the forward of the extra backward passes under no_sync().")
+                "gradients were averaged (a second backward through the same outputs, or a separate backward into "
+                "the parameters), which would stay unaveraged on this rank. Add every term to one loss and run one "
+                "backward per forward, or run the forwards of the extra backward passes under no_sync().")
         if not self.armed:
             return  # a forward under no_sync(): gradients stay local
         if self.ready[index]:
@@ -120,7 +119,7 @@ class Reducer:
                                "(backward(create_graph=True)) is not supported; compute higher-order gradients "
                                "outside the DDP module or under no_sync()")
         self.hooks_fired = True
-        self.ready[index] = self.used[index] = True
+        self.ready[index] = True
         self.bucket_of[index].pending -= 1
         self._start_ready_buckets()
 
@@ -133,14 +132,14 @@ class Reducer:
             self.armed, self.finished = False, True
 
     def _start(self, bucket: Bucket) -> None:
-        """Flatten the bucket's gradients (zeros for a parameter without one) and its used-flags; all-reduce."""
+        """Flatten the bucket's gradients (zeros for a parameter without one) and has-a-gradient flags; all-reduce."""
         parts = []
         with _guard():
             for i in bucket.members:
                 p, grad = self.params[i], self.params[i].grad
                 parts.append(grad.reshape(-1) if grad is not None else torch.zeros(p.numel(), dtype=p.dtype,
                                                                                    device=p.device))
-            flags = torch.tensor([float(self.used[i]) for i in bucket.members], dtype=parts[0].dtype,
+            flags = torch.tensor([float(self.params[i].grad is not None) for i in bucket.members], dtype=parts[0].dtype,
                                  device=parts[0].device)
             bucket.buffer = torch.cat([*parts, flags])
         bucket.work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
