@@ -114,6 +114,14 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
     mse(branch(tt.tracer(xb), use_extra=False), yb).backward()
     result["branch_accumulated_grads"] = grads(branch.module)
 
+    norm = DistributedDataParallel(tt.nn.BatchNorm1d(5).double())
+    with tt.no_grad():
+        norm(tt.tracer(x + rank))  # each rank's running statistics move toward its own data
+        result["norm_before"] = [b.clone() for b in norm.module.buffers()]
+        norm.eval()
+        norm(tt.tracer(x))  # broadcasts rank 0's statistics first; in eval mode they do not move
+        result["norm_after"] = [b.clone() for b in norm.module.buffers()]
+
     out = ddp(tt.tracer(x))
     mse(out, y).backward(retain_graph=True)
     result["second_backward"] = error_of(lambda: mse(out, y).backward())

@@ -143,6 +143,13 @@ def test_a_gradient_accumulated_on_one_rank_is_averaged_on_every_rank_even_if_th
                     {k: v.grad for k, v in p.items() if not k.startswith("unused")})
 
 
+def test_buffers_are_broadcast_from_rank_0_at_each_forward(ranks):
+    assert not torch.equal(ranks[0]["norm_before"][0], ranks[1]["norm_before"][0])  # the ranks' statistics differed
+    for result in ranks:
+        for after, rank0 in zip(result["norm_after"], ranks[0]["norm_before"]):
+            assert torch.equal(after.as_subclass(torch.Tensor), rank0.as_subclass(torch.Tensor))
+
+
 def test_the_backprop_trace_shows_each_bucket_all_reduce_where_it_starts(ranks):
     lines = ranks[0]["trace"].splitlines()
     buckets = ranks[0]["buckets"]
