@@ -112,8 +112,8 @@ class Reducer:
         if self.ready[index]:
             raise RuntimeError(
                 f"DistributedDataParallel: parameter {self.names[index]} received a gradient twice after one forward "
-                "(a second backward through the same outputs?); its bucket was already averaged. Run one backward "
-                "per forward, or do the extra backward passes under no_sync().")
+                "(a second backward through the same outputs?). Run one backward per forward, or run the forwards "
+                "of the extra backward passes under no_sync().")
         if type(self.params[index].grad) is not torch.Tensor:
             raise RuntimeError("DistributedDataParallel: averaging a gradient that is itself a tracer "
                                "(backward(create_graph=True)) is not supported; compute higher-order gradients "
@@ -161,7 +161,7 @@ class Reducer:
                     if p.grad is not None:
                         p.grad.copy_(average)
                     elif counts[k] > 0:
-                        p.grad = average.clone()
+                        p.grad = average
             bucket.work = bucket.buffer = None
 
     def trace_lines(self, index: int, done: Set[int]) -> List[str]:
