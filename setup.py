@@ -3,11 +3,14 @@ from setuptools import find_packages, setup
 
 VIZ = ["graphviz", "matplotlib"]
 EXAMPLES = VIZ + ["tqdm", "scikit-learn", "gymnasium"]
-NOTEBOOKS = EXAMPLES + ["jupyterlab", "ipykernel"]  # pip install -e ".[notebooks]" && jupyter lab examples/notebooks
-NOTEBOOKS += ["anywidget"]  # tt.explore's player in Jupyter
+# pip install -e ".[notebooks]" && jupyter lab examples/notebooks (anywidget: tt.explore's player in Jupyter)
+NOTEBOOKS = EXAMPLES + ["jupyterlab", "ipykernel", "anywidget"]
 BENCH = ["micrograd"]  # bench/vs_micrograd.py
-TEST = EXAMPLES + ["pytest", "hypothesis", "ruff", "nbclient", "nbformat", "ipykernel", "expecttest"]
-TEST += ["anywidget", "selenium"]  # tt.explore's widget; its page in headless Chromium
+DOCS = ["mkdocs", "mkdocs-material", "mkdocstrings[python]", "mkdocs-jupyter", "mkdocs-gen-files",
+        "mkdocs-literate-nav"]  # pip install -e ".[docs]" && mkdocs serve
+# the tests also build the docs site strictly, run tt.explore's widget and drive its page in headless Chromium
+TEST = EXAMPLES + DOCS + ["pytest", "hypothesis", "ruff", "nbclient", "nbformat", "ipykernel", "expecttest",
+                          "anywidget", "selenium"]
 
 setup(
     name="torchtrace",
@@ -16,9 +19,25 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["torchtrace", "torchtrace.*"]),
-    package_data={"torchtrace.inspect.explore": ["player.js", "player.css"]},
-    python_requires=">=3.9",
+    package_data={"": ["*.js", "*.css", "*.html"]},  # assets that ship inside the package
+    python_requires=">=3.10",  # torch 2.13 needs 3.10
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Education",
+        "Intended Audience :: Science/Research",
+        "Operating System :: OS Independent",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+        "Programming Language :: Python :: 3.14",
+        "Topic :: Education",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
     install_requires=["torch", "numpy"],  # torch's version is pinned in constraints.txt (pip install -c ...)
-    extras_require={"viz": VIZ, "examples": EXAMPLES, "notebooks": NOTEBOOKS, "bench": BENCH, "test": TEST},
+    extras_require={"viz": VIZ, "examples": EXAMPLES, "notebooks": NOTEBOOKS, "bench": BENCH, "test": TEST,
+                    "docs": DOCS},
     entry_points={"console_scripts": ["torchtrace=torchtrace.__main__:main"]},
 )

@@ -1,6 +1,8 @@
 """Every example script runs in its smoke mode (few steps, small data), with assertions on its results."""
 import math
+import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -121,3 +123,24 @@ def test_dqn_cartpole_is_repeatable_and_summarises_seeds(capsys):
     assert result["runs"][1]["losses"] != first["losses"]
     assert result["average_returns"] == [run["average_return"] for run in result["runs"]]
     assert f"mean {sum(result['average_returns']) / 2:.1f}" in out
+
+
+def test_ddp_digits_runs_on_two_processes_with_torchrun():
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    free = str(port.getsockname()[1])
+    port.close()
+    root = str(EXAMPLES.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+               f"--master_port={free}", str(EXAMPLES / "ddp_digits.py"), "--smoke"]  # what torchrun runs
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert out.count("all-reduce bucket") == 5 and "↘︎ Conv2d 1 -> 16" in out  # the first step's trace, rank 0 only
+    difference = float(re.search(r"torch autograd full-batch gradient\| = (\S+)", out).group(1))
+    assert difference < 1e-6
+    losses = [float(v) for v in re.findall(r"mean training loss (\S+)", out)]
+    assert len(losses) == 2 and losses[1] < losses[0]
+    assert "replicas identical after training: True" in out
+    assert float(re.search(r"test accuracy: (\S+)%", out).group(1)) > 20  # chance is 10%

@@ -131,7 +131,7 @@ def jacobian(f: Callable, inputs: Tensors, mode: str = "reverse") -> Any:
     mode="reverse": one reverse pass per output element (a row of J each);
     mode="forward": one forward pass (tt.jvp's construction) per input element (a column of J each).
     For a tensor input and output the result has shape output.shape + input.shape; a tuple of inputs
-    or outputs gives a tuple (tuples of tuples for both: [output][input]).
+    or outputs gives a tuple (tuples of tuples for both: `J[output][input]`).
     """
     if mode not in ("forward", "reverse"):
         raise ValueError(f"tt.jacobian: mode must be 'forward' or 'reverse', not {mode!r}")

@@ -70,17 +70,27 @@ def _lines_for(order: List[Any], modules: bool, absorb: bool) -> List[List[Any]]
         for edge in node.edges:
             senders.setdefault(edge.node, []).append(node)
     groups: List[List[Any]] = []
+    accumulated: set = set()
     for node in order:
         if isinstance(node, AccumulateGrad):
             if not (absorb and modules and _absorbed(node, senders.get(node, []))):
                 groups.append([node])
+            accumulated.add(id(node.variable))
+            groups += [[text] for text in _announced(node.variable, accumulated)]
             continue
         layer = _layer(node) if modules else None
-        if groups and layer is not None and _layer(groups[-1][-1]) is layer:
+        if groups and layer is not None and not isinstance(groups[-1][-1], str) and _layer(groups[-1][-1]) is layer:
             groups[-1].append(node)
         else:
             groups.append([node])
     return groups
+
+
+def _announced(leaf: Any, accumulated: set) -> List[str]:
+    """Lines announced by the leaf's post-accumulate-grad hooks that have a `trace_lines(accumulated)` method (given
+    the ids of the leaves accumulated so far), e.g. a bucket all-reduce of tt.nn.parallel.DistributedDataParallel."""
+    hooks = getattr(leaf, "_tt_post_hooks", None) or ()
+    return [text for hook in hooks if hasattr(hook, "trace_lines") for text in hook.trace_lines(accumulated)]
 
 
 def _sources(lines: List[int]) -> str:
@@ -140,6 +150,9 @@ def backprop_lines(output: torch.Tensor, shapes: bool = False, norms: Optional[D
     lines = ["BackProp:"]
     for i, group in enumerate(groups):
         first = group[0]
+        if isinstance(first, str):  # announced by a leaf's hook, e.g. a bucket's all-reduce
+            lines.append(f"↘︎ {first}" if links.chain else f"↘︎ [{i}] {first}")
+            continue
         if isinstance(first, AccumulateGrad):
             text = _leaf_text(first, names)
         else:

@@ -1,8 +1,9 @@
-"""torchtrace.optim: optimizers and learning-rate schedulers with torch.optim's signatures and update rules."""
+"""torchtrace.optim: optimizers with torch.optim's signatures and hand-written update rules; torch's schedulers."""
 from torchtrace.optim import lr_scheduler
 from torchtrace.optim.adagrad import Adagrad
 from torchtrace.optim.adam import Adam, AdamW
 from torchtrace.optim.lr_scheduler import (
+    ChainedScheduler,
     ConstantLR,
     CosineAnnealingLR,
     CosineAnnealingWarmRestarts,
@@ -11,6 +12,7 @@ from torchtrace.optim.lr_scheduler import (
     LambdaLR,
     LinearLR,
     LRScheduler,
+    MultiplicativeLR,
     MultiStepLR,
     OneCycleLR,
     PolynomialLR,
@@ -23,5 +25,6 @@ from torchtrace.optim.rmsprop import RMSprop
 from torchtrace.optim.sgd import SGD
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "lr_scheduler", "LRScheduler", "LambdaLR",
-           "StepLR", "MultiStepLR", "ExponentialLR", "CosineAnnealingLR", "OneCycleLR", "ReduceLROnPlateau",
-           "ConstantLR", "LinearLR", "PolynomialLR", "CosineAnnealingWarmRestarts", "CyclicLR", "SequentialLR"]
+           "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR", "ExponentialLR", "SequentialLR",
+           "CosineAnnealingLR", "ChainedScheduler", "ReduceLROnPlateau", "CyclicLR", "CosineAnnealingWarmRestarts",
+           "OneCycleLR", "PolynomialLR"]

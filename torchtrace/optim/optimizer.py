@@ -1,4 +1,4 @@
-"""Optimizer: the base class that owns the parameter groups, the per-parameter state and (de)serialisation.
+"""Optimizer: a torch.optim.Optimizer (parameter groups, state, hooks, (de)serialisation) with torchtrace's updates.
 
 A subclass passes its hyperparameters as `defaults` and writes one method, `update(param, grad, state, group)`:
 the update rule for a single parameter. The base class calls it under `no_grad()` for every parameter that has
@@ -6,9 +6,7 @@ a gradient, handing it plain-tensor aliases of the parameter and its gradient (s
 in-place update changes the tracer's values without recording anything and the state it creates stays plain.
 """
 import copy
-import warnings
-from collections import defaultdict
-from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Union
 
 import torch
 
@@ -38,61 +36,23 @@ def refuse_flags(**flags: Optional[bool]) -> None:
     for name, value in flags.items():
         if value:
             raise UnsupportedOperationError(f"torchtrace.optim: {name}=True is not supported — torchtrace.optim has "
-                                            "one plain implementation per optimizer; leave {name} unset")
+                                            f"one plain implementation per optimizer; leave {name} unset")
 
 
-class Optimizer:
-    """Base class: `param_groups` (dicts of 'params' plus hyperparameters) and `state` (a dict per parameter)."""
+class Optimizer(torch.optim.Optimizer):
+    """A torch.optim.Optimizer whose update rule is torchtrace's own `update()`, one parameter at a time.
 
-    def __init__(self, params: Params, defaults: Dict[str, Any]):
-        if isinstance(params, torch.Tensor):
-            raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
-                            f"but got {type(params).__name__}")
-        self.defaults = dict(defaults)
-        self.state: Dict[torch.Tensor, Dict[str, Any]] = defaultdict(dict)
-        self.param_groups: List[Dict[str, Any]] = []
-        groups = list(params)
-        if not groups:
-            raise ValueError("optimizer got an empty parameter list")
-        if not isinstance(groups[0], dict):
-            groups = [{"params": groups}]
-        for group in groups:
-            self.add_param_group(group)
+    torch's base class keeps `param_groups` and `state`, checks the parameters, runs step / state_dict hooks and
+    is what torch's lr schedulers, `ReduceLROnPlateau`, `torch.optim.swa_utils` and training loops expect.
+    """
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
-        """Add a group of parameters; hyperparameters it leaves out are taken from the defaults."""
-        if not isinstance(param_group, dict):
-            raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
-        group = dict(param_group)
-        params = group["params"]
-        if isinstance(params, torch.Tensor):
-            params = [params]
-        elif isinstance(params, set):
-            raise TypeError("optimizer parameters need to be organized in ordered collections, but the ordering of "
-                            "tensors in sets will change between runs. Please use a list instead.")
-        params = list(params)
-        if params and all(isinstance(p, tuple) for p in params):  # named parameters: (name, tensor) pairs
-            group["param_names"] = [name for name, _ in params]
-            params = [p for _, p in params]
-        for p in params:
-            if not isinstance(p, torch.Tensor):
-                raise TypeError(f"optimizer can only optimize Tensors, but one of the params is {type(p).__name__}")
-            if not (p.is_leaf or p.retains_grad):
-                raise ValueError("can't optimize a non-leaf Tensor")
-            if p.is_complex():
-                raise UnsupportedOperationError("torchtrace.optim: complex parameters are not supported — use real "
-                                                "floating-point parameters")
-        group["params"] = params
-        for name, default in self.defaults.items():
-            group.setdefault(name, default)
-        ids = [id(p) for p in params]
-        if len(set(ids)) != len(ids):
-            warnings.warn("optimizer contains a parameter group with duplicate parameters; in future, this will "
-                          "cause an error", stacklevel=2)
-        existing = {id(p) for g in self.param_groups for p in g["params"]}
-        if existing & set(ids):
-            raise ValueError("some parameters appear in more than one parameter group")
-        self.param_groups.append(group)
+        """torch's add_param_group (defaults filled in, duplicates refused), plus: no complex parameters."""
+        super().add_param_group(param_group)
+        if any(p.is_complex() for p in self.param_groups[-1]["params"]):
+            self.param_groups.pop()
+            raise UnsupportedOperationError("torchtrace.optim: complex parameters are not supported — use real "
+                                            "floating-point parameters")
 
     def update(self, param: torch.Tensor, grad: torch.Tensor, state: Dict[str, Any], group: Dict[str, Any]) -> None:
         """The update rule for one parameter, in place (param and grad are plain tensors)."""
@@ -116,7 +76,8 @@ class Optimizer:
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Reset every parameter's gradient: to None (default), or to zeros (detached from any graph)."""
+        """Reset every parameter's gradient: to None (default), or to plain zeros (a create_graph gradient's graph is
+        dropped: the zeros are a plain tensor, not a tracer)."""
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -129,63 +90,22 @@ class Optimizer:
                     p.grad = grad
 
     def state_dict(self) -> Dict[str, Any]:
-        """{'state': {index: {...}}, 'param_groups': [{..., 'params': [indices]}]}, as torch; a snapshot (tensors are
-        cloned), so stepping on afterwards leaves it unchanged."""
-        index: Dict[int, int] = {}
-        groups = []
-        for group in self.param_groups:
-            packed = {key: value for key, value in group.items() if key != "params"}
-            packed["params"] = [index.setdefault(id(p), len(index)) for p in group["params"]]
-            groups.append(packed)
-        state = {index[id(p)]: _copy_state(s) for p, s in self.state.items() if id(p) in index}
-        return {"state": state, "param_groups": groups}
+        """torch's state_dict ({'state': {index: {...}}, 'param_groups': [...]}, hooks included), as a snapshot: its
+        tensors are copies, so stepping on afterwards leaves it unchanged."""
+        saved = super().state_dict()
+        return {**saved, "state": {i: _copy_state(values) for i, values in saved["state"].items()}}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Restore state and hyperparameters saved by state_dict() (ours or torch.optim's) onto this optimizer's
-        parameters, matched by position; state tensors are copied to each parameter's dtype and device."""
-        saved_groups = state_dict["param_groups"]
-        if len(saved_groups) != len(self.param_groups):
-            raise ValueError("loaded state dict has a different number of parameter groups")
-        if any(len(saved["params"]) != len(group["params"]) for saved, group in zip(saved_groups, self.param_groups)):
-            raise ValueError("loaded state dict contains a parameter group that doesn't match the size of "
-                             "optimizer's group")
-        by_index = {i: p for saved, group in zip(saved_groups, self.param_groups)
-                    for i, p in zip(saved["params"], group["params"])}
-        state: Dict[Any, Dict[str, Any]] = defaultdict(dict)
-        for i, values in state_dict["state"].items():
-            param = by_index.get(i)
-            state[param if param is not None else i] = _copy_state(values, param)
-        groups = []
-        for saved, group in zip(saved_groups, self.param_groups):
-            restored = copy.deepcopy({key: value for key, value in saved.items() if key != "params"})
-            if "param_names" in group:
-                restored.setdefault("param_names", group["param_names"])
-            restored["params"] = group["params"]
-            groups.append(restored)
-        self.state, self.param_groups = state, groups
-
-    def __repr__(self) -> str:
-        lines = [f"{type(self).__name__} ("]
-        for i, group in enumerate(self.param_groups):
-            lines.append(f"Parameter Group {i}")
-            lines += [f"    {key}: {group[key]}" for key in sorted(group) if key != "params"]
-        return "\n".join(lines + [")"])
+        """torch's load_state_dict (ours or a torch.optim optimizer's, matched by position, floating state cast to each
+        parameter's dtype and device) on copies of the saved tensors, so the two never share state."""
+        state = {i: _copy_state(values) for i, values in state_dict["state"].items()}
+        super().load_state_dict({**state_dict, "state": state})
 
 
-def _copy_state(values: Dict[str, Any], param: Optional[torch.Tensor] = None) -> Dict[str, Any]:
-    """Copy one parameter's state; with `param`, floating tensors (except the step count) take its dtype/device."""
-    copied = {}
-    for key, value in values.items():
-        if isinstance(value, torch.Tensor):
-            value = plain(value)
-            if param is not None and key != "step" and value.is_floating_point():
-                value = value.to(dtype=param.dtype, device=param.device, copy=True)
-            else:
-                value = value.clone()
-        else:
-            value = copy.deepcopy(value)
-        copied[key] = value
-    return copied
+def _copy_state(values: Dict[str, Any]) -> Dict[str, Any]:
+    """Copy one parameter's state: tensors as plain tensors, other values deep-copied."""
+    return {key: plain(value).clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+            for key, value in values.items()}
 
 
 def next_step(state: Dict[str, Any]) -> float:

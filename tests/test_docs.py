@@ -1,0 +1,81 @@
+"""The documentation site builds with `mkdocs build --strict` (any warning fails), shows every notebook, every public
+name and every rule, and loads nothing from the network."""
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+import torchtrace as tt
+from torchtrace.autograd.function import RULES
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MISSING = [name for name in ("mkdocs", "material", "mkdocstrings_handlers.python", "mkdocs_jupyter", "mkdocs_gen_files",
+                             "mkdocs_literate_nav") if importlib.util.find_spec(name.split(".")[0]) is None]
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"the docs extra is not installed (missing {MISSING}): "
+                                                      "pip install -c constraints.txt -e '.[docs]'")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "DISABLE_MKDOCS_2_WARNING": "true", "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+def text(page: pathlib.Path) -> str:
+    return page.read_text(encoding="utf-8")
+
+
+def test_every_notebook_has_a_page_with_its_stored_outputs(site):
+    notebooks = sorted((ROOT / "examples" / "notebooks").glob("*.ipynb"))
+    assert notebooks
+    for notebook in notebooks:
+        page = site / "notebooks" / notebook.stem / "index.html"
+        assert page.exists(), notebook.name
+        assert "jp-OutputArea" in text(page) or "output" in text(page)
+    navigation = text(site / "index.html")
+    assert all(f"notebooks/{notebook.stem}/" in navigation for notebook in notebooks)
+
+
+@pytest.mark.parametrize("namespace", ["torchtrace", "torchtrace.nn", "torchtrace.nn.parallel", "torchtrace.optim"])
+def test_the_api_reference_has_every_public_name(site, namespace):
+    module = {"torchtrace": tt, "torchtrace.nn": tt.nn, "torchtrace.nn.parallel": tt.nn.parallel,
+              "torchtrace.optim": tt.optim}[namespace]
+    page = text(site / "api" / namespace / "index.html")
+    for name in module.__all__:
+        assert f'id="{name.lower()}"' in page, f"{namespace}.{name}"
+
+
+def test_docstrings_are_rendered(site):
+    page = text(site / "api" / "torchtrace.optim" / "index.html")
+    assert "m &lt;- beta1 * m + (1 - beta1) * g" in page  # Adam's update rule, from its docstring
+    parallel = text(site / "api" / "torchtrace.nn.parallel" / "index.html")
+    assert "so that each backward averages its parameters" in parallel
+
+
+def test_the_ops_page_lists_every_rule_with_its_math_line(site):
+    page = text(site / "ops" / "index.html")
+    rows = re.findall(r"<tr><td><code>(.*?)</code></td><td>(.*?)</td><td><code>(.*?)</code></td></tr>", page)
+    assert len(rows) == len(RULES)
+    assert {rule for _, rule, _ in rows} == {rule.__name__ for rule in RULES.values()}
+    assert all(math for _, _, math in rows)
+
+
+def test_pages_load_nothing_from_the_network(site):
+    pages = list(site.rglob("*.html"))
+    assert len(pages) > 15
+    external = re.compile(r"""<(?:script|link|img|iframe|source)\b[^>]*\b(?:src|href)=["'](?:https?:)?//|"""
+                          r"""url\(["']?(?:https?:)?//|@import\s+["']?(?:https?:)?//""")
+    for page in pages:
+        found = external.search(text(page))
+        assert found is None, f"{page.relative_to(site)} loads {text(page)[found.start():found.start() + 120]}"
+    stylesheets = "".join(text(css) for css in site.rglob("*.css"))
+    assert "fonts.googleapis" not in stylesheets and not re.search(r"url\([\"']?https?://", stylesheets)
