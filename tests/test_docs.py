@@ -79,3 +79,11 @@ def test_pages_load_nothing_from_the_network(site):
         assert found is None, f"{page.relative_to(site)} loads {text(page)[found.start():found.start() + 120]}"
     stylesheets = "".join(text(css) for css in site.rglob("*.css"))
     assert "fonts.googleapis" not in stylesheets and not re.search(r"url\([\"']?https?://", stylesheets)
+
+
+def test_the_player_pages_step_through_what_the_code_computes_now(site):
+    for name, expected in {"micrograd": ('"a"', "-3"), "mlp": ("0.weight", "CrossEntropy")}.items():
+        page = text(site / "player" / f"{name}.html")
+        assert "<script" in page and all(part in page for part in expected), name
+    listing = text(site / "player" / "index.html")
+    assert "micrograd.html" in listing and "mlp.html" in listing
