@@ -550,3 +550,31 @@ def test_a_ported_model_names_its_layers_in_the_trace(capsys):
     assert lines[1:5] == ["↘︎ Sum()", "↘︎ Linear(in_features=3, out_features=1, bias=True)", "↘︎ ReLU()",
                           "↘︎ Linear(in_features=4, out_features=3, bias=True)"]
     assert len(model[0]._forward_pre_hooks) == 1
+
+
+def test_an_optimizer_created_before_port_updates_the_model_as_torch():
+    torch.manual_seed(0)
+    model = MLP().double()
+    twin = copy.deepcopy(model)
+    params_before = list(model.parameters())
+    opt, twin_opt = torch.optim.Adam(model.parameters(), lr=0.01), torch.optim.Adam(twin.parameters(), lr=0.01)
+    port(model)
+    assert all(p is q for p, q in zip(model.parameters(), params_before))
+    x = torch.randn(5, 6, dtype=torch.float64)
+    for _ in range(3):
+        for m, o in ((model, opt), (twin, twin_opt)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            o.step()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert isinstance(p, tracer)
+        torch.testing.assert_close(p.detach().as_subclass(torch.Tensor), q.detach(), atol=ATOL, rtol=0)
+
+
+def test_port_keeps_a_gradient_torch_already_accumulated():
+    model = nn.Linear(2, 1)
+    model(torch.ones(1, 2)).sum().backward()
+    before = model.weight.grad.clone()
+    port(model)
+    torch.testing.assert_close(model.weight.grad, before)
+    assert not torch.Tensor.requires_grad.__get__(model.weight)

@@ -1,4 +1,5 @@
 """The tracer: a torch.Tensor whose every torch call is intercepted and recorded for torchtrace's backward."""
+import warnings
 import weakref
 from typing import Any, Callable, Optional
 
@@ -10,6 +11,11 @@ from torchtrace.autograd.node import Node, RemovableHandle
 from torchtrace.tensor_protocols import TensorProtocols
 
 _guard = torch._C.DisableTorchFunctionSubclass
+NON_LEAF_GRAD_WARNING = (
+    "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad attribute won't be "
+    "populated during autograd.backward(). If you indeed want the .grad field to be populated for a non-leaf Tensor, "
+    "use .retain_grad() on the non-leaf Tensor. If you access the non-leaf Tensor by mistake, make sure you access "
+    "the leaf Tensor instead.")
 
 
 def _check_differentiable(t: torch.Tensor) -> None:
@@ -112,6 +118,8 @@ class tracer(TensorProtocols, torch.Tensor):
 
     @property
     def grad(self) -> Optional[torch.Tensor]:
+        if self._tt_grad is None and self._tt_node is not None and not self.retains_grad:
+            warnings.warn(NON_LEAF_GRAD_WARNING, UserWarning, stacklevel=2)
         return self._tt_grad
 
     @grad.setter

@@ -5,6 +5,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from torchtrace.autograd import node as node_hooks
 from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for, leaf_accumulator, link_output
 from torchtrace.autograd.state import STATE
 
@@ -168,7 +169,11 @@ def _propagate(node: Node, grads: List[Any], buffers: Dict[Any, List[Any]], crea
     if node.output_meta is not None:
         grads = [torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
                  for g, meta in zip(grads, node.output_meta)]
+    if node.pre_hooks:
+        grads = node_hooks.run_pre_hooks(node, grads)
     result = _call_backward(node, grads, create_graph, tracer_type)
+    if node.post_hooks:
+        result = node_hooks.run_post_hooks(node, result, grads)
     if STATE.on_backward:
         for observe in STATE.on_backward:
             observe(node, grads, result)
