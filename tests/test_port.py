@@ -578,3 +578,34 @@ def test_port_keeps_a_gradient_torch_already_accumulated():
     port(model)
     torch.testing.assert_close(model.weight.grad, before)
     assert not torch.Tensor.requires_grad.__get__(model.weight)
+
+
+PLAIN_INPUT_MODELS = {
+    "lstm_2_layers": (lambda: nn.LSTM(4, 5, num_layers=2, batch_first=True), lambda m, x: m(x)[0]),
+    "gru_bidirectional": (lambda: nn.GRU(4, 5, bidirectional=True), lambda m, x: m(x)[0]),
+    "rnn": (lambda: nn.RNN(4, 5), lambda m, x: m(x)[0]),
+    "multihead_attention": (lambda: nn.MultiheadAttention(4, 2, batch_first=True), lambda m, x: m(x, x, x)[0]),
+    "transformer_encoder_layer": (lambda: nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0, batch_first=True),
+                                  lambda m, x: m(x)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLAIN_INPUT_MODELS))
+def test_a_plain_input_requiring_grad_gets_its_grad_from_a_ported_model_as_torch(name):
+    build, call = PLAIN_INPUT_MODELS[name]
+    torch.manual_seed(0)
+    model = build().double()
+    twin = copy.deepcopy(model)
+    port(model)
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    call(model, ours).pow(2).sum().backward()
+    call(twin, theirs).pow(2).sum().backward()
+    torch.testing.assert_close(ours.grad, theirs.grad, atol=ATOL, rtol=1e-7)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=ATOL, rtol=1e-7)
+    direction, eps = torch.randn_like(x), 1e-6
+    with torch.no_grad():
+        loss_at = [call(twin, x + step * direction).pow(2).sum() for step in (eps, -eps)]
+    slope = (loss_at[0] - loss_at[1]) / (2 * eps)
+    torch.testing.assert_close((ours.grad * direction).sum(), slope, atol=1e-6, rtol=1e-6)
