@@ -4,7 +4,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 
 from torchtrace.arguments import keywords_to_positions
-from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Context, Function
+from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Context, Function, returned_outputs
 from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.state import STATE
 from torchtrace.autograd.views import ViewOfBase, WriteIntoView, base_root, geometry
@@ -47,6 +47,8 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
                 "— assign the result instead, or run the call under tt.no_grad()")
         stack = STATE.module_stack
         ctx = Context(rule, edges, needs)
+        if func is None:  # Function.apply: backward must return one gradient per argument, as torch checks
+            ctx.n_inputs = len(args) + len(kwargs)
         node = Node(rule, ctx, edges, func, tuple(stack) if stack else ())
         if torch_leaf:  # torch's autograd must not record the plain tensors that require grad
             _set_grad_enabled(False)
@@ -243,7 +245,7 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
     """No rule: Function.apply, in-place ops (through their out-of-place twin), or non-differentiable ops."""
     owner = getattr(func, "__self__", None)
     if isinstance(owner, type) and issubclass(owner, Function) and func.__name__ == "apply":
-        return run_rule(tracer_type, owner, None, args, kwargs)
+        return returned_outputs(owner, run_rule(tracer_type, owner, None, args, kwargs))
     recording = _grad_enabled() and (_wants_gradient(args) or _wants_gradient(kwargs))
     if recording and func not in INPLACE and func not in NON_DIFFERENTIABLE and _is_inplace(func):
         _refuse(func)  # before torch changes the argument

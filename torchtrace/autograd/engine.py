@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from torchtrace.autograd import node as node_hooks
+from torchtrace.autograd.function import checked_gradient_count
 from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for, leaf_accumulator, link_output
 from torchtrace.autograd.state import STATE
 
@@ -204,10 +205,10 @@ def _call_backward(node: Node, grads: List[Any], create_graph: bool, tracer_type
     finally:
         if relink:
             ctx.use_graph_saved(None)
-    if isinstance(result, tuple):
-        return result
     if result is None or isinstance(result, torch.Tensor):
-        return (result,)
+        result = (result,)
+    if isinstance(result, tuple):
+        return result if ctx.n_inputs is None else checked_gradient_count(node, result)
     raise RuntimeError(f"{node.rule.__name__}.backward returned a {type(result).__name__}; it must return a "
                        "tensor, None, or a tuple with one gradient (or None) per input of forward")
 

@@ -27,6 +27,7 @@ class Context:
     _released = False
     _needs: Optional[Tuple[bool, ...]] = None
     _graph_saved: Optional[Tuple[Any, ...]] = None
+    n_inputs: Optional[int] = None  # set for Function.apply: how many arguments backward returns gradients for
 
     def __init__(self, rule: type, edges: Any = (), needs_mask: Optional[int] = None):
         self.rule = rule
@@ -36,7 +37,13 @@ class Context:
     def save_for_backward(self, *tensors: Any) -> None:
         """Keep tensors for backward; an in-place change of one of them before backward is an error."""
         self._saved = tensors
-        self._versions = [getattr(t, "_version", None) for t in tensors]
+        try:
+            self._versions = [getattr(t, "_version", None) for t in tensors]
+        except RuntimeError:  # an inference tensor has no version counter
+            raise RuntimeError(
+                f"{self.rule.__name__}: a tensor made under torch.inference_mode cannot be saved for backward (it "
+                "has no version counter). Make it outside inference_mode, or use a clone made outside it "
+                "(t = t.clone() after the with block).") from None
 
     @property
     def saved_tensors(self) -> Tuple[Any, ...]:
@@ -109,6 +116,11 @@ class Function:
     def backward(ctx: Context, *grads: Any) -> Any:
         raise NotImplementedError("a Function must define backward(ctx, *grads)")
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        name = type(self).__name__
+        raise TypeError(f"{name} should not be instantiated: the methods of a Function are static. Call "
+                        f"{name}.apply(...) with forward's arguments (as for torch's autograd Functions).")
+
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
         """Run forward; on tracers the call goes through the tracer's __torch_function__, which records it."""
@@ -136,6 +148,24 @@ class Function:
         if name in ("input", "self") and names:
             return 0
         raise TypeError(f"{cls.__name__}: cannot route the gradient of keyword argument '{name}'")
+
+
+def returned_outputs(rule: type, out: Any) -> Any:
+    """What Function.apply returns: forward's output, which must be a tensor or a tuple (None is a mistake)."""
+    if out is None:
+        raise RuntimeError(f"{rule.__name__}.forward returned None: return the output tensor (or a tuple of "
+                           "tensors) from forward, e.g. `return x * 2`")
+    return out
+
+
+def checked_gradient_count(node: Any, result: tuple) -> tuple:
+    """One gradient per argument of Function.apply, as torch requires (extra trailing Nones are dropped)."""
+    expected = node.ctx.n_inputs
+    if len(result) == expected or (len(result) > expected and all(g is None for g in result[expected:])):
+        return result[:expected]
+    hidden = getattr(node.rule, "hidden_arguments", 0)  # a bridge's own leading argument, not the user's
+    raise RuntimeError(f"function {node.name} returned an incorrect number of gradients (expected "
+                       f"{expected - hidden}, got {len(result) - hidden})")
 
 
 def register(*torch_callables: Callable, rule: Optional[type] = None) -> Any:
