@@ -43,6 +43,9 @@ def like(x, t):
     (lambda a, t, r: F.multilabel_soft_margin_loss(a, t, reduction=r), (LOGITS, MULTI_HOT)),
     (lambda a, t, r: F.multilabel_soft_margin_loss(a, t, like(a, CLASS_WEIGHT), reduction=r), (LOGITS, MULTI_HOT)),
     (lambda a, t, r: F.multilabel_soft_margin_loss(a, t, reduction=r), (LOGITS[0], MULTI_HOT[0])),
+    (lambda a, t, w, r: F.multilabel_soft_margin_loss(a, t, w, reduction=r), (LOGITS, MULTI_HOT, CLASS_WEIGHT)),
+    (lambda a, t, w, r: F.multilabel_soft_margin_loss(input=a, target=t, weight=w, reduction=r),
+     (LOGITS, MULTI_HOT, CLASS_WEIGHT)),
     (lambda a, r: F.multi_margin_loss(a, LABELS, reduction=r), (LOGITS,)),
     (lambda a, r: F.multi_margin_loss(a, LABELS, 2, 0.5, reduction=r), (LOGITS,)),
     (lambda a, r: F.multi_margin_loss(a, LABELS, 1, 2.0, like(a, CLASS_WEIGHT), reduction=r), (LOGITS,)),
@@ -117,7 +120,6 @@ def test_double_backward(fn, inputs):
 
 @pytest.mark.parametrize("call", [
     lambda x, w: F.multi_margin_loss(x, LABELS, weight=w),
-    lambda x, w: F.multilabel_soft_margin_loss(x, MULTI_HOT, w),
 ])
 def test_weights_that_require_grad_are_refused(call):
     with pytest.raises(RuntimeError, match="not differentiable with respect to 'weight'"):
