@@ -117,7 +117,8 @@ def _bridge(user_class: type) -> type:
         doc = f"y = {user_class.__qualname__}.forward(x) -> its own backward"
         bridge = type(user_class.__name__, (Function,), {"__doc__": doc, "forward": staticmethod(_forward),
                                                          "backward": staticmethod(_backward),
-                                                         "hidden_arguments": 1})  # the _Opaque call
+                                                         "hidden_arguments": 1,  # the _Opaque call
+                                                         "user_backward": user_class})
         _BRIDGES[user_class] = bridge
     return bridge
 
