@@ -295,6 +295,7 @@ def _record_inplace_flag(tracer_type: type, rule: type, func: Callable, args: tu
             func(*args, **kwargs)
         return args[0]
     position = INPLACE_FLAG[func]
+    rule = getattr(rule, "inplace_rule", rule)  # a rule whose in-place form differs (it reads the result)
     if "inplace" in kwargs:
         kwargs = {**kwargs, "inplace": False}
     else:
