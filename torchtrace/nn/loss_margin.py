@@ -48,7 +48,7 @@ class CosineEmbedding(_PairLoss):
         m1, m2 = (x1 * x1).sum(dim) + 1e-12, (x2 * x2).sum(dim) + 1e-12
         denom = (m1 * m2).sqrt()
         cos = (x1 * x2).sum(dim) / denom
-        slope = -1.0 * (y == 1) + (y == -1) * (cos - ctx.margin >= 0)
+        slope = torch.where(y == 1, -1.0, ((y == -1) & (cos - ctx.margin >= 0)).to(cos.dtype))  # cos's dtype
         c = (slope * _elementwise_scale(g, ctx.reduction, cos.numel())).unsqueeze(dim)
         cos, denom, m1, m2 = (t.unsqueeze(dim) for t in (cos, denom, m1, m2))
         need_1, need_2 = ctx.needs_input_grad[:2]
@@ -178,7 +178,8 @@ class MultiMargin(Function):
         own = x.gather(1, y.reshape(-1, 1))
         z = ctx.margin - own + x
         others = torch.arange(n_classes, device=x.device).reshape(1, -1) != y.reshape(-1, 1)
-        h = (z > 0) * others * (1 if ctx.p == 1 else 2 * z) / n_classes
+        active = ((z > 0) & others).to(x.dtype)  # in x's dtype: a bool mask times a number would be float32
+        h = (active if ctx.p == 1 else active * 2 * z) / n_classes
         if weight is not None:
             h = h * weight.gather(0, y).reshape(-1, 1)
         h = h * _per_sample(g, ctx.reduction, n)
