@@ -201,12 +201,22 @@ def _as_tracers(out: Any, tracer_type: type, args: tuple) -> Any:
 
 
 def _remember_base(view: torch.Tensor, args: tuple) -> None:
-    """A view result remembers the tracer argument whose memory it shares: its base (`_tt_base`)."""
+    """A view result remembers the tracer argument whose memory it shares: its base (`_tt_base`). A view of the op's
+    own internal result (einsum's permuted bmm output), whose memory no argument shares, is no view to the user: it
+    owns that memory, so in-place changes of it (and of its slices) are recorded as of any result."""
     with _guard():
         root = base_root(view)
         bases = [a._tt_base if a._tt_view else a for a in args
                  if isinstance(a, torch.Tensor) and hasattr(a, "_tt_view") and base_root(a) is root]
+        internal = not bases and not any(base_root(t) is root for t in _tensors_in(args))
     view._tt_base = bases[0] if bases else None
+    if internal:
+        view._tt_view = False
+
+
+def _tensors_in(args: tuple) -> List[torch.Tensor]:
+    """The tensor arguments of a call, items of list arguments included."""
+    return [t for a in args for t in (a if isinstance(a, _containers) else (a,)) if isinstance(t, torch.Tensor)]
 
 
 def catch_up(view: torch.Tensor, tracer_type: type, always: bool = False) -> None:
