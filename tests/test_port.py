@@ -369,13 +369,6 @@ def test_a_user_subclass_of_a_swapped_layer_keeps_its_own_forward(duplicate):
     assert_same_grads(model, twin)
 
 
-def test_packed_sequences_are_refused_clearly():
-    model, _ = twins(lambda: nn.LSTM(3, 4))
-    packed = nn.utils.rnn.pack_padded_sequence(torch.randn(5, 2, 3, dtype=torch.float64), [5, 3])
-    with pytest.raises(tt.UnsupportedOperationError, match="PackedSequence"):
-        model(packed)
-
-
 # ---------------------------------------------------------------------------------------------- state_dict
 def test_state_dict_is_plain_and_loads_into_an_unported_twin():
     model, _ = twins(TinyResNet)

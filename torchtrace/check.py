@@ -161,7 +161,7 @@ def _why_not_torch(recorded: List[Node], out_ours: List[Any], out_theirs: List[A
     users = sorted({node.rule.user_backward.__qualname__ for node in recorded
                     if getattr(node.rule, "user_backward", None) is not None})
     if users:
-        return (f"it calls the torch.autograd.Function {', '.join(users)}, whose backward torch runs as written, "
+        return (f"it calls the torch autograd Function {', '.join(users)}, whose backward torch runs as written, "
                 "not derived from its forward")
     for i, (a, b) in enumerate(zip(out_ours, out_theirs)):
         if isinstance(a, torch.Tensor) and a.requires_grad and isinstance(b, torch.Tensor) and not b.requires_grad:

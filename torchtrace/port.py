@@ -51,7 +51,7 @@ def port(module: M) -> M:
       (so nn.TransformerEncoderLayer / DecoderLayer / Transformer work through their swapped self_attn). A user
       subclass of one of these keeps its own methods: its class becomes a subclass of both, and its
       `super().forward(...)` reaches the tt.nn forward (it pickles as the user's class and is swapped again on
-      loading). The recurrent swaps refuse PackedSequence input.
+      loading). The recurrent swaps take PackedSequence input (torchtrace/nn/packed.py).
     - Every other common layer (Linear, Conv1d/2d/3d, ConvTranspose*, BatchNorm*, LayerNorm, GroupNorm,
       InstanceNorm*, Embedding, Dropout, pooling, activations, losses) calls a torch.nn.functional callable
       that has a rule, and is left as it is. A layer whose functional has no rule (at the time of writing

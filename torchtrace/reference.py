@@ -1,5 +1,5 @@
 """tt.check's references: torch autograd on plain copies of everything the function touches, and central finite
-differences where torch autograd is not a reference (a torch.autograd.Function runs its author's backward; an op
+differences where torch autograd is not a reference (a torch autograd Function runs its author's backward; an op
 torch cannot differentiate)."""
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
