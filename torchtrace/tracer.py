@@ -8,14 +8,10 @@ import torch
 
 from torchtrace.autograd import dispatch
 from torchtrace.autograd.node import Node, RemovableHandle
+from torchtrace.errors import NON_LEAF_GRAD_WARNING
 from torchtrace.tensor_protocols import TensorProtocols
 
 _guard = torch._C.DisableTorchFunctionSubclass
-NON_LEAF_GRAD_WARNING = (
-    "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad attribute won't be "
-    "populated during autograd.backward(). If you indeed want the .grad field to be populated for a non-leaf Tensor, "
-    "use .retain_grad() on the non-leaf Tensor. If you access the non-leaf Tensor by mistake, make sure you access "
-    "the leaf Tensor instead.")
 
 
 def _check_differentiable(t: torch.Tensor) -> None:

@@ -4,11 +4,12 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 
 from torchtrace.arguments import keywords_to_positions
-from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Context, Function, returned_outputs
+from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Context, Function
 from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.state import STATE
 from torchtrace.autograd.views import ViewOfBase, WriteIntoView, base_root, geometry
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.function_contract import returned_outputs
 from torchtrace.naming import callable_name
 
 _guard = torch._C.DisableTorchFunctionSubclass
@@ -208,15 +209,9 @@ def _remember_base(view: torch.Tensor, args: tuple) -> None:
         root = base_root(view)
         bases = [a._tt_base if a._tt_view else a for a in args
                  if isinstance(a, torch.Tensor) and hasattr(a, "_tt_view") and base_root(a) is root]
-        internal = not bases and not any(base_root(t) is root for t in _tensors_in(args))
+        tensors = [t for a in args for t in (a if isinstance(a, _containers) else (a,)) if isinstance(t, torch.Tensor)]
+        view._tt_view = bool(bases) or any(base_root(t) is root for t in tensors)  # False: a view of its own result
     view._tt_base = bases[0] if bases else None
-    if internal:
-        view._tt_view = False
-
-
-def _tensors_in(args: tuple) -> List[torch.Tensor]:
-    """The tensor arguments of a call, items of list arguments included."""
-    return [t for a in args for t in (a if isinstance(a, _containers) else (a,)) if isinstance(t, torch.Tensor)]
 
 
 def catch_up(view: torch.Tensor, tracer_type: type, always: bool = False) -> None:

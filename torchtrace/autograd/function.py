@@ -6,6 +6,7 @@ import torch
 from torch.overrides import handle_torch_function, has_torch_function
 
 from torchtrace.autograd.state import STATE
+from torchtrace.errors import instantiated_function, saved_inference_tensor
 from torchtrace.naming import callable_name
 
 _guard = torch._C.DisableTorchFunctionSubclass
@@ -40,10 +41,7 @@ class Context:
         try:
             self._versions = [getattr(t, "_version", None) for t in tensors]
         except RuntimeError:  # an inference tensor has no version counter
-            raise RuntimeError(
-                f"{self.rule.__name__}: a tensor made under torch.inference_mode cannot be saved for backward (it "
-                "has no version counter). Make it outside inference_mode, or use a clone made outside it "
-                "(t = t.clone() after the with block).") from None
+            raise saved_inference_tensor(self.rule.__name__) from None
 
     @property
     def saved_tensors(self) -> Tuple[Any, ...]:
@@ -117,9 +115,7 @@ class Function:
         raise NotImplementedError("a Function must define backward(ctx, *grads)")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        name = type(self).__name__
-        raise TypeError(f"{name} should not be instantiated: the methods of a Function are static. Call "
-                        f"{name}.apply(...) with forward's arguments (as for torch's autograd Functions).")
+        raise instantiated_function(type(self).__name__)
 
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
@@ -148,24 +144,6 @@ class Function:
         if name in ("input", "self") and names:
             return 0
         raise TypeError(f"{cls.__name__}: cannot route the gradient of keyword argument '{name}'")
-
-
-def returned_outputs(rule: type, out: Any) -> Any:
-    """What Function.apply returns: forward's output, which must be a tensor or a tuple (None is a mistake)."""
-    if out is None:
-        raise RuntimeError(f"{rule.__name__}.forward returned None: return the output tensor (or a tuple of "
-                           "tensors) from forward, e.g. `return x * 2`")
-    return out
-
-
-def checked_gradient_count(node: Any, result: tuple) -> tuple:
-    """One gradient per argument of Function.apply, as torch requires (extra trailing Nones are dropped)."""
-    expected = node.ctx.n_inputs
-    if len(result) == expected or (len(result) > expected and all(g is None for g in result[expected:])):
-        return result[:expected]
-    hidden = getattr(node.rule, "hidden_arguments", 0)  # a bridge's own leading argument, not the user's
-    raise RuntimeError(f"function {node.name} returned an incorrect number of gradients (expected "
-                       f"{expected - hidden}, got {len(result) - hidden})")
 
 
 def register(*torch_callables: Callable, rule: Optional[type] = None) -> Any:
