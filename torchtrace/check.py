@@ -158,8 +158,7 @@ def _check_once(fn: Callable, inputs: Sequence[Any], rtol: float, atol: float) -
 
 def _why_not_torch(recorded: List[Node], out_ours: List[Any], out_theirs: List[Any]) -> Optional[str]:
     """Why torch autograd is no reference for this function (None: it is one)."""
-    users = sorted({node.rule.user_backward.__qualname__ for node in recorded
-                    if getattr(node.rule, "user_backward", None) is not None})
+    users = sorted({node.rule.user_backward for node in recorded if getattr(node.rule, "user_backward", None)})
     if users:
         return (f"it calls the torch autograd Function {', '.join(users)}, whose backward torch runs as written, "
                 "not derived from its forward")

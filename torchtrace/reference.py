@@ -30,9 +30,10 @@ class PlainCopies(TorchFunctionMode):
         self.copies: Dict[int, Tuple[tracer, torch.Tensor]] = {}
 
     def _plain(self, x: Any) -> Any:
-        if isinstance(x, (list, tuple)):
-            items = [self._plain(item) for item in x]
-            return type(x)(items) if type(x) in (list, tuple) else type(x)(*items)
+        if type(x) in (list, tuple):
+            return type(x)(self._plain(item) for item in x)
+        if isinstance(x, tuple) and hasattr(type(x), "_fields"):  # a named tuple (torch.Size and others stay)
+            return type(x)(*(self._plain(item) for item in x))
         if isinstance(x, dict):
             return {k: self._plain(v) for k, v in x.items()}
         if not isinstance(x, tracer):

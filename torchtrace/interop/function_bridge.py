@@ -118,7 +118,7 @@ def _bridge(user_class: type) -> type:
         bridge = type(user_class.__name__, (Function,), {"__doc__": doc, "forward": staticmethod(_forward),
                                                          "backward": staticmethod(_backward),
                                                          "hidden_arguments": 1,  # the _Opaque call
-                                                         "user_backward": user_class})
+                                                         "user_backward": user_class.__qualname__})  # not the class
         _BRIDGES[user_class] = bridge
     return bridge
 

@@ -86,14 +86,15 @@ def _is_plain_leaf(value: Any) -> bool:
     return type(value) is torch.Tensor and value.requires_grad and value.grad_fn is None
 
 
-def _plain_leaves_as_tracers(args: tuple) -> Optional[tuple]:
-    """The module's arguments with each plain torch leaf requiring grad (or one inside a tuple/list argument, as
-    an RNN's (h0, c0)) replaced by a tracer whose gradient torchtrace accumulates into the leaf's .grad, as when a
-    plain leaf meets a tracer in an op: so torch code run on the input inside the module (a transpose, a module
-    backward hook) is recorded by torchtrace. None: nothing to replace."""
+def _plain_leaves_as_tracers(module: torch.nn.Module, args: tuple) -> Optional[tuple]:
+    """The arguments of a module with tracer parameters, each plain torch leaf requiring grad (or one inside a
+    tuple/list argument, as an RNN's (h0, c0)) replaced by a tracer whose gradient torchtrace accumulates into the
+    leaf's .grad, as when a plain leaf meets a tracer in an op: so torch code run on the input inside the module (a
+    transpose, a module backward hook) is recorded by torchtrace. None: nothing to replace (a module whose
+    parameters are plain, as under torch.func.functional_call, stays torch's)."""
     if not any(_is_plain_leaf(a) or (type(a) in (tuple, list) and any(map(_is_plain_leaf, a))) for a in args):
         return None
-    if not torch.is_grad_enabled():
+    if not torch.is_grad_enabled() or not any(isinstance(p, tracer) for p in module.parameters()):
         return None
 
     def enter(value: Any) -> Any:
@@ -106,7 +107,7 @@ def module_entered(module: torch.nn.Module, args: tuple) -> Optional[tuple]:
     """A module starts running: nodes recorded from now on belong to it (its innermost running module); plain
     torch leaves requiring grad among its arguments become tracers (a forward pre-hook's new arguments)."""
     STATE.module_stack.append(module)
-    return _plain_leaves_as_tracers(args)
+    return _plain_leaves_as_tracers(module, args)
 
 
 def module_left(module: torch.nn.Module, args: tuple, out: Any) -> None:
