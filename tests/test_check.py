@@ -74,3 +74,75 @@ def test_check_reports_output_mismatch(wrong_rule_for_square):
     RULES[torch.negative] = Off
     with pytest.raises(tt.GradientMismatch, match="output 0 differs"):
         tt.check(lambda x: torch.negative(x), torch.rand(3))
+
+
+class TorchFunctionWithWrongBackward(torch.autograd.Function):
+    """y = x^2 whose author wrote dy/dx = x (wrong: 2x)"""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * x
+
+
+def test_check_compares_a_ported_model_with_torch_on_plain_copies_of_its_parameters(wrong_rule_for_square):
+    torch.manual_seed(0)
+    model = tt.port(torch.nn.Linear(3, 2))
+    report = tt.check(lambda x: model(x).tanh(), torch.randn(4, 3))
+    assert report.n_captured == 2 and "2 gradients of tensors it uses" in repr(report)
+    assert model.weight.grad is None  # the check leaves the model's gradients as they were
+    with pytest.raises(tt.GradientMismatch, match=r"gradient of (input 0|tensor 0).*\n.*WrongSquareBackward"):
+        tt.check(lambda x: torch.square(model(x)), torch.randn(4, 3))
+
+
+def test_check_compares_tracers_a_function_closes_over(wrong_rule_for_square):
+    w = tt.tracer(torch.rand(3) + 1, requires_grad=True)
+    assert tt.check(lambda x: x * w.exp(), torch.rand(3)).n_captured == 1
+    with pytest.raises(tt.GradientMismatch, match=r"gradient of tensor 0 that fn uses .*\n.*WrongSquareBackward"):
+        tt.check(lambda x: x + torch.square(w), torch.rand(3))  # the input's gradient is right; w's is wrong
+
+
+def test_check_uses_finite_differences_for_a_torch_autograd_function():
+    with pytest.raises(tt.GradientMismatch, match=r"differs from finite differences.*torch autograd Function "
+                                                  r"TorchFunctionWithWrongBackward"):
+        tt.check(lambda x: TorchFunctionWithWrongBackward.apply(x * 3), torch.rand(4) + 1)
+
+
+def test_check_says_when_finite_differences_were_the_reference():
+    class TorchSquare(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 2 * g * x
+
+    report = tt.check(lambda x: TorchSquare.apply(x).sin(), torch.rand(4, dtype=torch.float64))
+    assert report.reference.startswith("finite differences (it calls the torch autograd Function")
+    assert "match finite differences" in repr(report)
+
+
+def test_check_uses_finite_differences_where_torch_cannot_differentiate():
+    # torch has no derivative of torch.special.zeta in its first argument; torchtrace's rule would need one too,
+    # so here the reference run raises inside torch and the check falls back to finite differences
+    class Cube(tt.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.special.zeta(x * 0 + 3.0, x.detach() * 0 + 1.0) * x ** 3
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * 3 * x ** 2 * torch.special.zeta(torch.full_like(x, 3.0), torch.ones_like(x))
+
+    report = tt.check(lambda x: Cube.apply(x), torch.rand(3, dtype=torch.float64) + 1)
+    assert report.reference.startswith("finite differences (torch autograd cannot differentiate it")

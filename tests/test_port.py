@@ -369,13 +369,6 @@ def test_a_user_subclass_of_a_swapped_layer_keeps_its_own_forward(duplicate):
     assert_same_grads(model, twin)
 
 
-def test_packed_sequences_are_refused_clearly():
-    model, _ = twins(lambda: nn.LSTM(3, 4))
-    packed = nn.utils.rnn.pack_padded_sequence(torch.randn(5, 2, 3, dtype=torch.float64), [5, 3])
-    with pytest.raises(tt.UnsupportedOperationError, match="PackedSequence"):
-        model(packed)
-
-
 # ---------------------------------------------------------------------------------------------- state_dict
 def test_state_dict_is_plain_and_loads_into_an_unported_twin():
     model, _ = twins(TinyResNet)
@@ -550,3 +543,62 @@ def test_a_ported_model_names_its_layers_in_the_trace(capsys):
     assert lines[1:5] == ["↘︎ Sum()", "↘︎ Linear(in_features=3, out_features=1, bias=True)", "↘︎ ReLU()",
                           "↘︎ Linear(in_features=4, out_features=3, bias=True)"]
     assert len(model[0]._forward_pre_hooks) == 1
+
+
+def test_an_optimizer_created_before_port_updates_the_model_as_torch():
+    torch.manual_seed(0)
+    model = MLP().double()
+    twin = copy.deepcopy(model)
+    params_before = list(model.parameters())
+    opt, twin_opt = torch.optim.Adam(model.parameters(), lr=0.01), torch.optim.Adam(twin.parameters(), lr=0.01)
+    port(model)
+    assert all(p is q for p, q in zip(model.parameters(), params_before))
+    x = torch.randn(5, 6, dtype=torch.float64)
+    for _ in range(3):
+        for m, o in ((model, opt), (twin, twin_opt)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            o.step()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert isinstance(p, tracer)
+        torch.testing.assert_close(p.detach().as_subclass(torch.Tensor), q.detach(), atol=ATOL, rtol=0)
+
+
+def test_port_keeps_a_gradient_torch_already_accumulated():
+    model = nn.Linear(2, 1)
+    model(torch.ones(1, 2)).sum().backward()
+    before = model.weight.grad.clone()
+    port(model)
+    torch.testing.assert_close(model.weight.grad, before)
+    assert not torch.Tensor.requires_grad.__get__(model.weight)
+
+
+PLAIN_INPUT_MODELS = {
+    "lstm_2_layers": (lambda: nn.LSTM(4, 5, num_layers=2, batch_first=True), lambda m, x: m(x)[0]),
+    "gru_bidirectional": (lambda: nn.GRU(4, 5, bidirectional=True), lambda m, x: m(x)[0]),
+    "rnn": (lambda: nn.RNN(4, 5), lambda m, x: m(x)[0]),
+    "multihead_attention": (lambda: nn.MultiheadAttention(4, 2, batch_first=True), lambda m, x: m(x, x, x)[0]),
+    "transformer_encoder_layer": (lambda: nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0, batch_first=True),
+                                  lambda m, x: m(x)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLAIN_INPUT_MODELS))
+def test_a_plain_input_requiring_grad_gets_its_grad_from_a_ported_model_as_torch(name):
+    build, call = PLAIN_INPUT_MODELS[name]
+    torch.manual_seed(0)
+    model = build().double()
+    twin = copy.deepcopy(model)
+    port(model)
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    call(model, ours).pow(2).sum().backward()
+    call(twin, theirs).pow(2).sum().backward()
+    torch.testing.assert_close(ours.grad, theirs.grad, atol=ATOL, rtol=1e-7)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=ATOL, rtol=1e-7)
+    direction, eps = torch.randn_like(x), 1e-6
+    with torch.no_grad():
+        loss_at = [call(twin, x + step * direction).pow(2).sum() for step in (eps, -eps)]
+    slope = (loss_at[0] - loss_at[1]) / (2 * eps)
+    torch.testing.assert_close((ours.grad * direction).sum(), slope, atol=1e-6, rtol=1e-6)

@@ -1,7 +1,7 @@
 """Calls as torch's signatures read them: keywords that hold tensors moved to their positions, numpy's names."""
 import inspect
 import itertools
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -46,6 +46,29 @@ def _forward_parameters(rule: type) -> tuple:
     return found
 
 
+def _rule_parameters(rule: type) -> Tuple[frozenset, int, bool]:
+    """The names its forward accepts as keywords, how many positional parameters it names, and whether it takes
+    **kwargs (kept on the class)."""
+    found = rule.__dict__.get("_tt_keywords")
+    if found is None:
+        try:
+            parameters = list(inspect.signature(rule.forward).parameters.values())[1:]  # after ctx
+        except (TypeError, ValueError):
+            parameters = []
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        named = frozenset(p.name for p in parameters if p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+        found = rule._tt_keywords = (named, sum(p.kind in kinds for p in parameters),
+                                     any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters))
+    return found
+
+
+def _must_move(rule: type, name: str, position: int) -> bool:
+    """A keyword torch accepts that the rule's forward cannot take by that name (torch.mul(input=x, other=2.0) to
+    Mul.forward(ctx, a, b)): it moves to its position. A forward with **kwargs passes other keywords on to torch."""
+    named, n_positional, var_keyword = _rule_parameters(rule)
+    return name not in named and (not var_keyword or position < n_positional)
+
+
 def _holds_tensor(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return True
@@ -59,12 +82,15 @@ def keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kwa
     `tensors=`), whose gradients must be routed; options such as alpha= stay keywords, which rules
     accept under torch's names.
     """
+    if "out" in kwargs and kwargs["out"] is None:  # out=None is torch's default: no preallocated output
+        kwargs = {k: v for k, v in kwargs.items() if k != "out"}
     for alias, name in _NUMPY_NAMES:  # x.sum(axis=0, keepdims=True) means x.sum(dim=0, keepdim=True)
         if alias in kwargs and name not in kwargs:
             kwargs = {name if k == alias else k: v for k, v in kwargs.items()}
     params, exact = _positional_parameters(func) if func is not None else _forward_parameters(rule)
     names = [name for name, _ in params]
-    movable = [k for k, v in kwargs.items() if k in names and (exact or _holds_tensor(v))]
+    movable = [k for k, v in kwargs.items()
+               if k in names and (exact or _holds_tensor(v) or _must_move(rule, k, names.index(k)))]
     last = max((names.index(k) for k in movable), default=-1)
     if last < len(args):
         return args, kwargs

@@ -9,6 +9,7 @@ from torchtrace.autograd.node import Node, gradient_for
 from torchtrace.autograd.state import observing
 from torchtrace.errors import GradientMismatch
 from torchtrace.naming import callable_name
+from torchtrace.reference import PlainCopies, finite_differences
 from torchtrace.tracer import as_tracer
 
 _guard = torch._C.DisableTorchFunctionSubclass
@@ -47,14 +48,18 @@ def _differentiable(x: Any) -> bool:
 class CheckReport:
     """What tt.check compared: outputs, input gradients, graph nodes, and the largest difference seen."""
 
+    reference = "torch autograd"  # or "finite differences (why torch autograd was not the reference)"
+    n_captured = 0  # gradients of leaves fn uses without taking them as inputs (a ported model's parameters)
+
     def __init__(self, n_outputs: int, n_gradients: int, n_nodes: int, max_abs_diff: float):
         self.n_outputs, self.n_gradients = n_outputs, n_gradients
         self.n_nodes, self.max_abs_diff = n_nodes, max_abs_diff
         self.ok = True
 
     def __repr__(self) -> str:
-        return (f"CheckReport(ok: {self.n_outputs} outputs and {self.n_gradients} input gradients match torch "
-                f"autograd over {self.n_nodes} graph nodes, max |diff| = {self.max_abs_diff:.3g})")
+        captured = f" and {self.n_captured} gradients of tensors it uses" if self.n_captured else ""
+        return (f"CheckReport(ok: {self.n_outputs} outputs and {self.n_gradients} input gradients{captured} match "
+                f"{self.reference} over {self.n_nodes} graph nodes, max |diff| = {self.max_abs_diff:.3g})")
 
 
 def check(fn: Callable, *inputs: Any, check_inputs: Optional[Sequence[Sequence[Any]]] = None,
@@ -64,6 +69,8 @@ def check(fn: Callable, *inputs: Any, check_inputs: Optional[Sequence[Sequence[A
     total = reports[0]
     for extra in reports[1:]:
         total.n_nodes += extra.n_nodes
+        if extra.reference != total.reference:
+            total.reference = f"{total.reference}; {extra.reference}"
         total.max_abs_diff = max(total.max_abs_diff, extra.max_abs_diff)
     return total
 
@@ -95,18 +102,40 @@ def _check_once(fn: Callable, inputs: Sequence[Any], rtol: float, atol: float) -
     ours = [as_tracer(_plain(x), _differentiable(x)) if isinstance(x, torch.Tensor) else x for x in leaves]
     theirs = [_plain(x).requires_grad_(_differentiable(x)) if isinstance(x, torch.Tensor) else x for x in leaves]
     observed: List[Tuple[Node, List[Any], Tuple[Any, ...]]] = []
-    with observing(_keep_call, lambda node, grads, result: observed.append((node, grads, result))):
+    recorded: List[Node] = []
+
+    def keep_call(node: Node, args: tuple, kwargs: dict, result: Any) -> None:
+        _keep_call(node, args, kwargs, result)
+        recorded.append(node)
+
+    with observing(keep_call, lambda node, grads, result: observed.append((node, grads, result))):
         out_ours, _ = flatten(fn(*rebuild(ours)))
-        out_theirs, _ = flatten(fn(*rebuild(theirs)))
+        with PlainCopies() as reference_run:  # torch autograd alone: parameters and captured tracers as plain copies
+            out_theirs, _ = flatten(fn(*rebuild(theirs)))
         weights = _weights(out_ours)
         worst = max([_compare(f"output {i}", _plain(a), b.detach(), rtol, atol)
                      for i, (a, b) in enumerate(zip(out_ours, out_theirs)) if isinstance(a, torch.Tensor)] or [0.0])
-        pairs = [(o, w) for o, w in zip(out_ours, weights) if w is not None and o.requires_grad]
-        if pairs:
-            engine.backward([o for o, _ in pairs], [w for _, w in pairs])
+        captured = reference_run.leaves()
+        kept = [t._tt_grad for t, _ in captured]
+        try:
+            for t, _ in captured:  # their gradient from this backward alone; restored below
+                t._tt_grad = None
+            pairs = [(o, w) for o, w in zip(out_ours, weights) if w is not None and o.requires_grad]
+            if pairs:
+                engine.backward([o for o, _ in pairs], [w for _, w in pairs])
+            ours_captured = [t._tt_grad for t, _ in captured]
+        finally:
+            for (t, _), grad in zip(captured, kept):
+                t._tt_grad = grad
+        reason = _why_not_torch(recorded, out_ours, out_theirs)
         loss = sum((o * w).sum() for o, w in zip(out_theirs, weights) if w is not None and o.requires_grad)
-        if isinstance(loss, torch.Tensor):
-            loss.backward()
+        if reason is None and isinstance(loss, torch.Tensor):
+            try:
+                loss.backward()
+            except (RuntimeError, NotImplementedError) as error:
+                reason = f"torch autograd cannot differentiate it ({str(error).splitlines()[0]})"
+    if reason is not None:
+        return _check_by_finite_differences(fn, leaves, rebuild, ours, weights, reason, len(out_ours), len(observed))
     n_grads = 0
     try:
         for i, (a, b) in enumerate(zip(ours, theirs)):
@@ -115,9 +144,53 @@ def _check_once(fn: Callable, inputs: Sequence[Any], rtol: float, atol: float) -
                 got = a.grad if a.grad is not None else torch.zeros_like(expected)
                 worst = max(worst, _compare(f"gradient of input {i}", got, expected, rtol, atol))
                 n_grads += 1
+        for k, ((t, copy), got) in enumerate(zip(captured, ours_captured)):
+            expected = copy.grad if copy.grad is not None else torch.zeros_like(copy)
+            got = got if got is not None else torch.zeros_like(expected)
+            what = f"gradient of tensor {k} that fn uses without taking it as an input (shape {tuple(t.shape)})"
+            worst = max(worst, _compare(what, got, expected, rtol, atol))
     except GradientMismatch as mismatch:
         raise GradientMismatch(f"{mismatch}\n{_first_diverging_node(observed, rtol, atol)}") from None
-    return CheckReport(len(out_ours), n_grads, len(observed), worst)
+    report = CheckReport(len(out_ours), n_grads, len(observed), worst)
+    report.n_captured = len(captured)
+    return report
+
+
+def _why_not_torch(recorded: List[Node], out_ours: List[Any], out_theirs: List[Any]) -> Optional[str]:
+    """Why torch autograd is no reference for this function (None: it is one)."""
+    users = sorted({node.rule.user_backward for node in recorded if getattr(node.rule, "user_backward", None)})
+    if users:
+        return (f"it calls the torch autograd Function {', '.join(users)}, whose backward torch runs as written, "
+                "not derived from its forward")
+    for i, (a, b) in enumerate(zip(out_ours, out_theirs)):
+        if isinstance(a, torch.Tensor) and a.requires_grad and isinstance(b, torch.Tensor) and not b.requires_grad:
+            return f"torch autograd does not differentiate output {i}"
+    return None
+
+
+def _check_by_finite_differences(fn: Callable, leaves: List[Any], rebuild: Callable, ours: List[Any],
+                                 weights: List[Optional[torch.Tensor]], reason: str, n_outputs: int,
+                                 n_nodes: int) -> CheckReport:
+    """Compare the inputs' gradients with central finite differences (float64), saying why torch was not used."""
+
+    def projected(values: List[Any]) -> float:
+        outs, _ = flatten(fn(*rebuild(values)))
+        return sum(float((o.double() * w.double()).sum()) for o, w in zip(outs, weights) if w is not None)
+
+    numeric = finite_differences(projected, leaves)
+    worst = 0.0
+    for k, expected in numeric.items():
+        got = ours[k].grad if ours[k].grad is not None else torch.zeros_like(expected)
+        loose = got.dtype != torch.float64  # the gradient is rounded in the input's own dtype
+        rtol, atol = (1e-2, 1e-3) if loose else (1e-3, 1e-5)
+        if not torch.allclose(got.double(), expected, rtol=rtol, atol=atol, equal_nan=True):
+            diff = (got.double() - expected).abs().nan_to_num(0.0).max().item()
+            raise GradientMismatch(f"gradient of input {k} differs from finite differences: max |diff| = {diff:.3g} "
+                                   f"(compared with finite differences, not torch autograd: {reason})")
+        worst = max(worst, (got.double() - expected).abs().nan_to_num(0.0).max().item() if got.numel() else 0.0)
+    report = CheckReport(n_outputs, len(numeric), n_nodes, worst)
+    report.reference = f"finite differences ({reason})"
+    return report
 
 
 def _local_reference(node: Node, grads: List[Any]) -> Dict[Any, torch.Tensor]:

@@ -33,10 +33,11 @@ def port(module: M) -> M:
     `loss.backward()`, `tt.optim` or `torch.optim` optimizers, `optimizer.zero_grad()`, and
     `with torch.no_grad(): p -= lr * p.grad`.
 
-    - Each `torch.nn.Parameter` becomes a `tt.nn.Parameter` sharing its storage (requires_grad kept; torch's own
-      requires_grad is False underneath). A parameter object used by several modules (weight tying) is
-      converted once and stays shared. Buffers (BatchNorm's running_mean / running_var / num_batches_tracked)
-      become tracers without gradient sharing their storage, so in-place running-stat updates keep working.
+    - Each `torch.nn.Parameter` becomes a `tt.nn.Parameter` in place: the same object, so an optimizer created
+      before porting keeps updating the model (requires_grad kept; torch's own requires_grad is False
+      underneath). A parameter object used by several modules (weight tying) is converted once and stays shared.
+      Buffers (BatchNorm's running_mean / running_var / num_batches_tracked) become tracers without gradient
+      sharing their storage, so in-place running-stat updates keep working.
     - `module.state_dict()` holds plain tensors (it loads into an un-ported twin); `load_state_dict` copies
       into the tracers. Porting twice changes nothing.
     - Swaps: a layer whose torch forward calls a kernel that torchtrace cannot intercept gets the tt.nn class
@@ -50,7 +51,7 @@ def port(module: M) -> M:
       (so nn.TransformerEncoderLayer / DecoderLayer / Transformer work through their swapped self_attn). A user
       subclass of one of these keeps its own methods: its class becomes a subclass of both, and its
       `super().forward(...)` reaches the tt.nn forward (it pickles as the user's class and is swapped again on
-      loading). The recurrent swaps refuse PackedSequence input.
+      loading). The recurrent swaps take PackedSequence input (torchtrace/nn/packed.py).
     - Every other common layer (Linear, Conv1d/2d/3d, ConvTranspose*, BatchNorm*, LayerNorm, GroupNorm,
       InstanceNorm*, Embedding, Dropout, pooling, activations, losses) calls a torch.nn.functional callable
       that has a rule, and is left as it is. A layer whose functional has no rule (at the time of writing
@@ -84,13 +85,21 @@ def port(module: M) -> M:
 
 
 def as_parameter(param: torch.Tensor) -> Parameter:
-    """A tt.nn.Parameter sharing `param`'s storage, with its requires_grad (a tt Parameter is kept as it is)."""
+    """`param` itself turned into a tt.nn.Parameter (so an optimizer created before porting, which holds this
+    object, updates the model), with its requires_grad and any gradient torch already accumulated. A tensor of
+    another class becomes a tt.nn.Parameter sharing its storage; a tt Parameter is kept as it is."""
     if isinstance(param, Parameter):
         return param
     with _guard():
         requires_grad, grad = param.requires_grad, param.grad
-    ported = Parameter(param, requires_grad)
-    ported.grad = grad  # a gradient torch already accumulated stays
+        if type(param) is not torch.nn.Parameter:
+            ported = Parameter(param, requires_grad)
+        else:  # the same object: torch's autograd switched off, then the class changed in place
+            param.grad = None
+            param.requires_grad_(False)
+            param.__class__ = Parameter
+            ported = param.requires_grad_(requires_grad)
+    ported.grad = grad
     return ported
 
 

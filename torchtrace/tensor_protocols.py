@@ -53,6 +53,21 @@ class TensorProtocols:
         with noting_tiny_graphs(self, create_graph):
             engine.backward(self, gradient, retain_graph, create_graph)
 
+    def __format__(self, format_spec: str) -> str:
+        """f"{loss:.4f}" formats a 0-dim tracer as its number, as torch formats a 0-dim tensor; others as str()."""
+        with _guard():
+            if self.dim() == 0:
+                return self.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
+    def numpy(self, *, force: bool = False) -> Any:
+        """As torch: refused while the tracer requires grad (the array would drop its gradient); force=True copies
+        a detached tensor."""
+        if self._tt_requires_grad and not force:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
+        with _guard():
+            return torch.Tensor.numpy(self, force=force)
+
     def __iter__(self) -> Any:
         with _guard():
             if self.dim() == 0:

@@ -1,4 +1,5 @@
 """The tracer: a torch.Tensor whose every torch call is intercepted and recorded for torchtrace's backward."""
+import warnings
 import weakref
 from typing import Any, Callable, Optional
 
@@ -7,6 +8,7 @@ import torch
 
 from torchtrace.autograd import dispatch
 from torchtrace.autograd.node import Node, RemovableHandle
+from torchtrace.errors import NON_LEAF_GRAD_WARNING
 from torchtrace.tensor_protocols import TensorProtocols
 
 _guard = torch._C.DisableTorchFunctionSubclass
@@ -112,6 +114,8 @@ class tracer(TensorProtocols, torch.Tensor):
 
     @property
     def grad(self) -> Optional[torch.Tensor]:
+        if self._tt_grad is None and self._tt_node is not None and not self.retains_grad:
+            warnings.warn(NON_LEAF_GRAD_WARNING, UserWarning, stacklevel=2)
         return self._tt_grad
 
     @grad.setter

@@ -160,3 +160,19 @@ def test_views_from_one_multi_output_call_follow_their_base():
     theirs = w.clone().requires_grad_(True)
     rows_then_mul(theirs, split=False).backward()
     torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)
+
+
+def _funnel_style(a, b):
+    """einsum hands back a view of its own internal result; slices of it change in place (HF Funnel's pattern)."""
+    y = torch.einsum("bij,bjk->bik", a, b)
+    y[:, 0] += 1.5 * y[:, 1]
+    y[..., 2].mul_(3)
+    y[:, :, 0] = y[:, :, 1] * 0.5
+    return y.pow(2)
+
+
+def test_in_place_changes_of_a_view_of_an_ops_internal_result_as_torch():
+    a, b = torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(2, 4, 5, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.einsum("bij,bjk->bik", a, b)._is_view()  # what makes this case: a view of a temporary
+    check_op(_funnel_style, a, b)

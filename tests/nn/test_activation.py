@@ -235,3 +235,27 @@ def test_more_modules_match_torch(name, args):
     out = ours(tt.tracer(X4, requires_grad=True))
     torch.testing.assert_close(out.as_subclass(torch.Tensor), theirs(X4))
     assert out.grad_fn.module is ours
+
+
+@pytest.mark.parametrize("spell", [
+    lambda h: F.elu(h, 0.7, inplace=True), lambda h: F.elu_(h), lambda h: torch.selu_(h),
+    lambda h: F.selu(h, inplace=True), lambda h: F.celu(h, 0.6, inplace=True), lambda h: torch.celu_(h, 0.6),
+], ids=["elu_inplace", "elu_", "selu_", "selu_inplace", "celu_inplace", "celu_"])
+def test_an_inplace_elu_reads_its_result_so_a_hook_sees_second_order_gradients_as_torch(spell):
+    """A hook on x.elu_()'s result in a second derivative: torch's elu_backward reads the result (is_result=True),
+    so second-order gradients flow through the hooked result; the out-of-place form reads its input."""
+
+    def second_derivative(make):
+        x = make(torch.tensor([-1.5, -0.3, 0.0, 0.7, 2.0], dtype=torch.float64))
+        y = spell(x * 1.3)
+        y.register_hook(lambda g: g * 0.5)
+        grad = tt.grad if isinstance(x, tt.tracer) else torch.autograd.grad
+        (g,) = grad(y.std() + (y * y).sum(), x, create_graph=True)
+        (g2,) = grad(g.sum(), x)
+        return g.detach().as_subclass(torch.Tensor), g2
+
+    ours = second_derivative(lambda t: tt.tracer(t, requires_grad=True))
+    theirs = second_derivative(lambda t: t.clone().requires_grad_(True))
+    torch.testing.assert_close(ours[0], theirs[0])
+    torch.testing.assert_close(ours[1], theirs[1])
+    check_op(lambda x: spell(x * 1.0), torch.tensor([-1.5, -0.3, 0.7, 2.0], dtype=torch.float64))

@@ -344,3 +344,10 @@ def test_conv_edges(x, options):
     """Padding of half the kernel, dilation, strides that skip the last rows, an empty batch."""
     weight = torch.randn(4, 4 // options.get("groups", 1), 3, 3, dtype=torch.float64)
     check_op(lambda x, w, b: F.conv2d(x, w, b, **options), x, weight, torch.randn(4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+def test_pad_cropping_everything_gives_zero_gradients_as_torch(mode):
+    """F.pad(x, (0, 0, 0, -5)) of 5 rows is empty: its sum is 0 and every gradient is 0, as in torch."""
+    check_op(lambda x: F.pad(x, (0, 0, 0, -5), mode=mode).sum() + (x * 0).sum(), torch.randn(1, 5, 3))
+    check_op(lambda x: F.pad(x, (0, 0, 0, -5), mode=mode), torch.randn(2, 1, 5, 3))

@@ -43,6 +43,9 @@ def like(x, t):
     (lambda a, t, r: F.multilabel_soft_margin_loss(a, t, reduction=r), (LOGITS, MULTI_HOT)),
     (lambda a, t, r: F.multilabel_soft_margin_loss(a, t, like(a, CLASS_WEIGHT), reduction=r), (LOGITS, MULTI_HOT)),
     (lambda a, t, r: F.multilabel_soft_margin_loss(a, t, reduction=r), (LOGITS[0], MULTI_HOT[0])),
+    (lambda a, t, w, r: F.multilabel_soft_margin_loss(a, t, w, reduction=r), (LOGITS, MULTI_HOT, CLASS_WEIGHT)),
+    (lambda a, t, w, r: F.multilabel_soft_margin_loss(input=a, target=t, weight=w, reduction=r),
+     (LOGITS, MULTI_HOT, CLASS_WEIGHT)),
     (lambda a, r: F.multi_margin_loss(a, LABELS, reduction=r), (LOGITS,)),
     (lambda a, r: F.multi_margin_loss(a, LABELS, 2, 0.5, reduction=r), (LOGITS,)),
     (lambda a, r: F.multi_margin_loss(a, LABELS, 1, 2.0, like(a, CLASS_WEIGHT), reduction=r), (LOGITS,)),
@@ -117,7 +120,6 @@ def test_double_backward(fn, inputs):
 
 @pytest.mark.parametrize("call", [
     lambda x, w: F.multi_margin_loss(x, LABELS, weight=w),
-    lambda x, w: F.multilabel_soft_margin_loss(x, MULTI_HOT, w),
 ])
 def test_weights_that_require_grad_are_refused(call):
     with pytest.raises(RuntimeError, match="not differentiable with respect to 'weight'"):
@@ -171,3 +173,25 @@ def test_modules_match_torch(name, kwargs, inputs, targets):
     out = ours(*(tt.tracer(x, requires_grad=True) for x in inputs), *targets)
     torch.testing.assert_close(out.as_subclass(torch.Tensor), theirs(*inputs, *targets))
     assert out.grad_fn.module is ours
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (lambda a: F.multi_margin_loss(a, LABELS), (LOGITS,)),
+    (lambda a: F.multi_margin_loss(a, LABELS, 1, 0.7, like(a, CLASS_WEIGHT)), (LOGITS,)),
+    (lambda a: F.multi_margin_loss(a, LABELS, 2, 0.5, reduction="sum"), (LOGITS,)),
+    (lambda a, b: F.cosine_embedding_loss(a, b, SIGNS, 0.1), (X1, X2)),
+    (lambda a, b: F.cosine_embedding_loss(a, b, SIGNS.float(), -0.2, reduction="none"), (X1, X2)),
+], ids=["multi_margin_p1", "multi_margin_weight", "multi_margin_p2", "cosine_embedding", "cosine_float_target"])
+def test_float64_gradients_are_not_rounded_through_the_default_dtype(fn, inputs):
+    """With float32 as the default dtype, a bool mask times a Python number is float32: the gradient of float64
+    inputs must not pass through it (1/C rounded to float32 is off by ~1e-9)."""
+    assert torch.get_default_dtype() == torch.float32
+    inputs = [x.double() for x in inputs]
+    theirs = [x.clone().requires_grad_(True) for x in inputs]
+    fn(*theirs).sum().backward()
+    ours = [tt.tracer(x, requires_grad=True) for x in inputs]
+    fn(*ours).sum().backward()
+    for a, b in zip(ours, theirs):
+        assert a.grad.dtype == torch.float64
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-14, atol=1e-15)
+    assert tt.gradcheck(fn, *inputs)

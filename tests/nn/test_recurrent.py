@@ -176,8 +176,6 @@ def test_errors():
         RNN(4, 2)(x)
     with pytest.raises(RuntimeError, match="Expected hidden size"):
         GRU(5, 2)(x, H3)
-    with pytest.raises(tt.UnsupportedOperationError, match="PackedSequence"):
-        LSTM(5, 2)(torch.nn.utils.rnn.pack_padded_sequence(X, [4, 3, 2]))
     with pytest.raises(ValueError, match="GRUCell: Expected input to be 1D or 2D, got 3D instead"):
         GRUCell(5, 2)(x)
     with pytest.raises(ValueError, match="LSTMCell: Expected hidden to be 1D or 2D"):
@@ -188,11 +186,3 @@ def test_errors():
         cell(x[0])
 
 
-def test_packing_a_tracer_that_requires_grad_is_refused_before_torchs_private_op():
-    from torch.nn.utils.rnn import pack_padded_sequence
-
-    x = tt.tracer(torch.randn(2, 5, 3), requires_grad=True)
-    with pytest.raises(tt.UnsupportedOperationError, match="pack_padded_sequence: packed sequences are not supported"):
-        pack_padded_sequence(x, torch.tensor([5, 3]), batch_first=True)
-    packed = pack_padded_sequence(tt.tracer(torch.randn(2, 5, 3)), torch.tensor([5, 3]), batch_first=True)
-    assert packed.data.shape == (8, 3)  # nothing to record: packing itself runs

@@ -70,3 +70,19 @@ def test_cummax_indices_carry_no_gradient():
 ])
 def test_double_backward(fn, x):
     double_backward_matches(fn, x.double())
+
+
+
+@pytest.mark.parametrize("values", [
+    [NAN, 0.0, 3.0], [1.0, 0.0, NAN], [0.0, NAN, 2.0], [NAN, 0.0, 0.0], [2.0, 0.0, NAN, 0.0],
+    [2.0, 0.0, 3.0, 0.0, NAN], [INF, 0.0, 2.0], [3.0, 0.0, INF, 2.0], [NAN, 2.0, 3.0],
+], ids=str)
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_cumprod_over_nan_and_inf_selects_terms_as_torch(values, create_graph):
+    """cumprod of [1, 0, nan]: torch gets [g_0, nan, 0], never multiplying a NaN past the zero by 0."""
+    g = torch.tensor([-0.5, 0.5, 1.5, -0.5, 2.0][:len(values)], dtype=torch.float64)
+    theirs = torch.tensor(values, dtype=torch.float64, requires_grad=True)
+    (expected,) = torch.autograd.grad(torch.cumprod(theirs, 0), theirs, g, create_graph=create_graph)
+    ours = tt.tracer(values, dtype=torch.float64, requires_grad=True)
+    (got,) = tt.grad(torch.cumprod(ours, 0), ours, g, create_graph=create_graph)
+    torch.testing.assert_close(got.detach().as_subclass(torch.Tensor), expected.detach(), equal_nan=True)

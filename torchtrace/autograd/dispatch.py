@@ -9,6 +9,7 @@ from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.state import STATE
 from torchtrace.autograd.views import ViewOfBase, WriteIntoView, base_root, geometry
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.function_contract import returned_outputs
 from torchtrace.naming import callable_name
 
 _guard = torch._C.DisableTorchFunctionSubclass
@@ -47,6 +48,8 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
                 "— assign the result instead, or run the call under tt.no_grad()")
         stack = STATE.module_stack
         ctx = Context(rule, edges, needs)
+        if func is None:  # Function.apply: backward must return one gradient per argument, as torch checks
+            ctx.n_inputs = len(args) + len(kwargs)
         node = Node(rule, ctx, edges, func, tuple(stack) if stack else ())
         if torch_leaf:  # torch's autograd must not record the plain tensors that require grad
             _set_grad_enabled(False)
@@ -199,11 +202,15 @@ def _as_tracers(out: Any, tracer_type: type, args: tuple) -> Any:
 
 
 def _remember_base(view: torch.Tensor, args: tuple) -> None:
-    """A view result remembers the tracer argument whose memory it shares: its base (`_tt_base`)."""
+    """A view result remembers the tracer argument whose memory it shares: its base (`_tt_base`). A view of the op's
+    own internal result (einsum's permuted bmm output), whose memory no argument shares, is no view to the user: it
+    owns that memory, so in-place changes of it (and of its slices) are recorded as of any result."""
     with _guard():
         root = base_root(view)
         bases = [a._tt_base if a._tt_view else a for a in args
                  if isinstance(a, torch.Tensor) and hasattr(a, "_tt_view") and base_root(a) is root]
+        tensors = [t for a in args for t in (a if isinstance(a, _containers) else (a,)) if isinstance(t, torch.Tensor)]
+        view._tt_view = bool(bases) or any(base_root(t) is root for t in tensors)  # False: a view of its own result
     view._tt_base = bases[0] if bases else None
 
 
@@ -243,7 +250,7 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
     """No rule: Function.apply, in-place ops (through their out-of-place twin), or non-differentiable ops."""
     owner = getattr(func, "__self__", None)
     if isinstance(owner, type) and issubclass(owner, Function) and func.__name__ == "apply":
-        return run_rule(tracer_type, owner, None, args, kwargs)
+        return returned_outputs(owner, run_rule(tracer_type, owner, None, args, kwargs))
     recording = _grad_enabled() and (_wants_gradient(args) or _wants_gradient(kwargs))
     if recording and func not in INPLACE and func not in NON_DIFFERENTIABLE and _is_inplace(func):
         _refuse(func)  # before torch changes the argument
@@ -293,6 +300,7 @@ def _record_inplace_flag(tracer_type: type, rule: type, func: Callable, args: tu
             func(*args, **kwargs)
         return args[0]
     position = INPLACE_FLAG[func]
+    rule = getattr(rule, "inplace_rule", rule)  # a rule whose in-place form differs (it reads the result)
     if "inplace" in kwargs:
         kwargs = {**kwargs, "inplace": False}
     else:

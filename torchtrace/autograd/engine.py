@@ -5,6 +5,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from torchtrace import function_contract, grad_fn_hooks
 from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for, leaf_accumulator, link_output
 from torchtrace.autograd.state import STATE
 
@@ -168,7 +169,11 @@ def _propagate(node: Node, grads: List[Any], buffers: Dict[Any, List[Any]], crea
     if node.output_meta is not None:
         grads = [torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
                  for g, meta in zip(grads, node.output_meta)]
+    if node.pre_hooks:
+        grads = grad_fn_hooks.run_pre_hooks(node, grads)
     result = _call_backward(node, grads, create_graph, tracer_type)
+    if node.post_hooks:
+        result = grad_fn_hooks.run_post_hooks(node, result, grads)
     if STATE.on_backward:
         for observe in STATE.on_backward:
             observe(node, grads, result)
@@ -199,10 +204,10 @@ def _call_backward(node: Node, grads: List[Any], create_graph: bool, tracer_type
     finally:
         if relink:
             ctx.use_graph_saved(None)
-    if isinstance(result, tuple):
-        return result
     if result is None or isinstance(result, torch.Tensor):
-        return (result,)
+        result = (result,)
+    if isinstance(result, tuple):
+        return result if ctx.n_inputs is None else function_contract.checked_gradient_count(node, result)
     raise RuntimeError(f"{node.rule.__name__}.backward returned a {type(result).__name__}; it must return a "
                        "tensor, None, or a tuple with one gradient (or None) per input of forward")
 

@@ -6,6 +6,7 @@ import torch
 from torch.overrides import handle_torch_function, has_torch_function
 
 from torchtrace.autograd.state import STATE
+from torchtrace.errors import instantiated_function, saved_inference_tensor
 from torchtrace.naming import callable_name
 
 _guard = torch._C.DisableTorchFunctionSubclass
@@ -27,6 +28,7 @@ class Context:
     _released = False
     _needs: Optional[Tuple[bool, ...]] = None
     _graph_saved: Optional[Tuple[Any, ...]] = None
+    n_inputs: Optional[int] = None  # set for Function.apply: how many arguments backward returns gradients for
 
     def __init__(self, rule: type, edges: Any = (), needs_mask: Optional[int] = None):
         self.rule = rule
@@ -36,7 +38,10 @@ class Context:
     def save_for_backward(self, *tensors: Any) -> None:
         """Keep tensors for backward; an in-place change of one of them before backward is an error."""
         self._saved = tensors
-        self._versions = [getattr(t, "_version", None) for t in tensors]
+        try:
+            self._versions = [getattr(t, "_version", None) for t in tensors]
+        except RuntimeError:  # an inference tensor has no version counter
+            raise saved_inference_tensor(self.rule.__name__) from None
 
     @property
     def saved_tensors(self) -> Tuple[Any, ...]:
@@ -108,6 +113,9 @@ class Function:
     @staticmethod
     def backward(ctx: Context, *grads: Any) -> Any:
         raise NotImplementedError("a Function must define backward(ctx, *grads)")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise instantiated_function(type(self).__name__)
 
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:

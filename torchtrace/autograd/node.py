@@ -10,6 +10,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 import torch
 
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.grad_fn_hooks import GradFnHooks, NodeName, RemovableHandle  # noqa: F401  (tracer.py's handle)
 
 
 class Edge(NamedTuple):
@@ -28,7 +29,7 @@ def gradient_for(edge: Edge, grads_of_inputs: tuple) -> Any:
     return grads_of_inputs[position] if type(position) is int else grads_of_inputs[position[0]][position[1]]
 
 
-class Node:
+class Node(GradFnHooks):
     """One recorded op: the grad_fn of its outputs, and a step of the backward walk."""
 
     n_outputs = 1
@@ -44,8 +45,8 @@ class Node:
         self.module_path = module_path  # the modules running when the op was recorded, outermost first
 
     @property
-    def name(self) -> str:
-        return self.rule.__name__ + "Backward"
+    def name(self) -> NodeName:
+        return NodeName(self.rule.__name__ + "Backward")
 
     @property
     def module(self) -> Any:
@@ -77,7 +78,7 @@ class Node:
 class AccumulateGrad:
     """The node of a leaf: gradients that reach it are summed into the leaf's `.grad`."""
 
-    name = "AccumulateGrad"
+    name = NodeName("AccumulateGrad")
     n_outputs = 1
     edges: Tuple[Edge, ...] = ()
     next_functions = ()
@@ -122,14 +123,3 @@ def link_output(raw: torch.Tensor, node: Node, nr: int, tracer_type: type) -> to
     if raw._is_view():
         t._tt_view = True
     return t
-
-
-class RemovableHandle:
-    """Returned by register_hook; `.remove()` takes the hook out again."""
-
-    def __init__(self, hooks: list, fn: Callable):
-        self._hooks, self._fn = hooks, fn
-
-    def remove(self) -> None:
-        if self._fn in self._hooks:
-            self._hooks.remove(self._fn)

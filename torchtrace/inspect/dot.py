@@ -215,7 +215,7 @@ def _values_of(node: Any, nr: int, names: Names, outputs: Dict[Tuple[Any, int], 
     value = summary(tensor) if tensor is not None else notes.get("values", {}).get(nr)
     grad = notes.get("grads", {}).get(nr)
     if grad is None and name is not None:
-        grad = summary(tensor.grad)  # a named tensor that called retain_grad()
+        grad = summary(tensor.grad if tensor.retains_grad else None)  # a named tensor that called retain_grad()
     return name, value, grad
 
 

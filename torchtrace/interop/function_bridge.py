@@ -116,7 +116,9 @@ def _bridge(user_class: type) -> type:
     if bridge is None:
         doc = f"y = {user_class.__qualname__}.forward(x) -> its own backward"
         bridge = type(user_class.__name__, (Function,), {"__doc__": doc, "forward": staticmethod(_forward),
-                                                         "backward": staticmethod(_backward)})
+                                                         "backward": staticmethod(_backward),
+                                                         "hidden_arguments": 1,  # the _Opaque call
+                                                         "user_backward": user_class.__qualname__})  # not the class
         _BRIDGES[user_class] = bridge
     return bridge
 

@@ -47,7 +47,8 @@ def _transform(original: Callable, name: str) -> Callable:
 
 def _compile(original: Callable) -> Callable:
     """torch.compile(fn)(tracer): dynamo would trace torch's own autograd, not torchtrace's: refuse clearly."""
-    instead = "call the function or module eagerly (without torch.compile) when its inputs are tracers"
+    instead = ("use tt.compile(fn, example_inputs) instead: it compiles torchtrace's forward and backward — or call "
+               "the function or module eagerly")
 
     @functools.wraps(original)
     def compile(model: Any = None, **kwargs: Any) -> Any:

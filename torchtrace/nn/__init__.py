@@ -6,7 +6,14 @@ code calling F.* on tracers is differentiated by the same rules.
 """
 from torch.nn import functional, init  # noqa: F401  (torch's initialisers fill tracer parameters, same seeds)
 
-from torchtrace.nn import gumbel_softmax, linear_cross_entropy, native, sampling, weight_norm  # noqa: F401  (rules without modules: grid_sample, _weight_norm, aten norms)
+from torchtrace.nn import (  # noqa: F401  (rules without modules: grid_sample, _weight_norm, aten norms, elu_)
+    activation_inplace,
+    gumbel_softmax,
+    linear_cross_entropy,
+    native,
+    sampling,
+    weight_norm,
+)
 from torchtrace.nn import parallel as parallel  # tt.nn.parallel.DistributedDataParallel
 from torchtrace.nn.activation import (
     CELU,

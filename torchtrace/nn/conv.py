@@ -177,6 +177,8 @@ class Pad(Function):
     def backward(ctx, g):
         if ctx.mode == "constant":
             return F.pad(g, [-side for side in ctx.pad])
+        if g.numel() == 0:  # every element cropped away (or none to start with): no input element is copied
+            return g.new_zeros(ctx.shape)
         for i in range(len(ctx.pad) // 2):
             dim = g.dim() - 1 - i
             source = _source_positions(ctx.mode, ctx.shape[dim], ctx.pad[2 * i], ctx.pad[2 * i + 1], g.device)

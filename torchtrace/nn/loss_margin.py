@@ -48,7 +48,7 @@ class CosineEmbedding(_PairLoss):
         m1, m2 = (x1 * x1).sum(dim) + 1e-12, (x2 * x2).sum(dim) + 1e-12
         denom = (m1 * m2).sqrt()
         cos = (x1 * x2).sum(dim) / denom
-        slope = -1.0 * (y == 1) + (y == -1) * (cos - ctx.margin >= 0)
+        slope = torch.where(y == 1, -1.0, ((y == -1) & (cos - ctx.margin >= 0)).to(cos.dtype))  # cos's dtype
         c = (slope * _elementwise_scale(g, ctx.reduction, cos.numel())).unsqueeze(dim)
         cos, denom, m1, m2 = (t.unsqueeze(dim) for t in (cos, denom, m1, m2))
         need_1, need_2 = ctx.needs_input_grad[:2]
@@ -122,11 +122,11 @@ class SoftMargin(_TargetLoss):
 @register(F.multilabel_soft_margin_loss)
 class MultilabelSoftMargin(Function):
     """l_n = -(1/C) sum_c w_c [y_nc log s(x_nc) + (1 - y_nc) log s(-x_nc)]
-    ->  dl_n/dx_nc = w_c (s(x_nc) - y_nc) / C,  dl_n/dy_nc = -w_c x_nc / C"""
+    ->  dl_n/dx_nc = w_c (s(x_nc) - y_nc) / C,  dl_n/dy_nc = -w_c x_nc / C,
+        dl_n/dw_c = -[y_nc log s(x_nc) + (1 - y_nc) log s(-x_nc)] / C"""
 
     @staticmethod
     def forward(ctx, input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
-        _refuse_grad(ctx, 2, "multilabel_soft_margin_loss", "weight")
         ctx.reduction = _reduction(size_average, reduce, reduction)
         ctx.save_for_backward(input, target, weight)
         return F.multilabel_soft_margin_loss(input, target, weight, reduction=ctx.reduction)
@@ -137,10 +137,11 @@ class MultilabelSoftMargin(Function):
         n_classes = x.shape[-1] if x.dim() else 1
         per_sample = _elementwise_scale(g, ctx.reduction, x.numel() // max(n_classes, 1))
         c = per_sample.unsqueeze(-1) / n_classes if ctx.reduction == "none" else per_sample / n_classes
+        need_x, need_y, need_w = ctx.needs_input_grad[:3]
+        grad_w = -(y * F.logsigmoid(x) + (1 - y) * F.logsigmoid(-x)) * c if need_w else None
         if weight is not None:
             c = c * weight
-        need_x, need_y = ctx.needs_input_grad[:2]
-        return ((torch.sigmoid(x) - y) * c if need_x else None), (-x * c if need_y else None)
+        return ((torch.sigmoid(x) - y) * c if need_x else None), (-x * c if need_y else None), grad_w
 
 
 def _as_batch(x: torch.Tensor, target: torch.Tensor, target_per_sample: bool) -> tuple:
@@ -177,7 +178,8 @@ class MultiMargin(Function):
         own = x.gather(1, y.reshape(-1, 1))
         z = ctx.margin - own + x
         others = torch.arange(n_classes, device=x.device).reshape(1, -1) != y.reshape(-1, 1)
-        h = (z > 0) * others * (1 if ctx.p == 1 else 2 * z) / n_classes
+        active = ((z > 0) & others).to(x.dtype)  # in x's dtype: a bool mask times a number would be float32
+        h = (active if ctx.p == 1 else active * 2 * z) / n_classes
         if weight is not None:
             h = h * weight.gather(0, y).reshape(-1, 1)
         h = h * _per_sample(g, ctx.reduction, n)

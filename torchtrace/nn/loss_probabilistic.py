@@ -18,8 +18,8 @@ from torchtrace.nn.module import Module
 
 
 def _count_scale(g: torch.Tensor, reduction: str, *tensors: torch.Tensor) -> torch.Tensor:
-    """d(reduced)/d(l) for an elementwise loss over the broadcast of `tensors`."""
-    shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    """d(reduced)/d(l) for an elementwise loss over the broadcast of `tensors` (a Python number broadcasts too)."""
+    shape = torch.broadcast_shapes(*(t.shape for t in tensors if isinstance(t, torch.Tensor)))
     return _scale(g, reduction, max(shape.numel(), 1))
 
 

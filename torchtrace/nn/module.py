@@ -9,7 +9,8 @@ from typing import Any, Iterable, List, Optional
 
 import torch
 
-from torchtrace.autograd.dispatch import NON_DIFFERENTIABLE
+from torchtrace.autograd.dispatch import NON_DIFFERENTIABLE, run_rule
+from torchtrace.autograd.function import Function
 from torchtrace.autograd.state import STATE
 from torchtrace.tracer import tracer
 
@@ -69,9 +70,44 @@ def sequence_repr(layers: Iterable[Any]) -> Optional[str]:
     return "\n".join(lines)
 
 
-def module_entered(module: torch.nn.Module, args: tuple) -> None:
-    """A module starts running: nodes recorded from now on belong to it (its innermost running module)."""
+class PlainInput(Function):
+    """y = x, a plain torch leaf requiring grad that enters a module, now a tracer  ->  dy/dx = 1 (into x.grad)"""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g
+
+
+def _is_plain_leaf(value: Any) -> bool:
+    return type(value) is torch.Tensor and value.requires_grad and value.grad_fn is None
+
+
+def _plain_leaves_as_tracers(module: torch.nn.Module, args: tuple) -> Optional[tuple]:
+    """The arguments of a module with tracer parameters, each plain torch leaf requiring grad (or one inside a
+    tuple/list argument, as an RNN's (h0, c0)) replaced by a tracer whose gradient torchtrace accumulates into the
+    leaf's .grad, as when a plain leaf meets a tracer in an op: so torch code run on the input inside the module (a
+    transpose, a module backward hook) is recorded by torchtrace. None: nothing to replace (a module whose
+    parameters are plain, as under torch.func.functional_call, stays torch's)."""
+    if not any(_is_plain_leaf(a) or (type(a) in (tuple, list) and any(map(_is_plain_leaf, a))) for a in args):
+        return None
+    if not torch.is_grad_enabled() or not any(isinstance(p, tracer) for p in module.parameters()):
+        return None
+
+    def enter(value: Any) -> Any:
+        return run_rule(tracer, PlainInput, None, (value,), {}) if _is_plain_leaf(value) else value
+
+    return tuple(type(a)(map(enter, a)) if type(a) in (tuple, list) else enter(a) for a in args)
+
+
+def module_entered(module: torch.nn.Module, args: tuple) -> Optional[tuple]:
+    """A module starts running: nodes recorded from now on belong to it (its innermost running module); plain
+    torch leaves requiring grad among its arguments become tracers (a forward pre-hook's new arguments)."""
     STATE.module_stack.append(module)
+    return _plain_leaves_as_tracers(module, args)
 
 
 def module_left(module: torch.nn.Module, args: tuple, out: Any) -> None:
@@ -111,7 +147,7 @@ class Module(torch.nn.Module):
                     destination[prefix + name] = value.as_subclass(torch.Tensor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        module_entered(self, args)
+        args = module_entered(self, args) or args
         out = None
         try:
             out = super().__call__(*args, **kwargs)

@@ -8,6 +8,7 @@ Gate order as in torch, s = sigmoid:
            (with proj_size: h' = W_hr (s(o) tanh(c')))
     GRU:   r, z, n chunks;  r = s(x_r + h_r),  z = s(x_z + h_z),  n = tanh(x_n + r h_n),  h' = (1 - z) n + z h
            where x_* = W_i* x + b_i*, h_* = W_h* h + b_h*
+A PackedSequence input runs the same steps on the sequences still running at each time step (nn/packed.py).
 The modules subclass torch's, so parameter names, shapes and initialisation (the same seed gives the same
 weights) are torch's; only forward is replaced. Between layers, train-mode dropout draws its mask as torch's
 CPU kernel does, so a seeded run equals torch's.
@@ -17,9 +18,8 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from torchtrace.autograd.function import Function, register
-from torchtrace.errors import UnsupportedOperationError
 from torchtrace.nn.module import Module
+from torchtrace.nn.packed import run_packed
 
 Tensor = torch.Tensor
 State = Union[Tensor, Tuple[Tensor, Tensor]]  # h, or (h, c) for an LSTM
@@ -74,25 +74,12 @@ def run_direction(step: Callable, x_proj: Tensor, state: State, hidden_weights: 
     return torch.stack(outputs), state
 
 
-@register(torch._pack_padded_sequence)
-class PackPaddedSequence(Function):
-    """Refused while recording: torchtrace's recurrent layers take padded tensors, not packed sequences."""
-
-    @staticmethod
-    def forward(ctx: Any, *args: Any) -> Any:
-        raise UnsupportedOperationError(
-            "torch.nn.utils.rnn.pack_padded_sequence: packed sequences are not supported by torchtrace — pass the "
-            "padded batch to the recurrent layer and mask the padded steps (or run packing under tt.no_grad())")
-
-
 class RecurrentLayer(Module):
     """forward() of RNN, LSTM and GRU (mixed in before torch's class, which builds the parameters)."""
 
     def forward(self, input: Tensor, hx: Optional[State] = None) -> Tuple[Tensor, State]:
         if isinstance(input, torch.nn.utils.rnn.PackedSequence):
-            raise UnsupportedOperationError(f"torch.nn.{type(self).__name__}: a PackedSequence input is not supported "
-                                            "by torchtrace — pad the sequences (torch.nn.utils.rnn.pad_packed_sequence)"
-                                            " and pass a tensor")
+            return run_packed(self, input, hx, STEPS[self.mode], hidden_of)
         name, lstm = type(self).__name__, self.mode == "LSTM"
         if input.dim() not in (2, 3):
             raise ValueError(f"{name}: Expected input to be 2D or 3D, got {input.dim()}D instead")
@@ -105,15 +92,19 @@ class RecurrentLayer(Module):
         if not batched:
             input = input.unsqueeze(0 if self.batch_first else 1)
             states = None if states is None else tuple(s.unsqueeze(1) for s in states)
-        sizes = self._state_sizes(input.size(0 if self.batch_first else 1))
-        if states is None:
-            states = tuple(torch.zeros(size, dtype=input.dtype, device=input.device) for size in sizes)
-        self._check_sizes(input, states, sizes)
+        states = self._initial_states(states, input.size(0 if self.batch_first else 1), input)
+        self._check_sizes(input, states, self._state_sizes(input.size(0 if self.batch_first else 1)))
         output, states = self._layers(input.transpose(0, 1) if self.batch_first else input, states)
         output = output.transpose(0, 1) if self.batch_first else output
         if not batched:
             output, states = output.squeeze(0 if self.batch_first else 1), tuple(s.squeeze(1) for s in states)
         return output, (states if lstm else states[0])
+
+    def _initial_states(self, states: Optional[Any], batch: int, like: Tensor) -> Tuple[Tensor, ...]:
+        """(h_0,) or (h_0, c_0): the given ones (an LSTM's hx is a pair), or zeros."""
+        if states is None:
+            return tuple(torch.zeros(size, dtype=like.dtype, device=like.device) for size in self._state_sizes(batch))
+        return tuple(states) if isinstance(states, (tuple, list)) else (states,)
 
     def _state_sizes(self, batch: int) -> list:
         """Shapes of h_0 (and c_0): (layers * directions, N, H_out (and H))."""

@@ -6,6 +6,7 @@ from torchtrace.ops import (  # noqa: F401
     copy_into,
     differences,
     distances,
+    grouped_mm,
     identities,
     indexing,
     linalg,

@@ -12,22 +12,28 @@ def reversed_cumsum(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def cumprod_grad_with_zeros(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, dim: int) -> torch.Tensor:
-    """dL/dx_k = sum_{i>=k} g_i prod_{j<=i, j!=k} x_j, exact when x has zeros (dim: non-negative)."""
+    """dL/dx_k = sum_{i>=k} g_i prod_{j<=i, j!=k} x_j, exact when x has zeros (dim: non-negative).
+
+    Terms that are zero by the math are selected away (torch.where), never multiplied by 0, so a NaN or an
+    infinity past a zero stays out of them, as in torch: cumprod of [1, 0, nan] gets [g_0, nan, 0]."""
     n = x.shape[dim]
-    if torch.is_grad_enabled():  # create_graph: every x_k replaced by 1 in its own row, so derivatives stay exact
+    if torch.is_grad_enabled():  # create_graph: x_k left out of its own row, so derivatives stay exact
         shape = [1] * (x.dim() + 1)
         shape[dim] = shape[dim + 1] = n
-        eye = torch.eye(n, dtype=x.dtype, device=x.device).view(shape)
+        eye = torch.eye(n, dtype=torch.bool, device=x.device).view(shape)
         later = torch.ones(n, n, dtype=torch.bool, device=x.device).triu().view(shape)  # row k, column i >= k
-        others = (x.unsqueeze(dim) * (1 - eye) + eye).cumprod(dim + 1)
-        return (g.unsqueeze(dim) * others * later).sum(dim + 1)
+        others = torch.where(eye, 1.0, x.unsqueeze(dim)).cumprod(dim + 1)  # prod_{j<=i, j!=k} x_j
+        return torch.where(later, g.unsqueeze(dim) * others, 0.0).sum(dim + 1)
     zeros = x == 0
     seen = zeros.cumsum(dim)
-    before, first = seen == 0, zeros & (seen == 1)  # before the first zero of the slice; the first zero itself
-    skip_first = torch.where(first, torch.ones_like(x), x).cumprod(dim)  # prod_{j<=i, j != first zero} x_j
-    at_first = (g * skip_first * (seen > 0)).sum(dim, keepdim=True)
-    ahead = reversed_cumsum(g * y, dim) / torch.where(before, x, torch.ones_like(x))  # y_i = 0 past the first zero
-    return ahead * before + at_first * first
+    before, first = seen == 0, zeros & (seen == 1)  # before the first zero z1 of the slice; z1 itself
+    ahead = reversed_cumsum(torch.where(before, g * y, 0.0), dim) / torch.where(before, x, 1.0)
+    # at z1: prod_{j<z1} x_j (= y_{z1-1}) * sum_{z1<=i<z2} g_i prod_{z1<j<=i} x_j, z2 the second zero
+    between = (seen == 1) & ~first
+    after_first = (torch.where(between, x, 1.0).cumprod(dim) * torch.where(seen == 1, g, 0.0)).sum(dim, keepdim=True)
+    z1 = first.to(torch.uint8).argmax(dim, keepdim=True)
+    until_first = torch.where(z1 == 0, 1.0, y.gather(dim, (z1 - 1).clamp(min=0)))
+    return torch.where(before, ahead, torch.where(first, after_first * until_first, 0.0))
 
 
 @register(torch.cumprod, T.cumprod)

@@ -291,8 +291,9 @@ joined("Dstack", [torch.dstack], torch.atleast_3d, lambda lifted: 2)
 joined("ColumnStack", [torch.column_stack], _as_column, lambda lifted: 1)
 
 
-def _dim_argument(x: torch.Tensor, sizes: Any, dim: int = 0) -> int:
-    return dim
+def _dim_argument(x: torch.Tensor, *args: Any, **kwargs: Any) -> int:
+    """The `dim` of torch.split(x, sizes, dim=0) / chunk / tensor_split, passed by position or by keyword."""
+    return kwargs["dim"] if "dim" in kwargs else (args[1] if len(args) > 1 else 0)
 
 
 def cut(name: str, targets: Sequence[Callable], cut_dim: Callable = _dim_argument) -> type:

@@ -1,0 +1,178 @@
+"""Conventions a torch user relies on in the first hour: formatting, numpy(), the non-leaf .grad warning,
+grad_fn.name() and grad_fn hooks, module backward hooks — each compared with what torch does."""
+import copy
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import torchtrace as tt
+
+
+def test_format_of_a_0_dim_tracer_is_its_number_as_torch():
+    loss = tt.tracer([1.5, 2.0], requires_grad=True).pow(2).sum()
+    plain = torch.tensor([1.5, 2.0]).pow(2).sum()
+    assert f"{loss:.4f}" == f"{plain:.4f}" == "6.2500"
+    idx = tt.tracer(torch.tensor(0))
+    assert f"expert_{idx}" == f"expert_{torch.tensor(0)}" == "expert_0"
+
+
+def test_format_of_a_tracer_with_dimensions_is_its_str_and_refuses_a_spec_as_torch():
+    x = tt.tracer([1.0, 2.0])
+    assert f"{x}" == str(x)
+    with pytest.raises(TypeError, match="unsupported format string"):
+        f"{torch.tensor([1.0, 2.0]):.2f}"
+    with pytest.raises(TypeError, match="unsupported format string"):
+        f"{x:.2f}"
+
+
+TORCH_NUMPY_MESSAGE = "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
+
+
+@pytest.mark.parametrize("to_numpy", [lambda t: t.numpy(), np.asarray], ids=["numpy", "asarray"])
+def test_numpy_of_a_tracer_requiring_grad_refuses_with_torchs_message(to_numpy):
+    with pytest.raises(RuntimeError) as theirs:
+        to_numpy(torch.ones(2, requires_grad=True))
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    for t in (x, x * 2):
+        with pytest.raises(RuntimeError) as ours:
+            to_numpy(t)
+        assert str(ours.value) == str(theirs.value) == TORCH_NUMPY_MESSAGE
+
+
+def test_numpy_force_and_detach_give_the_values():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    np.testing.assert_array_equal(x.numpy(force=True), [1.0, 2.0])
+    np.testing.assert_array_equal(np.asarray(x.detach()), [1.0, 2.0])
+    np.testing.assert_array_equal(tt.tracer([3.0]).numpy(), [3.0])
+
+
+def _warnings_of(read):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = read()
+    return value, [(w.category, str(w.message)) for w in caught]
+
+
+def test_reading_grad_of_a_non_leaf_warns_as_torch_and_gives_none():
+    x_torch = torch.ones(2, requires_grad=True)
+    _, theirs = _warnings_of(lambda: (x_torch * 2).grad)
+    x = tt.tracer([1.0, 1.0], requires_grad=True)
+    value, ours = _warnings_of(lambda: (x * 2).grad)
+    assert value is None
+    assert len(ours) == len(theirs) == 1
+    assert ours[0][0] is theirs[0][0] is UserWarning
+    assert theirs[0][1].startswith(ours[0][1])
+
+
+def test_no_warning_for_leaves_and_retained_non_leaves():
+    x = tt.tracer([1.0, 1.0], requires_grad=True)
+    y = x * 2
+    y.retain_grad()
+    y.sum().backward()
+    (grads, caught) = _warnings_of(lambda: (x.grad, y.grad, tt.tracer([1.0]).grad))
+    assert caught == []
+    torch.testing.assert_close(grads[1], torch.ones(2))
+
+
+def test_grad_fn_name_is_callable_as_torch_and_still_reads_as_text():
+    y = tt.tracer([1.0], requires_grad=True) * 2
+    assert y.grad_fn.name() == "MulBackward" == y.grad_fn.name
+    assert f"{y.grad_fn.name}" == "MulBackward"
+
+
+def _hooked_run(x, w, make_leaf):
+    """z = (x * w).exp().sum() with a pre-hook (doubling grad_outputs) and a post-hook (recording grad_inputs and
+    adding 1 to the first) on the mul node."""
+    x, w = make_leaf(x), make_leaf(w)
+    y = x * w
+    seen = []
+    y.grad_fn.register_prehook(lambda grad_outputs: (grad_outputs[0] * 2,))
+    y.grad_fn.register_hook(lambda grad_inputs, grad_outputs: seen.append((grad_inputs, grad_outputs))
+                            or (grad_inputs[0] + 1, grad_inputs[1]))
+    y.exp().sum().backward()
+    return x.grad, w.grad, seen
+
+
+def test_grad_fn_register_hook_and_prehook_as_torch():
+    x, w = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    ours = _hooked_run(x, w, lambda t: tt.tracer(t, requires_grad=True))
+    theirs = _hooked_run(x, w, lambda t: t.clone().requires_grad_(True))
+    torch.testing.assert_close(ours[0], theirs[0])
+    torch.testing.assert_close(ours[1], theirs[1])
+    (grad_inputs, grad_outputs), = ours[2]
+    (their_inputs, their_outputs), = theirs[2]
+    assert len(grad_inputs) == len(their_inputs) == 2
+    torch.testing.assert_close(grad_inputs[1], their_inputs[1])
+    torch.testing.assert_close(grad_outputs[0], their_outputs[0])
+    # the math: dz/dx = 2 exp(xw) w + 1 (pre-hook doubles, post-hook adds one)
+    torch.testing.assert_close(ours[0], 2 * (x * w).exp() * w + 1)
+
+
+def test_a_hook_returning_the_wrong_number_of_gradients_is_refused():
+    x = tt.tracer([1.0], requires_grad=True)
+    y = x * 2
+    y.grad_fn.register_hook(lambda grad_inputs, grad_outputs: (grad_inputs[0],) * 3)
+    with pytest.raises(RuntimeError, match="incorrect number of values"):
+        y.sum().backward()
+
+
+def _module_hook_run(model, x, port):
+    model = copy.deepcopy(model)
+    if port:
+        tt.port(model)
+        x = tt.tracer(x, requires_grad=True)
+    else:
+        x = x.clone().requires_grad_(True)
+    record = []
+
+    def pre(module, grad_output):
+        record.append(("pre", [g.clone() for g in grad_output if g is not None]))
+        return (grad_output[0] * 3,)
+
+    def post(module, grad_input, grad_output):
+        record.append(("post", [g.clone() for g in grad_input if g is not None],
+                       [g.clone() for g in grad_output if g is not None]))
+        return tuple(None if g is None else g * 0.5 for g in grad_input)
+
+    model[0].register_full_backward_pre_hook(pre)
+    model[0].register_full_backward_hook(post)
+    model[2].register_full_backward_hook(post)
+    model(x).pow(2).sum().backward()
+    return x.grad, [p.grad for p in model.parameters()], record
+
+
+def _assert_same_runs(ours, theirs):
+    torch.testing.assert_close(ours[0], theirs[0])
+    for a, b in zip(ours[1], theirs[1]):
+        torch.testing.assert_close(a, b)
+    assert [r[0] for r in ours[2]] == [r[0] for r in theirs[2]]
+    for a, b in zip(ours[2], theirs[2]):
+        for ga, gb in zip(a[1:], b[1:]):
+            assert len(ga) == len(gb)
+            for u, v in zip(ga, gb):
+                torch.testing.assert_close(u, v)
+
+
+def test_full_backward_hooks_on_a_ported_model_as_torch():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 2)).double()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    ours, theirs = _module_hook_run(model, x, port=True), _module_hook_run(model, x, port=False)
+    assert ours[2]
+    _assert_same_runs(ours, theirs)
+
+
+def test_full_backward_hooks_on_tt_nn_layers_as_torch():
+    torch.manual_seed(0)
+    model = tt.nn.Sequential(tt.nn.Linear(4, 5), tt.nn.Tanh(), tt.nn.Linear(5, 2))
+    twin = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 2))
+    with torch.no_grad():
+        for p, q in zip(twin.parameters(), model.parameters()):
+            p.copy_(q.detach().as_subclass(torch.Tensor))
+    x = torch.randn(3, 4)
+    ours, theirs = _module_hook_run(model, x, port=False), _module_hook_run(twin, x, port=False)
+    # model's input is a plain tensor requiring grad: torchtrace fills its .grad as torch does
+    _assert_same_runs(ours, theirs)

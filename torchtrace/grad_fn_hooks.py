@@ -1,0 +1,70 @@
+"""Hooks on a graph node, as torch's grad_fn.name() / register_prehook / register_hook (module full backward hooks
+are built on them): Node mixes GradFnHooks in, and the engine runs the hooks around the node's rule."""
+from typing import Any, Callable, List, Optional
+
+
+class NodeName(str):
+    """A node's name, read as torch's grad_fn.name() or as the attribute grad_fn.name."""
+
+    def __call__(self) -> str:
+        return str(self)
+
+
+class RemovableHandle:
+    """Returned by register_hook; `.remove()` takes the hook out again."""
+
+    def __init__(self, hooks: list, fn: Callable):
+        self._hooks, self._fn = hooks, fn
+
+    def remove(self) -> None:
+        if self._fn in self._hooks:
+            self._hooks.remove(self._fn)
+
+
+class GradFnHooks:
+    """torch's grad_fn hook API on a graph node."""
+
+    pre_hooks: Optional[list] = None  # hook(grad_outputs) before the rule runs (grad_fn.register_prehook)
+    post_hooks: Optional[list] = None  # hook(grad_inputs, grad_outputs) after it (grad_fn.register_hook)
+
+    def register_prehook(self, hook: Callable) -> RemovableHandle:
+        """hook(grad_outputs) runs before this node's rule; a returned tuple replaces grad_outputs (as torch)."""
+        self.pre_hooks = self.pre_hooks if self.pre_hooks is not None else []
+        self.pre_hooks.append(hook)
+        return RemovableHandle(self.pre_hooks, hook)
+
+    def register_hook(self, hook: Callable) -> RemovableHandle:
+        """hook(grad_inputs, grad_outputs) runs after this node's rule; a returned tuple replaces grad_inputs, the
+        gradients of forward's tensor arguments in order (as torch)."""
+        self.post_hooks = self.post_hooks if self.post_hooks is not None else []
+        self.post_hooks.append(hook)
+        return RemovableHandle(self.post_hooks, hook)
+
+
+def run_pre_hooks(node: Any, grads: List[Any]) -> List[Any]:
+    """grad_fn.register_prehook hooks: each may return new gradients of the node's outputs."""
+    for hook in list(node.pre_hooks or ()):
+        replaced = hook(tuple(grads))
+        if replaced is not None:
+            grads = _checked_replacement(hook, replaced, len(grads), "grad_outputs")
+    return grads
+
+
+def run_post_hooks(node: Any, result: tuple, grads: List[Any]) -> tuple:
+    """grad_fn.register_hook hooks: each sees the gradients of forward's arguments (grad_inputs) and of the node's
+    outputs (grad_outputs), and may return new grad_inputs."""
+    hidden = getattr(node.rule, "hidden_arguments", 0)  # leading arguments the user never passed (a bridge's own)
+    grad_inputs = tuple(result[hidden:])
+    for hook in list(node.post_hooks or ()):
+        replaced = hook(grad_inputs, tuple(grads))
+        if replaced is not None:
+            grad_inputs = _checked_replacement(hook, replaced, len(grad_inputs), "grad_inputs")
+    return tuple(result[:hidden]) + tuple(grad_inputs)
+
+
+def _checked_replacement(hook: Callable, replaced: Any, expected: int, what: str) -> Any:
+    if not isinstance(replaced, (tuple, list)) or len(replaced) != expected:
+        got = len(replaced) if isinstance(replaced, (tuple, list)) else type(replaced).__name__
+        raise RuntimeError(f"hook '{getattr(hook, '__name__', hook)}' has returned an incorrect number of values "
+                           f"(got {got}, but expected {expected}): return None or one gradient per entry of {what}")
+    return list(replaced) if what == "grad_outputs" else tuple(replaced)
