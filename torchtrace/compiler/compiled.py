@@ -1,5 +1,6 @@
 """tt.compile: trace once, generate plain torch code, replay it behind one node of the eager graph."""
 import builtins
+import threading
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -9,10 +10,11 @@ from torchtrace.autograd.dispatch import run_rule
 from torchtrace.autograd.function import Function
 from torchtrace.autograd.node import leaf_accumulator
 from torchtrace.autograd.state import observing
-from torchtrace.compiler import guards
+from torchtrace.compiler import effects, guards
 from torchtrace.compiler.codegen import fit
 from torchtrace.compiler.memory import optimise
-from torchtrace.compiler.recorder import Program, UserCalls, _rng_state, _set_rng_state, record_backward
+from torchtrace.compiler.recorder import Program, UserCalls, _rng_state, _set_rng_state, plain, record_backward
+from torchtrace.compiler.world import World
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.tracer import tracer
 
@@ -43,7 +45,10 @@ class Trace:
         for name, value in kwargs.items():
             guards.flatten(value, guards.identifier(name), flat)
         input_names = guards.unique([n for n, _ in flat])
-        known = {}
+        world = self.world = World()  # what fn reads besides its arguments, noted before anything runs
+        world.add_global_hooks()
+        world.follow(fn)
+        known = {i: name for i, name in world.python_names.items()}  # a closure tensor keeps its Python name
         module_names = {}
         if isinstance(fn, torch.nn.Module):
             known = {id(t): name for name, t in (*fn.named_buffers(), *fn.named_parameters())}
@@ -53,20 +58,20 @@ class Trace:
             program.add_input(name, t)
         self.inputs = [t for _, t in flat]
         self.input_names = input_names
-        self.modules: List[torch.nn.Module] = []
         stack: List[torch.nn.Module] = []
+        thread = threading.get_ident()
 
         def enter(module: torch.nn.Module, _: Any) -> None:
+            if threading.get_ident() != thread:  # module hooks are process-wide: another thread's model
+                return
             if not stack and id(module) not in module_names:  # a model the function calls: learn its names
                 module_names.update({id(m): name for name, m in module.named_modules() if name})
-                program.known_params.update({id(t): name for name, t in (*module.named_buffers(),
-                                                                         *module.named_parameters())})
+                _learn_parameter_names(program, module, world.python_names.get(id(module)))
+            world.add_module(module, module_names.get(id(module)) or type(module).__name__)
             stack.append(module)
-            if all(module is not m for m in self.modules):
-                self.modules.append(module)
 
         def leave(module: torch.nn.Module, *_: Any) -> None:
-            if stack and stack[-1] is module:
+            if stack and stack[-1] is module and threading.get_ident() == thread:
                 stack.pop()
 
         def path() -> str:
@@ -77,15 +82,21 @@ class Trace:
             return f"{name}: {type(inner).__name__}" if name else type(inner).__name__
 
         mode = UserCalls(program, path)
+        before = effects.Snapshot(self.inputs)
+        backward_ran: List[bool] = []
         hooks = (torch.nn.modules.module.register_module_forward_pre_hook(enter),
                  torch.nn.modules.module.register_module_forward_hook(leave))
+        effects.TRACING.depth += 1
         try:
-            with observing(on_record=mode.on_node), mode:
+            with observing(on_record=mode.on_node, on_backward=lambda *_: backward_ran.append(True)), mode:
                 self.output = fn(*args, **kwargs)
         finally:
+            effects.TRACING.depth -= 1
             for hook in hooks:
                 hook.remove()
-        self.training = tuple(m.training for m in self.modules)
+        self.modules = world.modules
+        self.not_replayable = ("it runs a backward pass (loss.backward(), tt.grad) inside" if backward_ran else
+                               before.changed_by_call(world, program.random))
         self.grad_enabled = torch.is_grad_enabled()
         outputs = guards.output_tensors(self.output)
         self.output_spec = guards.rebuild_spec(self.output)
@@ -141,6 +152,15 @@ class Trace:
                           *constants, *([""] * 2 * bool(constants)), *fwd, "", "", *bwd, ""])
 
 
+def _learn_parameter_names(program: Program, module: torch.nn.Module, python_name: Optional[str]) -> None:
+    """Label the module's parameters and buffers by their dotted names, prefixed where another module took one."""
+    prefix = python_name or type(module).__name__
+    taken = set(program.known_params.values())
+    for name, t in (*module.named_buffers(), *module.named_parameters()):
+        if id(t) not in program.known_params:
+            program.known_params[id(t)] = name if name not in taken else f"{prefix}.{name}"
+
+
 class Specialisation:
     """Generated code for one kind of call, behind one tt.Function node."""
 
@@ -154,7 +174,10 @@ class Specialisation:
         self.captured = [t for _, t in trace.captured]
         with _guard():  # a parameter can change dtype (model.double()) or requires_grad (freezing) in place
             self.captured_keys = [(t.shape, t.dtype, t.requires_grad) for t in self.captured]
-        self.modules, self.training = trace.modules, trace.training
+        self.modules = trace.modules
+        self.unchanged = trace.world.check()
+        self.world = trace.world
+        self.buffers = [t for t in self.captured if not t.requires_grad] if trace.program.guards else []
         self.output_spec = trace.output_spec
         self.no_grad_outputs = [i for i, needs in enumerate(trace.needs_grad) if not needs]
         self.random_with_guards = trace.program.random and bool(trace.program.guards)
@@ -163,7 +186,10 @@ class Specialisation:
                                        [label for label, _ in trace.captured], trace.fn, self.guard_failed)
 
     def valid(self) -> bool:
-        if not all(m.training == flag for m, flag in zip(self.modules, self.training)):
+        try:
+            if not self.unchanged():  # modules, closure cells, globals (world.py)
+                return False
+        except Exception:  # an attribute the check reads is gone
             return False
         with _guard():  # metadata of a tracer read without dispatch
             for t, (shape, dtype, requires_grad) in zip(self.captured, self.captured_keys):
@@ -172,7 +198,14 @@ class Specialisation:
         return True
 
     def run(self, tensors: List[torch.Tensor]) -> Any:
-        out = list(run_rule(tracer, self.function, None, (*tensors, *self.captured), {}))
+        kept = [(t, plain(t).clone()) for t in self.buffers]  # a guard failing half-way must undo buffer updates
+        try:
+            out = list(run_rule(tracer, self.function, None, (*tensors, *self.captured), {}))
+        except self.guard_failed:
+            with torch.no_grad():
+                for t, data in kept:
+                    plain(t).copy_(data)
+            raise
         for i in self.no_grad_outputs:
             out[i] = out[i].detach()
         return guards.rebuild(self.output_spec, iter(out))
@@ -209,11 +242,13 @@ class Compiled:
     """The callable tt.compile returns: replays generated code, re-tracing when a guard fails."""
 
     def __init__(self, fn: Callable, example_inputs: Any, check_inputs: Optional[Sequence[Any]] = None,
-                 check_tolerance: float = 1e-5):
+                 check_tolerance: float = 1e-5, verify: int = 0):
         self.fn = fn
         self.specialisations: Dict[Any, List[Specialisation]] = {}
         self.warned: set = set()
         self.traces = 0
+        self.eager_reason: Optional[str] = None  # set when fn does something replayed code would not repeat
+        self.verify_left, self.tolerance, self.verifying = verify, check_tolerance, False
         args = _as_args(example_inputs)
         self._trace(args, {}, self._key(args, {}))
         for inputs in check_inputs or ():
@@ -239,10 +274,24 @@ class Compiled:
         trace = Trace(self.fn, args, kwargs)  # this call's result is the eager one; later calls run the code
         self.latest = Specialisation(trace, key)
         self.traces += 1
+        if trace.not_replayable is not None:
+            self.eager_reason = (f"tt.compile: {self._name()} runs eagerly: {trace.not_replayable}, which replayed "
+                                 "code would not repeat (compile the part without it)")
+            warnings.warn(self.eager_reason, stacklevel=4)
+            return trace.output
         self.specialisations.setdefault(key, []).insert(0, self.latest)
         return trace.output
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.eager_reason is not None or effects.TRACING.depth:  # inside another trace: its recording sees the ops
+            return self.fn(*args, **kwargs)
+        if self.verify_left > 0 and not self.verifying and not kwargs:
+            self.verify_left -= 1
+            self.verifying = True
+            try:
+                self.check(*args, tolerance=self.tolerance)
+            finally:
+                self.verifying = False
         keyed = self._key(args, kwargs)
         key, flat = keyed
         tensors = [t for _, t in flat]
@@ -281,7 +330,7 @@ class Compiled:
             lines.append(f"  inputs {_describe_key(key)}")
             for spec in specs:
                 checks = [f"{g.expression} == {g.value!r} ({g.where.strip() or 'in a rule'})" for g in spec.guards]
-                modes = sorted({"train" if t else "eval" for t in spec.training})
+                modes = sorted({"train" if m.training else "eval" for m in spec.modules})
                 flags = [f"{len(spec.modules)} modules in {'/'.join(modes)} mode"] if spec.modules else []
                 lines.append("    specialised on " + ("; ".join(checks + flags) or "shapes only"))
         return "\n".join(lines)
@@ -318,9 +367,30 @@ def _as_args(example_inputs: Any) -> tuple:
 
 
 def compile(fn: Callable, example_inputs: Any, check_inputs: Optional[Sequence[Any]] = None,
-            check_tolerance: float = 1e-5) -> Compiled:
-    """Trace fn on example_inputs; return a callable that replays the generated code (see API.md §5b)."""
-    return Compiled(fn, example_inputs, check_inputs, check_tolerance)
+            check_tolerance: float = 1e-5, verify: int = 0) -> Compiled:
+    """Trace fn on example_inputs; return a callable that replays the generated code.
+
+    The generated code runs only while everything it was made from still holds, checked before it runs:
+      * the arguments: tensors' type, shape, dtype, device, requires_grad and contiguity; every other argument
+        by value (numbers, strings, tuples, lists, dicts, sets and dataclasses of them; -0.0 is not 0.0);
+        other objects are refused; grad mode;
+      * every value Python read from tensor data, whatever the API (`if x.sum() > 0`, `.item()`, `torch.equal`,
+        `1.0 in x`, `f"{x:.1f}"`): any torch call whose result is not a tensor and is not metadata is a
+        guard, and a value that cannot be compared (`np.asarray(x)`) is refused, naming the line; a result
+        whose shape follows from values (`x[mask]`, `torch.where(c)`) has its shape checked;
+      * every module the call ran and every module, function, closure cell and global the function's code
+        (and the code of the functions and module methods it names) can reach: parameters, buffers,
+        submodules and hooks by identity, other attributes (`training`, `Dropout.p`, `self.scale`) by value;
+        torch's global module hooks and default dtype.
+    A check that fails re-traces (up to 8 specialisations per kind of input, then eager with a warning). A call
+    that changes Python state, draws Python/NumPy random numbers, sets torch's generator, changes its inputs'
+    requires_grad or hooks, or runs a backward pass is run eagerly from then on, with a warning naming why.
+    Not guarded: I/O (print, files), a mutable object reached only through an attribute of something checked by
+    identity (a list inside a plain object), and torch's and torchtrace's own internals. `check_inputs` compares
+    compiled and eager on more inputs now; `verify=N` compares them on the first N calls and raises
+    GradientMismatch on a difference.
+    """
+    return Compiled(fn, example_inputs, check_inputs, check_tolerance, verify)
 
 
 def to_code(fn: Callable, *example_inputs: Any, **kwargs: Any) -> str:

@@ -19,9 +19,10 @@ _SUFFIX = {torch.float32: "", torch.float64: "_f64"}
 
 
 def constant_name(number: float, dtype: torch.dtype) -> str:
-    """_1, _0_5, _neg2, _1e_06; a float64 constant ends in _f64."""
+    """_1, _0_5, _neg2, _neg0 (-0.0, which is not 0.0 to a division), _1e_06; float64 ones end in _f64."""
     value = float(number)
-    text = str(int(value)) if value.is_integer() else repr(value)
+    text = repr(value) if not value.is_integer() else ("-0" if value == 0 and math.copysign(1, value) < 0
+                                                              else str(int(value)))
     return "_" + text.replace("e", "e_").replace("-", "neg").replace(".", "_").replace("+", "") + _SUFFIX[dtype]
 
 
