@@ -96,7 +96,7 @@ class Trace:
                 hook.remove()
         self.modules = world.modules
         self.not_replayable = ("it runs a backward pass (loss.backward(), tt.grad) inside" if backward_ran else
-                               before.changed_by_call(world, program.random))
+                               before.changed_by_call(world, program.draws))
         self.grad_enabled = torch.is_grad_enabled()
         outputs = guards.output_tensors(self.output)
         self.output_spec = guards.rebuild_spec(self.output)

@@ -7,7 +7,7 @@ generator (`manual_seed`, `set_rng_state`, `fork_rng`), or changes its inputs' a
 """
 import random
 import threading
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -39,15 +39,15 @@ class Snapshot:
         self.seed = torch.initial_seed()
         self.torch_random = torch.get_rng_state()
 
-    def changed_by_call(self, world: Any, draws: bool) -> Optional[str]:
+    def changed_by_call(self, world: Any, draws: List[Tuple[torch.Tensor, torch.Tensor]]) -> Optional[str]:
         """Why the traced call cannot be replayed (None if nothing it changed escapes the generated code)."""
         what = world.changed()
         if what is not None:
             return f"it changes {what}"
         if random.getstate() != self.python_random or not np.array_equal(np.random.get_state()[1], self.numpy_random):
             return "it draws Python or NumPy random numbers (random, numpy.random)"
-        moved = not torch.equal(torch.get_rng_state(), self.torch_random)
-        if torch.initial_seed() != self.seed or moved != draws:
+        states = [self.torch_random, *(s for draw in draws for s in draw), torch.get_rng_state()]
+        if torch.initial_seed() != self.seed or not all(torch.equal(a, b) for a, b in zip(states[::2], states[1::2])):
             return "it sets torch's random generator (manual_seed, set_rng_state, fork_rng)"
         if any(_autograd_state(t) != state for t, state in zip(self.inputs, self.autograd)):
             return "it changes an input's requires_grad, hooks or retain_grad"

@@ -90,6 +90,7 @@ class Program:
         self.defined_forward: set = set()
         self.saved: List[str] = []  # forward names the backward reads
         self.random = False  # the code draws random numbers (so a failed guard restores the generator first)
+        self.draws: List[Tuple[torch.Tensor, torch.Tensor]] = []  # generator state around each call that moved it
         self.buffers: Dict[Tuple[int, int], Any] = {}  # after record_backward: the gradient reaching each input
         self.counter = {"t": itertools.count(1), "g": itertools.count(1)}
         self.device_names: Dict[torch.device, str] = {}
@@ -174,7 +175,8 @@ class Program:
                 f"{callable_name(func)}: tt.compile cannot record it — {REFUSED[func] or 'not a tensor operation'}; "
                 "call it outside the compiled function")
         results = tensors_in(out)
-        if not results and not is_metadata(func) and not _mutates(func) and func is not T.__setitem__:
+        if not results and not is_metadata(func) and not _mutates(func) and func is not T.__setitem__ and (
+                tensors_in(args) or tensors_in(kwargs)):
             self._guard_read(func, args, kwargs, out, where)
             return
         if func is T.__setitem__:  # x[i] = v changes x: a statement of its own
@@ -257,6 +259,13 @@ class Program:
         return name
 
 
+def _same_data(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal elements, a NaN equal to a NaN (a saved NaN is not a change)."""
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.all((a == b) | (a.isnan() & b.isnan())))
+    return torch.equal(a, b)
+
+
 def _memory(t: torch.Tensor) -> Optional[tuple]:
     """Where t's elements lie: equal for two tensor objects that show the same data the same way."""
     with _guard():
@@ -285,20 +294,19 @@ def _same_view(source: Any, out: Any) -> bool:
             and out.dtype == source.dtype)
 
 
-_RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "bernoulli_",
-           "multinomial", "normal", "normal_", "uniform_", "dropout", "alpha_dropout", "feature_alpha_dropout",
-           "dropout1d", "dropout2d", "dropout3d", "randperm", "exponential_", "geometric_", "cauchy_",
-           "log_normal_", "random_", "poisson", "rrelu", "native_dropout"}
-
 
 def call_noting_draws(program: Program, func: Callable, args: tuple, kwargs: dict) -> Any:
-    """func(*args, **kwargs); a call that may draw random numbers marks the program random if it moved the generator
-    (dropout in eval mode or with p=0 does not)."""
-    if getattr(func, "__name__", "") not in _RANDOM:
-        return func(*args, **kwargs)
+    """func(*args, **kwargs), noting the generator's state before and after if the call moved it.
+
+    The replayed code draws exactly what the recorded calls drew only if the generator moved by these calls
+    alone; effects.py compares the chain of states with the ones around the whole traced call.
+    """
     before = torch.get_rng_state()
     out = func(*args, **kwargs)
-    program.random = program.random or not torch.equal(torch.get_rng_state(), before)
+    after = torch.get_rng_state()
+    if not torch.equal(before, after):
+        program.draws.append((before, after))
+        program.random = True
     return out
 
 
@@ -315,7 +323,7 @@ class RuleCalls(TorchFunctionMode):
         if isinstance(owner, type) and issubclass(owner, Function):  # a rule that calls another rule's apply
             with self:
                 return owner.forward(Context(owner), *args, **kwargs)
-        out = call_noting_draws(self.program, func, args, kwargs)
+        out = func(*args, **kwargs)
         self.program.record_call(func, args, kwargs, out)
         return out
 
@@ -395,7 +403,7 @@ class UserCalls(TorchFunctionMode):
             out = rule.forward(ctx, *plain_args, **plain_kwargs)
         _set_rng_state(state)
         for a, version, data in before:  # kernels such as batch_norm write running stats without a version bump
-            if a._version != version or not torch.equal(a, data):
+            if a._version != version or not _same_data(a, data):
                 with torch.no_grad():
                     a.copy_(data)
         outs = out if isinstance(out, (list, tuple)) else (out,)
