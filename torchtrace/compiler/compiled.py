@@ -192,10 +192,7 @@ class Specialisation:
         except Exception:  # an attribute the check reads is gone
             return False
         with _guard():  # metadata of a tracer read without dispatch
-            for t, (shape, dtype, requires_grad) in zip(self.captured, self.captured_keys):
-                if t.shape != shape or t.dtype != dtype or t.requires_grad != requires_grad:
-                    return False
-        return True
+            return [(t.shape, t.dtype, t.requires_grad) for t in self.captured] == self.captured_keys
 
     def run(self, tensors: List[torch.Tensor]) -> Any:
         kept = [(t, plain(t).clone()) for t in self.buffers]  # a guard failing half-way must undo buffer updates

@@ -21,6 +21,7 @@ import torch
 # Module.__dict__ entries that only serialisation reads
 _SERIALISATION = {"_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
                   "_load_state_dict_post_hooks", "_non_persistent_buffers_set"}
+_HOOK_DICTS = ("_hooks", "_hooks_with_kwargs", "_hooks_always_called")  # Module.__dict__ keys ending so
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs")
 _LIBRARIES = tuple(__import__("os").path.dirname(m.__file__) for m in (torch, sys.modules["torchtrace"]))
@@ -74,12 +75,8 @@ class World:
 
     def _compare(self, expression: str, value: Any, what: str) -> None:
         kind, expected = _value_fact(value)
-        if kind == "items":  # the same objects in the same order (the fact holds them, so ids are not reused)
-            self.namespace.setdefault("_ids", lambda items: tuple(map(id, items)))
-            self.facts.append((f"_ids({expression}) == {tuple(map(id, expected))!r}", what))
-            self._bind(expected)
-            for item in expected:
-                self.follow(item)
+        if kind == "items":
+            self._same_items(expression, expected, what)
             return
         if isinstance(value, float) and kind == "==":
             self.facts.append((f"{expression} == {expected!r}", what))
@@ -88,6 +85,14 @@ class World:
         else:
             self.facts.append((f"{expression} {kind} {self._bind(expected)}", what))
         self.follow(value)
+
+    def _same_items(self, expression: str, items: tuple, what: str) -> None:
+        """The same objects in the same order (the facts hold them, so their ids cannot be reused)."""
+        self.namespace.setdefault("_ids", lambda found: tuple(map(id, found)))
+        self.facts.append((f"_ids({expression}) == {tuple(map(id, items))!r}", what))
+        self._bind(items)
+        for item in items:
+            self.follow(item)
 
     def follow(self, value: Any) -> None:
         """Add what `value` lets the function read: a module's state, a function's closure and globals."""
@@ -134,22 +139,26 @@ class World:
         state = module.__dict__
         d = self._bind(state)
         self.facts.append((f"len({d}) == {len(state)}", f"the attributes of {label}"))
+        hooks = []
         for key, value in state.items():
             if key in _SERIALISATION:
                 continue
             what = f"{label}.{key.lstrip('_')}"
-            if isinstance(value, dict) and key.startswith("_"):  # parameters, buffers, modules, hooks
+            if isinstance(value, dict) and key.endswith(_HOOK_DICTS) and not value:
+                hooks.append(self._bind(value))  # empty: one test of them all below
+            elif isinstance(value, dict) and key.startswith("_"):  # parameters, buffers, submodules, hooks
                 entries = self._bind(value)
-                self.facts.append((f"{d}[{key!r}] is {entries}", what))
                 self.facts.append((f"len({entries}) == {len(value)}", what))
                 for k, v in value.items():
-                    self.facts.append((f"{entries}.get({k!r}) is {self._bind(v)}", f"{what}[{k!r}]"))
+                    self.facts.append((f"{entries}[{k!r}] is {self._bind(v)}", f"{what}[{k!r}]"))
                     if key == "_modules" and v is not None:
                         self.add_module(v, f"{label}.{k}")
-                    elif key != "_parameters" and key != "_buffers":
+                    elif key not in ("_parameters", "_buffers"):
                         self.follow(v)
             else:
                 self._compare(f"{d}[{key!r}]", value, what)
+        if hooks:
+            self.facts.append((f"not ({' or '.join(hooks)})", f"the hooks of {label}"))
         for cls in type(module).__mro__:  # forward and the helpers it calls: their globals
             if cls.__module__.startswith(("torch.", "torchtrace.")):
                 break
