@@ -84,11 +84,15 @@ class Trace:
         mode = UserCalls(program, path)
         before = effects.Snapshot(self.inputs)
         backward_ran: List[bool] = []
+
+        def saw_backward(*_: Any) -> None:  # the engine ran a rule's backward: stop recording (eager from now on)
+            backward_ran.append(True)
+            mode.paused = True
         hooks = (torch.nn.modules.module.register_module_forward_pre_hook(enter),
                  torch.nn.modules.module.register_module_forward_hook(leave))
         effects.TRACING.depth += 1
         try:
-            with observing(on_record=mode.on_node, on_backward=lambda *_: backward_ran.append(True)), mode:
+            with observing(on_record=mode.on_node, on_backward=saw_backward), mode:
                 self.output = fn(*args, **kwargs)
         finally:
             effects.TRACING.depth -= 1
@@ -97,7 +101,8 @@ class Trace:
         self.modules = world.modules
         self.not_replayable = ("it runs a backward pass (loss.backward(), tt.grad) inside" if backward_ran else
                                before.changed_by_call(world, program.draws))
-        self.grad_enabled = torch.is_grad_enabled()
+        if self.not_replayable is not None:
+            return
         outputs = guards.output_tensors(self.output)
         self.output_spec = guards.rebuild_spec(self.output)
         self.output_names = [program.tensor_name(t) for t in outputs]
@@ -257,6 +262,8 @@ class Compiled:
     @property
     def code(self) -> str:
         """The source of the most recent specialisation."""
+        if self.eager_reason is not None:
+            raise RuntimeError(f"{self.eager_reason}: there is no generated code")
         return self.latest.source
 
     def _key(self, args: tuple, kwargs: dict) -> Any:
@@ -269,13 +276,13 @@ class Compiled:
     def _trace(self, args: tuple, kwargs: dict, keyed: Any) -> Any:
         key, _ = keyed
         trace = Trace(self.fn, args, kwargs)  # this call's result is the eager one; later calls run the code
-        self.latest = Specialisation(trace, key)
         self.traces += 1
         if trace.not_replayable is not None:
             self.eager_reason = (f"tt.compile: {self._name()} runs eagerly: {trace.not_replayable}, which replayed "
                                  "code would not repeat (compile the part without it)")
             warnings.warn(self.eager_reason, stacklevel=4)
             return trace.output
+        self.latest = Specialisation(trace, key)
         self.specialisations.setdefault(key, []).insert(0, self.latest)
         return trace.output
 

@@ -18,7 +18,7 @@ T = torch.Tensor
 # calls whose non-tensor result depends only on shape, dtype, device, layout or requires_grad
 METADATA = {getattr(owner, name) for owner, names in (
     (T, "size dim numel nelement ndimension stride is_contiguous is_floating_point is_complex is_signed element_size "
-        "__len__ storage_offset get_device is_conj is_neg is_inference dim_order __hash__"),
+        "__len__ storage_offset get_device is_conj is_neg is_inference dim_order __hash__ untyped_storage"),
     (torch, "is_floating_point is_complex numel is_same_size result_type is_conj is_neg is_inference can_cast "
             "promote_types")) for name in names.split() if hasattr(owner, name)}
 # the types of value a guard can compare (the generated code writes the value as a constant)

@@ -348,6 +348,7 @@ class UserCalls(TorchFunctionMode):
         self.recorded = 0
         self.calling: Tuple[Any, dict] = (None, {})
         self.viewed: set = set()  # ids of tensors a view was taken of
+        self.paused = False  # a backward pass ran inside: the call runs eagerly, nothing more is recorded
 
     def shares_memory(self, t: torch.Tensor) -> bool:
         """Is t a view, or was a view taken of it?"""
@@ -355,6 +356,8 @@ class UserCalls(TorchFunctionMode):
 
     def on_node(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
         """A Node was recorded: run its rule again on plain tensors, writing down the calls it makes."""
+        if self.paused:
+            return
         program = self.program
         if node.autocast:
             raise UnsupportedOperationError(f"{callable_name(node.func) if node.func else node.rule.__name__}: "
@@ -415,6 +418,8 @@ class UserCalls(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
         before = self.recorded
         self.calling = func, kwargs
         target = args[0] if args and isinstance(args[0], torch.Tensor) else None
