@@ -11,7 +11,6 @@ of the call itself (`self.h = out.detach()`, a counter in a global), which repla
 What it cannot see: a mutable object reached by attribute from something it checks by identity (a list
 inside an object), files and other I/O, and the internals of torch and torchtrace.
 """
-import math
 import sys
 import types
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -28,12 +27,13 @@ _LIBRARIES = tuple(__import__("os").path.dirname(m.__file__) for m in (torch, sy
 _IMMUTABLE = (bool, int, str, bytes, type(None), torch.dtype, torch.device)
 
 
-def _value_fact(value: Any) -> Optional[Tuple[str, Any]]:
-    """('is', obj) or ('==', snapshot): how a value read from an attribute, cell or global is compared."""
-    if isinstance(value, _IMMUTABLE) or (isinstance(value, float) and not math.isnan(value) and value != 0.0):
+def _value_fact(value: Any) -> Tuple[str, Any]:
+    """How a value read from an attribute, cell or global is compared: ('==', value), ('frozen', snapshot) for
+    plain data that can change in place or hides a -0.0 or NaN, ('items', tuple) or ('is', object)."""
+    if isinstance(value, _IMMUTABLE) or (isinstance(value, float) and value == value and value != 0.0):
         return "==", value
-    if isinstance(value, (list, tuple, dict, set, frozenset)) and _plain_data(value):
-        return "==", _copy(value)
+    if _plain_data(value):
+        return "frozen", freeze(value)
     if type(value) in (list, tuple) and len(value) <= 64:  # e.g. LSTM's _flat_weights: a new list, same tensors
         return "items", tuple(value)
     return "is", value
@@ -47,15 +47,20 @@ def _plain_data(value: Any, depth: int = 0) -> bool:
         return all(_plain_data(v, depth + 1) for v in value)
     if isinstance(value, dict):
         return all(_plain_data(k, depth + 1) and _plain_data(v, depth + 1) for k, v in value.items())
-    return isinstance(value, _IMMUTABLE) or (isinstance(value, float) and not math.isnan(value) and value != 0.0)
+    return isinstance(value, (*_IMMUTABLE, float, complex))
 
 
-def _copy(value: Any) -> Any:
+def freeze(value: Any) -> Any:
+    """A snapshot of plain data that == compares exactly: floats by repr (-0.0 is not 0.0, NaN is NaN)."""
     if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return type(value)(_copy(v) for v in value)
-    return value
+        return dict, tuple((freeze(k), freeze(v)) for k, v in value.items())
+    if isinstance(value, (set, frozenset)):
+        return type(value), frozenset(freeze(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return type(value), tuple(freeze(v) for v in value)
+    if isinstance(value, (float, complex)):
+        return type(value), repr(value)
+    return type(value), value
 
 
 class World:
@@ -63,7 +68,7 @@ class World:
 
     def __init__(self) -> None:
         self.facts: List[Tuple[str, str]] = []  # (Python expression that is True while the fact holds, what it says)
-        self.namespace: Dict[str, Any] = {"len": len}
+        self.namespace: Dict[str, Any] = {"len": len, "int": int, "float": float}
         self.seen: Set[int] = set()
         self.modules: List[torch.nn.Module] = []
         self.python_names: Dict[int, str] = {}  # id(module) -> the name the function knows it by
@@ -78,8 +83,13 @@ class World:
         if kind == "items":
             self._same_items(expression, expected, what)
             return
-        if isinstance(value, float) and kind == "==":
-            self.facts.append((f"{expression} == {expected!r}", what))
+        if kind == "frozen":
+            self.namespace["_freeze"] = freeze
+            self.facts.append((f"_freeze({expression}) == {self._bind(expected)}", what))
+            return
+        if type(value) in (int, float):  # 2 == 2.0, but x * 2 and x * 2.0 differ on an integer tensor
+            self.facts.append((f"{expression} == {expected!r} and {expression}.__class__ is {type(value).__name__}",
+                               what))
         elif kind == "==" and isinstance(value, (bool, type(None))):
             self.facts.append((f"{expression} is {expected!r}", what))
         else:
