@@ -7,6 +7,7 @@ tensor operand and a constant of that dtype (torch casts the number to the tenso
 two tensors of one dtype keep it), +, -, * or / with two positional arguments and no options.
 """
 import math
+import re
 from typing import Callable, Dict, List, Tuple
 
 import torch
@@ -54,6 +55,13 @@ class Constants:
         replaced = list(args)
         replaced[position] = self.tensors[name]
         return tuple(replaced)
+
+    def inline(self, text: str) -> str:
+        """`text` with each constant's name written as its number again (the teaching form)."""
+        for name, (value, _) in sorted(self.values.items(), key=lambda item: -len(item[0])):
+            number = repr(value) if math.isfinite(value) else f"float('{value}')"
+            text = re.sub(rf"(?<![\w.]){re.escape(name)}\b", number, text)
+        return text
 
     def source(self) -> List[str]:
         """The module-level lines that make the constants (none when no number was hoisted)."""

@@ -4,6 +4,7 @@
 tensors and a hashable key; two calls with equal keys can run the same generated code.
 """
 import dataclasses
+import inspect
 import math
 import re
 from typing import Any, Callable, Dict, List, Tuple
@@ -97,8 +98,6 @@ def rebuild(spec: Any, tensors: Any) -> Any:
 
 def argument_names(fn: Callable, n: int) -> List[str]:
     """The names of fn's first n positional parameters (input0, input1, ... where unknown)."""
-    import inspect
-
     target = fn.forward if isinstance(fn, torch.nn.Module) else fn
     try:
         params = [p.name for p in inspect.signature(target).parameters.values()

@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.function import INPLACE, Context, Function
 from torchtrace.autograd.node import Node, gradient_for, leaf_accumulator
-from torchtrace.compiler.codegen import call_source, index_source, is_property, value_source
+from torchtrace.compiler.codegen import call_source, index_source, is_property, plain_form, value_source
 from torchtrace.compiler.constants import Constants
 from torchtrace.compiler.memory import COMMUTATIVE, INPLACE_FORMS, Notes, suits
 from torchtrace.compiler.reads import is_metadata, shape_follows_values, writable
@@ -95,6 +95,8 @@ class Program:
         self.counter = {"t": itertools.count(1), "g": itertools.count(1)}
         self.device_names: Dict[torch.device, str] = {}
         self.notes = {"forward": Notes(), "backward": Notes()}  # for memory.optimise: del and in-place rewrites
+        self.plain_lines: Dict[str, Dict[int, str]] = {"forward": {}, "backward": {}}  # line -> its chain-rule form
+        self.module_outputs: List[Tuple[str, torch.Tensor]] = []  # (module path, the value it returned)
         self.constants = Constants()  # Python numbers of the arithmetic, made into tensors once
         self.by_memory: Dict[tuple, str] = {}  # where a named value's data lies -> its name (x.detach() is x)
 
@@ -205,6 +207,9 @@ class Program:
             target = ", ".join(self._define(o) if isinstance(o, torch.Tensor) else "_" for o in out)
             target += "," if len(out) == 1 else ""
         self.emit(f"{target} = {source}")
+        plain_source = plain_form(func, args, kwargs, self.tensor_name)
+        if plain_source is not None:
+            self.plain_lines[self.section][index] = f"{target} = {plain_source}"
         self._note(func, args, kwargs, out, results, index)
         if shape_follows_values(func, args, kwargs, results):
             for t in results:  # the shape depends on the values: the code after it is valid for this shape only
