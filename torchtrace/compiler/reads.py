@@ -10,7 +10,7 @@ A tensor result whose shape follows from values (`x[mask]`, `torch.nonzero`, `to
 running the call on the meta device, which knows shapes only: where the meta kernel cannot say, the
 shape is a guard too.
 """
-from typing import Any, Callable, List
+from typing import Any, Callable, Dict, List
 
 import torch
 
@@ -46,10 +46,37 @@ def _to_meta(value: Any) -> Any:
     return value
 
 
+_SEEN: Dict[Any, bool] = {}  # (func, metadata of the arguments) -> the answer: meta kernels cost ~1 ms a call
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        with torch._C.DisableTorchFunctionSubclass():
+            return value.shape, value.stride(), value.dtype, value.device
+    if isinstance(value, (list, tuple)):
+        return type(value), tuple(_describe(v) for v in value)
+    return type(value), value
+
+
 def shape_follows_values(func: Callable, args: tuple, kwargs: dict, results: List[torch.Tensor]) -> bool:
     """Could a call on tensors of the same shapes give results of other shapes (x[mask], nonzero, unique)?
+    (The answer is remembered for the same callable and argument metadata.)"""
+    try:
+        key = (func, _describe(args), tuple((k, _describe(v)) for k, v in kwargs.items()),
+               tuple(t.shape for t in results))
+        hash(key)
+    except TypeError:  # an unhashable argument: ask the meta device every time
+        return _meta_disagrees(func, args, kwargs, results)
+    found = _SEEN.get(key)
+    if found is None:
+        found = _SEEN[key] = _meta_disagrees(func, args, kwargs, results)
+        if len(_SEEN) > 65536:
+            _SEEN.clear()
+    return found
 
-    The meta device runs the call on shapes alone; a call it cannot run, or whose shapes it gets
+
+def _meta_disagrees(func: Callable, args: tuple, kwargs: dict, results: List[torch.Tensor]) -> bool:
+    """The meta device runs the call on shapes alone; a call it cannot run, or whose shapes it gets
     otherwise, is taken to depend on values.
     """
     if not any(isinstance(a, torch.Tensor) for a in (*args, *kwargs.values())) and not any(
