@@ -87,6 +87,13 @@ def test_a_replaced_parameter_submodule_or_new_hook_is_seen():
     torch.testing.assert_close(plain(compiled(ONES)), plain(model(ONES)), rtol=0, atol=0)
 
 
+def test_a_module_passed_as_an_argument_is_checked_like_one_the_code_names():
+    layer = tt.nn.Linear(3, 3)
+    compiled = tt.compile(lambda x, m: x @ m.weight.T, (ONES, layer))  # its weight is read, it is not called
+    layer.weight = tt.nn.Parameter(tt.randn(3, 3))
+    torch.testing.assert_close(plain(compiled(ONES, layer)), plain(ONES @ layer.weight.T), rtol=0, atol=0)
+
+
 class Scaled(tt.nn.Module):
     def __init__(self):
         super().__init__()

@@ -37,6 +37,8 @@ class Trace:
         world = self.world = World()  # what fn reads besides its arguments, noted before anything runs
         world.add_global_hooks()
         world.follow(fn)
+        for value in (*args, *kwargs.values()):  # a module or function passed in: its state is read like a global's
+            world.follow(value)
         known = {i: name for i, name in world.python_names.items()}  # a closure tensor keeps its Python name
         module_names = {}
         if isinstance(fn, torch.nn.Module):
