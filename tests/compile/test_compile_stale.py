@@ -248,6 +248,18 @@ def test_hooks_registered_on_inputs_inside_run_eagerly(change):
     torch.testing.assert_close(got, plain(w.grad))
 
 
+def test_requires_grad_set_on_an_input_inside_runs_eagerly():
+    def f(x):
+        x.requires_grad_()
+        return (x * 3).sum()
+
+    with pytest.warns(UserWarning, match="runs eagerly: it changes an input's requires_grad"):
+        compiled = tt.compile(f, (tt.ones(3),))
+    x = tt.ones(3)
+    compiled(x).backward()
+    torch.testing.assert_close(plain(x.grad), torch.full((3,), 3.0))
+
+
 def test_detach_inside_the_function_follows_each_calls_values():
     w = tt.randn(3, requires_grad=True)
 
