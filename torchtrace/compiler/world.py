@@ -11,6 +11,7 @@ of the call itself (`self.h = out.detach()`, a counter in a global), which repla
 What it cannot see: a mutable object reached by attribute from something it checks by identity (a list
 inside an object), files and other I/O, and the internals of torch and torchtrace.
 """
+import os
 import sys
 import types
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -23,7 +24,7 @@ _SERIALISATION = {"_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dic
 _HOOK_DICTS = ("_hooks", "_hooks_with_kwargs", "_hooks_always_called")  # Module.__dict__ keys ending so
 _GLOBAL_HOOKS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                  "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs")
-_LIBRARIES = tuple(__import__("os").path.dirname(m.__file__) for m in (torch, sys.modules["torchtrace"]))
+_LIBRARIES = tuple(os.path.dirname(m.__file__) for m in (torch, sys.modules["torchtrace"]))
 _IMMUTABLE = (bool, int, str, bytes, type(None), torch.dtype, torch.device)
 
 
@@ -71,7 +72,7 @@ class World:
         self.namespace: Dict[str, Any] = {"len": len, "int": int, "float": float}
         self.seen: Set[int] = set()
         self.modules: List[torch.nn.Module] = []
-        self.python_names: Dict[int, str] = {}  # id(module) -> the name the function knows it by
+        self.python_names: Dict[int, str] = {}  # id(value of a cell or global) -> its name there (alive meanwhile)
 
     def _bind(self, value: Any) -> str:
         name = f"o{len(self.namespace)}"
