@@ -71,7 +71,7 @@ def run_program(seed: int, calls: int, tally: Tally) -> None:
         b(x)  # the tracing call ran `a` once eagerly (batch statistics, dropout draws)
         tally.programs += 1
         for call in range(calls):
-            name = rng.choice(list(MUTATIONS))
+            name = rng.choice(list(MUTATIONS)) if rng.random() < 0.7 else "nothing"  # also calls that replay
             x = MUTATIONS[name](a, b, rng, x)
             history.append(name)
             traces = compiled.traces
