@@ -26,7 +26,8 @@ def test_labels_names_and_rule_math():
     assert 'params["0.weight"]' in code and 'params["2.bias"]' in code
     assert "def forward(input, params):" in code and "def backward(params, saved, grad0):" in code
     names = re.findall(r"^    (\w+) = ", code, flags=re.MULTILINE)
-    assert names and all(re.fullmatch(r"[tg]\d{1,2}", n) for n in names), names
+    assert names and all(re.fullmatch(r"[tg]\d{1,2}|h_\d|d_\d_(weight|bias)", n) for n in names), names
+    assert "h_0 = torch.nn.functional.linear(" in code and "d_0_weight = " in code  # names from the model
     assert code == tt.trace(_model(), torch.randn(3, 2)).to_code()  # stable names
 
 
@@ -104,3 +105,44 @@ def test_the_code_passes_ruff(tmp_path):
     result = subprocess.run(["ruff", "check", "--line-length", "120", "--select", "E,F,W,I", str(path)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_the_teaching_form_reads_as_the_chain_rule_and_gives_the_fast_forms_numbers():
+    torch.manual_seed(0)
+    model = tt.nn.Sequential(tt.nn.Linear(4, 8), tt.nn.ReLU(), tt.nn.Linear(8, 8), tt.nn.Tanh(), tt.nn.Linear(8, 1))
+    x, target = torch.randn(16, 4), torch.randn(16, 1)
+
+    def step(x, target):
+        return torch.nn.functional.mse_loss(model(x), target) * 0.5
+
+    teaching = tt.trace(step, x, target).to_code()
+    fast = tt.compile(step, (x, target)).code
+    body = teaching.split("def forward")[1]
+    assert "del " not in body and "torch.ops.aten" not in body and "_(" not in body  # no frees, kernels, in place
+    assert "torch.where(h_1 <= 0, 0.0, " in body and "d_0_weight = " in body  # ReLU's rule as math, model names
+    assert "del " in fast and "torch.ops.aten.threshold_backward" in fast  # the fast form keeps both
+    params = {name: p.detach().as_subclass(torch.Tensor) for name, p in model.named_parameters()}
+    results = []
+    for code in (teaching, fast):
+        namespace: dict = {}
+        exec(code, namespace)
+        outputs, saved = namespace["forward"](x, target, params)
+        results.append([*outputs, *(g for g in namespace["backward"](params, saved, torch.ones(())) if g is not None)])
+    assert len(results[0]) == len(results[1]) == 7  # the loss and six parameter gradients
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_the_compiler_package_imports_at_the_top_of_its_modules():
+    import ast
+    import pathlib
+
+    import torchtrace.compiler as package
+
+    late = []
+    for path in pathlib.Path(package.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                late += [f"{path.name}:{inner.lineno}" for inner in ast.walk(node)
+                         if isinstance(inner, (ast.Import, ast.ImportFrom))]
+    assert not late, f"imports inside functions (an import cycle worked around): {late}"

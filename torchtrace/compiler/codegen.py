@@ -2,6 +2,7 @@
 import functools
 import math
 import numbers
+import textwrap
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -116,6 +117,17 @@ def call_source(func: Callable, args: tuple, kwargs: Dict[str, Any], tensor_name
     return f"{source}({', '.join(rendered)})"
 
 
+def plain_form(func: Callable, args: tuple, kwargs: Dict[str, Any], tensor_name: Callable) -> Optional[str]:
+    """The chain-rule reading of an aten-internal kernel a rule calls for speed (None if it has none).
+
+    threshold_backward(g, y, c) is g where y > c and 0 elsewhere (a NaN in y passes g): torch.where(y <= c, 0.0, g).
+    """
+    if func in (torch.ops.aten.threshold_backward, torch.ops.aten.threshold_backward.default) and not kwargs:
+        g, y, threshold = (value_source(a, tensor_name) for a in args)
+        return f"torch.where({y} <= {threshold}, 0.0, {g})"
+    return None
+
+
 def index_source(index: Any, tensor_name: Callable) -> str:
     """x[1:, None, ..., idx]: an index as subscript source."""
     if isinstance(index, tuple):
@@ -161,8 +173,6 @@ def fit(line: str, indent: str) -> list:
     if len(indent) + len(line) <= WIDTH:
         return [indent + line]
     if line.startswith("#"):
-        import textwrap
-
         return [indent + "# " + part for part in textwrap.wrap(line[1:].strip(), WIDTH - len(indent) - 2)]
     code, _, comment = line.partition("  # ")
     lines = [] if not comment else fit("# " + comment, indent)

@@ -7,6 +7,7 @@ tensor operand and a constant of that dtype (torch casts the number to the tenso
 two tensors of one dtype keep it), +, -, * or / with two positional arguments and no options.
 """
 import math
+import re
 from typing import Callable, Dict, List, Tuple
 
 import torch
@@ -19,9 +20,10 @@ _SUFFIX = {torch.float32: "", torch.float64: "_f64"}
 
 
 def constant_name(number: float, dtype: torch.dtype) -> str:
-    """_1, _0_5, _neg2, _1e_06; a float64 constant ends in _f64."""
+    """_1, _0_5, _neg2, _neg0 (-0.0, which is not 0.0 to a division), _1e_06; float64 ones end in _f64."""
     value = float(number)
-    text = str(int(value)) if value.is_integer() else repr(value)
+    text = repr(value) if not value.is_integer() else ("-0" if value == 0 and math.copysign(1, value) < 0
+                                                              else str(int(value)))
     return "_" + text.replace("e", "e_").replace("-", "neg").replace(".", "_").replace("+", "") + _SUFFIX[dtype]
 
 
@@ -53,6 +55,13 @@ class Constants:
         replaced = list(args)
         replaced[position] = self.tensors[name]
         return tuple(replaced)
+
+    def inline(self, text: str) -> str:
+        """`text` with each constant's name written as its number again (the teaching form)."""
+        for name, (value, _) in sorted(self.values.items(), key=lambda item: -len(item[0])):
+            number = repr(value) if math.isfinite(value) else f"float('{value}')"
+            text = re.sub(rf"(?<![\w.]){re.escape(name)}\b", number, text)
+        return text
 
     def source(self) -> List[str]:
         """The module-level lines that make the constants (none when no number was hoisted)."""

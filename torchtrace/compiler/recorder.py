@@ -18,15 +18,16 @@ from torch.overrides import TorchFunctionMode
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.function import INPLACE, Context, Function
 from torchtrace.autograd.node import Node, gradient_for, leaf_accumulator
-from torchtrace.compiler.codegen import call_source, index_source, is_property, value_source
+from torchtrace.compiler.codegen import call_source, index_source, is_property, plain_form, value_source
 from torchtrace.compiler.constants import Constants
 from torchtrace.compiler.memory import COMMUTATIVE, INPLACE_FORMS, Notes, suits
+from torchtrace.compiler.reads import is_metadata, shape_follows_values, writable
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
 
 _guard = torch._C.DisableTorchFunctionSubclass
 T = torch.Tensor
-# calls whose Python result depends on a tensor's values: the code is specialised on them (a guard)
+# how the guard on a data read is written where a shorter form than the call itself exists
 DATA_READS = {T.item: "{}.item()", T.tolist: "{}.tolist()", T.__bool__: "bool({})", T.__int__: "int({})",
               T.__float__: "float({})", T.__index__: "int({})", T.is_nonzero: "bool({})",
               T.__complex__: "complex({})"}
@@ -89,11 +90,15 @@ class Program:
         self.defined_forward: set = set()
         self.saved: List[str] = []  # forward names the backward reads
         self.random = False  # the code draws random numbers (so a failed guard restores the generator first)
+        self.draws: List[Tuple[torch.Tensor, torch.Tensor]] = []  # generator state around each call that moved it
         self.buffers: Dict[Tuple[int, int], Any] = {}  # after record_backward: the gradient reaching each input
         self.counter = {"t": itertools.count(1), "g": itertools.count(1)}
         self.device_names: Dict[torch.device, str] = {}
         self.notes = {"forward": Notes(), "backward": Notes()}  # for memory.optimise: del and in-place rewrites
+        self.plain_lines: Dict[str, Dict[int, str]] = {"forward": {}, "backward": {}}  # line -> its chain-rule form
+        self.module_outputs: List[Tuple[str, torch.Tensor]] = []  # (module path, the value it returned)
         self.constants = Constants()  # Python numbers of the arithmetic, made into tensors once
+        self.by_memory: Dict[tuple, str] = {}  # where a named value's data lies -> its name (x.detach() is x)
 
     # names ---------------------------------------------------------------------------------------
     def bind(self, t: torch.Tensor, name: str) -> None:
@@ -110,6 +115,12 @@ class Program:
         self.defined_forward.add(name)
         self.device_names.setdefault(t.device, f"{name}.device")
         self._note_boundary(t, name)
+        self._note_memory(t, name)
+
+    def _note_memory(self, t: torch.Tensor, name: str) -> None:
+        key = _memory(t)
+        if key is not None:
+            self.by_memory.setdefault(key, name)
 
     def _note_boundary(self, t: torch.Tensor, name: str) -> None:
         """Where gradients of this input go in the eager graph: its grad_fn, or its AccumulateGrad."""
@@ -126,6 +137,10 @@ class Program:
         name = self.names.get(id(t))
         if name is None and getattr(t, "_tt_node", None) is not None:  # a copy the core made (x before x.add_(1))
             name = self.node_names.get((id(t._tt_node), t._tt_nr))
+            if name is not None:
+                self.bind(t, name)
+        if name is None:  # another object for a value the code computes (x.detach(), x.data, x.as_subclass(...))
+            name = self.by_memory.get(_memory(t))
             if name is not None:
                 self.bind(t, name)
         if name is None:
@@ -161,14 +176,11 @@ class Program:
             raise UnsupportedOperationError(
                 f"{callable_name(func)}: tt.compile cannot record it — {REFUSED[func] or 'not a tensor operation'}; "
                 "call it outside the compiled function")
-        if func in DATA_READS:
-            expression = DATA_READS[func].format(self.tensor_name(args[0]))
-            self.guards.append(Guard(expression, out, where))
-            reason = f"{where[:60] or 'a rule'} read {expression} == {out!r}"
-            self.emit(f"if {expression} != {value_source(out, self.tensor_name)}:")
-            self.emit(f"    raise GuardFailed({reason!r})")
-            return
         results = tensors_in(out)
+        if not results and not is_metadata(func) and not _mutates(func) and func is not T.__setitem__ and (
+                tensors_in(args) or tensors_in(kwargs)):
+            self._guard_read(func, args, kwargs, out, where)
+            return
         if func is T.__setitem__:  # x[i] = v changes x: a statement of its own
             target, index, value = (value_source(a, self.tensor_name, self.device_name) for a in args[:3])
             self.emit(f"{target}[{index_source(args[1], self.tensor_name)}] = {value}")
@@ -179,8 +191,6 @@ class Program:
             return  # metadata (shape, dtype, dim, ...): fixed by the guards on the inputs
         args = self.constants.hoist(func, args, kwargs, self.bind)
         source = call_source(func, args, kwargs, self.tensor_name, self.device_name)
-        if getattr(func, "__name__", "") in _RANDOM:
-            self.random = True
         if len(results) == 1 and out is results[0] and not is_property(func) and args and out is args[0]:
             if _mutates(func):  # in place: the same tensor keeps its name
                 self.emit(source)
@@ -197,14 +207,31 @@ class Program:
             target = ", ".join(self._define(o) if isinstance(o, torch.Tensor) else "_" for o in out)
             target += "," if len(out) == 1 else ""
         self.emit(f"{target} = {source}")
+        plain_source = plain_form(func, args, kwargs, self.tensor_name)
+        if plain_source is not None:
+            self.plain_lines[self.section][index] = f"{target} = {plain_source}"
         self._note(func, args, kwargs, out, results, index)
-        if func in _VALUE_SHAPED or (func is T.__getitem__ and _masks(args[1:])):
+        if shape_follows_values(func, args, kwargs, results):
             for t in results:  # the shape depends on the values: the code after it is valid for this shape only
                 name = self.tensor_name(t)
                 self.guards.append(Guard(f"{name}.shape", tuple(t.shape), where))
                 self.emit(f"if {name}.shape != {tuple(t.shape)!r}:")
                 reason = f"{where[:60] or callable_name(func)} gave {name}.shape == {tuple(t.shape)}"
                 self.emit(f"    raise GuardFailed({reason!r})")
+
+    def _guard_read(self, func: Callable, args: tuple, kwargs: dict, out: Any, where: str) -> None:
+        """Python read a value computed from tensor data: the code is valid only while the same call reads the same."""
+        if not writable(out):
+            raise UnsupportedOperationError(
+                f"{where or 'a rule'}: {callable_name(func)} hands Python a {type(out).__name__} computed from "
+                "tensor values, which tt.compile cannot check on later calls — do this outside the compiled function")
+        pattern = DATA_READS.get(func)
+        expression = (pattern.format(self.tensor_name(args[0])) if pattern and len(args) == 1 and not kwargs
+                      else call_source(func, args, kwargs, self.tensor_name, self.device_name))
+        self.guards.append(Guard(expression, out, where))
+        reason = f"{where[:60] or 'a rule'} read {expression} == {out!r}"
+        self.emit(f"if {expression} != {value_source(out, self.tensor_name)}:")
+        self.emit(f"    raise GuardFailed({reason!r})")
 
     def _note(self, func: Callable, args: tuple, kwargs: dict, out: Any, results: List[torch.Tensor],
               index: int) -> None:
@@ -231,19 +258,25 @@ class Program:
     def _define(self, t: torch.Tensor) -> str:
         name = self.fresh()
         self.bind(t, name)
+        self._note_memory(t, name)
         if self.section == "forward":
             self.defined_forward.add(name)
         return name
 
 
-_VALUE_SHAPED = {f for f in (torch.nonzero, T.nonzero, torch.masked_select, T.masked_select, torch.unique, T.unique,
-                              torch.unique_consecutive, T.unique_consecutive, torch.argwhere, T.argwhere,
-                              torch.bincount, T.bincount, torch.repeat_interleave, T.repeat_interleave)}
+def _same_data(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal elements, a NaN equal to a NaN (a saved NaN is not a change)."""
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.all((a == b) | (a.isnan() & b.isnan())))
+    return torch.equal(a, b)
 
 
-def _masks(index: Any) -> bool:
-    """Does an index hold a boolean tensor (x[mask]: as many elements as the mask has True values)?"""
-    return any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in tensors_in(list(index)))
+def _memory(t: torch.Tensor) -> Optional[tuple]:
+    """Where t's elements lie: equal for two tensor objects that show the same data the same way."""
+    with _guard():
+        if t.layout != torch.strided or t.numel() == 0:
+            return None
+        return t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device
 
 
 def _mutates(func: Callable) -> bool:
@@ -266,10 +299,20 @@ def _same_view(source: Any, out: Any) -> bool:
             and out.dtype == source.dtype)
 
 
-_RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "bernoulli_",
-           "multinomial", "normal", "normal_", "uniform_", "dropout", "alpha_dropout", "feature_alpha_dropout",
-           "dropout1d", "dropout2d", "dropout3d", "randperm", "exponential_", "geometric_", "cauchy_",
-           "log_normal_", "random_", "poisson", "rrelu", "native_dropout"}
+
+def call_noting_draws(program: Program, func: Callable, args: tuple, kwargs: dict) -> Any:
+    """func(*args, **kwargs), noting the generator's state before and after if the call moved it.
+
+    The replayed code draws exactly what the recorded calls drew only if the generator moved by these calls
+    alone; effects.py compares the chain of states with the ones around the whole traced call.
+    """
+    before = torch.get_rng_state()
+    out = func(*args, **kwargs)
+    after = torch.get_rng_state()
+    if not torch.equal(before, after):
+        program.draws.append((before, after))
+        program.random = True
+    return out
 
 
 class RuleCalls(TorchFunctionMode):
@@ -310,6 +353,7 @@ class UserCalls(TorchFunctionMode):
         self.recorded = 0
         self.calling: Tuple[Any, dict] = (None, {})
         self.viewed: set = set()  # ids of tensors a view was taken of
+        self.paused = False  # a backward pass ran inside: the call runs eagerly, nothing more is recorded
 
     def shares_memory(self, t: torch.Tensor) -> bool:
         """Is t a view, or was a view taken of it?"""
@@ -317,6 +361,8 @@ class UserCalls(TorchFunctionMode):
 
     def on_node(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
         """A Node was recorded: run its rule again on plain tensors, writing down the calls it makes."""
+        if self.paused:
+            return
         program = self.program
         if node.autocast:
             raise UnsupportedOperationError(f"{callable_name(node.func) if node.func else node.rule.__name__}: "
@@ -365,7 +411,7 @@ class UserCalls(TorchFunctionMode):
             out = rule.forward(ctx, *plain_args, **plain_kwargs)
         _set_rng_state(state)
         for a, version, data in before:  # kernels such as batch_norm write running stats without a version bump
-            if a._version != version or not torch.equal(a, data):
+            if a._version != version or not _same_data(a, data):
                 with torch.no_grad():
                     a.copy_(data)
         outs = out if isinstance(out, (list, tuple)) else (out,)
@@ -377,12 +423,14 @@ class UserCalls(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
+        if self.paused:
+            return func(*args, **kwargs)
         before = self.recorded
         self.calling = func, kwargs
         target = args[0] if args and isinstance(args[0], torch.Tensor) else None
         outside = target is not None and self.program.is_external(target)
-        where = user_line() if func in DATA_READS else ""
-        out = func(*args, **kwargs)
+        where = user_line()
+        out = call_noting_draws(self.program, func, args, kwargs)
         for t in tensors_in(out):
             if getattr(t, "_tt_view", False):
                 self.viewed.add(id(t._tt_base))

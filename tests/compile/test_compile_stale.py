@@ -1,0 +1,377 @@
+"""Compiled code never replays a stale value: every way a traced function can observe something is checked.
+
+Each test compiles a function, changes what it observes, and compares the compiled call with eager
+torchtrace (values and gradients).
+"""
+import collections
+import dataclasses
+import random
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import torchtrace as tt
+
+ONES, NEG = torch.ones(3), -torch.ones(3)
+
+
+def plain(t):
+    return t.detach().as_subclass(torch.Tensor)
+
+
+def assert_replays_eager(fn, first, later, params=()):
+    """Compile on `first`, then every input in `later`: output and parameter gradients equal eager's."""
+    compiled = tt.compile(fn, first)
+    compiled(*first)
+    for args in later:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = compiled(*args)
+        got_grads = _grads(got, params)
+        expected = fn(*args)
+        torch.testing.assert_close(plain(got), plain(expected), rtol=0, atol=0)
+        for g, e in zip(got_grads, _grads(expected, params)):
+            torch.testing.assert_close(g, e, rtol=0, atol=0)
+    return compiled
+
+
+def _grads(out, params):
+    if not params:
+        return []
+    for p in params:
+        p.grad = None
+    out.sum().backward()
+    return [plain(p.grad) for p in params]
+
+
+@pytest.mark.parametrize("read", [
+    lambda x: torch.equal(x, torch.ones(3)),
+    lambda x: x.equal(torch.ones(3)),
+    lambda x: torch.allclose(x, torch.ones(3)),
+    lambda x: 1.0 in x,
+    lambda x: torch.is_nonzero(x.sum() > 0),
+    lambda x: f"{x.sum():.1f}" == "3.0",
+    lambda x: len(torch.where(x > 0)[0]) == 3,
+    lambda x: repr(x.sum()).startswith("tensor(3"),
+], ids=["torch.equal", "Tensor.equal", "allclose", "in", "is_nonzero", "format", "len-where", "repr"])
+def test_every_python_read_of_tensor_data_is_a_guard_whatever_api_reads_it(read):
+    w = tt.randn(3, requires_grad=True)
+    assert_replays_eager(lambda x: (x * w).exp() if read(x) else (x * w).sin(), (ONES,), [(NEG,), (ONES,)], [w])
+
+
+def test_a_value_that_cannot_be_compared_is_refused_naming_the_line():
+    with pytest.raises(tt.UnsupportedOperationError, match=r"test_compile_stale.py:\d+.*np.asarray"):
+        tt.compile(lambda x: x * float(np.asarray(x).sum()), (ONES,))
+
+
+def test_a_shape_that_follows_from_values_is_a_guard_for_any_op():
+    assert_replays_eager(lambda x: x * torch.where(x > 0)[0].shape[0], (ONES,), [(torch.tensor([1.0, -1, 1]),)])
+
+
+def test_a_replaced_parameter_submodule_or_new_hook_is_seen():
+    model = tt.nn.Sequential(tt.nn.Linear(3, 2), tt.nn.Tanh())
+    compiled = assert_replays_eager(lambda x: model(x), (ONES,), [(ONES,)])
+    model[0].weight = tt.nn.Parameter(tt.randn(2, 3))
+    torch.testing.assert_close(plain(compiled(ONES)), plain(model(ONES)), rtol=0, atol=0)
+    model[0].load_state_dict({"weight": torch.randn(2, 3), "bias": torch.randn(2)}, assign=True)
+    torch.testing.assert_close(plain(compiled(ONES)), plain(model(ONES)), rtol=0, atol=0)
+    model[1] = tt.nn.Sigmoid()
+    torch.testing.assert_close(plain(compiled(ONES)), plain(model(ONES)), rtol=0, atol=0)
+    handle = model[0].register_forward_hook(lambda m, i, o: o * 10)
+    torch.testing.assert_close(plain(compiled(ONES)), plain(model(ONES)), rtol=0, atol=0)
+    handle.remove()
+    model[0].register_forward_pre_hook(lambda m, i: (i[0] * 2,))
+    torch.testing.assert_close(plain(compiled(ONES)), plain(model(ONES)), rtol=0, atol=0)
+
+
+def test_a_module_passed_as_an_argument_is_checked_like_one_the_code_names():
+    layer = tt.nn.Linear(3, 3)
+    compiled = tt.compile(lambda x, m: x @ m.weight.T, (ONES, layer))  # its weight is read, it is not called
+    layer.weight = tt.nn.Parameter(tt.randn(3, 3))
+    torch.testing.assert_close(plain(compiled(ONES, layer)), plain(ONES @ layer.weight.T), rtol=0, atol=0)
+
+
+class Scaled(tt.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = tt.nn.Linear(3, 3)
+        self.scale = 2.0
+        self.drop = tt.nn.Dropout(0.0)
+
+    def forward(self, x):
+        return self.drop(self.lin(x)) * self.scale
+
+
+def test_module_attributes_training_flags_and_dropout_p_are_guards():
+    model = Scaled()
+    compiled = tt.compile(model, (ONES,))
+    for change in (lambda: setattr(model, "scale", 3.0), lambda: setattr(model.drop, "p", 0.5), model.eval,
+                   model.train):
+        change()
+        torch.manual_seed(0)
+        got = compiled(ONES)
+        torch.manual_seed(0)
+        torch.testing.assert_close(plain(got), plain(model(ONES)), rtol=0, atol=0)
+
+
+SCALE = 2.0
+
+
+def scaled_by_global(x):
+    return x * SCALE
+
+
+def test_globals_and_closure_cells_the_code_names_are_guards():
+    global SCALE
+    compiled = tt.compile(scaled_by_global, (ONES,))
+    SCALE = 3.0
+    try:
+        torch.testing.assert_close(compiled(ONES), ONES * 3)
+    finally:
+        SCALE = 2.0
+    factor, table = 2.0, [1.0]
+
+    def f(x):
+        return x * factor * table[0]
+
+    compiled = tt.compile(f, (ONES,))
+    factor = 5.0
+    torch.testing.assert_close(compiled(ONES), ONES * 5)
+    table[0] = 7.0  # a list the function names, changed in place
+    torch.testing.assert_close(compiled(ONES), ONES * 35)
+
+
+def test_a_helper_functions_globals_are_guards_too():
+    compiled = tt.compile(lambda x: scaled_by_global(x) + 1, (ONES,))
+    global SCALE
+    SCALE = -1.0
+    try:
+        torch.testing.assert_close(compiled(ONES), ONES * 0)
+    finally:
+        SCALE = 2.0
+
+
+@dataclasses.dataclass
+class Config:
+    k: float
+    ids: set
+
+
+def test_arguments_are_keyed_by_value_never_by_id():
+    def f(x, config, flags):
+        return x * config.k * len(config.ids) + flags["shift"]
+
+    compiled = tt.compile(f, (ONES, Config(2.0, {1}), {"shift": 1.0}))
+    for args in [(ONES, Config(3.0, {1, 2}), {"shift": 1.0}), (ONES, Config(2.0, {1}), {"shift": -0.0})]:
+        torch.testing.assert_close(compiled(*args), f(*args))
+    negative_zero = tt.compile(lambda x, c: x / c, (ONES, 0.0))
+    assert torch.equal(negative_zero(ONES, -0.0), ONES / -0.0)
+
+    class Opaque:
+        pass
+
+    with pytest.raises(TypeError, match="cannot key a call on an argument of type Opaque"):
+        compiled(ONES, Opaque(), {})
+
+
+def test_state_carried_on_a_module_between_calls_runs_eagerly():
+    class Stateful(tt.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = tt.nn.Linear(3, 3)
+            self.h = torch.zeros(3)
+
+        def forward(self, x):
+            out = self.lin(x + self.h)
+            self.h = out.detach()
+            return out
+
+    model, twin = Stateful(), Stateful()
+    twin.load_state_dict(model.state_dict())
+    twin.h = model.h.clone()
+    with pytest.warns(UserWarning, match=r"runs eagerly: it changes Stateful\.h"):
+        compiled = tt.compile(model, (ONES,))
+    twin(ONES)
+    for _ in range(3):
+        torch.testing.assert_close(plain(compiled(ONES)), plain(twin(ONES)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("draw", [
+    lambda x: x * random.random(),
+    lambda x: x * float(np.random.rand()),
+    lambda x: (torch.manual_seed(3), x * torch.rand(3))[1],
+    lambda x: _replayed_draw(x),
+    lambda x: _forked(x),
+], ids=["random", "numpy", "manual_seed", "set_rng_state", "fork_rng"])
+def test_random_state_set_or_drawn_outside_torch_calls_runs_eagerly(draw):
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        compiled = tt.compile(draw, (ONES,))
+    for seed in (1, 2):
+        torch.manual_seed(seed), random.seed(seed), np.random.seed(seed)
+        got = compiled(ONES)
+        torch.manual_seed(seed), random.seed(seed), np.random.seed(seed)
+        torch.testing.assert_close(got, draw(ONES), rtol=0, atol=0)
+
+
+def _replayed_draw(x):
+    state = torch.get_rng_state()
+    first = torch.rand(3)
+    torch.set_rng_state(state)
+    return x * first * torch.rand(3)  # the same numbers twice: replayed code would draw two sets
+
+
+def _forked(x):
+    with torch.random.fork_rng():
+        return x * torch.rand(3)
+
+
+@pytest.mark.parametrize("change", [
+    lambda x: x.register_hook(lambda g: g * 2),
+    lambda x: x.retain_grad(),
+])
+def test_hooks_registered_on_inputs_inside_run_eagerly(change):
+    def f(x):
+        change(x)
+        return (x * 3).sum()
+
+    w = tt.randn(3, requires_grad=True)
+    with pytest.warns(UserWarning, match="runs eagerly: it changes an input's requires_grad, hooks"):
+        compiled = tt.compile(f, (w * 1,))
+    x = w * 1
+    compiled(x).backward()
+    got = plain(w.grad)
+    w.grad = None
+    f(w * 1).backward()
+    torch.testing.assert_close(got, plain(w.grad))
+
+
+def test_requires_grad_set_on_an_input_inside_runs_eagerly():
+    def f(x):
+        x.requires_grad_()
+        return (x * 3).sum()
+
+    with pytest.warns(UserWarning, match="runs eagerly: it changes an input's requires_grad"):
+        compiled = tt.compile(f, (tt.ones(3),))
+    x = tt.ones(3)
+    compiled(x).backward()
+    torch.testing.assert_close(plain(x.grad), torch.full((3,), 3.0))
+
+
+def test_detach_inside_the_function_follows_each_calls_values():
+    w = tt.randn(3, requires_grad=True)
+
+    def f(x):  # a GAN's fake.detach(), a DQN target: a value computed here, cut from the graph
+        target = (x * w).detach()
+        return (w - target) ** 2
+
+    assert_replays_eager(f, (ONES,), [(NEG,), (ONES * 2,)], [w])
+
+
+def test_namedtuple_and_dataclass_outputs_hold_this_calls_tensors():
+    Pair = collections.namedtuple("Pair", "a b")
+
+    @dataclasses.dataclass
+    class Out:
+        loss: torch.Tensor
+        logits: torch.Tensor
+
+    pair = tt.compile(lambda x: Pair(x * 2, x * 3), (ONES,))
+    torch.testing.assert_close(pair(NEG).b, NEG * 3)
+    assert isinstance(pair(NEG), Pair)
+    out = tt.compile(lambda x: Out((x * x).sum(), x + 1), (ONES,))
+    torch.testing.assert_close(out(NEG).logits, NEG + 1)
+
+
+def test_negative_zero_is_not_zero():
+    compiled = tt.compile(lambda x: (1 / (x * 0.0), 1 / (x * -0.0)), (ONES,))
+    positive, negative = compiled(ONES)
+    assert torch.equal(positive, torch.full((3,), float("inf")))
+    assert torch.equal(negative, torch.full((3,), float("-inf")))
+
+
+def test_two_modules_called_from_one_function_keep_their_own_parameters():
+    encoder, decoder = tt.nn.Linear(3, 3), tt.nn.Linear(3, 3)
+    compiled = tt.compile(lambda x: decoder(encoder(x).tanh()), (ONES,))
+    assert 'params["decoder.weight"]' in compiled.code
+    assert_replays_eager(lambda x: decoder(encoder(x).tanh()), (ONES,), [(NEG,)],
+                         [encoder.weight, decoder.weight, decoder.bias])
+
+
+def test_a_guard_failing_half_way_leaves_no_buffer_update_behind():
+    norm = tt.port(torch.nn.BatchNorm1d(3, momentum=None))
+    twin = torch.nn.BatchNorm1d(3, momentum=None)
+
+    def f(x):
+        y = norm(x)
+        return y * 2 if y.sum() > 0 else y * 3
+
+    first = torch.randn(4, 3)
+    compiled = tt.compile(f, (first,))
+    twin(first)  # the tracing call's update
+    for seed in range(3):
+        x = torch.randn(4, 3, generator=torch.Generator().manual_seed(seed)) + 3 * (-1) ** seed
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled(x)
+        twin(x)
+    assert int(norm.num_batches_tracked) == int(twin.num_batches_tracked) == 4
+    torch.testing.assert_close(plain(norm.running_mean), twin.running_mean)
+
+
+def test_a_compiled_call_inside_a_compiled_function_applies_once():
+    w = tt.randn(3, requires_grad=True)
+    inner = tt.compile(lambda x: x * w + 1, (ONES,))
+    outer = tt.compile(lambda x: inner(x).exp().sum(), (ONES,))
+    assert_replays_eager(lambda x: inner(x).exp().sum(), (ONES,), [(NEG,)], [w])
+    torch.testing.assert_close(plain(outer(NEG)), plain((NEG * w + 1).exp().sum()))
+
+
+def test_a_nan_in_a_saved_value_is_not_taken_for_an_in_place_change():
+    w = tt.tracer(torch.tensor([1.0, float("nan"), 2.0]), requires_grad=True)
+    compiled = tt.compile(lambda x: (x * w).exp().sum(), (ONES,))
+    compiled(ONES.double()).backward()  # a new kind of input: traced again, and this call's result is the eager one
+    torch.testing.assert_close(plain(w.grad), (ONES * w.detach()).exp().as_subclass(torch.Tensor), equal_nan=True)
+
+
+def test_other_threads_module_forwards_are_not_recorded():
+    mine, theirs = tt.nn.Linear(3, 3), tt.nn.Linear(3, 3)
+    started, stop = threading.Event(), threading.Event()
+
+    def busy():
+        started.set()
+        while not stop.is_set():
+            theirs(ONES)
+
+    thread = threading.Thread(target=busy)
+    thread.start()
+    started.wait()
+    try:
+        for _ in range(5):
+            compiled = tt.compile(lambda x: mine(x).sum(), (ONES,))
+            assert all(m is not theirs for m in compiled.latest.modules)
+            torch.testing.assert_close(plain(compiled(ONES)), plain(mine(ONES).sum()))
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_verify_compares_compiled_and_eager_on_the_first_calls():
+    class Sneaky(tt.Function):
+        """y = 2x (forward) -> dy/dx = 2, but a rule that gives another value the second time it is run"""
+        runs = [0]
+
+        @staticmethod
+        def forward(ctx, x):
+            Sneaky.runs[0] += 1
+            return x * (2 if Sneaky.runs[0] < 3 else 5)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    compiled = tt.compile(lambda x: Sneaky.apply(x), (tt.ones(3, requires_grad=True),), verify=2)
+    with pytest.raises(tt.GradientMismatch, match="output 0 differs"):
+        compiled(tt.ones(3, requires_grad=True))

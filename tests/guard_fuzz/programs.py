@@ -1,0 +1,74 @@
+"""Random programs for the guard fuzzer: a small model whose forward reads what tt.compile must guard.
+
+A program is a module (linear layers, an activation, optional dropout and batch norm) whose forward reads
+its own plain attributes (`scale`, `flip`), a global, a closure cell, and takes a branch on a value read from
+tensor data through one of several APIs. Two copies are built from one seed: one is called compiled, the
+other eagerly, and every mutation is applied to both.
+"""
+import random
+from typing import Callable, List, Tuple
+
+import torch
+
+import torchtrace as tt
+
+SHIFT = {"value": 0.5}  # a global the programs read (mutations change it)
+_READS: List[Callable[[torch.Tensor], bool]] = [
+    lambda h: bool(h.sum() > 0),
+    lambda h: h.sum().item() > 0,
+    lambda h: torch.equal(h > 0, torch.ones_like(h, dtype=torch.bool)),
+    lambda h: torch.allclose(h.abs(), h),
+    lambda h: float(h.mean()) > 0,
+    lambda h: "True" in repr(h.sum() > 0),
+    lambda h: len(torch.where(h > 0)[0]) > h.numel() // 2,
+    lambda h: h.max().tolist() > 0,
+]
+READ_NAMES = ["bool", "item", "torch.equal", "allclose", "float", "repr", "len(where)", "tolist"]
+
+
+class Program(tt.nn.Module):
+    """features -> hidden -> branch on a read -> hidden -> 1, with attributes, a global and a closure."""
+
+    def __init__(self, rng: random.Random, width: int):
+        super().__init__()
+        self.first = tt.nn.Linear(width, width)
+        self.second = tt.nn.Linear(width, 1)
+        self.activation = rng.choice([tt.nn.Tanh(), tt.nn.ReLU(), tt.nn.Sigmoid()])
+        self.drop = tt.nn.Dropout(rng.choice([0.0, 0.3])) if rng.random() < 0.5 else tt.nn.Identity()
+        self.norm = tt.port(torch.nn.BatchNorm1d(width)) if rng.random() < 0.4 else tt.nn.Identity()
+        self.scale = rng.choice([1.0, 2.0, -1.5])
+        self.flip = rng.random() < 0.5
+        self.read = rng.randrange(len(_READS))
+        self.closure_value, self.closure = _cell(rng.choice([0.25, 1.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.activation(self.norm(self.first(x))) * self.scale + SHIFT["value"] * self.closure()
+        h = -h if self.flip else h
+        if _READS[self.read](h):
+            h = self.drop(h) * 2
+        else:
+            h = h.exp() - 1
+        return self.second(h)
+
+
+def _cell(value: float) -> Tuple[Callable[[float], None], Callable[[], float]]:
+    """A closure cell and its setter: the program reads it through a function's closure."""
+    def get() -> float:
+        return value
+
+    def set_value(new: float) -> None:
+        nonlocal value
+        value = new
+
+    return set_value, get
+
+
+def build(seed: int) -> Tuple[Program, Program, int]:
+    """Two identical programs (same weights, same choices) and their width."""
+    rng = random.Random(seed)
+    width = rng.choice([2, 3, 5])
+    torch.manual_seed(seed)
+    a = Program(random.Random(seed + 1), width).double()
+    b = Program(random.Random(seed + 1), width).double()
+    b.load_state_dict(a.state_dict())
+    return a, b, width

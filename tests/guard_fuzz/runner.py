@@ -1,0 +1,101 @@
+"""Run guard-fuzzer programs: random mutations between calls, each compiled call compared with eager torchtrace."""
+import random
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+import torch
+
+import torchtrace as tt
+
+from .mutations import MUTATIONS
+from .programs import READ_NAMES, SHIFT, build
+
+CI_SEED, CI_PROGRAMS, CALLS = 9000, 24, 12
+
+
+@dataclass
+class Tally:
+    programs: int = 0
+    calls: int = 0
+    replays: int = 0  # calls that ran generated code (not a trace, not eager)
+    refused: int = 0
+    failures: List[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (f"{self.programs} programs, {self.calls} compiled calls ({self.replays} replays of generated code), "
+                f"{self.refused} refused, {len(self.failures)} differences from eager")
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().as_subclass(torch.Tensor)
+
+
+def _run(side, model, x: torch.Tensor, seed: int) -> Tuple[torch.Tensor, list]:
+    """Output and gradients (parameters, then the input if it is a leaf that requires grad) of one call."""
+    for p in model.parameters():
+        p.grad = None
+    leaf = getattr(x, "requires_grad", False) and x.is_leaf
+    if leaf:
+        x.grad = None
+    torch.manual_seed(seed)
+    out = side(x)
+    (out * torch.linspace(0.5, 1.5, out.numel(), dtype=out.dtype).reshape(out.shape)).sum().backward()
+    grads = [None if p.grad is None else _plain(p.grad).clone() for p in model.parameters()]
+    return _plain(out).clone(), grads + ([_plain(x.grad).clone()] if leaf else [])
+
+
+def _close(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
+    if a is None or b is None:
+        return a is b
+    tolerance = 1e-9 if a.dtype == torch.float64 else 1e-4
+    return a.shape == b.shape and torch.allclose(a, b, rtol=tolerance, atol=tolerance, equal_nan=True)
+
+
+def run_program(seed: int, calls: int, tally: Tally) -> None:
+    """Compile one program, then `calls` times: mutate both copies, call compiled and eager, compare."""
+    SHIFT["value"] = 0.5
+    rng = random.Random(seed)
+    a, b, width = build(seed)
+    x = torch.randn(4, width, dtype=torch.float64)
+    history = [f"program {seed} (reads the branch with {READ_NAMES[a.read]})"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            compiled = tt.compile(a, (x,))
+        except tt.UnsupportedOperationError:
+            tally.refused += 1
+            return
+        b(x)  # the tracing call ran `a` once eagerly (batch statistics, dropout draws)
+        tally.programs += 1
+        for call in range(calls):
+            name = rng.choice(list(MUTATIONS)) if rng.random() < 0.7 else "nothing"  # also calls that replay
+            x = MUTATIONS[name](a, b, rng, x)
+            history.append(name)
+            traces = compiled.traces
+            try:
+                got = _run(compiled, a, x, seed + call)
+            except Exception:  # noqa: BLE001 - any error the eager side does not raise is a failure
+                tally.failures.append(" -> ".join(history) + "\n" + traceback.format_exc(limit=3))
+                return
+            expected = _run(b, b, x, seed + call)
+            tally.calls += 1
+            tally.replays += compiled.traces == traces and compiled.eager_reason is None
+            outputs = [got[0], *got[1]], [expected[0], *expected[1]]
+            if len(outputs[0]) != len(outputs[1]) or not all(map(_close, *outputs)):
+                tally.failures.append(" -> ".join(history) + ": compiled differs from eager")
+                return
+
+
+def fuzz(seed: int = CI_SEED, programs: Optional[int] = CI_PROGRAMS, seconds: Optional[float] = None,
+         calls: int = CALLS) -> Tally:
+    """Run `programs` programs from `seed` on (or, with `seconds`, as many as fit in that time)."""
+    tally = Tally()
+    deadline = time.monotonic() + seconds if seconds else None
+    index = 0
+    while (programs is None or index < programs) and (deadline is None or time.monotonic() < deadline):
+        run_program(seed + index, calls, tally)
+        index += 1
+    return tally
