@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import torchtrace as tt
+from torchtrace.autograd import engine
 
 X = torch.tensor([[0.5, -1.0, 2.0], [1.5, -0.25, 0.75]], dtype=torch.float64)
 
@@ -116,8 +117,17 @@ def test_a_leaf_never_takes_a_gradient_someone_else_holds(as_view):
     assert torch.equal(x.grad.as_subclass(torch.Tensor), torch.full_like(X, 2.0))
 
 
-def test_a_fresh_gradient_becomes_the_leaf_grad_without_a_copy():
-    seen = []
+def test_a_fresh_gradient_from_a_builtin_rule_becomes_the_leaf_grad_without_a_copy(monkeypatch):
+    copies = []
+    monkeypatch.setattr(engine, "_private_copy", lambda g, *args: copies.append(g) or g.clone())
+    x = tt.tracer(X, requires_grad=True)
+    (x * 2).sum().backward()
+    assert copies == [] and torch.equal(x.grad.as_subclass(torch.Tensor), torch.full_like(X, 2.0))
+
+
+def test_a_users_function_result_is_copied_the_engine_cannot_vouch_for_it():
+    """Without reference counts the engine cannot know whether a user's backward kept what it returned."""
+    returned = []
 
     class Double(tt.Function):
         """y = 2x -> dy/dx = 2g"""
@@ -128,14 +138,14 @@ def test_a_fresh_gradient_becomes_the_leaf_grad_without_a_copy():
 
         @staticmethod
         def backward(ctx, g):
-            out = g * 2
-            seen.append(out.untyped_storage().data_ptr())
-            return out
+            returned.append(g * 2)
+            return returned[-1]
 
     x = tt.tracer(X, requires_grad=True)
     Double.apply(x).sum().backward()
-    assert x.grad.untyped_storage().data_ptr() == seen[0]
-    assert torch.equal(x.grad.as_subclass(torch.Tensor), torch.full_like(X, 2.0))
+    Double.apply(x).sum().backward()
+    assert torch.equal(returned[0], torch.full_like(X, 2.0))
+    assert torch.equal(x.grad.as_subclass(torch.Tensor), torch.full_like(X, 4.0))
 
 
 def test_leaf_grad_accumulates_in_place_as_torch():

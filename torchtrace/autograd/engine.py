@@ -1,6 +1,7 @@
 """backward(): visit nodes in reverse topological order, call each rule, send every edge its gradient."""
+from __future__ import annotations
+
 import contextlib
-import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -131,8 +132,7 @@ def _run(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bo
     buffers: Dict[Any, List[Any]] = {}
     for node, nr, g in roots:
         _add(buffers, node, nr, g)
-    with _guard():
-        handed_out = {g.untyped_storage().data_ptr() for _, _, g in roots}  # storages a leaf must not keep
+    ownership = Ownership([g for _, _, g in roots], enabled=not STATE.on_backward)
     previous = STATE.create_graph, torch.is_grad_enabled()
     STATE.create_graph = create_graph
     torch.set_grad_enabled(create_graph)
@@ -143,11 +143,11 @@ def _run(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bo
                 if grads is None or (needed is not None and node not in needed):
                     continue
                 if isinstance(node, AccumulateGrad):
-                    _accumulate(node, grads[0], create_graph, captured, handed_out)
+                    _accumulate(node, grads[0], create_graph, captured, ownership)
                     continue
                 if node.hooks or node.retained or captured is not None:
-                    _tensor_hooks(node, grads, captured)
-                _propagate(node, grads, buffers, create_graph, tracer_type)
+                    _tensor_hooks(node, grads, captured, ownership)
+                _propagate(node, grads, buffers, create_graph, tracer_type, ownership)
                 if not retain_graph:
                     node.ctx.release()
     finally:
@@ -163,12 +163,19 @@ def _add(buffers: Dict[Any, List[Any]], node: Any, nr: int, g: Any) -> None:
 
 
 def _propagate(node: Node, grads: List[Any], buffers: Dict[Any, List[Any]], create_graph: bool,
-               tracer_type: type) -> None:
+               tracer_type: type, ownership: Ownership) -> None:
     """Call the rule's backward and send each input gradient, unbroadcast and cast, to the next node."""
     if node.output_meta is not None:
         grads = [torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
                  for g, meta in zip(grads, node.output_meta)]
+    trusted = node.rule.__module__.startswith(_OUR_RULES)  # user code may keep what it receives or returns
+    if not trusted:
+        for g in grads:
+            ownership.hand_out(g)
     result = _call_backward(node, grads, create_graph, tracer_type)
+    if not trusted:
+        for g in result:
+            ownership.hand_out(g)
     if STATE.on_backward:
         for observe in STATE.on_backward:
             observe(node, grads, result)
@@ -236,9 +243,10 @@ def _unbroadcast(node: Node, g: torch.Tensor, shape: torch.Size) -> torch.Tensor
         ) from None
 
 
-def _run_hooks(hooks: List[Callable], g: Any, where: str) -> Any:
+def _run_hooks(hooks: List[Callable], g: Any, where: str, ownership: Ownership) -> Any:
     """hook(grad) for each hook; a returned tensor (of the gradient's shape) replaces the gradient."""
     for fn in list(hooks):
+        ownership.hand_out(g)
         replaced = fn(g)
         if replaced is None:
             continue
@@ -247,14 +255,15 @@ def _run_hooks(hooks: List[Callable], g: Any, where: str) -> Any:
             raise RuntimeError(f"hook {getattr(fn, '__name__', fn)} on {where} returned {got}; a hook must return "
                                f"None or a tensor of the gradient's shape {tuple(g.shape)}")
         g = replaced
+        ownership.hand_out(g)
     return g
 
 
-def _tensor_hooks(node: Node, grads: List[Any], captured: Optional[dict]) -> None:
+def _tensor_hooks(node: Node, grads: List[Any], captured: Optional[dict], ownership: Ownership) -> None:
     """Hooks and retain_grad of non-leaf tracers, and tt.grad captures of non-leaf inputs."""
     for nr, fns in (node.hooks or {}).items():
         if grads[nr] is not None:
-            grads[nr] = _run_hooks(fns, grads[nr], f"an output of {node.name}")
+            grads[nr] = _run_hooks(fns, grads[nr], f"an output of {node.name}", ownership)
     for nr, ref in (node.retained or {}).items():
         t = ref()
         if t is not None and grads[nr] is not None:
@@ -265,62 +274,74 @@ def _tensor_hooks(node: Node, grads: List[Any], captured: Optional[dict]) -> Non
                 captured[(node, nr)] = g
 
 
-def _owned(g: Any, handed_out: set) -> bool:
-    """Can a leaf keep g itself as .grad (as torch's AccumulateGrad steals)? Only a plain contiguous tensor no one
-    else references, whose storage no other leaf or caller holds, and which is not a view of a live tensor (a
-    saved input, a parameter): an in-place accumulation into .grad later must reach nobody else."""
-    if type(g) is not torch.Tensor or sys.getrefcount(g) > _UNSHARED[0] or not g.is_contiguous():
-        return False
-    base = g._base
-    if base is not None and (sys.getrefcount(base) > _UNSHARED[1] or base.numel() != g.numel()):
-        return False
-    return g.untyped_storage().data_ptr() not in handed_out
+_OUR_RULES = ("torchtrace.ops.", "torchtrace.nn.", "torchtrace.autograd.")  # backward makes new tensors or views of g
 
 
-def _unshared_counts() -> Tuple[int, int]:
-    """What sys.getrefcount says in _owned of a gradient only the engine holds (the buffer list, two frames'
-    parameters), and of the base of a view nobody else holds: measured once, as each Python counts its own."""
-    grads = [torch.empty(1)]
-    return _as_accumulate_calls(grads[0], torch.empty(1).view(1))
+class Ownership:
+    """Which gradients a leaf may keep as its .grad without a copy (as torch's AccumulateGrad steals its buffer).
+
+    A leaf keeps a gradient that no user code has seen: the engine knows the storages that reached user code
+    during this backward (the root gradients, what hooks saw or returned, what a user's Function received or
+    returned) and the storages leaves already keep. Handing a kept storage to user code later first gives its
+    leaf a private copy, so an in-place accumulation into .grad never reaches anyone else.
+    """
+
+    def __init__(self, roots: List[Any], enabled: bool):
+        self.enabled = enabled  # off while observers watch: they see every gradient
+        self.handed_out = {_storage(g) for g in roots}
+        self.kept: Dict[int, Any] = {}  # storage -> the leaf that keeps it as .grad
+
+    def hand_out(self, g: Any) -> None:
+        """g (or a tensor sharing its memory) reaches user code."""
+        if isinstance(g, torch.Tensor):
+            storage = _storage(g)
+            self.handed_out.add(storage)
+            leaf = self.kept.pop(storage, None)
+            if leaf is not None:
+                leaf.grad = _private_copy(leaf.grad)
+
+    def take(self, g: Any, leaf: Any, create_graph: bool) -> Any:
+        """g itself for the leaf's .grad when nobody else can reach its memory, else a private copy. A recorded
+        gradient (create_graph) is never changed in place later, so only other leaves must not share it."""
+        storage = _storage(g)
+        free = storage not in self.handed_out and storage not in self.kept
+        if create_graph:
+            self.handed_out.add(storage)
+            return g if free else _private_copy(g, create_graph)
+        if not (free and self.enabled and type(g) is torch.Tensor and g.is_contiguous()
+                and (g._base is None or g._base.numel() == g.numel())):
+            return _private_copy(g)
+        self.kept[storage] = leaf
+        return g
 
 
-def _as_accumulate_calls(g: torch.Tensor, view: torch.Tensor) -> Tuple[int, int]:
-    return _as_owned_counts(g, view)
+def _private_copy(g: Any, create_graph: bool = False) -> Any:
+    """A copy of g for a leaf's .grad: recorded in the graph with create_graph, else a plain contiguous tensor."""
+    return g.clone() if create_graph else g.clone(memory_format=torch.contiguous_format).as_subclass(torch.Tensor)
 
 
-def _as_owned_counts(g: torch.Tensor, view: torch.Tensor) -> Tuple[int, int]:
-    base = view._base
-    return sys.getrefcount(g), sys.getrefcount(base)
+def _storage(t: torch.Tensor) -> int:
+    with _guard():
+        return t.untyped_storage().data_ptr()
 
 
-_UNSHARED = _unshared_counts()
-
-
-def _accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Optional[dict], handed_out: set) -> None:
+def _accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Optional[dict],
+                ownership: Ownership) -> None:
     """Sum g into the leaf's .grad (a plain tensor leaf: torch's own .grad); every leaf owns its .grad."""
     leaf = acc.variable
     if not acc.torch_leaf and leaf._tt_hooks:
-        g = _run_hooks(leaf._tt_hooks, g, "a leaf")
+        g = _run_hooks(leaf._tt_hooks, g, "a leaf", ownership)
     if captured is not None:
         if (acc, 0) in captured:
             captured[(acc, 0)] = g
         return
     current = leaf.grad if acc.torch_leaf else leaf._tt_grad
-    if current is not None:
-        if create_graph or type(current) is not torch.Tensor:
-            current = current + g
-        else:
-            current.add_(g)  # in place, as torch: a reference to .grad held by the user sees the sum
-    elif create_graph:
-        with _guard():
-            storage = g.untyped_storage().data_ptr()
-        current = g.clone() if storage in handed_out else g  # two leaves never share one gradient tensor
-        handed_out.add(storage)
-    elif _owned(g, handed_out):
-        current = g  # nobody else holds it: the leaf takes it as it is (as torch's AccumulateGrad steals)
-        handed_out.add(g.untyped_storage().data_ptr())
+    if current is None:
+        current = ownership.take(g, leaf, create_graph)
+    elif create_graph or type(current) is not torch.Tensor:
+        current = current + g
     else:
-        current = g.clone(memory_format=torch.contiguous_format).as_subclass(torch.Tensor)
+        current.add_(g)  # in place, as torch: a reference to .grad held by the user sees the sum
     if acc.torch_leaf:
         leaf.grad = current
     else:

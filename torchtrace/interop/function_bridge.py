@@ -94,8 +94,10 @@ def _merge(tensors: List[Any], call: _Call, others: Any) -> Any:
 
 
 def _once_differentiable(backward: Callable) -> bool:
-    code = getattr(backward, "__code__", None)  # functools.wraps copied the user's name: look at the code
-    return hasattr(backward, "__wrapped__") and getattr(code, "co_qualname", "").startswith("once_differentiable.")
+    """Is backward torch's once_differentiable wrapper? functools.wraps copied the user's names onto it, but not
+    the module it was defined in (its globals)."""
+    defined_in = getattr(backward, "__globals__", {}).get("__name__")
+    return hasattr(backward, "__wrapped__") and defined_in == "torch.autograd.function"
 
 
 class _DelayedError(Function):
