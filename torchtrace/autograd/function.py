@@ -19,7 +19,9 @@ class Context:
     """What a rule keeps between its forward and its backward (PyTorch's `ctx`).
 
     Rules call `save_for_backward`, read `saved_tensors` and `needs_input_grad`, and may set any
-    attribute of their own (`ctx.dim = dim`). The graph bookkeeping lives apart, in the Node.
+    attribute of their own (`ctx.dim = dim`, even `ctx.rule`). What torchtrace keeps here is underscored:
+    `_rule` is the Function this ctx serves (a rule class shared by several ops reads its data there). The
+    graph bookkeeping lives apart, in the Node.
     """
 
     _saved: Tuple[Any, ...] = ()
@@ -29,7 +31,7 @@ class Context:
     _graph_saved: Optional[Tuple[Any, ...]] = None
 
     def __init__(self, rule: type, edges: Any = (), needs_mask: Optional[int] = None):
-        self.rule = rule
+        self._rule = rule
         self._edges = edges
         self._mask = needs_mask  # bit i set: argument i needs a gradient (None: read it from the edges)
 
@@ -42,7 +44,7 @@ class Context:
     def saved_tensors(self) -> Tuple[Any, ...]:
         if self._released:
             raise RuntimeError(
-                f"Trying to backward through the graph a second time ({self.rule.__name__}Backward): its saved "
+                f"Trying to backward through the graph a second time ({self._rule.__name__}Backward): its saved "
                 "tensors were freed after the first backward. Pass retain_graph=True to the first backward()."
             )
         if STATE.create_graph:  # rules run with the hook active: read versions as plain tensors
@@ -56,7 +58,7 @@ class Context:
         for t, version in zip(self._saved, self._versions):
             if version is not None and t._version != version:
                 raise RuntimeError(
-                    f"A tensor saved by {self.rule.__name__}Backward for backward was modified by an in-place "
+                    f"A tensor saved by {self._rule.__name__}Backward for backward was modified by an in-place "
                     f"operation (version {version} -> {t._version}). Use the out-of-place form of that op "
                     "(e.g. x = x + 1 instead of x += 1), or .clone() before modifying it."
                 )

@@ -222,7 +222,7 @@ class Addcmul(Function):
     def forward(ctx, input, tensor1, tensor2, value=1):
         ctx.value = value
         ctx.save_for_backward(tensor1, tensor2)
-        return ctx.rule.op(input, tensor1, tensor2, value=value)
+        return ctx._rule.op(input, tensor1, tensor2, value=value)
 
     @staticmethod
     def backward(ctx, g):
