@@ -115,7 +115,7 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
     """The backward pass: visit the nodes in reverse topological order; each pops the gradients buffered for its
     outputs, runs its rule's backward, and sends every edge its gradient. What torch adds to that loop is a named
     step: tensor hooks, retain_grad and tt.grad's capture (`hooks.py`), create_graph and autocast
-    (`_call_rule`), sums into .grad (`accumulation.py`)."""
+    (`_call_in_forward_state`), sums into .grad (`accumulation.py`)."""
     order = topological_order([node for node, _, _ in roots])
     needed = _needed(order, captured) if captured is not None else None
     buffers: Dict[Any, List[Any]] = {}
@@ -132,11 +132,7 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
                 continue
             if node.hooks or node.retained or captured is not None:
                 non_leaf_hooks(node, grads, captured, ownership.hand_out)
-            result = _call_rule(node, grads, create_graph, tracer_type, ownership)
-            for edge in node.edges:
-                g = _received(node, edge, result)
-                if g is not None:
-                    _add(buffers, edge.node, edge.output_nr, _fitted(node, g, edge))
+            _send(node, _call_rule(node, grads, create_graph, tracer_type, ownership), buffers)
             if not retain_graph:
                 node.ctx.release()
 
@@ -164,37 +160,44 @@ def _add(buffers: Dict[Any, List[Any]], node: Any, nr: int, g: Any) -> None:
     buf[nr] = g if buf[nr] is None else buf[nr] + g
 
 
-def _fitted(node: Node, g: torch.Tensor, edge: Any) -> torch.Tensor:
-    """g summed over the dimensions forward broadcast, and cast to the input's dtype."""
-    if g.shape != edge.shape:
-        g = _unbroadcast(node, g, edge.shape)
-    return g if g.dtype == edge.dtype else g.to(edge.dtype)
+def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]]) -> None:
+    """Each edge's gradient from what the rule returned, summed over the dimensions forward broadcast and cast to
+    the input's dtype, into the buffer of the node the edge points to (this is _add, written out: it runs for
+    every edge of every node)."""
+    n = len(result)
+    for edge in node.edges:
+        position, target, nr, shape, dtype = edge
+        g = result[position] if type(position) is int and position < n else _received(node, edge, result)
+        if g is None:
+            continue
+        if not isinstance(g, torch.Tensor):
+            g = _received(node, edge, result)  # raises, naming what backward returned
+        if g.shape != shape:
+            g = _unbroadcast(node, g, shape)
+        if g.dtype != dtype:
+            g = g.to(dtype)
+        buf = buffers.get(target)
+        if buf is None:
+            buffers[target] = buf = [None] * target.n_outputs
+        buf[nr] = g if buf[nr] is None else buf[nr] + g
 
 
 def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: type, ownership: Ownership) -> tuple:
-    """rule.backward(ctx, *grads) as a tuple: zeros for outputs no gradient reached, under forward's autocast state,
-    with create_graph's saved outputs re-linked; observers see the call, and what user code receives or returns
-    no leaf keeps."""
+    """rule.backward(ctx, *grads) as a tuple, with zeros for outputs no gradient reached; observers see the call,
+    and what user code receives or returns no leaf keeps."""
     if node.output_meta is not None:
         grads = [torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
                  for g, meta in zip(grads, node.output_meta)]
-    ctx, trusted = node.ctx, node.rule.__module__.startswith(OUR_RULES)
+    trusted = node.rule.__module__.startswith(OUR_RULES)
     if not trusted:
         for g in grads:
             ownership.hand_out(g)
-    relink = create_graph and node.saved_outputs
-    if relink:
-        _relink_saved_outputs(node, tracer_type)
-    try:
-        if node.autocast:
-            with torch.autocast(*node.autocast):
-                result = node.rule.backward(ctx, *grads)
-        else:
-            result = node.rule.backward(ctx, *grads)
-    finally:
-        if relink:
-            ctx.use_graph_saved(None)
-    result = _as_tuple(node, result)
+    if node.autocast or (create_graph and node.saved_outputs):
+        result = _call_in_forward_state(node, grads, create_graph, tracer_type)
+    else:
+        result = node.rule.backward(node.ctx, *grads)
+    if type(result) is not tuple:
+        result = _as_tuple(node, result)
     if not trusted:
         for g in result:
             ownership.hand_out(g)
@@ -203,9 +206,22 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
     return result
 
 
+def _call_in_forward_state(node: Node, grads: List[Any], create_graph: bool, tracer_type: type) -> Any:
+    """rule.backward under the torch.autocast state forward ran in, and with create_graph with the saved outputs
+    re-linked to this node, so their second derivative flows back through it."""
+    relink = create_graph and node.saved_outputs
+    if relink:
+        _relink_saved_outputs(node, tracer_type)
+    try:
+        with torch.autocast(*node.autocast) if node.autocast else contextlib.nullcontext():
+            return node.rule.backward(node.ctx, *grads)
+    finally:
+        if relink:
+            node.ctx.use_graph_saved(None)
+
+
 def _relink_saved_outputs(node: Node, tracer_type: type) -> None:
-    """create_graph: the node's saved outputs become tracers of this node, so their second derivative flows
-    back through it."""
+    """create_graph: the node's saved outputs become tracers produced by this node."""
     saved = list(node.ctx._saved)
     for i, nr in node.saved_outputs:
         saved[i] = link_output(saved[i], node, nr, tracer_type)
