@@ -494,7 +494,9 @@ def _three_steps(program, leaves):
     lambda xs, kept: (xs[0].register_hook(kept.append), (xs[0] + xs[1]).sum())[1],
     lambda xs, kept: (xs[0].register_post_accumulate_grad_hook(lambda p: kept.append(p.grad)),
                       (xs[0] * 3 + xs[1]).sum())[1],
-], ids=["add", "self-add", "reshape", "cat", "matmul", "broadcast", "hook-mul", "hook-add", "post-hook"])
+    lambda xs, kept: ((t := xs[0] * 3).register_hook(kept.append), ((t + xs[1]) * 2).sum())[1],
+], ids=["add", "self-add", "reshape", "cat", "matmul", "broadcast", "hook-mul", "hook-add", "post-hook",
+        "hook-sees-a-leafs-gradient"])
 def test_gradients_kept_by_hooks_and_users_across_steps_are_torchs(program):
     """Leaves keep fresh gradients without a copy and accumulate in place: whatever a hook or the user still holds
     from an earlier step reads what it reads in torch (in-place accumulation into .grad is visible, as in torch)."""
