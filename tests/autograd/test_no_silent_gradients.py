@@ -117,6 +117,31 @@ def test_a_leaf_never_takes_a_gradient_someone_else_holds(as_view):
     assert torch.equal(x.grad.as_subclass(torch.Tensor), torch.full_like(X, 2.0))
 
 
+class StacksHeld(tt.Function):
+    """y = stack(xs) -> dxs = the slices of g, returned as a list of tensors the rule also keeps."""
+
+    held: list = []
+
+    @staticmethod
+    def forward(ctx, xs):
+        return torch.stack(xs)
+
+    @staticmethod
+    def backward(ctx, g):
+        kept = [g[i].clone() for i in range(g.shape[0])]
+        StacksHeld.held.extend(kept)
+        return (kept,)
+
+
+def test_a_leaf_never_takes_a_gradient_a_users_function_returned_in_a_list():
+    StacksHeld.held.clear()
+    xs = [tt.tracer(X, requires_grad=True) for _ in range(2)]
+    StacksHeld.apply(xs).sum().backward()
+    StacksHeld.apply(xs).sum().backward()  # accumulates into each .grad in place
+    assert all(torch.equal(kept, torch.ones_like(X)) for kept in StacksHeld.held[:2])
+    assert all(torch.equal(x.grad.as_subclass(torch.Tensor), torch.full_like(X, 2.0)) for x in xs)
+
+
 def test_a_fresh_gradient_from_a_builtin_rule_becomes_the_leaf_grad_without_a_copy(monkeypatch):
     copies = []
     monkeypatch.setattr(accumulation, "_private_copy", lambda g, *args: copies.append(g) or g.clone())

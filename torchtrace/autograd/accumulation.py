@@ -32,8 +32,11 @@ class Ownership:
         self.kept: Dict[int, Any] = {}  # storage -> the leaf that keeps it as .grad
 
     def hand_out(self, g: Any) -> None:
-        """g (or a tensor sharing its memory) reaches user code."""
-        if isinstance(g, torch.Tensor):
+        """g (or a tensor sharing its memory; or each tensor of a list of gradients) reaches user code."""
+        if isinstance(g, (list, tuple)):
+            for item in g:
+                self.hand_out(item)
+        elif isinstance(g, torch.Tensor):
             storage = _storage(g)
             self.handed_out.add(storage)
             leaf = self.kept.pop(storage, None)
