@@ -8,15 +8,20 @@ returns, leaves that own their .grad, post-accumulate hooks, checked .grad assig
 ~880. Views that follow in-place changes of their base (and in-place ops on views reaching the base,
 torch's view semantics: autograd/views.py) brought it to ~980. Keyword normalisation, a purpose of its own, then
 moved out to torchtrace/arguments.py (~50 lines) to make room for leaves that keep their gradient without a copy.
-Refusing complex results and complex backward gradients (two silent-gradient paths) then took it to 1001: the
-budget is 1020.
+Refusing complex results and complex backward gradients (two silent-gradient paths) then took it to 1001.
+Splitting the engine into a short walk with named steps (hooks.py, accumulation.py with .grad ownership
+tracked without reference counts) and recording apart from in-place bookkeeping (inplace.py) added module
+headers and imports, and the walk's edge loop is written out once per node (not three calls per edge) for
+speed: 1032. torch's grad_fn hooks run by the walk (module full backward hooks), a user Function's gradient count
+checked as torch checks it, views of an op's own internal result owned by that result (einsum), and in-place forms
+of rules that read their result (elu_) then took it to 1053: the budget is 1055.
 Raising the budget needs a reason; moving code out of the core is the better fix.
 """
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "torchtrace"
-BUDGET = 1020
+BUDGET = 1055
 
 
 def code_lines(path: pathlib.Path) -> int:

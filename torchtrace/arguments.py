@@ -100,3 +100,13 @@ def keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kwa
         return args, kwargs
     rest = {k: v for k, v in kwargs.items() if k not in {name for name, _ in moved}}
     return tuple(args) + tuple(filled), rest
+
+
+def wants_gradient(value: Any) -> bool:
+    """Does a tensor that requires a gradient sit anywhere in this argument (lists, tuples, dicts)?"""
+    if isinstance(value, torch.Tensor):
+        with torch._C.DisableTorchFunctionSubclass():
+            return bool(getattr(value, "_tt_requires_grad", False) or value.requires_grad)
+    if isinstance(value, (list, tuple)):
+        return any(wants_gradient(v) for v in value)
+    return isinstance(value, dict) and any(wants_gradient(v) for v in value.values())

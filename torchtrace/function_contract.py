@@ -17,7 +17,7 @@ def checked_gradient_count(node: Any, result: tuple) -> tuple:
     rule = node.rule
     if rule.__module__.startswith("torchtrace.") and not getattr(rule, "user_backward", None):
         return result  # torchtrace's own rules may leave out the trailing None gradients of their options
-    expected = node.ctx.n_inputs
+    expected = node.ctx._n_inputs
     if len(result) == expected or (len(result) > expected and all(g is None for g in result[expected:])):
         return result[:expected]
     hidden = getattr(node.rule, "hidden_arguments", 0)  # a bridge's own leading argument, not the user's

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from torchtrace.autograd import dispatch
+from torchtrace.autograd.inplace import catch_up
 from torchtrace.autograd.node import Node, RemovableHandle
 from torchtrace.errors import NON_LEAF_GRAD_WARNING
 from torchtrace.tensor_protocols import TensorProtocols
@@ -82,7 +83,7 @@ class tracer(TensorProtocols, torch.Tensor):
     def _follow_base(self) -> None:
         """A view whose base changed in place since is now a view of the new value (as torch rebases it)."""
         if self._tt_view:
-            dispatch.catch_up(self, self._tt_type)
+            catch_up(self, self._tt_type, dispatch.run_rule)
 
     @property
     def requires_grad(self) -> bool:

@@ -140,3 +140,41 @@ def test_a_function_whose_forward_returns_its_input_still_records_its_backward()
     assert y is not x and y.grad_fn is not None
     y.sum().backward()
     assert torch.equal(x.grad, torch.full((3,), 2.0))
+
+
+class KeepsItsOwnRule(tt.Function):
+    """y = 3x -> dy/dx = 3; forward stores attributes named like torchtrace's own (torch allows any name)"""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.rule, ctx.edges, ctx.saved = "times three", None, None
+        ctx.save_for_backward(x)
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 + x * 0
+
+
+def test_attributes_a_users_function_sets_on_ctx_do_not_break_the_engine():
+    x = tt.tracer(torch.randn(3, dtype=torch.float64), requires_grad=True)
+    y = KeepsItsOwnRule.apply(x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    assert torch.equal(x.grad.as_subclass(torch.Tensor), torch.full((3,), 6.0, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.backward()  # as torch: the saved tensors were freed
+
+
+def test_a_users_function_setting_ctx_attributes_matches_torch():
+    class TorchTwin(torch.autograd.Function):
+        forward, backward = KeepsItsOwnRule.forward, KeepsItsOwnRule.backward
+
+    x = torch.randn(3, dtype=torch.float64)
+    ours = tt.tracer(x, requires_grad=True)
+    theirs = x.clone().requires_grad_(True)
+    KeepsItsOwnRule.apply(ours).sum().backward()
+    TorchTwin.apply(theirs).sum().backward()
+    torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)
+    assert tt.gradcheck(KeepsItsOwnRule.apply, x.clone())

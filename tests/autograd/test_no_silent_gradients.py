@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import torchtrace as tt
+from torchtrace.autograd import accumulation
 
 X = torch.tensor([[0.5, -1.0, 2.0], [1.5, -0.25, 0.75]], dtype=torch.float64)
 
@@ -116,8 +117,42 @@ def test_a_leaf_never_takes_a_gradient_someone_else_holds(as_view):
     assert torch.equal(x.grad.as_subclass(torch.Tensor), torch.full_like(X, 2.0))
 
 
-def test_a_fresh_gradient_becomes_the_leaf_grad_without_a_copy():
-    seen = []
+class StacksHeld(tt.Function):
+    """y = stack(xs) -> dxs = the slices of g, returned as a list of tensors the rule also keeps."""
+
+    held: list = []
+
+    @staticmethod
+    def forward(ctx, xs):
+        return torch.stack(xs)
+
+    @staticmethod
+    def backward(ctx, g):
+        kept = [g[i].clone() for i in range(g.shape[0])]
+        StacksHeld.held.extend(kept)
+        return (kept,)
+
+
+def test_a_leaf_never_takes_a_gradient_a_users_function_returned_in_a_list():
+    StacksHeld.held.clear()
+    xs = [tt.tracer(X, requires_grad=True) for _ in range(2)]
+    StacksHeld.apply(xs).sum().backward()
+    StacksHeld.apply(xs).sum().backward()  # accumulates into each .grad in place
+    assert all(torch.equal(kept, torch.ones_like(X)) for kept in StacksHeld.held[:2])
+    assert all(torch.equal(x.grad.as_subclass(torch.Tensor), torch.full_like(X, 2.0)) for x in xs)
+
+
+def test_a_fresh_gradient_from_a_builtin_rule_becomes_the_leaf_grad_without_a_copy(monkeypatch):
+    copies = []
+    monkeypatch.setattr(accumulation, "_private_copy", lambda g, *args: copies.append(g) or g.clone())
+    x = tt.tracer(X, requires_grad=True)
+    (x * 2).sum().backward()
+    assert copies == [] and torch.equal(x.grad.as_subclass(torch.Tensor), torch.full_like(X, 2.0))
+
+
+def test_a_users_function_result_is_copied_the_engine_cannot_vouch_for_it():
+    """Without reference counts the engine cannot know whether a user's backward kept what it returned."""
+    returned = []
 
     class Double(tt.Function):
         """y = 2x -> dy/dx = 2g"""
@@ -128,14 +163,14 @@ def test_a_fresh_gradient_becomes_the_leaf_grad_without_a_copy():
 
         @staticmethod
         def backward(ctx, g):
-            out = g * 2
-            seen.append(out.untyped_storage().data_ptr())
-            return out
+            returned.append(g * 2)
+            return returned[-1]
 
     x = tt.tracer(X, requires_grad=True)
     Double.apply(x).sum().backward()
-    assert x.grad.untyped_storage().data_ptr() == seen[0]
-    assert torch.equal(x.grad.as_subclass(torch.Tensor), torch.full_like(X, 2.0))
+    Double.apply(x).sum().backward()
+    assert torch.equal(returned[0], torch.full_like(X, 2.0))
+    assert torch.equal(x.grad.as_subclass(torch.Tensor), torch.full_like(X, 4.0))
 
 
 def test_leaf_grad_accumulates_in_place_as_torch():
@@ -484,7 +519,9 @@ def _three_steps(program, leaves):
     lambda xs, kept: (xs[0].register_hook(kept.append), (xs[0] + xs[1]).sum())[1],
     lambda xs, kept: (xs[0].register_post_accumulate_grad_hook(lambda p: kept.append(p.grad)),
                       (xs[0] * 3 + xs[1]).sum())[1],
-], ids=["add", "self-add", "reshape", "cat", "matmul", "broadcast", "hook-mul", "hook-add", "post-hook"])
+    lambda xs, kept: ((t := xs[0] * 3).register_hook(kept.append), ((t + xs[1]) * 2).sum())[1],
+], ids=["add", "self-add", "reshape", "cat", "matmul", "broadcast", "hook-mul", "hook-add", "post-hook",
+        "hook-sees-a-leafs-gradient"])
 def test_gradients_kept_by_hooks_and_users_across_steps_are_torchs(program):
     """Leaves keep fresh gradients without a copy and accumulate in place: whatever a hook or the user still holds
     from an earlier step reads what it reads in torch (in-place accumulation into .grad is visible, as in torch)."""

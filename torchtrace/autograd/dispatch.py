@@ -3,11 +3,11 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
-from torchtrace.arguments import keywords_to_positions
+from torchtrace.arguments import keywords_to_positions, wants_gradient
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Context, Function
+from torchtrace.autograd.inplace import catch_up, inplace_requested, record_inplace, record_inplace_flag, remember_base
 from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.state import STATE
-from torchtrace.autograd.views import ViewOfBase, WriteIntoView, base_root, geometry
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.function_contract import returned_outputs
 from torchtrace.naming import callable_name
@@ -35,8 +35,8 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
     call = args, kwargs  # as the caller wrote it: what torch itself is called with when nothing is recorded
     if kwargs:
         args, kwargs = keywords_to_positions(func, rule, args, kwargs)
-    if func in INPLACE_FLAG and _inplace_requested(INPLACE_FLAG[func], args, kwargs):
-        return _record_inplace_flag(tracer_type, rule, func, *call)
+    if func in INPLACE_FLAG and inplace_requested(INPLACE_FLAG[func], args, kwargs):
+        return record_inplace_flag(tracer_type, rule, func, *call, run_rule)
     with _guard():
         edges, torch_leaf, needs = _grad_edges(tracer_type, rule, args, kwargs) if _grad_enabled() else _NONE
         if not edges:
@@ -49,7 +49,7 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
         stack = STATE.module_stack
         ctx = Context(rule, edges, needs)
         if func is None:  # Function.apply: backward must return one gradient per argument, as torch checks
-            ctx.n_inputs = len(args) + len(kwargs)
+            ctx._n_inputs = len(args) + len(kwargs)
         node = Node(rule, ctx, edges, func, tuple(stack) if stack else ())
         if torch_leaf:  # torch's autograd must not record the plain tensors that require grad
             _set_grad_enabled(False)
@@ -84,11 +84,11 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
     torch_leaf = False
     needs = 0
     pairs = enumerate(args) if not kwargs else [
-        *enumerate(args), *((rule.param_index(k), v) for k, v in kwargs.items() if k != "out" and _wants_gradient(v))]
+        *enumerate(args), *((rule.param_index(k), v) for k, v in kwargs.items() if k != "out" and wants_gradient(v))]
     for position, arg in pairs:
         if isinstance(arg, tracer_type):
             if arg._tt_view:
-                catch_up(arg, tracer_type)
+                catch_up(arg, tracer_type, run_rule)
             if arg._tt_requires_grad:
                 needs |= 1 << position
                 node = arg._tt_node  # _edge(position, arg), written out: this is the hottest loop of recording
@@ -105,7 +105,7 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
             for j, item in enumerate(arg):
                 if isinstance(item, tracer_type):
                     if item._tt_view:
-                        catch_up(item, tracer_type)
+                        catch_up(item, tracer_type, run_rule)
                     if item._tt_requires_grad:
                         needs |= 1 << position
                         edges.append(_edge((position, j), item))
@@ -163,7 +163,7 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
                 break
         t = link_output(out, node, 0, tracer_type)
         if t._tt_view:
-            _remember_base(t, args)
+            remember_base(t, args)
         return t
     if not isinstance(out, _containers) or not any(isinstance(o, torch.Tensor) for o in out):
         return out  # not a tensor result (e.g. x.type() returns a string): nothing to record
@@ -176,7 +176,7 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
               for nr, o in enumerate(outputs)]
     for t in linked:
         if isinstance(t, torch.Tensor) and t._tt_view:
-            _remember_base(t, args)
+            remember_base(t, args)
     return _rebuild(out, linked)
 
 
@@ -194,56 +194,11 @@ def _as_tracers(out: Any, tracer_type: type, args: tuple) -> Any:
         t = out.as_subclass(tracer_type)
         if out._is_view():
             t._tt_view, t._tt_version = True, out._version
-            _remember_base(t, args)
+            remember_base(t, args)
         return t
     if isinstance(out, _containers):
         return _rebuild(out, [_as_tracers(o, tracer_type, args) for o in out])
     return out
-
-
-def _remember_base(view: torch.Tensor, args: tuple) -> None:
-    """A view result remembers the tracer argument whose memory it shares: its base (`_tt_base`). A view of the op's
-    own internal result (einsum's permuted bmm output), whose memory no argument shares, is no view to the user: it
-    owns that memory, so in-place changes of it (and of its slices) are recorded as of any result."""
-    with _guard():
-        root = base_root(view)
-        bases = [a._tt_base if a._tt_view else a for a in args
-                 if isinstance(a, torch.Tensor) and hasattr(a, "_tt_view") and base_root(a) is root]
-        tensors = [t for a in args for t in (a if isinstance(a, _containers) else (a,)) if isinstance(t, torch.Tensor)]
-        view._tt_view = bool(bases) or any(base_root(t) is root for t in tensors)  # False: a view of its own result
-    view._tt_base = bases[0] if bases else None
-
-
-def catch_up(view: torch.Tensor, tracer_type: type, always: bool = False) -> None:
-    """If the base of `view` changed in place after the view was taken, the view is now ViewOfBase(base)
-    (`always`: before an op writes into the view, which then reads its value from the base, as torch)."""
-    with _guard():
-        version, base = view._version, view._tt_base
-        if (version == view._tt_version and not always) or not _grad_enabled():
-            return
-        if base is None or base.dtype != view.dtype:
-            if view._tt_requires_grad:
-                raise RuntimeError("A view was changed in place through its base (or another view), and torchtrace "
-                                   "does not know that base tracer, so the view's gradient would be wrong. Take the "
-                                   "view after the in-place op, or use out-of-place ops.")
-            view._tt_version = version
-            return
-        old_node, old_nr = view._tt_node, view._tt_nr
-        fresh = run_rule(tracer_type, ViewOfBase, None, (base, geometry(view, base)), {})
-        view._tt_node, view._tt_nr, view._tt_requires_grad = fresh._tt_node, 0, fresh._tt_requires_grad
-        view._tt_version = version
-    if view._tt_node is not None:
-        _move_retained(old_node, old_nr, view)
-
-
-def _wants_gradient(value: Any) -> bool:
-    """Does a tensor that requires a gradient sit anywhere in this argument (lists, tuples, dicts)?"""
-    if isinstance(value, torch.Tensor):
-        with _guard():
-            return bool(getattr(value, "_tt_requires_grad", False) or value.requires_grad)
-    if isinstance(value, _containers):
-        return any(_wants_gradient(v) for v in value)
-    return isinstance(value, dict) and any(_wants_gradient(v) for v in value.values())
 
 
 def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -251,14 +206,14 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
     owner = getattr(func, "__self__", None)
     if isinstance(owner, type) and issubclass(owner, Function) and func.__name__ == "apply":
         return returned_outputs(owner, run_rule(tracer_type, owner, None, args, kwargs))
-    recording = _grad_enabled() and (_wants_gradient(args) or _wants_gradient(kwargs))
+    recording = _grad_enabled() and (wants_gradient(args) or wants_gradient(kwargs))
     if recording and func not in INPLACE and func not in NON_DIFFERENTIABLE and _is_inplace(func):
         _refuse(func)  # before torch changes the argument
     if recording and func in INPLACE:
         rule, twin = INPLACE[func]
-        return _record_inplace(tracer_type, args[0], callable_name(func),
-                               lambda before: run_rule(tracer_type, rule, twin, (before, *args[1:]), kwargs),
-                               lambda result: func(*args, **kwargs))
+        return record_inplace(tracer_type, args[0], callable_name(func),
+                              lambda before: run_rule(tracer_type, rule, twin, (before, *args[1:]), kwargs),
+                              lambda result: func(*args, **kwargs), run_rule)
     with _guard():
         out = func(*args, **kwargs)
     if recording and func not in NON_DIFFERENTIABLE and _has_floating(out):
@@ -286,81 +241,3 @@ def _has_floating(out: Any) -> bool:
     return isinstance(out, _containers) and any(_has_floating(o) for o in out)
 
 
-def _inplace_requested(position: int, args: tuple, kwargs: dict) -> bool:
-    return bool(kwargs.get("inplace") if "inplace" in kwargs else len(args) > position and args[position])
-
-
-def _record_inplace_flag(tracer_type: type, rule: type, func: Callable, args: tuple, kwargs: dict) -> Any:
-    """F.relu(x, inplace=True): x changes, so record it like x.relu_() (out of place, then written into x)."""
-    identity = getattr(rule, "is_identity", None)
-    if identity is not None and identity(*args, **kwargs):  # eval-mode dropout: torch hands x back untouched
-        return args[0]
-    if not (_grad_enabled() and (_wants_gradient(args) or _wants_gradient(kwargs))):
-        with _guard():
-            func(*args, **kwargs)
-        return args[0]
-    position = INPLACE_FLAG[func]
-    rule = getattr(rule, "inplace_rule", rule)  # a rule whose in-place form differs (it reads the result)
-    if "inplace" in kwargs:
-        kwargs = {**kwargs, "inplace": False}
-    else:
-        args = (*args[:position], False, *args[position + 1:])
-    target = args[0]
-    return _record_inplace(tracer_type, target, f"{callable_name(func)}(inplace=True)",
-                           lambda before: run_rule(tracer_type, rule, func, (before, *args[1:]), kwargs),
-                           lambda result: torch.Tensor.copy_(target, result))
-
-
-def _record_inplace(tracer_type: type, target: Any, name: str, compute: Callable, mutate: Callable) -> torch.Tensor:
-    """x.op_(...) = rebind x to op(x_before, ...): the graph gains a node, then `mutate` changes x's data."""
-    if not isinstance(target, tracer_type):
-        raise RuntimeError(f"{name} would write a tracer that requires grad into a plain torch.Tensor, which "
-                           "cannot record it. Make the destination a tracer (e.g. tt.zeros(...)), or build the "
-                           "result out of place (torch.stack / torch.cat / torch.where).")
-    if target._tt_requires_grad and target._tt_node is None:
-        raise RuntimeError(f"{name}: a leaf tracer that requires grad is used in an in-place operation. Do it "
-                           "under tt.no_grad() (as optimizers do), or use the out-of-place form.")
-    base = _written_base(target, name, tracer_type) if target._tt_view else None
-    old_node, old_nr = target._tt_node, target._tt_nr
-    with _guard():
-        before = target.clone()
-        before = link_output(before, old_node, old_nr, tracer_type) if old_node else before.as_subclass(tracer_type)
-    result = compute(before)
-    if base is not None:  # the base's new value: its old one with the view's elements replaced by the result
-        with _guard():
-            where = geometry(target, base)
-        base_after = run_rule(tracer_type, WriteIntoView, None, (base, result, where), {})
-    with _guard():
-        mutate(result)
-        changed, after = (base, base_after) if base is not None else (target, result)
-        previous = changed._tt_node, changed._tt_nr
-        if after._tt_node is not None:
-            changed._tt_node, changed._tt_nr, changed._tt_requires_grad = after._tt_node, after._tt_nr, True
-        changed._tt_version = changed._version
-    _move_retained(*previous, changed)
-    if base is not None and old_node is not None and old_nr in (old_node.retained or {}):
-        catch_up(target, tracer_type)  # a retained view: its .grad is now that of its new value, a view of the base
-    return target
-
-
-def _written_base(view: torch.Tensor, name: str, tracer_type: type) -> torch.Tensor:
-    """The base tracer an in-place op on `view` writes into (the view itself follows it at its next use)."""
-    base = view._tt_base
-    if base is None:
-        raise RuntimeError(f"{name} changes a view in place, but torchtrace does not know the tensor it is a view "
-                           "of, so that tensor's gradient would be wrong. Write y[i] = y[i] + v instead of y[i] += v, "
-                           "or use the out-of-place form.")
-    if base._tt_requires_grad and base._tt_node is None:
-        raise RuntimeError(f"{name}: a view of a leaf tracer that requires grad is used in an in-place operation. "
-                           "Do it under tt.no_grad() (as optimizers do), or use the out-of-place form.")
-    catch_up(view, tracer_type, always=True)
-    return base
-
-
-def _move_retained(old_node: Optional[Node], nr: int, target: torch.Tensor) -> None:
-    """retain_grad() followed by an in-place op: .grad is then the gradient of the new value (as torch)."""
-    ref = (old_node.retained or {}).get(nr) if old_node is not None else None
-    if ref is not None and ref() is target:
-        del old_node.retained[nr]
-        new_node = target._tt_node
-        new_node.retained = {**(new_node.retained or {}), target._tt_nr: ref}

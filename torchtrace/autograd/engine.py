@@ -1,11 +1,12 @@
-"""backward(): visit nodes in reverse topological order, call each rule, send every edge its gradient."""
+"""backward() and tt.grad: visit nodes in reverse topological order, call each rule, send every edge its gradient."""
 import contextlib
-import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from torchtrace import function_contract, grad_fn_hooks
+from torchtrace.autograd.accumulation import OUR_RULES, Ownership, accumulate
+from torchtrace.autograd.hooks import non_leaf_hooks
 from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for, leaf_accumulator, link_output
 from torchtrace.autograd.state import STATE
 
@@ -13,37 +14,25 @@ _guard = torch._C.DisableTorchFunctionSubclass
 Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 
-def backward(
-    tensors: Tensors,
-    grad_tensors: Optional[Tensors] = None,
-    retain_graph: Optional[bool] = None,
-    create_graph: bool = False,
-) -> None:
+def backward(tensors: Tensors, grad_tensors: Optional[Tensors] = None, retain_graph: Optional[bool] = None,
+             create_graph: bool = False) -> None:
     """Accumulate d(tensors)/d(leaf) * grad_tensors into every leaf's `.grad`."""
     roots, tracer_type = _roots(tensors, grad_tensors, create_graph)
-    _run(roots, create_graph if retain_graph is None else retain_graph, create_graph, None, tracer_type)
+    _walk(roots, create_graph if retain_graph is None else retain_graph, create_graph, None, tracer_type)
 
 
-def grad(
-    outputs: Tensors,
-    inputs: Tensors,
-    grad_outputs: Optional[Tensors] = None,
-    retain_graph: Optional[bool] = None,
-    create_graph: bool = False,
-    allow_unused: bool = False,
-) -> Tuple[Optional[torch.Tensor], ...]:
+def grad(outputs: Tensors, inputs: Tensors, grad_outputs: Optional[Tensors] = None, retain_graph: Optional[bool] = None,
+         create_graph: bool = False, allow_unused: bool = False) -> Tuple[Optional[torch.Tensor], ...]:
     """Return d(outputs)/d(inputs) * grad_outputs without touching any `.grad`."""
     inputs = _as_list(inputs)
     targets = [_edge_of(t, f"input {i}") for i, t in enumerate(inputs)]
     captured: Dict[Tuple[Any, int], Any] = {edge: None for edge in targets}
     roots, tracer_type = _roots(outputs, grad_outputs, create_graph)
-    _run(roots, create_graph if retain_graph is None else retain_graph, create_graph, captured, tracer_type)
+    _walk(roots, create_graph if retain_graph is None else retain_graph, create_graph, captured, tracer_type)
     result = tuple(captured[edge] for edge in targets)
     if not allow_unused and any(g is None for g in result):
-        raise RuntimeError(
-            "One of the differentiated tracers was not used to compute the outputs. "
-            "Pass allow_unused=True to get None for it."
-        )
+        raise RuntimeError("One of the differentiated tracers was not used to compute the outputs. "
+                           "Pass allow_unused=True to get None for it.")
     return result
 
 
@@ -57,10 +46,8 @@ def _edge_of(t: Any, what: str) -> Tuple[Any, int]:
         return (leaf_accumulator(t), 0) if t._tt_node is None else (t._tt_node, t._tt_nr)
     if isinstance(t, torch.Tensor) and not hasattr(type(t), "_tt_node") and t.requires_grad and t.grad_fn is None:
         return leaf_accumulator(t), 0  # a plain torch leaf that met tracers
-    raise RuntimeError(
-        f"{what} does not require grad and has no grad_fn: make a leaf tracer it depends on "
-        "require grad (tt.tracer(..., requires_grad=True) or x.requires_grad_())."
-    )
+    raise RuntimeError(f"{what} does not require grad and has no grad_fn: make a leaf tracer it depends on "
+                       "require grad (tt.tracer(..., requires_grad=True) or x.requires_grad_()).")
 
 
 def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool) -> Tuple[List[Tuple[Any, int, Any]], type]:
@@ -76,10 +63,9 @@ def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool) -> Tu
             node, nr = _edge_of(t, f"element {i} of the tensors passed to backward")
             if g is None:
                 if t.numel() != 1:
-                    raise RuntimeError(
-                        f"grad can be implicitly created only for scalar outputs, but this output has shape "
-                        f"{tuple(t.shape)}: pass gradient= (a tensor of that shape), or reduce it (e.g. .sum())."
-                    )
+                    raise RuntimeError(f"grad can be implicitly created only for scalar outputs, but this output has "
+                                       f"shape {tuple(t.shape)}: pass gradient= (a tensor of that shape), or reduce it "
+                                       "(e.g. .sum()).")
                 g = torch.ones_like(t)
             elif g.shape != t.shape or g.is_complex():
                 raise RuntimeError(f"gradient has shape {tuple(g.shape)} and dtype {g.dtype}, but the output has shape "
@@ -125,89 +111,134 @@ def _needed(order: List[Any], captured: Dict[Tuple[Any, int], Any]) -> set:
     return needed
 
 
-def _run(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bool, captured: Optional[dict],
-         tracer_type: type) -> None:
+def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bool, captured: Optional[dict],
+          tracer_type: type) -> None:
+    """The backward pass: visit the nodes in reverse topological order; each pops the gradients buffered for its
+    outputs, runs its rule's backward, and sends every edge its gradient. What torch adds to that loop is a named
+    step: tensor hooks, retain_grad and tt.grad's capture (`hooks.py`), create_graph and autocast
+    (`_call_in_forward_state`), sums into .grad (`accumulation.py`)."""
     order = topological_order([node for node, _, _ in roots])
     needed = _needed(order, captured) if captured is not None else None
     buffers: Dict[Any, List[Any]] = {}
     for node, nr, g in roots:
         _add(buffers, node, nr, g)
-    with _guard():
-        handed_out = {g.untyped_storage().data_ptr() for _, _, g in roots}  # storages a leaf must not keep
+    ownership = Ownership([g for _, _, g in roots], enabled=not STATE.on_backward)
+    with _backward_mode(create_graph):
+        for node in order:
+            grads = buffers.pop(node, None)
+            if grads is None or (needed is not None and node not in needed):
+                continue  # no gradient reached this node, or tt.grad does not need it
+            if type(node) is AccumulateGrad:
+                accumulate(node, grads[0], create_graph, captured, ownership)
+                continue
+            if node.hooks or node.retained or captured is not None:
+                non_leaf_hooks(node, grads, captured, ownership.hand_out)
+            _send(node, _call_rule(node, grads, create_graph, tracer_type, ownership), buffers)
+            if not retain_graph:
+                node.ctx.release()
+
+
+@contextlib.contextmanager
+def _backward_mode(create_graph: bool) -> Iterator[None]:
+    """Rules run on plain tensors (recording nothing), or with create_graph on tracers with recording on, so the
+    rules' own torch calls build the graph of the gradient."""
     previous = STATE.create_graph, torch.is_grad_enabled()
     STATE.create_graph = create_graph
     torch.set_grad_enabled(create_graph)
     try:
         with _guard() if not create_graph else contextlib.nullcontext():
-            for node in order:
-                grads = buffers.pop(node, None)
-                if grads is None or (needed is not None and node not in needed):
-                    continue
-                if isinstance(node, AccumulateGrad):
-                    _accumulate(node, grads[0], create_graph, captured, handed_out)
-                    continue
-                if node.hooks or node.retained or captured is not None:
-                    _tensor_hooks(node, grads, captured)
-                _propagate(node, grads, buffers, create_graph, tracer_type)
-                if not retain_graph:
-                    node.ctx.release()
+            yield
     finally:
         STATE.create_graph = previous[0]
         torch.set_grad_enabled(previous[1])
 
 
 def _add(buffers: Dict[Any, List[Any]], node: Any, nr: int, g: Any) -> None:
+    """Buffer g for output nr of node; gradients arriving along several edges (fan-out) are summed."""
     buf = buffers.get(node)
     if buf is None:
         buffers[node] = buf = [None] * node.n_outputs
     buf[nr] = g if buf[nr] is None else buf[nr] + g
 
 
-def _propagate(node: Node, grads: List[Any], buffers: Dict[Any, List[Any]], create_graph: bool,
-               tracer_type: type) -> None:
-    """Call the rule's backward and send each input gradient, unbroadcast and cast, to the next node."""
+def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]]) -> None:
+    """Each edge's gradient from what the rule returned, summed over the dimensions forward broadcast and cast to
+    the input's dtype, into the buffer of the node the edge points to (this is _add, written out: it runs for
+    every edge of every node)."""
+    n = len(result)
+    for edge in node.edges:
+        position, target, nr, shape, dtype = edge
+        g = result[position] if type(position) is int and position < n else _received(node, edge, result)
+        if g is None:
+            continue
+        if not isinstance(g, torch.Tensor):
+            g = _received(node, edge, result)  # raises, naming what backward returned
+        if g.shape != shape:
+            g = _unbroadcast(node, g, shape)
+        if g.dtype != dtype:
+            g = g.to(dtype)
+        buf = buffers.get(target)
+        if buf is None:
+            buffers[target] = buf = [None] * target.n_outputs
+        buf[nr] = g if buf[nr] is None else buf[nr] + g
+
+
+def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: type, ownership: Ownership) -> tuple:
+    """rule.backward(ctx, *grads) as a tuple, with zeros for outputs no gradient reached; observers see the call,
+    and what user code receives or returns no leaf keeps."""
     if node.output_meta is not None:
         grads = [torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
                  for g, meta in zip(grads, node.output_meta)]
     if node.pre_hooks:
         grads = grad_fn_hooks.run_pre_hooks(node, grads)
-    result = _call_backward(node, grads, create_graph, tracer_type)
+    trusted = node.rule.__module__.startswith(OUR_RULES)
+    if not trusted:
+        for g in grads:
+            ownership.hand_out(g)
+    if node.autocast or (create_graph and node.saved_outputs):
+        result = _call_in_forward_state(node, grads, create_graph, tracer_type)
+    else:
+        result = node.rule.backward(node.ctx, *grads)
+    if type(result) is not tuple or node.ctx._n_inputs is not None:
+        result = _as_tuple(node, result)
     if node.post_hooks:
         result = grad_fn_hooks.run_post_hooks(node, result, grads)
-    if STATE.on_backward:
-        for observe in STATE.on_backward:
-            observe(node, grads, result)
-    for edge in node.edges:
-        g = _received(node, edge, result)
-        if g is None:
-            continue
-        if g.shape != edge.shape:
-            g = _unbroadcast(node, g, edge.shape)
-        if g.dtype != edge.dtype:
-            g = g.to(edge.dtype)
-        _add(buffers, edge.node, edge.output_nr, g)
+    if not trusted:
+        for g in result:
+            ownership.hand_out(g)
+    for observe in STATE.on_backward:
+        observe(node, grads, result)
+    return result
 
 
-def _call_backward(node: Node, grads: List[Any], create_graph: bool, tracer_type: type) -> tuple:
-    """rule.backward(ctx, *grads), under the autocast state of forward and, with create_graph, with saved
-    outputs re-linked to this node (so their second derivative flows back through it)."""
-    ctx = node.ctx
+def _call_in_forward_state(node: Node, grads: List[Any], create_graph: bool, tracer_type: type) -> Any:
+    """rule.backward under the torch.autocast state forward ran in, and with create_graph with the saved outputs
+    re-linked to this node, so their second derivative flows back through it."""
     relink = create_graph and node.saved_outputs
     if relink:
-        saved = list(ctx._saved)
-        for i, nr in node.saved_outputs:
-            saved[i] = link_output(saved[i], node, nr, tracer_type)
-        ctx.use_graph_saved(tuple(saved))
+        _relink_saved_outputs(node, tracer_type)
     try:
         with torch.autocast(*node.autocast) if node.autocast else contextlib.nullcontext():
-            result = node.rule.backward(ctx, *grads)
+            return node.rule.backward(node.ctx, *grads)
     finally:
         if relink:
-            ctx.use_graph_saved(None)
+            node.ctx.use_graph_saved(None)
+
+
+def _relink_saved_outputs(node: Node, tracer_type: type) -> None:
+    """create_graph: the node's saved outputs become tracers produced by this node."""
+    saved = list(node.ctx._saved)
+    for i, nr in node.saved_outputs:
+        saved[i] = link_output(saved[i], node, nr, tracer_type)
+    node.ctx.use_graph_saved(tuple(saved))
+
+
+def _as_tuple(node: Node, result: Any) -> tuple:
+    """A tensor or None becomes a 1-tuple; a user's Function must return one gradient per input (as torch checks)."""
     if result is None or isinstance(result, torch.Tensor):
         result = (result,)
     if isinstance(result, tuple):
-        return result if ctx.n_inputs is None else function_contract.checked_gradient_count(node, result)
+        return result if node.ctx._n_inputs is None else function_contract.checked_gradient_count(node, result)
     raise RuntimeError(f"{node.rule.__name__}.backward returned a {type(result).__name__}; it must return a "
                        "tensor, None, or a tuple with one gradient (or None) per input of forward")
 
@@ -236,99 +267,5 @@ def _unbroadcast(node: Node, g: torch.Tensor, shape: torch.Size) -> torch.Tensor
     except NotImplementedError:
         raise
     except RuntimeError:
-        raise RuntimeError(
-            f"{node.name}.backward returned a gradient of shape {tuple(g.shape)} for an input of shape {tuple(shape)}"
-        ) from None
-
-
-def _run_hooks(hooks: List[Callable], g: Any, where: str) -> Any:
-    """hook(grad) for each hook; a returned tensor (of the gradient's shape) replaces the gradient."""
-    for fn in list(hooks):
-        replaced = fn(g)
-        if replaced is None:
-            continue
-        if not isinstance(replaced, torch.Tensor) or replaced.shape != g.shape:
-            got = f"shape {tuple(replaced.shape)}" if isinstance(replaced, torch.Tensor) else type(replaced).__name__
-            raise RuntimeError(f"hook {getattr(fn, '__name__', fn)} on {where} returned {got}; a hook must return "
-                               f"None or a tensor of the gradient's shape {tuple(g.shape)}")
-        g = replaced
-    return g
-
-
-def _tensor_hooks(node: Node, grads: List[Any], captured: Optional[dict]) -> None:
-    """Hooks and retain_grad of non-leaf tracers, and tt.grad captures of non-leaf inputs."""
-    for nr, fns in (node.hooks or {}).items():
-        if grads[nr] is not None:
-            grads[nr] = _run_hooks(fns, grads[nr], f"an output of {node.name}")
-    for nr, ref in (node.retained or {}).items():
-        t = ref()
-        if t is not None and grads[nr] is not None:
-            t._tt_grad = grads[nr].clone() if t._tt_grad is None else t._tt_grad + grads[nr]
-    if captured is not None:
-        for nr, g in enumerate(grads):
-            if (node, nr) in captured:
-                captured[(node, nr)] = g
-
-
-def _owned(g: Any, handed_out: set) -> bool:
-    """Can a leaf keep g itself as .grad (as torch's AccumulateGrad steals)? Only a plain contiguous tensor no one
-    else references, whose storage no other leaf or caller holds, and which is not a view of a live tensor (a
-    saved input, a parameter): an in-place accumulation into .grad later must reach nobody else."""
-    if type(g) is not torch.Tensor or sys.getrefcount(g) > _UNSHARED[0] or not g.is_contiguous():
-        return False
-    base = g._base
-    if base is not None and (sys.getrefcount(base) > _UNSHARED[1] or base.numel() != g.numel()):
-        return False
-    return g.untyped_storage().data_ptr() not in handed_out
-
-
-def _unshared_counts() -> Tuple[int, int]:
-    """What sys.getrefcount says in _owned of a gradient only the engine holds (the buffer list, two frames'
-    parameters), and of the base of a view nobody else holds: measured once, as each Python counts its own."""
-    grads = [torch.empty(1)]
-    return _as_accumulate_calls(grads[0], torch.empty(1).view(1))
-
-
-def _as_accumulate_calls(g: torch.Tensor, view: torch.Tensor) -> Tuple[int, int]:
-    return _as_owned_counts(g, view)
-
-
-def _as_owned_counts(g: torch.Tensor, view: torch.Tensor) -> Tuple[int, int]:
-    base = view._base
-    return sys.getrefcount(g), sys.getrefcount(base)
-
-
-_UNSHARED = _unshared_counts()
-
-
-def _accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Optional[dict], handed_out: set) -> None:
-    """Sum g into the leaf's .grad (a plain tensor leaf: torch's own .grad); every leaf owns its .grad."""
-    leaf = acc.variable
-    if not acc.torch_leaf and leaf._tt_hooks:
-        g = _run_hooks(leaf._tt_hooks, g, "a leaf")
-    if captured is not None:
-        if (acc, 0) in captured:
-            captured[(acc, 0)] = g
-        return
-    current = leaf.grad if acc.torch_leaf else leaf._tt_grad
-    if current is not None:
-        if create_graph or type(current) is not torch.Tensor:
-            current = current + g
-        else:
-            current.add_(g)  # in place, as torch: a reference to .grad held by the user sees the sum
-    elif create_graph:
-        with _guard():
-            storage = g.untyped_storage().data_ptr()
-        current = g.clone() if storage in handed_out else g  # two leaves never share one gradient tensor
-        handed_out.add(storage)
-    elif _owned(g, handed_out):
-        current = g  # nobody else holds it: the leaf takes it as it is (as torch's AccumulateGrad steals)
-        handed_out.add(g.untyped_storage().data_ptr())
-    else:
-        current = g.clone(memory_format=torch.contiguous_format).as_subclass(torch.Tensor)
-    if acc.torch_leaf:
-        leaf.grad = current
-    else:
-        leaf._tt_grad = current
-        for fn in list(leaf._tt_post_hooks or ()):
-            fn(leaf)
+        raise RuntimeError(f"{node.name}.backward returned a gradient of shape {tuple(g.shape)} for an input of shape "
+                           f"{tuple(shape)}") from None

@@ -20,7 +20,9 @@ class Context:
     """What a rule keeps between its forward and its backward (PyTorch's `ctx`).
 
     Rules call `save_for_backward`, read `saved_tensors` and `needs_input_grad`, and may set any
-    attribute of their own (`ctx.dim = dim`). The graph bookkeeping lives apart, in the Node.
+    attribute of their own (`ctx.dim = dim`, even `ctx.rule`). What torchtrace keeps here is underscored:
+    `_rule` is the Function this ctx serves (a rule class shared by several ops reads its data there). The
+    graph bookkeeping lives apart, in the Node.
     """
 
     _saved: Tuple[Any, ...] = ()
@@ -28,10 +30,10 @@ class Context:
     _released = False
     _needs: Optional[Tuple[bool, ...]] = None
     _graph_saved: Optional[Tuple[Any, ...]] = None
-    n_inputs: Optional[int] = None  # set for Function.apply: how many arguments backward returns gradients for
+    _n_inputs: Optional[int] = None  # set for Function.apply: how many arguments backward returns gradients for
 
     def __init__(self, rule: type, edges: Any = (), needs_mask: Optional[int] = None):
-        self.rule = rule
+        self._rule = rule
         self._edges = edges
         self._mask = needs_mask  # bit i set: argument i needs a gradient (None: read it from the edges)
 
@@ -41,13 +43,13 @@ class Context:
         try:
             self._versions = [getattr(t, "_version", None) for t in tensors]
         except RuntimeError:  # an inference tensor has no version counter
-            raise saved_inference_tensor(self.rule.__name__) from None
+            raise saved_inference_tensor(self._rule.__name__) from None
 
     @property
     def saved_tensors(self) -> Tuple[Any, ...]:
         if self._released:
             raise RuntimeError(
-                f"Trying to backward through the graph a second time ({self.rule.__name__}Backward): its saved "
+                f"Trying to backward through the graph a second time ({self._rule.__name__}Backward): its saved "
                 "tensors were freed after the first backward. Pass retain_graph=True to the first backward()."
             )
         if STATE.create_graph:  # rules run with the hook active: read versions as plain tensors
@@ -61,7 +63,7 @@ class Context:
         for t, version in zip(self._saved, self._versions):
             if version is not None and t._version != version:
                 raise RuntimeError(
-                    f"A tensor saved by {self.rule.__name__}Backward for backward was modified by an in-place "
+                    f"A tensor saved by {self._rule.__name__}Backward for backward was modified by an in-place "
                     f"operation (version {version} -> {t._version}). Use the out-of-place form of that op "
                     "(e.g. x = x + 1 instead of x += 1), or .clone() before modifying it."
                 )

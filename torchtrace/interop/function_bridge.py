@@ -93,9 +93,11 @@ def _merge(tensors: List[Any], call: _Call, others: Any) -> Any:
     return tuple(items)
 
 
-def _once_differentiable(backward: Callable) -> bool:
-    code = getattr(backward, "__code__", None)  # functools.wraps copied the user's name: look at the code
-    return hasattr(backward, "__wrapped__") and getattr(code, "co_qualname", "").startswith("once_differentiable.")
+def _once_differentiable(backward: Callable, user_class: type) -> bool:
+    """Is backward torch's once_differentiable wrapper? functools.wraps copied the user's names onto it, but not
+    the module it was defined in (its globals): the module of torch's Function, a base of user_class."""
+    torch_modules = {base.__module__ for base in user_class.__mro__ if base.__module__.startswith("torch.")}
+    return hasattr(backward, "__wrapped__") and getattr(backward, "__globals__", {}).get("__name__") in torch_modules
 
 
 class _DelayedError(Function):
@@ -145,7 +147,7 @@ def _backward(ctx: Any, *grads: Any) -> Any:
     for i, g in zip(call.places, grads):
         full[i] = g
     backward = call.user_class.backward
-    if _once_differentiable(backward) and STATE.create_graph:
+    if _once_differentiable(backward, call.user_class) and STATE.create_graph:
         with _guard():
             result = backward.__wrapped__(ctx.user_ctx, *full)
         result = _poison(result)

@@ -4,42 +4,26 @@ F.relu, torch.sigmoid, torch.tanh, F.softmax and F.log_softmax have their rules 
 the ReLU, Sigmoid, Tanh, Softmax and LogSoftmax modules below just call them. `inplace=True` is
 ignored: the result is computed out of place and returned.
 """
-import inspect
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from torchtrace.autograd.function import Function, register
+from torchtrace.autograd.function import register
 from torchtrace.nn.module import Module
-from torchtrace.ops.rule_tables import reads
+from torchtrace.ops.rule_tables import table_rule
 
 SELU_ALPHA, SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946  # torch's constants
 
 
-def activation(name: str, target: Callable, math_line: str, grad: Callable, **defaults: Any) -> type:
-    """Rule for y = target(x, **options); grad(g, x, y, **options) is the vector-Jacobian product.
+def activation(name: str, target: Callable, math_line: str, grad: Callable, uses: Sequence[str],
+               **defaults: Any) -> type:
+    """Rule for y = target(x, **options); grad(g, x, y, **options) is the vector-Jacobian product, reading only `uses`.
 
     `defaults` lists target's options in positional order, with their default values.
     """
-    names = list(defaults)
-    keep_x, keep_y = reads(grad, *list(inspect.signature(grad).parameters)[1:3])  # save only what grad reads
-
-    def forward(ctx: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
-        options = {**defaults, **dict(zip(names, args)), **kwargs}
-        options.pop("inplace", None)
-        y = target(input, **options)
-        ctx.options = options
-        ctx.save_for_backward(input if keep_x else None, y if keep_y else None)
-        return y
-
-    def backward(ctx: Any, g: Any) -> Any:
-        x, y = ctx.saved_tensors
-        return grad(g, x, y, **ctx.options)
-
-    body = {"__doc__": math_line, "forward": staticmethod(forward), "backward": staticmethod(backward)}
-    return register(target, rule=type(name, (Function,), body))
+    return table_rule(name, [target], math_line, [grad], [uses], options=defaults)
 
 
 def _inside(g: torch.Tensor, x: torch.Tensor, low: float, high: float) -> torch.Tensor:
@@ -89,54 +73,56 @@ def _silu(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 activation("Relu6", F.relu6, "y = min(max(x, 0), 6)  ->  dy/dx = 1 for 0 < x < 6, else 0",
-           lambda g, x, y: _not_clamped(g, x, 0, 6), inplace=False)
+           lambda g, x, y: _not_clamped(g, x, 0, 6), uses=("x",), inplace=False)
 activation("Hardtanh", F.hardtanh, "y = clamp(x, lo, hi)  ->  dy/dx = 1 for lo < x < hi, else 0",
-           lambda g, x, y, min_val, max_val: _not_clamped(g, x, min_val, max_val), min_val=-1.0, max_val=1.0,
-           inplace=False)
+           lambda g, x, y, min_val, max_val: _not_clamped(g, x, min_val, max_val), uses=("x",),
+           min_val=-1.0, max_val=1.0, inplace=False)
 activation("LeakyRelu", F.leaky_relu, "y = x if x > 0 else a x  ->  dy/dx = 1 if x > 0 else a",
-           lambda g, x, y, negative_slope: torch.where(x > 0, g, g * negative_slope),
+           lambda g, x, y, negative_slope: torch.where(x > 0, g, g * negative_slope), uses=("x",),
            negative_slope=0.01, inplace=False)
 activation("Elu", F.elu, "y = x if x > 0 else a (e^x - 1)  ->  dy/dx = 1 if x > 0 else a e^x",
-           lambda g, x, y, alpha: torch.where(x <= 0, g * alpha * torch.exp(_below_zero(x, x)), g), alpha=1.0,
-           inplace=False)
+           lambda g, x, y, alpha: torch.where(x <= 0, g * alpha * torch.exp(_below_zero(x, x)), g), uses=("x",),
+           alpha=1.0, inplace=False)
 activation("Gelu", F.gelu, "y = x Phi(x)  ->  dy/dx = Phi(x) + x phi(x)  (approximate='tanh': that form's derivative)",
-           _gelu, approximate="none")
-activation("Silu", F.silu, "y = x s(x), s = sigmoid  ->  dy/dx = s (1 + x (1 - s))", _silu, inplace=False)
+           _gelu, uses=("x",), approximate="none")
+activation("Silu", F.silu, "y = x s(x), s = sigmoid  ->  dy/dx = s (1 + x (1 - s))", _silu, uses=("x",), inplace=False)
 activation("Mish", F.mish, "y = x tanh(softplus x)  ->  dy/dx = t + x s(x) (1 - t^2), t = tanh(softplus x)",
-           _mish, inplace=False)
+           _mish, uses=("x",), inplace=False)
 register(torch.selu, rule=activation(
     "Selu", F.selu, "y = s x if x > 0 else s a (e^x - 1), s, a: SELU's constants  ->  dy/dx = s if x > 0 else s a e^x",
     lambda g, x, y: torch.where(x <= 0, g * (SELU_SCALE * SELU_ALPHA) * torch.exp(_below_zero(x, x)), g * SELU_SCALE),
-    inplace=False))
+    uses=("x",), inplace=False))
 register(torch.celu, rule=activation(
     "Celu", F.celu, "y = x if x > 0 else a (e^(x/a) - 1)  ->  dy/dx = 1 if x > 0 else e^(x/a)",
-    lambda g, x, y, alpha: torch.where(x <= 0, g * torch.exp(_below_zero(x, x) / alpha), g), alpha=1.0, inplace=False))
+    lambda g, x, y, alpha: torch.where(x <= 0, g * torch.exp(_below_zero(x, x) / alpha), g), uses=("x",),
+    alpha=1.0, inplace=False))
 register(torch._C._nn.glu, rule=activation(
     "Glu", F.glu, "y = a s(b), (a, b) = the halves of x along dim  ->  dy/da = s(b), dy/db = a s(b) (1 - s(b))",
-    _glu, dim=-1))
+    _glu, uses=("x",), dim=-1))
 register(torch._C._nn.hardswish, rule=activation(
     "Hardswish", F.hardswish, "y = x relu6(x + 3) / 6  ->  dy/dx = 0 if x <= -3, x/3 + 1/2 if x < 3, else 1",
-    lambda g, x, y: torch.where(x <= -3, 0.0, torch.where(x < 3, g * (x / 3 + 0.5), g)), inplace=False))
+    lambda g, x, y: torch.where(x <= -3, 0.0, torch.where(x < 3, g * (x / 3 + 0.5), g)), uses=("x",), inplace=False))
 register(torch._C._nn.hardsigmoid, rule=activation(
     "Hardsigmoid", F.hardsigmoid, "y = relu6(x + 3) / 6  ->  dy/dx = 1/6 for -3 < x < 3, else 0",
-    lambda g, x, y: _inside(g, x, -3, 3) / 6, inplace=False))
+    lambda g, x, y: _inside(g, x, -3, 3) / 6, uses=("x",), inplace=False))
 activation("LogSigmoid", F.logsigmoid, "y = log s(x) = -softplus(-x)  ->  dy/dx = s(-x) = 1 - s(x)",
-           lambda g, x, y: g * torch.sigmoid(-x))
+           lambda g, x, y: g * torch.sigmoid(-x), uses=("x",))
 activation("Softsign", F.softsign, "y = x / (1 + |x|)  ->  dy/dx = 1 / (1 + |x|)^2",
-           lambda g, x, y: g / (1 + x.abs()) ** 2)
-activation("Tanhshrink", F.tanhshrink, "y = x - tanh x  ->  dy/dx = tanh^2 x", lambda g, x, y: g * torch.tanh(x) ** 2)
+           lambda g, x, y: g / (1 + x.abs()) ** 2, uses=("x",))
+activation("Tanhshrink", F.tanhshrink, "y = x - tanh x  ->  dy/dx = tanh^2 x",
+           lambda g, x, y: g * torch.tanh(x) ** 2, uses=("x",))
 activation("Softshrink", F.softshrink, "y = x - l if x > l, x + l if x < -l, else 0  ->  dy/dx = 1 if |x| > l, else 0",
-           lambda g, x, y, lambd: _outside(g, x, lambd), lambd=0.5)
+           lambda g, x, y, lambd: _outside(g, x, lambd), uses=("x",), lambd=0.5)
 register(torch.Tensor.hardshrink, rule=activation(
     "Hardshrink", F.hardshrink, "y = x if |x| > l else 0  ->  dy/dx = 1 if |x| > l, else 0",
-    lambda g, x, y, lambd: _outside(g, x, lambd), lambd=0.5))
+    lambda g, x, y, lambd: _outside(g, x, lambd), uses=("x",), lambd=0.5))
 register(torch.threshold, rule=activation(
     "Threshold", F.threshold, "y = x if x > threshold else value  ->  dy/dx = 1 if x > threshold, else 0",
-    lambda g, x, y, threshold, value: torch.ops.aten.threshold_backward(g, x, threshold), threshold=None, value=None,
-    inplace=False))
+    lambda g, x, y, threshold, value: torch.ops.aten.threshold_backward(g, x, threshold), uses=("x",),
+    threshold=None, value=None, inplace=False))
 activation("Softplus", F.softplus, "y = log(1 + e^(b x)) / b (x if b x > threshold)  ->  dy/dx = s(b x) (1 past it)",
            lambda g, x, y, beta, threshold: torch.where(x * beta > threshold, g, g * torch.sigmoid(x * beta)),
-           beta=1.0, threshold=20.0)
+           uses=("x",), beta=1.0, threshold=20.0)
 
 
 class ReLU(Module, torch.nn.ReLU):

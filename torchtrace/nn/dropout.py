@@ -35,10 +35,10 @@ class DropoutFunction(Function):
     @staticmethod
     def forward(ctx, input, p=0.5, training=True, inplace=False, *, train=None):
         training = training if train is None else train
-        ctx.identity = ctx.rule.is_identity(input, p, training)
+        ctx.identity = ctx._rule.is_identity(input, p, training)
         if ctx.identity:
             return input
-        scale = ctx.rule.op(torch.ones_like(input), p, training)  # torch's own draws: m / (1 - p)
+        scale = ctx._rule.op(torch.ones_like(input), p, training)  # torch's own draws: m / (1 - p)
         ctx.save_for_backward(scale)
         return input * scale
 
@@ -87,10 +87,10 @@ class AlphaDropoutFunction(Function):
     @staticmethod
     def forward(ctx, input, p=0.5, training=False, inplace=False, *, train=None):
         training = training if train is None else train
-        ctx.identity = ctx.rule.is_identity(input, p, training)
+        ctx.identity = ctx._rule.is_identity(input, p, training)
         if ctx.identity:
             return input
-        shift = ctx.rule.op(torch.zeros_like(input), p, training)  # torch's draws: a' (m - 1) + a' p, a' = alpha a
+        shift = ctx._rule.op(torch.zeros_like(input), p, training)  # torch's draws: a' (m - 1) + a' p, a' = alpha a
         if input.numel() == 0:
             scale = torch.ones_like(input)
         elif p == 1:

@@ -31,7 +31,7 @@ class _PairLoss(Function):
     def forward(ctx, input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
         ctx.margin, ctx.reduction = margin, _reduction(size_average, reduce, reduction)
         ctx.save_for_backward(input1, input2, target)
-        return ctx.rule.op(input1, input2, target, margin, reduction=ctx.reduction)
+        return ctx._rule.op(input1, input2, target, margin, reduction=ctx.reduction)
 
 
 @register(F.cosine_embedding_loss)
@@ -100,7 +100,7 @@ class _TargetLoss(Function):
     def forward(ctx, input, target, size_average=None, reduce=None, reduction="mean"):
         ctx.reduction = _reduction(size_average, reduce, reduction)
         ctx.save_for_backward(input, target)
-        return ctx.rule.op(input, target, reduction=ctx.reduction)
+        return ctx._rule.op(input, target, reduction=ctx.reduction)
 
 
 @register(F.soft_margin_loss)

@@ -26,11 +26,11 @@ class LPPool(Function):
 
     @staticmethod
     def forward(ctx, input, norm_type, kernel_size, stride=None, ceil_mode=False):
-        n = ctx.rule.dims
+        n = ctx._rule.dims
         ctx.p, ctx.kernel = float(norm_type), ntuple(kernel_size, n)
         ctx.stride = ntuple(stride, n) if stride is not None else ctx.kernel
         ctx.shape = input.shape
-        y = ctx.rule.op(input, norm_type, kernel_size, stride, ceil_mode)
+        y = ctx._rule.op(input, norm_type, kernel_size, stride, ceil_mode)
         ctx.save_for_backward(input, y)
         return y
 
@@ -40,7 +40,7 @@ class LPPool(Function):
         p, volume = ctx.p, math.prod(ctx.kernel)
         u = y.pow(p)  # K avg(x^p), recomputed from y
         du = torch.where(u != 0, g * (volume / p) * u.pow(1 / p - 1), 0.0)
-        dpow = avg_pool_adjoint(du, ctx.shape, ctx.kernel, ctx.stride, (0,) * ctx.rule.dims)
+        dpow = avg_pool_adjoint(du, ctx.shape, ctx.kernel, ctx.stride, (0,) * ctx._rule.dims)
         return dpow * p * x.pow(p - 1) if p != 0 else torch.zeros_like(x)
 
 

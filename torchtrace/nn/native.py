@@ -82,14 +82,14 @@ class _NativeBatchNorm(Function):
         if isinstance(running_mean, bool):  # _native_batch_norm_legit.no_stats(x, w, b, training, momentum, eps)
             ctx.n_args = 6
             keep_for_backward(ctx, input, weight, None, None, running_mean, training)
-            return ctx.rule.op(input, weight, bias, running_mean, running_var, training)
+            return ctx._rule.op(input, weight, bias, running_mean, running_var, training)
         ctx.n_args = 8
         keep_for_backward(ctx, input, weight, running_mean, running_var, training, eps)
-        return ctx.rule.op(input, weight, bias, running_mean, running_var, training, momentum, eps)
+        return ctx._rule.op(input, weight, bias, running_mean, running_var, training, momentum, eps)
 
     @staticmethod
     def backward(ctx, g, *statistics):
-        no_gradient_through(ctx.rule.name, statistics)
+        no_gradient_through(ctx._rule.name, statistics)
         return (*batch_norm_backward(ctx, g), *(None,) * (ctx.n_args - 3))
 
 

@@ -73,10 +73,10 @@ def spatial_dims(x: torch.Tensor) -> Tuple[int, ...]:
 def keep_for_backward(ctx, x, weight, running_mean, running_var, batch_stats: bool, eps: float) -> None:
     """Batch / instance norm: save the input and weight, and copies of the running stats that eval mode uses
     (copies, as a later training step updates them in place). Refuses running stats that require grad."""
-    if any(ctx.needs_input_grad[i] for i in ctx.rule.stats_at):
-        raise RuntimeError(f"{ctx.rule.op.__name__} is not differentiable with respect to running_mean / running_var: "
+    if any(ctx.needs_input_grad[i] for i in ctx._rule.stats_at):
+        raise RuntimeError(f"{ctx._rule.op.__name__} is not differentiable with respect to running_mean / running_var: "
                            "they are statistics, not inputs. Pass them detached (tracers without requires_grad).")
-    ctx.batch_stats, ctx.eps, ctx.dims = batch_stats, eps, ctx.rule.stat_dims(x)
+    ctx.batch_stats, ctx.eps, ctx.dims = batch_stats, eps, ctx._rule.stat_dims(x)
     use_running = not batch_stats and running_mean is not None and running_var is not None
     ctx.save_for_backward(x, weight, *((running_mean.clone(), running_var.clone()) if use_running else ()))
 
@@ -84,7 +84,7 @@ def keep_for_backward(ctx, x, weight, running_mean, running_var, batch_stats: bo
 def batch_norm_backward(ctx, g) -> tuple:
     """(dx, dw, db) with batch statistics (standardized over ctx.dims) or fixed running statistics."""
     x, w, *running = ctx.saved_tensors
-    need_x, need_w, need_b = (ctx.needs_input_grad[i] for i in ctx.rule.affine_at)
+    need_x, need_w, need_b = (ctx.needs_input_grad[i] for i in ctx._rule.affine_at)
     if ctx.batch_stats:
         xhat, invstd = standardize(x, ctx.dims, ctx.eps)
     else:
@@ -109,7 +109,7 @@ class BatchNormFunction(Function):
     def forward(ctx, input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
                 eps=1e-5):
         keep_for_backward(ctx, input, weight, running_mean, running_var, training, eps)
-        return ctx.rule.op(input, running_mean, running_var, weight, bias, training, momentum, eps)
+        return ctx._rule.op(input, running_mean, running_var, weight, bias, training, momentum, eps)
 
     @staticmethod
     def backward(ctx, g):
@@ -142,7 +142,7 @@ class TorchBatchNorm(Function):
     @staticmethod
     def forward(ctx, input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled=True):
         keep_for_backward(ctx, input, weight, running_mean, running_var, training, eps)
-        return ctx.rule.op(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled)
+        return ctx._rule.op(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled)
 
     @staticmethod
     def backward(ctx, g):

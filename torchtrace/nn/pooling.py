@@ -45,8 +45,8 @@ class MaxPool(Function):
 
     @staticmethod
     def forward(ctx, input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-        source = _channels_last(input) if ctx.rule.dims == 2 else input
-        y, indices = ctx.rule.op(source, kernel_size, stride or None, padding, dilation, ceil_mode, True)
+        source = _channels_last(input) if ctx._rule.dims == 2 else input
+        y, indices = ctx._rule.op(source, kernel_size, stride or None, padding, dilation, ceil_mode, True)
         if source is not input:  # the same values and indices, back in input's layout
             y, indices = y.contiguous(), indices.contiguous()
         return MaxPool.keep(ctx, input, y, indices, return_indices)
@@ -55,12 +55,12 @@ class MaxPool(Function):
     def keep(ctx, input, y, indices, return_indices):
         ctx.shape = input.shape
         ctx.save_for_backward(indices)
-        return (y, indices) if return_indices or ctx.rule.always_indices else y
+        return (y, indices) if return_indices or ctx._rule.always_indices else y
 
     @staticmethod
     def backward(ctx, g, *_):
         (indices,) = ctx.saved_tensors
-        return scatter_to_input(g, indices, ctx.shape, ctx.rule.dims)
+        return scatter_to_input(g, indices, ctx.shape, ctx._rule.dims)
 
 
 class AdaptiveMaxPool(MaxPool):
@@ -68,7 +68,7 @@ class AdaptiveMaxPool(MaxPool):
 
     @staticmethod
     def forward(ctx, input, output_size, return_indices=False):
-        y, indices = ctx.rule.op(input, output_size, True)
+        y, indices = ctx._rule.op(input, output_size, True)
         return MaxPool.keep(ctx, input, y, indices, return_indices)
 
 
@@ -92,13 +92,13 @@ class AvgPool(Function):
     @staticmethod
     def forward(ctx, input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                 divisor_override=None):
-        n = ctx.rule.dims
+        n = ctx._rule.dims
         ctx.kernel = ntuple(kernel_size, n)
         ctx.stride = ntuple(stride, n) if stride else ctx.kernel
         ctx.padding, ctx.include_pad, ctx.divisor = ntuple(padding, n), count_include_pad, divisor_override
         ctx.shape = input.shape
         extra = () if divisor_override is None else (divisor_override,)  # avg_pool1d has no such parameter
-        return ctx.rule.op(input, ctx.kernel, ctx.stride, ctx.padding, ceil_mode, count_include_pad, *extra)
+        return ctx._rule.op(input, ctx.kernel, ctx.stride, ctx.padding, ceil_mode, count_include_pad, *extra)
 
     @staticmethod
     def backward(ctx, g):
@@ -139,11 +139,11 @@ class AdaptiveAvgPool(Function):
     @staticmethod
     def forward(ctx, input, output_size):
         ctx.shape = input.shape
-        return ctx.rule.op(input, output_size)
+        return ctx._rule.op(input, output_size)
 
     @staticmethod
     def backward(ctx, g):
-        for axis in range(-ctx.rule.dims, 0):
+        for axis in range(-ctx._rule.dims, 0):
             weights = _adaptive_matrix(g.shape[axis], ctx.shape[axis], g)
             g = (g.transpose(axis, -1) @ weights).transpose(axis, -1)
         return g
@@ -178,7 +178,7 @@ class FractionalMaxPool(MaxPool):
     @staticmethod
     def forward(ctx, input, kernel_size, output_size=None, output_ratio=None, return_indices=False,
                 _random_samples=None):
-        y, indices = ctx.rule.op(input, kernel_size, output_size, output_ratio, True, _random_samples)
+        y, indices = ctx._rule.op(input, kernel_size, output_size, output_ratio, True, _random_samples)
         return MaxPool.keep(ctx, input, y, indices, return_indices)
 
 

@@ -20,12 +20,12 @@ class MaxUnpool(Function):
     @staticmethod
     def forward(ctx, input, indices, kernel_size, stride=None, padding=0, output_size=None):
         ctx.save_for_backward(indices)
-        return ctx.rule.op(input, indices, kernel_size, stride, padding, output_size)
+        return ctx._rule.op(input, indices, kernel_size, stride, padding, output_size)
 
     @staticmethod
     def backward(ctx, g):
         (indices,) = ctx.saved_tensors
-        n = ctx.rule.dims
+        n = ctx._rule.dims
         return g.flatten(-n).gather(-1, indices.flatten(-n)).reshape(indices.shape), None
 
 

@@ -108,11 +108,11 @@ def _pow_grad_exponent(g, a, b, z):
 
 Pow = binary("Pow", [torch.pow, T.pow, T.__pow__],
        "z = a ^ b  ->  dz/da = b a^(b-1), dz/db = a^b ln a",
-       _pow_grad_base, _pow_grad_exponent, save_output=True)
+       _pow_grad_base, _pow_grad_exponent, uses=(("a", "b"), ("a", "b", "z")))
 
 reflected("Rpow", Pow, [T.__rpow__])
 
 unary("Neg", [torch.neg, torch.negative, T.neg, T.negative, T.__neg__], "y = -x  ->  dy/dx = -1",
-      lambda g, x, y: -g)
+      lambda g, x, y: -g, uses=())
 unary("Reciprocal", [torch.reciprocal, T.reciprocal], "y = 1/x  ->  dy/dx = -y^2",
-      lambda g, x, y: -g * y * y)
+      lambda g, x, y: -g * y * y, uses=("y",))

@@ -129,7 +129,7 @@ class _Trapezoid(Function):
 
     @staticmethod
     def forward(ctx, y, x=None, dim=-1, *, dx=None):
-        op = ctx.rule.op
+        op = ctx._rule.op
         out = op(y, x, dim=dim) if x is not None else op(y, dx=1 if dx is None else dx, dim=dim)
         ctx.dim, ctx.dx, ctx.has_x = dim, 1 if dx is None else dx, x is not None
         ctx.save_for_backward(y, x)
@@ -144,7 +144,7 @@ class _Trapezoid(Function):
         need_x = ctx.has_x and ctx.needs_input_grad[1]
         if n == 0:
             return torch.zeros_like(y), torch.zeros_like(x) if need_x else None
-        if ctx.rule.cumulative:  # interval i is in every running total from i on
+        if ctx._rule.cumulative:  # interval i is in every running total from i on
             G = g.flip(dim).cumsum(dim).flip(dim)
         else:
             shape = list(g.unsqueeze(dim).shape)

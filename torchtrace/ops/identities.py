@@ -73,8 +73,8 @@ class FftShift(Function):
 
     @staticmethod
     def forward(ctx, input, dim=None):
-        real_only(ctx.rule.op, input)
-        ctx.shifts, ctx.dims = shifts(input, dim, ctx.rule.inverse)
+        real_only(ctx._rule.op, input)
+        ctx.shifts, ctx.dims = shifts(input, dim, ctx._rule.inverse)
         return torch.roll(input, ctx.shifts, ctx.dims)
 
     @staticmethod

@@ -173,12 +173,12 @@ class Gather(Function):
     def forward(ctx, x, dim, index, sparse_grad=False):
         ctx.shape, ctx.dim = x.shape, dim
         ctx.save_for_backward(index)
-        return ctx.rule.op(x, dim, index)
+        return ctx._rule.op(x, dim, index)
 
     @staticmethod
     def backward(ctx, g):
         (index,) = ctx.saved_tensors
-        return ctx.rule.put_back(g.new_zeros(ctx.shape), ctx.dim, index, g)
+        return ctx._rule.put_back(g.new_zeros(ctx.shape), ctx.dim, index, g)
 
 
 @register(torch.scatter, T.scatter)

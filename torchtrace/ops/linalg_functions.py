@@ -11,8 +11,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 
 from torchtrace.autograd.function import Function, register
-from torchtrace.ops import reduction
 from torchtrace.ops.linalg_inverse import eye, real_only, tril
+from torchtrace.ops.reduction import Norm as VectorPNorm
 from torchtrace.ops.reduction import VectorNorm
 
 T = torch.Tensor
@@ -163,20 +163,20 @@ class LinalgNorm(Function):
         return MatrixNormBase.grad(ctx, g) if ctx.matrix else VectorNorm.backward(ctx, g)
 
 
-@register(torch.norm, T.norm)  # replaces reduction.Norm's registration (imported above, so registered first)
-class Norm(reduction.Norm):
-    """torch.norm / Tensor.norm: reduction.Norm's vector p-norms, and p='nuc' (a matrix norm: dA = g U V^T)"""
+@register(torch.norm, T.norm)  # replaces VectorPNorm's registration (imported above, so registered first)
+class Norm(VectorPNorm):
+    """torch.norm / Tensor.norm: reduction.py's vector p-norms, and p='nuc' (a matrix norm: dA = g U V^T)"""
 
     @staticmethod
     def forward(ctx, x, p="fro", dim=None, keepdim=False, dtype=None, *, out=None):
         ctx.matrix = p == "nuc"
         if ctx.matrix:
             return MatrixNormBase.start(ctx, x, "nuc", (-2, -1) if dim is None else dim, keepdim, dtype, "torch.norm")
-        return reduction.Norm.forward(ctx, x, p, dim, keepdim, dtype, out=out)
+        return VectorPNorm.forward(ctx, x, p, dim, keepdim, dtype, out=out)
 
     @staticmethod
     def backward(ctx, g):
-        return MatrixNormBase.grad(ctx, g) if ctx.matrix else reduction.Norm.backward(ctx, g)
+        return MatrixNormBase.grad(ctx, g) if ctx.matrix else VectorPNorm.backward(ctx, g)
 
 
 def one_hot(n: int, i: int, like: torch.Tensor) -> torch.Tensor:

@@ -333,8 +333,8 @@ class LuFactor(Function):
 
     @staticmethod
     def forward(ctx, A, *args, **kwargs):
-        real_only(ctx.rule.name, A)
-        out = ctx.rule.factor(A, *args, **kwargs)
+        real_only(ctx._rule.name, A)
+        out = ctx._rule.factor(A, *args, **kwargs)
         ctx.save_for_backward(out[0], permutation(out[0], out[1]))
         return out
 
@@ -440,7 +440,7 @@ class LuSolve(Function):
 
     @staticmethod
     def forward(ctx, LU, pivots, B, *, left=True, adjoint=False):
-        real_only(ctx.rule.api, LU, B)
+        real_only(ctx._rule.api, LU, B)
         x = linalg.lu_solve(LU, pivots, B, left=left, adjoint=adjoint)
         ctx.left, ctx.adjoint = left, adjoint
         ctx.save_for_backward(LU, pivots, x)

@@ -14,42 +14,42 @@ LN2, LN10 = math.log(2.0), math.log(10.0)
 # ---- one line of math per rule ------------------------------------------------------------------------------------
 
 unary("Exp", [torch.exp, T.exp], "y = e^x  ->  dy/dx = y",
-      lambda g, x, y: g * y)
+      lambda g, x, y: g * y, uses=("y",))
 unary("Exp2", [torch.exp2, T.exp2, torch.special.exp2], "y = 2^x  ->  dy/dx = y ln 2",
-      lambda g, x, y: g * y * LN2)
+      lambda g, x, y: g * y * LN2, uses=("y",))
 unary("Expm1", [torch.expm1, T.expm1, torch.special.expm1], "y = e^x - 1  ->  dy/dx = y + 1",
-      lambda g, x, y: g * (y + 1))
+      lambda g, x, y: g * (y + 1), uses=("y",))
 unary("Log", [torch.log, T.log], "y = ln x  ->  dy/dx = 1/x",
-      lambda g, x, y: g / x)
+      lambda g, x, y: g / x, uses=("x",))
 unary("Log2", [torch.log2, T.log2], "y = log2 x  ->  dy/dx = 1/(x ln 2)",
-      lambda g, x, y: g / (x * LN2))
+      lambda g, x, y: g / (x * LN2), uses=("x",))
 unary("Log10", [torch.log10, T.log10], "y = log10 x  ->  dy/dx = 1/(x ln 10)",
-      lambda g, x, y: g / (x * LN10))
+      lambda g, x, y: g / (x * LN10), uses=("x",))
 unary("Log1p", [torch.log1p, T.log1p, torch.special.log1p], "y = ln(1 + x)  ->  dy/dx = 1/(1 + x)",
-      lambda g, x, y: g / (x + 1))
+      lambda g, x, y: g / (x + 1), uses=("x",))
 unary("Erf", [torch.erf, T.erf, torch.special.erf], "y = erf x  ->  dy/dx = 2/sqrt(pi) e^(-x^2)",
-      lambda g, x, y: g * (2 / math.sqrt(math.pi)) * torch.exp(-x * x))
+      lambda g, x, y: g * (2 / math.sqrt(math.pi)) * torch.exp(-x * x), uses=("x",))
 unary("Erfc", [torch.erfc, T.erfc, torch.special.erfc], "y = erfc x  ->  dy/dx = -2/sqrt(pi) e^(-x^2)",
-      lambda g, x, y: g * (-2 / math.sqrt(math.pi)) * torch.exp(-x * x))
+      lambda g, x, y: g * (-2 / math.sqrt(math.pi)) * torch.exp(-x * x), uses=("x",))
 unary("Sqrt", [torch.sqrt, T.sqrt], "y = sqrt x  ->  dy/dx = 1/(2y)",
-      lambda g, x, y: g / (2 * y))
+      lambda g, x, y: g / (2 * y), uses=("y",))
 unary("Rsqrt", [torch.rsqrt, T.rsqrt], "y = x^(-1/2)  ->  dy/dx = -y^3/2",
-      lambda g, x, y: g * y * y * y * -0.5)
+      lambda g, x, y: g * y * y * y * -0.5, uses=("y",))
 unary("Square", [torch.square, T.square], "y = x^2  ->  dy/dx = 2x",
-      lambda g, x, y: g * x * 2)
+      lambda g, x, y: g * x * 2, uses=("x",))
 unary("Abs", [torch.abs, torch.absolute, T.abs, T.absolute, T.__abs__],
       "y = |x|  ->  dy/dx = sgn x = x / |x|   (sign x on real x; on a complex leaf, torch's g * sgn x)",
-      lambda g, x, y: g * torch.sgn(x))
+      lambda g, x, y: g * torch.sgn(x), uses=("x",))
 unary("Sin", [torch.sin, T.sin], "y = sin x  ->  dy/dx = cos x",
-      lambda g, x, y: g * torch.cos(x))
+      lambda g, x, y: g * torch.cos(x), uses=("x",))
 unary("Cos", [torch.cos, T.cos], "y = cos x  ->  dy/dx = -sin x",
-      lambda g, x, y: -g * torch.sin(x))
+      lambda g, x, y: -g * torch.sin(x), uses=("x",))
 unary("Tan", [torch.tan, T.tan], "y = tan x  ->  dy/dx = 1 + y^2",
-      lambda g, x, y: g * (1 + y * y))
+      lambda g, x, y: g * (1 + y * y), uses=("y",))
 unary("Tanh", [torch.tanh, T.tanh, F.tanh], "y = tanh x  ->  dy/dx = 1 - y^2",
-      lambda g, x, y: g * (1 - y * y))
+      lambda g, x, y: g * (1 - y * y), uses=("y",))
 unary("Sigmoid", [torch.sigmoid, T.sigmoid, torch.special.expit, F.sigmoid], "y = 1/(1 + e^-x)  ->  dy/dx = y (1 - y)",
-      lambda g, x, y: g * y * (1 - y))
+      lambda g, x, y: g * y * (1 - y), uses=("y",))
 
 
 def _flat(g: torch.Tensor, x: Any, y: Any) -> torch.Tensor:
@@ -64,7 +64,7 @@ for _name, _targets in {
     "Round": [torch.round, T.round, torch.special.round],
     "Trunc": [torch.trunc, torch.fix, T.trunc, T.fix],
 }.items():
-    unary(_name, _targets, f"y = {_name.lower()} x  ->  dy/dx = 0", _flat)
+    unary(_name, _targets, f"y = {_name.lower()} x  ->  dy/dx = 0", _flat, uses=())
 
 
 def _max_grad(g: torch.Tensor, tie: torch.Tensor, loses: torch.Tensor) -> torch.Tensor:
@@ -74,10 +74,10 @@ def _max_grad(g: torch.Tensor, tie: torch.Tensor, loses: torch.Tensor) -> torch.
 
 binary("Maximum", [torch.maximum, T.maximum], "z = max(a, b)  ->  dz/da = [a > b] + [a = b]/2, dz/db likewise",
        lambda g, a, b, z: _max_grad(g, a == b, a < b),
-       lambda g, a, b, z: _max_grad(g, a == b, b < a))
+       lambda g, a, b, z: _max_grad(g, a == b, b < a), uses=(("a", "b"), ("a", "b")))
 binary("Minimum", [torch.minimum, T.minimum], "z = min(a, b)  ->  dz/da = [a < b] + [a = b]/2, dz/db likewise",
        lambda g, a, b, z: _max_grad(g, a == b, a > b),
-       lambda g, a, b, z: _max_grad(g, a == b, b > a))
+       lambda g, a, b, z: _max_grad(g, a == b, b > a), uses=(("a", "b"), ("a", "b")))
 def _atan2_scale(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """1/(a^2 + b^2), set to 0 where it overflows (at the origin, a^2 + b^2 = 0): torch's gradient there is 0."""
     recip = 1 / (a * a + b * b)
@@ -87,7 +87,7 @@ def _atan2_scale(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 binary("Atan2", [torch.atan2, torch.arctan2, T.atan2, T.arctan2],
        "z = atan2(a, b)  ->  dz/da = b/(a^2 + b^2), dz/db = -a/(a^2 + b^2)   (0 at the origin, as torch)",
        lambda g, a, b, z: g * b * _atan2_scale(a, b),
-       lambda g, a, b, z: g * -a * _atan2_scale(a, b))
+       lambda g, a, b, z: g * -a * _atan2_scale(a, b), uses=(("a", "b"), ("a", "b")))
 
 
 # ---- rules with options, several tensor arguments or a different argument order --------------------------------------
@@ -222,7 +222,7 @@ class Addcmul(Function):
     def forward(ctx, input, tensor1, tensor2, value=1):
         ctx.value = value
         ctx.save_for_backward(tensor1, tensor2)
-        return ctx.rule.op(input, tensor1, tensor2, value=value)
+        return ctx._rule.op(input, tensor1, tensor2, value=value)
 
     @staticmethod
     def backward(ctx, g):

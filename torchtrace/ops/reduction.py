@@ -47,7 +47,7 @@ class Sum(Function):
     @staticmethod
     def forward(ctx, x, dim=None, keepdim=False, *, dtype=None):
         ctx.shape, ctx.dim, ctx.keepdim = x.shape, dim, keepdim
-        return ctx.rule.op(x, dim, keepdim, dtype=dtype)
+        return ctx._rule.op(x, dim, keepdim, dtype=dtype)
 
     @staticmethod
     def backward(ctx, g):
@@ -80,7 +80,7 @@ class Nansum(Function):
     def forward(ctx, x, dim=None, keepdim=False, *, dtype=None):
         ctx.dim, ctx.keepdim = dim, keepdim
         ctx.save_for_backward(x)
-        return ctx.rule.op(x, dim, keepdim, dtype=dtype)
+        return ctx._rule.op(x, dim, keepdim, dtype=dtype)
 
     @staticmethod
     def backward(ctx, g):
@@ -165,7 +165,7 @@ class Amax(Function):
 
     @staticmethod
     def forward(ctx, x, dim=(), keepdim=False):
-        y = ctx.rule.op(x, dim, keepdim)
+        y = ctx._rule.op(x, dim, keepdim)
         ctx.dim, ctx.keepdim = dim, keepdim
         ctx.save_for_backward(x, y)
         return y
@@ -211,15 +211,15 @@ class Max(Function):
     def forward(ctx, x, other=None, keepdim=False, *, dim=None):
         ctx.mode = "binary" if isinstance(other, torch.Tensor) else "all" if other is None and dim is None else "dim"
         if ctx.mode == "binary":
-            out = ctx.rule.op(x, other)
+            out = ctx._rule.op(x, other)
             ctx.save_for_backward(x, other)
             return out
         if ctx.mode == "all":
-            out = ctx.rule.op(x)
+            out = ctx._rule.op(x)
             ctx.save_for_backward(x, out)
             return out
         ctx.dim, ctx.keepdim, ctx.shape = dim if other is None else other, keepdim, x.shape
-        out = ctx.rule.op(x, ctx.dim, keepdim)
+        out = ctx._rule.op(x, ctx.dim, keepdim)
         ctx.save_for_backward(out.indices)
         return out
 
@@ -227,7 +227,7 @@ class Max(Function):
     def backward(ctx, g, *_):
         if ctx.mode == "binary":
             a, b = ctx.saved_tensors
-            return elementwise_extreme_grads(g, a * ctx.rule.sign, b * ctx.rule.sign)
+            return elementwise_extreme_grads(g, a * ctx._rule.sign, b * ctx._rule.sign)
         if ctx.mode == "all":
             x, y = ctx.saved_tensors
             return split_among_ties(g, x, y, None, False)
@@ -310,9 +310,9 @@ class Var(Function):
 
     @staticmethod
     def forward(ctx, x, *args, **kwargs):
-        y = ctx.rule.op(x, *args, **kwargs)
+        y = ctx._rule.op(x, *args, **kwargs)
         ctx.dim, ctx.correction, ctx.keepdim = var_options(args, kwargs)
-        ctx.save_for_backward(x, (y if isinstance(y, torch.Tensor) else y[0]) if ctx.rule.keeps_output else None)
+        ctx.save_for_backward(x, (y if isinstance(y, torch.Tensor) else y[0]) if ctx._rule.keeps_output else None)
         return y
 
     @staticmethod

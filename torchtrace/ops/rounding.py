@@ -25,7 +25,7 @@ def slope_one(name: str, targets: Sequence[Callable], math_line: str) -> type:
 slope_one("Frac", [torch.frac, T.frac], "y = x - trunc x  ->  dy/dx = 1")
 slope_one("Positive", [torch.positive, T.positive], "y = +x  ->  dy/dx = 1")
 unary("NanToNum", [torch.nan_to_num, T.nan_to_num], "y = x with NaN/inf replaced  ->  dy/dx = [x is finite]",
-      lambda g, x, y: g * torch.isfinite(x))
+      lambda g, x, y: g * torch.isfinite(x), uses=("x",))
 
 
 @register(torch.sgn, T.sgn)
@@ -50,25 +50,25 @@ def _quotient_grad(rounding_mode: str) -> Callable:
 
 
 binary("Fmod", [torch.fmod, T.fmod], "z = a - b trunc(a/b)  ->  dz/da = 1, dz/db = -trunc(a/b)",
-       lambda g, a, b, z: g, _quotient_grad("trunc"))
+       lambda g, a, b, z: g, _quotient_grad("trunc"), uses=((), ("a", "b")))
 Remainder = binary("Remainder", [torch.remainder, T.remainder, T.__mod__],
                    "z = a - b floor(a/b)  ->  dz/da = 1, dz/db = -floor(a/b)",
-                   lambda g, a, b, z: g, _quotient_grad("floor"))
+                   lambda g, a, b, z: g, _quotient_grad("floor"), uses=((), ("a", "b")))
 reflected("Rremainder", Remainder, [T.__rmod__])
 
 binary("Fmax", [torch.fmax, T.fmax], "z = fmax(a, b) (NaN loses)  ->  dz/da = [a >= b or b is NaN], dz/db = the rest",
        lambda g, a, b, z: torch.where((a >= b) | torch.isnan(b), g, 0.0),
-       lambda g, a, b, z: torch.where((a >= b) | torch.isnan(b), 0.0, g))
+       lambda g, a, b, z: torch.where((a >= b) | torch.isnan(b), 0.0, g), uses=(("a", "b"), ("a", "b")))
 binary("Fmin", [torch.fmin, T.fmin], "z = fmin(a, b) (NaN loses)  ->  dz/da = [a <= b or b is NaN], dz/db = the rest",
        lambda g, a, b, z: torch.where((a <= b) | torch.isnan(b), g, 0.0),
-       lambda g, a, b, z: torch.where((a <= b) | torch.isnan(b), 0.0, g))
+       lambda g, a, b, z: torch.where((a <= b) | torch.isnan(b), 0.0, g), uses=(("a", "b"), ("a", "b")))
 binary("Copysign", [torch.copysign, T.copysign], "z = |a| sign(b)  ->  dz/da = z/a (0 at a = 0), dz/db = 0",
        lambda g, a, b, z: g * torch.where(a == 0, 0.0, z / a),
-       lambda g, a, b, z: torch.zeros_like(b), save_output=True)
+       lambda g, a, b, z: torch.zeros_like(b), uses=(("a", "z"), ("b",)))
 # 2.0 ** b in floating point: torch's own rule takes pow(2, b) in b's integer dtype, so 2^-2 becomes 0 there.
 binary("Ldexp", [torch.ldexp, T.ldexp], "z = a 2^b  ->  dz/da = 2^b, dz/db = z ln 2",
        lambda g, a, b, z: g * torch.pow(2.0, b),
-       lambda g, a, b, z: g * z * math.log(2.0), save_output=True)
+       lambda g, a, b, z: g * z * math.log(2.0), uses=(("b",), ("z",)))
 
 
 def _as_double(v: Any) -> Any:

@@ -1,78 +1,81 @@
-"""Build Function classes from one line of math: most pointwise rules are data, not code."""
-import dis
+"""Build Function classes from one line of math: most pointwise rules are data, not code.
+
+A table rule reads like a line of PyTorch's derivatives.yaml: the op, one gradient formula per input, and
+`uses`, the names each formula reads. The formulas name the input x and the result y (one input), or the
+inputs a, b and the result z (two inputs). A rule saves only what a needed gradient uses, so an in-place
+change of a tensor no needed gradient reads stays allowed (as in torch); a test checks every declaration
+against its formula (tests/ops/test_rule_tables.py).
+"""
 import inspect
-import sys
-from typing import Any, Callable, Optional, Sequence
+import itertools
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from torchtrace.autograd.function import Function, register
 
-
-def _caller_module() -> str:
-    """The module that declared the rule (outside this file), so `python -m torchtrace ops` files it there."""
-    frame = sys._getframe(1)
-    while frame.f_globals.get("__name__") == __name__:
-        frame = frame.f_back
-    return frame.f_globals.get("__name__", __name__)
+NAMES = {1: ("x", "y"), 2: ("a", "b", "z")}  # what the formulas call the inputs, then the result
 
 
-def make_rule(name: str, math: str, forward: Callable, backward: Callable, targets: Sequence[Callable]) -> type:
-    """A Function subclass named `name` from a forward and a backward, registered for `targets`."""
+def make_rule(name: str, math: str, forward: Callable, backward: Callable, targets: Sequence[Callable],
+              module: Optional[str] = None) -> type:
+    """A Function subclass named `name` from a forward and a backward, registered for `targets`; filed under
+    `module` (by default the module that defined forward) by `python -m torchtrace ops`."""
     members = {"__doc__": math, "forward": staticmethod(forward), "backward": staticmethod(backward),
-               "__module__": _caller_module()}
+               "__module__": module or forward.__module__}
     return register(*targets, rule=type(name, (Function,), members))
 
 
-def reads(fn: Callable, *names: str) -> Sequence[bool]:
-    """Does fn's code read each of these parameters? A rule saves only what its gradient reads, so an in-place
-    change of a tensor it does not need stays allowed (as in torch)."""
-    try:
-        loaded = {ins.argval for ins in dis.get_instructions(fn) if ins.opname.startswith("LOAD_")}
-    except TypeError:  # not Python code (a builtin, a partial): assume it reads everything
-        return [True] * len(names)
-    return [name in loaded for name in names]
+def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequence[Callable],
+               uses: Sequence[Sequence[str]], options: Optional[Dict[str, Any]] = None) -> type:
+    """Rule for out = targets[0](*inputs, ...): grads[i](g, *inputs, out, **options) is input i's vector-Jacobian
+    product, computed only when input i needs a gradient, and reads only the names uses[i].
+
+    `options`: the op's options after its inputs, in positional order with their defaults; they reach the
+    formulas as keywords (an `inplace` option is dropped: the dispatcher records inplace=True itself).
+    Without `options`, extra arguments go to the op alone.
+    """
+    op, n = targets[0], len(grads)
+    names = NAMES[n]
+    unknown = {u for used in uses for u in used} - set(names)
+    if len(uses) != n or unknown:
+        raise ValueError(f"{name}: uses must name, for each of the {n} gradients, some of {names} (got {uses})")
+    reads = [[k in used for k in names] for used in uses]
+    keep = {needs: [any(need and read[k] for need, read in zip(needs, reads)) for k in range(n + 1)]
+            for needs in itertools.product((False, True), repeat=n)}  # what to save, by which inputs need a gradient
+    option_names = list(options or ())
+
+    def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        if options is None:
+            out = op(*args, **kwargs)
+        else:
+            ctx.options = {**options, **dict(zip(option_names, args[n:])), **kwargs}
+            ctx.options.pop("inplace", None)
+            out = op(*args[:n], **ctx.options)
+        saving = keep[ctx.needs_input_grad[:n]]
+        ctx.save_for_backward(*[value if save else None for value, save in zip((*args[:n], out), saving)])
+        return out
+
+    def backward(ctx: Any, g: Any) -> Tuple[Any, ...]:
+        saved = ctx.saved_tensors
+        extra = ctx.options if options is not None else {}
+        return tuple(grad(g, *saved, **extra) if need else None for grad, need in zip(grads, ctx.needs_input_grad))
+
+    parameters = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in ("ctx", *names[:n])]
+    forward.__signature__ = inspect.Signature([*parameters, inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+                                               inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
+    rule = make_rule(name, math, forward, backward, targets, module=grads[0].__module__)
+    rule.formulas, rule.uses, rule.options = tuple(grads), tuple(tuple(u) for u in uses), dict(options or {})
+    return rule
 
 
-def unary(name: str, targets: Sequence[Callable], math: str, grad: Callable) -> type:
-    """Rule for y = f(x, *options); grad(g, x, y) is the vector-Jacobian product (x, y saved if it reads them)."""
-    op = targets[0]
-    keep_x, keep_y = reads(grad, *list(inspect.signature(grad).parameters)[1:3])
-
-    def forward(ctx: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
-        y = op(x, *args, **kwargs)
-        ctx.save_for_backward(x if keep_x else None, y if keep_y else None)
-        return y
-
-    def backward(ctx: Any, g: Any) -> Any:
-        x, y = ctx.saved_tensors
-        return grad(g, x, y)
-
-    return make_rule(name, math, forward, backward, targets)
+def unary(name: str, targets: Sequence[Callable], math: str, grad: Callable, uses: Sequence[str]) -> type:
+    """Rule for y = f(x, ...); grad(g, x, y) is the vector-Jacobian product and reads only `uses` (of x, y)."""
+    return table_rule(name, targets, math, [grad], [uses])
 
 
 def binary(name: str, targets: Sequence[Callable], math: str, grad_a: Callable, grad_b: Callable,
-           save_output: bool = False) -> type:
-    """Rule for z = f(a, b); grad_a(g, a, b, z) and grad_b(g, a, b, z) are computed only when needed.
-
-    a, b and z are saved only when a gradient that is needed reads them (z only with save_output=True): a saved
-    tensor makes a later in-place change of it an error, as in torch, and one that is not saved does not.
-    """
-    op = targets[0]
-    names = list(inspect.signature(grad_a).parameters)[1:4]
-    reads_a, reads_b = reads(grad_a, *names), reads(grad_b, *list(inspect.signature(grad_b).parameters)[1:4])
-
-    def forward(ctx: Any, a: Any, b: Any, *args: Any, **kwargs: Any) -> Any:
-        z = op(a, b, *args, **kwargs)
-        need_a, need_b = ctx.needs_input_grad[:2]
-        keep = [(need_a and by_a) or (need_b and by_b) for by_a, by_b in zip(reads_a, reads_b)]
-        ctx.save_for_backward(a if keep[0] else None, b if keep[1] else None, z if keep[2] and save_output else None)
-        return z
-
-    def backward(ctx: Any, g: Any) -> Any:
-        a, b, z = ctx.saved_tensors
-        need_a, need_b = ctx.needs_input_grad[:2]
-        return (grad_a(g, a, b, z) if need_a else None, grad_b(g, a, b, z) if need_b else None)
-
-    return make_rule(name, math, forward, backward, targets)
+           uses: Tuple[Sequence[str], Sequence[str]]) -> type:
+    """Rule for z = f(a, b, ...); grad_a(g, a, b, z) and grad_b(g, a, b, z) read only uses[0] and uses[1]."""
+    return table_rule(name, targets, math, [grad_a, grad_b], uses)
 
 
 def reordered(name: str, rule: type, targets: Sequence[Callable], order: Sequence[int],
@@ -99,7 +102,8 @@ def reordered(name: str, rule: type, targets: Sequence[Callable], order: Sequenc
         grads = rule.backward(ctx, g)
         return (*(grads[k] for k in back), *grads[n:])
 
-    return make_rule(name, math or f"{rule.__doc__} (arguments reordered)", forward, backward, targets)
+    return make_rule(name, math or f"{rule.__doc__} (arguments reordered)", forward, backward, targets,
+                     module=rule.__module__)
 
 
 def reflected(name: str, rule: type, targets: Sequence[Callable]) -> type:

@@ -68,7 +68,7 @@ class Cummax(Function):
 
     @staticmethod
     def forward(ctx, x, dim):
-        out = ctx.rule.op(x, dim)
+        out = ctx._rule.op(x, dim)
         ctx.dim = dim
         ctx.save_for_backward(out.indices)
         return out

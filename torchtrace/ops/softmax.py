@@ -27,8 +27,8 @@ class Softmax(Function):
     @staticmethod
     def forward(ctx, x, dim=None, *options, dtype=None, _stacklevel=3):
         dtype = options[-1] if options else dtype  # options: (dtype) from torch.softmax, (_stacklevel, dtype) from F
-        ctx.dim = softmax_dim(x, dim, ctx.rule.op.__name__)
-        y = ctx.rule.op(x, ctx.dim, dtype=dtype)
+        ctx.dim = softmax_dim(x, dim, ctx._rule.op.__name__)
+        y = ctx._rule.op(x, ctx.dim, dtype=dtype)
         ctx.save_for_backward(y)
         return y
 

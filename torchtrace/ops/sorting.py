@@ -102,12 +102,12 @@ class Median(PickAlongDim):
     @staticmethod
     def forward(ctx, x, dim=None, keepdim=False):
         if dim is None:
-            y = ctx.rule.op(x)
+            y = ctx._rule.op(x)
             ctx.all = True
             ctx.save_for_backward(x, y)
             return y
         ctx.all = False
-        return PickAlongDim.record(ctx, x, ctx.rule.op(x, dim, keepdim), dim, keepdim)
+        return PickAlongDim.record(ctx, x, ctx._rule.op(x, dim, keepdim), dim, keepdim)
 
     @staticmethod
     def backward(ctx, g, *_):
@@ -153,7 +153,7 @@ class Quantile(Function):
 
     @staticmethod
     def forward(ctx, x, q, dim=None, keepdim=False, *, interpolation="linear", out=None):
-        y = getattr(torch, ctx.rule.__name__.lower())(x, q, dim, keepdim, interpolation=interpolation)
+        y = getattr(torch, ctx._rule.__name__.lower())(x, q, dim, keepdim, interpolation=interpolation)
         ctx.dim, ctx.keepdim, ctx.interpolation, ctx.shape = dim, keepdim, interpolation, x.shape
         ctx.q_is_tensor = isinstance(q, torch.Tensor) and q.dim() > 0
         ctx.save_for_backward(x, q if isinstance(q, torch.Tensor) else torch.tensor(q, dtype=x.dtype))
@@ -162,7 +162,7 @@ class Quantile(Function):
     @staticmethod
     def backward(ctx, g, *_):
         x, q = ctx.saved_tensors
-        moved, order, rank, scale, valid = quantile_picks(x, q, ctx.dim, ctx.rule.ignore_nan)
+        moved, order, rank, scale, valid = quantile_picks(x, q, ctx.dim, ctx._rule.ignore_nan)
         mode = ctx.interpolation
         rounded = {"lower": rank.floor(), "higher": rank.ceil(), "nearest": rank.round()}.get(mode, rank)
         below = rounded.floor()

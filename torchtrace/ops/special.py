@@ -21,22 +21,22 @@ SQRT_PI, SQRT_2PI = math.sqrt(math.pi), math.sqrt(2 * math.pi)
 # ---- normal distribution, error functions --------------------------------------------------------------------------
 
 unary("Erfinv", [torch.erfinv, T.erfinv, S.erfinv], "y = erfinv x  ->  dy/dx = sqrt(pi)/2 e^(y^2)",
-      lambda g, x, y: 0.5 * SQRT_PI * torch.exp(y * y) * g)
+      lambda g, x, y: 0.5 * SQRT_PI * torch.exp(y * y) * g, uses=("y",))
 unary("Erfcx", [S.erfcx], "y = e^(x^2) erfc x  ->  dy/dx = 2 x y - 2/sqrt(pi)",
-      lambda g, x, y: (2.0 * x * y - 2.0 / SQRT_PI) * g)
+      lambda g, x, y: (2.0 * x * y - 2.0 / SQRT_PI) * g, uses=("x", "y"))
 unary("Ndtr", [S.ndtr], "y = Phi(x)  ->  dy/dx = e^(-x^2/2)/sqrt(2 pi)",
-      lambda g, x, y: g * torch.exp(-x * x * 0.5) / SQRT_2PI)
+      lambda g, x, y: g * torch.exp(-x * x * 0.5) / SQRT_2PI, uses=("x",))
 unary("Ndtri", [S.ndtri], "y = Phi^-1(x)  ->  dy/dx = sqrt(2 pi) e^(y^2/2)",
-      lambda g, x, y: g * SQRT_2PI * torch.exp(y * y / 2))
+      lambda g, x, y: g * SQRT_2PI * torch.exp(y * y / 2), uses=("y",))
 unary("LogNdtr", [S.log_ndtr], "y = ln Phi(x)  ->  dy/dx = e^(-y - x^2/2)/sqrt(2 pi)",
-      lambda g, x, y: g / SQRT_2PI * torch.exp(-(y + x * x / 2)))
+      lambda g, x, y: g / SQRT_2PI * torch.exp(-(y + x * x / 2)), uses=("x", "y"))
 
 # ---- gamma family ---------------------------------------------------------------------------------------------------
 
 unary("Lgamma", [torch.lgamma, T.lgamma, S.gammaln], "y = ln|Gamma(x)|  ->  dy/dx = digamma x",
-      lambda g, x, y: g * torch.digamma(x))
+      lambda g, x, y: g * torch.digamma(x), uses=("x",))
 unary("Digamma", [torch.digamma, T.digamma, S.digamma, S.psi], "y = digamma x  ->  dy/dx = polygamma(1, x)",
-      lambda g, x, y: g * torch.polygamma(1, x))
+      lambda g, x, y: g * torch.polygamma(1, x), uses=("x",))
 
 
 @register(torch.polygamma, S.polygamma)
@@ -95,24 +95,25 @@ def _i1e_grad(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
 
 
 unary("I0", [torch.i0, T.i0, S.i0], "y = I0(x)  ->  dy/dx = I1(x)",
-      lambda g, x, y: g * S.i1(x))
+      lambda g, x, y: g * S.i1(x), uses=("x",))
 unary("I0e", [S.i0e], "y = e^-|x| I0(x)  ->  dy/dx = i1e(x) - sgn(x) y",
-      lambda g, x, y: g * (S.i1e(x) - torch.sgn(x) * y))
-unary("I1", [S.i1], "y = I1(x)  ->  dy/dx = I0(x) - y/x   (1/2 where |x| <= eps)", _i1_grad)
-unary("I1e", [S.i1e], "y = e^-|x| I1(x)  ->  dy/dx = i0e(x) - y (sgn x + 1/x)   (1/2 where |x| <= eps)", _i1e_grad)
+      lambda g, x, y: g * (S.i1e(x) - torch.sgn(x) * y), uses=("x", "y"))
+unary("I1", [S.i1], "y = I1(x)  ->  dy/dx = I0(x) - y/x   (1/2 where |x| <= eps)", _i1_grad, uses=("x", "y"))
+unary("I1e", [S.i1e], "y = e^-|x| I1(x)  ->  dy/dx = i0e(x) - y (sgn x + 1/x)   (1/2 where |x| <= eps)",
+      _i1e_grad, uses=("x", "y"))
 
 # ---- logs of sums, logit, entropy ---------------------------------------------------------------------------------
 
 binary("Logaddexp", [torch.logaddexp, T.logaddexp],
        "z = ln(e^a + e^b)  ->  dz/da = 1/(1 + e^(b-a)), dz/db = 1/(1 + e^(a-b))",
        lambda g, a, b, z: g / (1 + torch.exp(b - a)),
-       lambda g, a, b, z: g / (1 + torch.exp(a - b)))
+       lambda g, a, b, z: g / (1 + torch.exp(a - b)), uses=(("a", "b"), ("a", "b")))
 binary("Logaddexp2", [torch.logaddexp2, T.logaddexp2],
        "z = log2(2^a + 2^b)  ->  dz/da = 1/(1 + 2^(b-a)), dz/db = 1/(1 + 2^(a-b))",
        lambda g, a, b, z: g / (1 + torch.pow(2, b - a)),
-       lambda g, a, b, z: g / (1 + torch.pow(2, a - b)))
+       lambda g, a, b, z: g / (1 + torch.pow(2, a - b)), uses=(("a", "b"), ("a", "b")))
 unary("Entr", [S.entr], "y = -x ln x  ->  dy/dx = -(1 + ln x)",
-      lambda g, x, y: g * -(1 + torch.log(x)))
+      lambda g, x, y: g * -(1 + torch.log(x)), uses=("x",))
 
 
 @register(torch.logit, T.logit, S.logit)
@@ -140,7 +141,7 @@ def _x_log_grad(g: torch.Tensor, a: Any, b: Any, log_fn: Callable, pole: float) 
 
 binary("Xlogy", [torch.xlogy, T.xlogy, S.xlogy], "z = a ln b  ->  dz/da = ln b (0 where a = 0, b <= 0), dz/db = a/b",
        lambda g, a, b, z: _x_log_grad(g, a, b, torch.xlogy, 0.0),
-       lambda g, a, b, z: g * a / b)
+       lambda g, a, b, z: g * a / b, uses=(("a", "b"), ("a", "b")))
 binary("Xlog1py", [S.xlog1py], "z = a ln(1 + b)  ->  dz/da = ln(1 + b) (0 where a = 0, b <= -1), dz/db = a/(1 + b)",
        lambda g, a, b, z: _x_log_grad(g, a, b, S.xlog1py, -1.0),
-       lambda g, a, b, z: g * a / (b + 1))
+       lambda g, a, b, z: g * a / (b + 1), uses=(("a", "b"), ("a", "b")))

@@ -42,7 +42,7 @@ class AsStrided(Function):
     def forward(ctx, x, size, stride, storage_offset=None):
         _locate_strided(ctx, x, size, stride, storage_offset)
         y = torch.as_strided(x, size, stride, storage_offset)
-        return y.clone() if ctx.rule.copy else y
+        return y.clone() if ctx._rule.copy else y
 
     @staticmethod
     def backward(ctx, g):

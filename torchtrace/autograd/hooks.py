@@ -1,0 +1,43 @@
+"""What the walk does at a node besides running its rule: tensor hooks, retain_grad and tt.grad's capture.
+
+Hooks see (and may replace) the gradient of the tensor they were registered on before it flows on. Every
+gradient a hook sees or returns is reported to `hand_out` (the walk's Ownership): user code may keep it, so
+no leaf may keep it as its .grad without a copy.
+"""
+from typing import Any, Callable, List, Optional
+
+import torch
+
+from torchtrace.autograd.node import Node
+
+
+def run_hooks(hooks: List[Callable], g: Any, where: str, hand_out: Callable[[Any], None]) -> Any:
+    """hook(grad) for each hook; a returned tensor (of the gradient's shape) replaces the gradient."""
+    for fn in list(hooks):
+        hand_out(g)
+        replaced = fn(g)
+        if replaced is None:
+            continue
+        if not isinstance(replaced, torch.Tensor) or replaced.shape != g.shape:
+            got = f"shape {tuple(replaced.shape)}" if isinstance(replaced, torch.Tensor) else type(replaced).__name__
+            raise RuntimeError(f"hook {getattr(fn, '__name__', fn)} on {where} returned {got}; a hook must return "
+                               f"None or a tensor of the gradient's shape {tuple(g.shape)}")
+        g = replaced
+        hand_out(g)
+    return g
+
+
+def non_leaf_hooks(node: Node, grads: List[Any], captured: Optional[dict], hand_out: Callable[[Any], None]) -> None:
+    """Hooks and retain_grad of non-leaf tracers, and tt.grad's capture of non-leaf inputs (grads, one per output
+    of node, is updated in place)."""
+    for nr, fns in (node.hooks or {}).items():
+        if grads[nr] is not None:
+            grads[nr] = run_hooks(fns, grads[nr], f"an output of {node.name}", hand_out)
+    for nr, ref in (node.retained or {}).items():
+        t = ref()
+        if t is not None and grads[nr] is not None:
+            t._tt_grad = grads[nr].clone() if t._tt_grad is None else t._tt_grad + grads[nr]
+    if captured is not None:
+        for nr, g in enumerate(grads):
+            if (node, nr) in captured:
+                captured[(node, nr)] = g

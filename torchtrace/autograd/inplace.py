@@ -1,0 +1,138 @@
+"""In-place ops and views, as torch: x.op_(...) rebinds x to a new node, and a view follows its base.
+
+An in-place op is recorded out of place on a copy of x's old value, then written into x, whose node becomes
+the new one (`record_inplace`). A view remembers its base tracer (`remember_base`); when the base changed in
+place since, the view's value is ViewOfBase(base) (`catch_up`); an in-place op on a view writes into its base
+(WriteIntoView). The recording itself is dispatch.run_rule, passed in as `record`.
+"""
+from typing import Any, Callable, Optional
+
+import torch
+
+from torchtrace.arguments import wants_gradient
+from torchtrace.autograd.function import INPLACE_FLAG
+from torchtrace.autograd.node import Node, link_output
+from torchtrace.autograd.views import ViewOfBase, WriteIntoView, base_root, geometry
+from torchtrace.naming import callable_name
+
+_guard = torch._C.DisableTorchFunctionSubclass
+_grad_enabled = torch.is_grad_enabled
+Record = Callable[..., Any]  # dispatch.run_rule(tracer_type, rule, func, args, kwargs): records one call
+
+
+def remember_base(view: torch.Tensor, args: tuple) -> None:
+    """A view result remembers the tracer argument whose memory it shares: its base (`_tt_base`). A view of the op's
+    own internal result (einsum's permuted bmm output), whose memory no argument shares, is no view to the user: it
+    owns that memory, so in-place changes of it (and of its slices) are recorded as of any result."""
+    with _guard():
+        root = base_root(view)
+        bases = [a._tt_base if a._tt_view else a for a in args
+                 if isinstance(a, torch.Tensor) and hasattr(a, "_tt_view") and base_root(a) is root]
+        tensors = [t for a in args for t in (a if isinstance(a, (list, tuple)) else (a,))
+                   if isinstance(t, torch.Tensor)]
+        view._tt_view = bool(bases) or any(base_root(t) is root for t in tensors)  # False: a view of its own result
+    view._tt_base = bases[0] if bases else None
+
+
+def catch_up(view: torch.Tensor, tracer_type: type, record: Record, always: bool = False) -> None:
+    """If the base of `view` changed in place after the view was taken, the view is now ViewOfBase(base)
+    (`always`: before an op writes into the view, which then reads its value from the base, as torch)."""
+    with _guard():
+        version, base = view._version, view._tt_base
+        if (version == view._tt_version and not always) or not _grad_enabled():
+            return
+        if base is None or base.dtype != view.dtype:
+            if view._tt_requires_grad:
+                raise RuntimeError("A view was changed in place through its base (or another view), and torchtrace "
+                                   "does not know that base tracer, so the view's gradient would be wrong. Take the "
+                                   "view after the in-place op, or use out-of-place ops.")
+            view._tt_version = version
+            return
+        old_node, old_nr = view._tt_node, view._tt_nr
+        fresh = record(tracer_type, ViewOfBase, None, (base, geometry(view, base)), {})
+        view._tt_node, view._tt_nr, view._tt_requires_grad = fresh._tt_node, 0, fresh._tt_requires_grad
+        view._tt_version = version
+    if view._tt_node is not None:
+        _move_retained(old_node, old_nr, view)
+
+
+def inplace_requested(position: int, args: tuple, kwargs: dict) -> bool:
+    return bool(kwargs.get("inplace") if "inplace" in kwargs else len(args) > position and args[position])
+
+
+def record_inplace_flag(tracer_type: type, rule: type, func: Callable, args: tuple, kwargs: dict,
+                        record: Record) -> Any:
+    """F.relu(x, inplace=True): x changes, so record it like x.relu_() (out of place, then written into x)."""
+    identity = getattr(rule, "is_identity", None)
+    if identity is not None and identity(*args, **kwargs):  # eval-mode dropout: torch hands x back untouched
+        return args[0]
+    if not (_grad_enabled() and (wants_gradient(args) or wants_gradient(kwargs))):
+        with _guard():
+            func(*args, **kwargs)
+        return args[0]
+    position = INPLACE_FLAG[func]
+    rule = getattr(rule, "inplace_rule", rule)  # a rule whose in-place form differs (it reads the result)
+    if "inplace" in kwargs:
+        kwargs = {**kwargs, "inplace": False}
+    else:
+        args = (*args[:position], False, *args[position + 1:])
+    target = args[0]
+    return record_inplace(tracer_type, target, f"{callable_name(func)}(inplace=True)",
+                          lambda before: record(tracer_type, rule, func, (before, *args[1:]), kwargs),
+                          lambda result: torch.Tensor.copy_(target, result), record)
+
+
+def record_inplace(tracer_type: type, target: Any, name: str, compute: Callable, mutate: Callable,
+                   record: Record) -> torch.Tensor:
+    """x.op_(...) = rebind x to op(x_before, ...): the graph gains a node, then `mutate` changes x's data."""
+    if not isinstance(target, tracer_type):
+        raise RuntimeError(f"{name} would write a tracer that requires grad into a plain torch.Tensor, which "
+                           "cannot record it. Make the destination a tracer (e.g. tt.zeros(...)), or build the "
+                           "result out of place (torch.stack / torch.cat / torch.where).")
+    if target._tt_requires_grad and target._tt_node is None:
+        raise RuntimeError(f"{name}: a leaf tracer that requires grad is used in an in-place operation. Do it "
+                           "under tt.no_grad() (as optimizers do), or use the out-of-place form.")
+    base = _written_base(target, name, tracer_type, record) if target._tt_view else None
+    old_node, old_nr = target._tt_node, target._tt_nr
+    with _guard():
+        before = target.clone()
+        before = link_output(before, old_node, old_nr, tracer_type) if old_node else before.as_subclass(tracer_type)
+    result = compute(before)
+    if base is not None:  # the base's new value: its old one with the view's elements replaced by the result
+        with _guard():
+            where = geometry(target, base)
+        base_after = record(tracer_type, WriteIntoView, None, (base, result, where), {})
+    with _guard():
+        mutate(result)
+        changed, after = (base, base_after) if base is not None else (target, result)
+        previous = changed._tt_node, changed._tt_nr
+        if after._tt_node is not None:
+            changed._tt_node, changed._tt_nr, changed._tt_requires_grad = after._tt_node, after._tt_nr, True
+        changed._tt_version = changed._version
+    _move_retained(*previous, changed)
+    if base is not None and old_node is not None and old_nr in (old_node.retained or {}):
+        catch_up(target, tracer_type, record)  # a retained view: .grad is now that of its new value, a view of the base
+    return target
+
+
+def _written_base(view: torch.Tensor, name: str, tracer_type: type, record: Record) -> torch.Tensor:
+    """The base tracer an in-place op on `view` writes into (the view itself follows it at its next use)."""
+    base = view._tt_base
+    if base is None:
+        raise RuntimeError(f"{name} changes a view in place, but torchtrace does not know the tensor it is a view "
+                           "of, so that tensor's gradient would be wrong. Write y[i] = y[i] + v instead of y[i] += v, "
+                           "or use the out-of-place form.")
+    if base._tt_requires_grad and base._tt_node is None:
+        raise RuntimeError(f"{name}: a view of a leaf tracer that requires grad is used in an in-place operation. "
+                           "Do it under tt.no_grad() (as optimizers do), or use the out-of-place form.")
+    catch_up(view, tracer_type, record, always=True)
+    return base
+
+
+def _move_retained(old_node: Optional[Node], nr: int, target: torch.Tensor) -> None:
+    """retain_grad() followed by an in-place op: .grad is then the gradient of the new value (as torch)."""
+    ref = (old_node.retained or {}).get(nr) if old_node is not None else None
+    if ref is not None and ref() is target:
+        del old_node.retained[nr]
+        new_node = target._tt_node
+        new_node.retained = {**(new_node.retained or {}), target._tt_nr: ref}
