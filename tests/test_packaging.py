@@ -4,6 +4,7 @@ that imports and back-propagates. The environments reuse this Python's torch (--
 import os
 import pathlib
 import shutil
+import site
 import subprocess
 import sys
 import venv
@@ -50,8 +51,14 @@ def wheel(source, tmp_path_factory) -> pathlib.Path:
 
 
 def fresh_python(where: pathlib.Path) -> str:
+    """A new environment that sees this Python's packages (torch) after its own, also when this Python runs in a
+    virtual environment itself (whose packages --system-site-packages alone would not reach)."""
     venv.create(where, system_site_packages=True, with_pip=False)
-    return str(where / "bin" / "python")
+    python = str(where / "bin" / "python")
+    own = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    (pathlib.Path(own) / "outer-packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return python
 
 
 def test_the_wheel_holds_every_file_of_the_package(source, wheel):
