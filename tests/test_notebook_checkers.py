@@ -2,6 +2,7 @@
 a wrong number of gradients) are called wrong with the full tt.check message and a hint; nothing crashes, and no
 checker prints the values it expects."""
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -376,13 +377,13 @@ def test_hvp_forward_over_reverse(capsys):
 
 
 def test_by_hand_numbers(capsys):
-    import math
-
     a, b = 3.0, -2.0
     da, db = 2 * a * b + b * math.cos(a * b), a ** 2 + a * math.cos(a * b)
     assert_right(capsys, checkers.by_hand_numbers, a, b, da, db)
-    assert "dq/da differ" in assert_wrong(capsys, checkers.by_hand_numbers, a, b, 2 * a * b, db)
-    for wrong_type in ("-12", [da], True):
+    printed = assert_wrong(capsys, checkers.by_hand_numbers, a, b, 2 * a * b, db)
+    assert "dq/da differ" in printed and "cos" not in printed  # the hint names the paths, not the formula
+    assert "dq/da and dq/db" in assert_wrong(capsys, checkers.by_hand_numbers, a, b, math.nan, math.nan)
+    for wrong_type in ("-12", [da], True, torch.tensor(da)):
         assert_wrong(capsys, checkers.by_hand_numbers, a, b, wrong_type, db)
 
 
@@ -395,6 +396,9 @@ def test_tanh(capsys):
     assert_right(capsys, checkers.tanh, rule(forward, lambda ctx, g: g * (1 - ctx.saved_tensors[0] ** 2)))
     assert_wrong(capsys, checkers.tanh, rule(forward, lambda ctx, g: g * (1 - torch.tanh(ctx.saved_tensors[0]) ** 2)),
                  naming="RuleBackward")
+    two_gradients = rule(forward, lambda ctx, g: (g * (1 - ctx.saved_tensors[0] ** 2), g))
+    assert "incorrect number of gradients" in assert_wrong(capsys, checkers.tanh, two_gradients)
+    assert verdict(capsys, checkers.tanh, rule(forward, not_done)).startswith("not done yet")
 
 
 def test_central_slope(capsys):
@@ -402,6 +406,10 @@ def test_central_slope(capsys):
     assert_wrong(capsys, checkers.central_slope, lambda f, x, h: (f(x + h) - f(x)) / h)
     assert_wrong(capsys, checkers.central_slope, lambda f, x, h: (f(x + h) - f(x - h)) / h)  # the 2 forgotten
     assert_wrong(capsys, checkers.central_slope, lambda f, x, h: "slope")
+    assert_wrong(capsys, checkers.central_slope, lambda f, x: f(x))  # the wrong arity
+    assert_wrong(capsys, checkers.central_slope, lambda f, x, h: math.nan)
+    # central, but with a step of its own instead of h: closer than asked, and not the formula the exercise wants
+    assert_wrong(capsys, checkers.central_slope, lambda f, x, h: (f(x + 1e-5) - f(x - 1e-5)) / 2e-5)
 
 
 def test_cube(capsys):
@@ -409,6 +417,10 @@ def test_cube(capsys):
     assert_right(capsys, checkers.cube, rule(forward, lambda ctx, g: g * 3 * ctx.saved_tensors[0] ** 2))
     assert_wrong(capsys, checkers.cube, rule(forward, lambda ctx, g: 3 * ctx.saved_tensors[0] ** 2),  # grad dropped
                  naming="RuleBackward")
+    slope_one_at_zero = rule(forward, lambda ctx, g: g * (3 * ctx.saved_tensors[0] ** 2 + (ctx.saved_tensors[0] == 0)))
+    assert_wrong(capsys, checkers.cube, slope_one_at_zero, naming="RuleBackward")  # wrong at x = 0 only
+    assert "expected 1, got 2" in assert_wrong(capsys, checkers.cube, rule(forward, lambda ctx, g: (g, g)))
+    assert "raised TypeError" in assert_wrong(capsys, checkers.cube, rule(lambda ctx: 1.0, lambda ctx, g: g))
 
 
 def test_prediction_never_prints_the_gradient(capsys):
@@ -416,3 +428,92 @@ def test_prediction_never_prints_the_gradient(capsys):
     printed = assert_wrong(capsys, checkers.prediction, lambda x: 4 * x ** 3)  # both factors differentiated
     assert "wrong at x = -1, 1, 2, 3\n" in printed and "54" not in printed and "16" not in printed
     assert_wrong(capsys, checkers.prediction, lambda x: 2 * x[:2] ** 3)
+    assert "wrong at x = -1\n" in assert_wrong(capsys, checkers.prediction, lambda x: 2 * x.abs() ** 3)
+    for wrong_type in (lambda x: None, lambda x: "2 x^3", lambda: 2.0, None):
+        assert_wrong(capsys, checkers.prediction, wrong_type)
+
+
+RULE_CHECKERS = [(checkers.tanh, ()), (checkers.cube, ()), (checkers.softplus, ()), (checkers.leaky, ()),
+                 (checkers.mse, ()), (checkers.swish, ()), (checkers.sigmoid, (8,)), (checkers.quartic, ()),
+                 (checkers.quartic_second_derivative, ()), (checkers.softplus_in_code, ())]
+
+
+@pytest.mark.parametrize("check, rest", RULE_CHECKERS, ids=[c.__name__ for c, _ in RULE_CHECKERS])
+def test_a_rule_checker_given_anything_but_a_rule_says_so(capsys, check, rest):
+    forward = saving(lambda x: x ** 3)
+    for not_a_rule in (None, "Cube", rule(forward, not_done).apply, 3.0):
+        printed = assert_wrong(capsys, check, not_a_rule, *rest)
+        assert "a class deriving from tt.Function" in printed, printed
+
+
+# ------------------------------------------------------------------ 07
+
+
+def softplus_rule(backward):
+    """A Softplus rule (named so, with its math line) whose backward is `backward(x, g)`."""
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.nn.functional.softplus(x)
+
+    return type("Softplus", (tt.Function,), {"__doc__": "y = log(1 + e^x)  ->  dy/dx = sigmoid(x)",
+                                            "forward": staticmethod(forward),
+                                            "backward": staticmethod(lambda ctx, g: backward(ctx.saved_tensors[0], g))})
+
+
+def test_softplus_in_code(capsys):
+    printed = verdict(capsys, checkers.softplus_in_code, softplus_rule(lambda x, g: g * torch.sigmoid(x)))
+    assert printed.splitlines()[-1].startswith("right: run without torchtrace"), printed
+    assert "    # Softplus: y = log(1 + e^x)  ->  dy/dx = sigmoid(x)\n    g3 = torch.sigmoid(t1)\n" in printed
+    assert_wrong(capsys, checkers.softplus_in_code, softplus_rule(lambda x, g: g * torch.exp(x)),
+                 naming="First diverging node: SoftplusBackward (Softplus.apply)")
+    saturates_early = softplus_rule(lambda x, g: g * torch.sigmoid(x).clamp(max=0.99))  # wrong for large x only
+    assert_wrong(capsys, checkers.softplus_in_code, saturates_early, naming="SoftplusBackward")
+    frozen = softplus_rule(lambda x, g: g * torch.tensor(torch.sigmoid(x).tolist()))  # right here, frozen in the code
+    assert "GuardFailed" in assert_wrong(capsys, checkers.softplus_in_code, frozen)
+    two_gradients = softplus_rule(lambda x, g: (g * torch.sigmoid(x), g))
+    assert "incorrect number of gradients" in assert_wrong(capsys, checkers.softplus_in_code, two_gradients)
+    not_yet = softplus_rule(lambda x, g: not_done(None))
+    assert verdict(capsys, checkers.softplus_in_code, not_yet).startswith("not done yet")
+
+
+@pytest.fixture
+def mlp():
+    torch.manual_seed(0)
+    model = tt.nn.Sequential(tt.nn.Linear(2, 3), tt.nn.Tanh(), tt.nn.Linear(3, 1))
+    return model, torch.randn(4, 2)
+
+
+def test_step_without_guards(capsys, mlp):
+    model, x = mlp
+
+    def mse(x, target):
+        return torch.nn.functional.mse_loss(model(x), target)
+
+    def scaled_loss(x, target):
+        loss = mse(x, target)
+        return loss * 0.5 if loss.item() > 1 else loss
+
+    def right(x, target):
+        loss = mse(x, target)
+        return torch.where(loss > 1, loss * 0.5, loss)
+
+    def scaled_from_one_on(x, target):  # differs from the original only at a loss of exactly 1
+        loss = mse(x, target)
+        return torch.where(loss >= 1, loss * 0.5, loss)
+
+    def scale_without_its_gradient(x, target):  # the right values; the scale's branch detached from the graph
+        loss = mse(x, target)
+        return torch.where(loss > 1, loss.detach() * 0.5, loss)
+
+    def not_yet(x, target):
+        raise NotImplementedError
+
+    assert_right(capsys, checkers.step_without_guards, right, scaled_loss, model, x)
+    printed = assert_wrong(capsys, checkers.step_without_guards, scaled_loss, scaled_loss, model, x)
+    assert "guard" in printed and "return loss * 0.5 if" in printed  # names the line that reads the loss
+    assert "exactly 1" in assert_wrong(capsys, checkers.step_without_guards, scaled_from_one_on, scaled_loss, model, x)
+    printed = assert_wrong(capsys, checkers.step_without_guards, scale_without_its_gradient, scaled_loss, model, x)
+    assert "gradients of the model's parameters differ" in printed
+    assert verdict(capsys, checkers.step_without_guards, not_yet, scaled_loss, model, x).startswith("not done yet")
+    for wrong_type in (None, lambda x: x, lambda x, target: mse(x, target).item()):
+        assert_wrong(capsys, checkers.step_without_guards, wrong_type, scaled_loss, model, x)

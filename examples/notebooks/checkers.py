@@ -5,7 +5,11 @@ differs and the first diverging node, named after your rule) and a hint for the 
 where rules usually fail on purpose (kinks, zeros, saturation), never print the values they expect, and treat
 an exception in your code (a wrong type, a wrong number of gradients) as a wrong answer, not a crash.
 """
-from typing import Any, Callable, Optional, Sequence
+import functools
+import math
+import numbers
+import warnings
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +33,17 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     return t.detach().as_subclass(torch.Tensor)
 
 
+def _takes_rule(check: Callable) -> Callable:
+    """A checker whose first argument is the student's rule: anything but a tt.Function subclass is a wrong answer."""
+    @functools.wraps(check)
+    def checked(rule: Any, *args: Any) -> Any:
+        if not (isinstance(rule, type) and issubclass(rule, tt.Function)):
+            return _wrong(f"expected your rule, a class deriving from tt.Function; got a {type(rule).__name__}",
+                          "pass the class itself (MyRule), not an instance, MyRule.apply or its result")
+        return check(rule, *args)
+    return checked
+
+
 def _same_gradients(fn: Callable, reference: Callable, inputs: Inputs, rtol: float = 1e-5, atol: float = 1e-6) -> None:
     """fn's torchtrace gradients against reference's torch autograd gradients (raises tt.GradientMismatch)."""
     ours = [tt.tracer(x, requires_grad=True) for x in inputs]
@@ -44,9 +59,9 @@ def _same_gradients(fn: Callable, reference: Callable, inputs: Inputs, rtol: flo
 
 
 def check_rule(fn: Callable, inputs: Inputs, hint: str, edges: Sequence[Inputs] = (),
-               reference: Optional[Callable] = None) -> None:
+               reference: Optional[Callable] = None) -> bool:
     """tt.check of fn at `inputs` and at every tuple of `edges`; `reference`: the same math in torch, whose gradient
-    fixes the convention at kinks (tt.check alone compares your backward with your own forward)."""
+    fixes the convention at kinks (tt.check alone compares your backward with your own forward). True when right."""
     try:
         report = tt.check(fn, *inputs, check_inputs=list(edges))
         for points in edges if reference is not None else ():
@@ -58,6 +73,8 @@ def check_rule(fn: Callable, inputs: Inputs, hint: str, edges: Sequence[Inputs] 
     else:
         print(f"right: the gradients match torch autograd ({report.n_gradients} gradients, "
               f"{1 + len(edges)} sets of points including the edge cases)")
+        return True
+    return False
 
 
 def check_by_finite_differences(fn: Callable, inputs: Inputs, hint: str, edges: Sequence[Inputs] = ()) -> None:
@@ -78,18 +95,20 @@ def check_by_finite_differences(fn: Callable, inputs: Inputs, hint: str, edges: 
 
 def by_hand_numbers(a_val: float, b_val: float, dq_da: Any, dq_db: Any) -> None:
     """The student's numbers for q = a^2 b + sin(a b), against torch autograd."""
-    hint = "node by node: dq/da = 2 a b + b cos(a b) collects the paths through u = a^2 and through w = a b"
+    hint = "a reaches q along two paths, through u = a^2 and through w = a b: add the products of the local " \
+           "derivatives along each path (b likewise, through v and w)"
     if dq_da is None or dq_db is None:
         return print("not done yet: fill in the exercise above")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (dq_da, dq_db)):
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in (dq_da, dq_db)):
         return _wrong("give both gradients as numbers (int or float)", hint)
     a, b = (torch.tensor(float(v), dtype=torch.float64, requires_grad=True) for v in (a_val, b_val))
     (a ** 2 * b + torch.sin(a * b)).backward()
     off = [name for name, got, t in (("dq/da", dq_da, a), ("dq/db", dq_db, b))
-           if abs(got - t.grad.item()) > 1e-4 * max(1.0, abs(t.grad.item()))]
+           if not abs(got - t.grad.item()) <= 1e-4 * max(1.0, abs(t.grad.item()))]  # `not <=`: NaN is wrong
     print("right" if not off else f"wrong: {' and '.join(off)} differ from the chain rule's\nhint: {hint}")
 
 
+@_takes_rule
 def tanh(rule: type) -> None:
     check_rule(lambda x, w, b: rule.apply(x @ w + b), (torch.randn(4, 3), torch.randn(3), torch.randn(())),
                hint="save the output y = tanh(x) in forward; the slope is 1 - y^2, times the incoming gradient",
@@ -98,24 +117,27 @@ def tanh(rule: type) -> None:
 
 
 def central_slope(slope: Callable) -> None:
-    """(f(x + h) - f(x - h)) / 2h: at least 100 times closer than the one-sided slope, and exact for x^2 at 0."""
+    """(f(x + h) - f(x - h)) / 2h: at least 100 times closer than the one-sided slope for x^3 at 2, exact for x^2 at
+    0, and the formula itself for e^x at 1 with h = 0.1 (where it differs from the exact derivative e)."""
     hint = "evaluate f on both sides of x: (f(x + h) - f(x - h)) / (2 h)"
     try:
         central = abs(slope(lambda x: x ** 3, 2.0, 1e-2) - 12)
         at_zero = abs(slope(lambda x: x ** 2, 0.0, 1e-2))
+        formula = abs(slope(math.exp, 1.0, 0.1) - (math.exp(1.1) - math.exp(0.9)) / 0.2)
     except NotImplementedError:
         return print("not done yet: fill in the exercise above")
     except Exception as error:
         return _wrong(_explain(error), hint)
     one_sided = abs(((2.0 + 1e-2) ** 3 - 2.0 ** 3) / 1e-2 - 12)
-    if not (central * 100 < one_sided and at_zero < 1e-12):
-        return _wrong("your slope is not the central difference (it should be exact for x^2 at x = 0)", hint)
+    if not (central * 100 < one_sided and at_zero < 1e-12 and formula < 1e-9):
+        return _wrong("your slope is not the central difference (tried on x^3 at 2, x^2 at 0 and e^x at 1)", hint)
     print(f"right: one-sided error {one_sided:.2e}, central error {central:.2e}")
 
 
 # ------------------------------------------------------------------------- 01 · tracer basics
 
 
+@_takes_rule
 def cube(rule: type) -> None:
     check_rule(lambda x, w: rule.apply(x * w).sum(), (torch.randn(5), torch.randn(5)),
                hint="dy/dx = 3 x^2, times the incoming gradient",
@@ -145,6 +167,7 @@ def prediction(predict: Callable) -> None:
 # ------------------------------------------------------------------------- 02 · writing gradient rules
 
 
+@_takes_rule
 def softplus(rule: type) -> None:
     check_rule(lambda x, w: rule.apply(x @ w), (torch.randn(4, 3), torch.randn(3, 2)),
                hint="the derivative of log(1 + e^x) is a function you know from logistic regression; torch has it, "
@@ -153,6 +176,7 @@ def softplus(rule: type) -> None:
                reference=lambda x, w: F.softplus(x @ w))
 
 
+@_takes_rule
 def leaky(rule: type) -> None:
     check_rule(lambda x: rule.apply(x, 0.1) * (x + 1), (torch.randn(10),),
                hint="at x = 0 the slope is s (torch's leaky_relu: slope 1 only for x > 0); backward returns one "
@@ -164,6 +188,7 @@ def leaky(rule: type) -> None:
 # ------------------------------------------------------------------------- 03 · layers and training
 
 
+@_takes_rule
 def mse(rule: type) -> None:
     x, w = torch.randn(8, 4), torch.randn(4, 3)
     check_rule(lambda x, w, t: rule.apply(x @ w, t), (x, w, torch.randn(8, 3)),
@@ -172,6 +197,7 @@ def mse(rule: type) -> None:
                edges=[(x, w, (x @ w).detach())])  # p == t: the residual is zero
 
 
+@_takes_rule
 def swish(rule: type) -> None:
     check_rule(lambda x, w1, w2: rule.apply(x @ w1) @ w2,
                (torch.randn(16, 64), torch.randn(64, 32) / 8, torch.randn(32, 10)),
@@ -199,6 +225,7 @@ def vanishing_layer(answer: Any, network: torch.nn.Sequential) -> None:
     print("right" if answer == smallest else "wrong: that layer's gradients are healthy\nhint: " + hint)
 
 
+@_takes_rule
 def sigmoid(rule: type, width: int) -> None:
     check_rule(lambda a, w: rule.apply(a @ w), (torch.randn(8, width), torch.randn(width, width)),
                hint="save the output y in forward, not the input: the slope is y (1 - y)",
@@ -220,12 +247,14 @@ def bessel_i0(layer: Callable) -> None:
 # ------------------------------------------------------------------------- 06 · higher order
 
 
+@_takes_rule
 def quartic(rule: type) -> None:
     check_rule(lambda x: rule.apply(x) * 2, (torch.randn(6),),
                hint="dy/dx = 4 x^3, times the incoming gradient", edges=[(torch.tensor([-2.0, 0.0, 0.5, 3.0]),)],
                reference=lambda x: x ** 4 * 2)
 
 
+@_takes_rule
 def quartic_second_derivative(rule: type) -> None:
     x = tt.tracer([-1.0, 0.0, 0.5, 2.0], requires_grad=True)
     hint = "compute backward with torch ops on the saved tracer (no .detach(), .item() or numpy), so that " \
@@ -410,3 +439,121 @@ def hvp_forward_over_reverse(hvp: Callable) -> None:
     _check_products(lambda f, x, v: hvp(lambda t: f(t).sum(), x, v), reference,
                     "H v is the forward-mode derivative of the gradient along v: tt.jvp(grad_f, (x,), (v,)) where "
                     "grad_f(t) = tt.grad(f(t), t, create_graph=True)[0]")
+
+
+# ------------------------------------------------------------------------- 07 · backward as code
+
+
+def _rule_block(code: str, name: str) -> Optional[str]:
+    """The lines of the generated backward under the comment naming rule `name` (None: there is no such block)."""
+    lines = code.split("def backward", 1)[-1].splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == f"# {name}"
+                  or line.strip().startswith(f"# {name}:")), None)
+    if start is None:
+        return None
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].strip().startswith(("#", "return"))), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def _generated_gradient(code: str, w: torch.Tensor) -> torch.Tensor:
+    """d loss / d w at w from the generated file, run in a namespace that holds only what the file imports."""
+    namespace: Dict[str, Any] = {}
+    exec(code, namespace)
+    _, saved = namespace["forward"](w, {})
+    (gradient,) = namespace["backward"]({}, saved, torch.ones(()))
+    return gradient
+
+
+@_takes_rule
+def softplus_in_code(rule: type) -> None:
+    """The Softplus rule through tt.check (saturation and zero included), then in the code tt.compile generates: its
+    block is printed, and the code, run without torchtrace at new points, must give torch autograd's gradient."""
+    hint = "save x in forward and return grad * torch.sigmoid(x), with torch ops only (no .item(), numpy or Python " \
+           "numbers from the data): the code replays exactly the torch calls your backward made"
+
+    def loss(w: torch.Tensor) -> torch.Tensor:
+        return rule.apply(w * 2).sum()
+
+    edges = torch.tensor([-20.0, -0.5, 0.0, 0.5, 20.0])
+    if not check_rule(loss, (torch.randn(5),), hint, edges=[(edges,)], reference=lambda w: F.softplus(w * 2).sum()):
+        return
+    try:
+        example = tt.randn(5, requires_grad=True)
+        compiled = tt.compile(loss, (example,))
+        if compiled.eager_reason:
+            return _wrong(f"tt.compile runs your rule eagerly: {compiled.eager_reason}", hint)
+        block = _rule_block(tt.trace(loss, example).to_code(), rule.__name__)
+        generated = _generated_gradient(compiled.code, edges.clone())
+    except Exception as error:
+        return _wrong(_explain(error), hint)
+    w = edges.clone().requires_grad_()
+    F.softplus(w * 2).sum().backward()
+    if block is None:
+        return _wrong(f"the generated backward has no block headed '# {rule.__name__}'", hint)
+    if generated.shape != w.shape or not torch.allclose(generated, w.grad, rtol=1e-5, atol=1e-6):
+        return _wrong("the generated backward, run at new points (saturation and zero), differs from torch autograd: "
+                      "something computed from the example's values was frozen into the code", hint)
+    print(f"your rule's lines in the generated backward:\n{block}\n"
+          "right: run without torchtrace at new points (saturation and zero), the code gives torch autograd's gradient")
+
+
+def _target_at_loss_one(y: torch.Tensor) -> torch.Tensor:
+    """A target t with y - t == 1 exactly in every element, so that the mean squared error is exactly 1."""
+    t = y - 1
+    for _ in range(4):  # y - (y - 1) may round away from 1: step t by one float towards it
+        residual = y - t
+        t = torch.where(residual > 1, torch.nextafter(t, y), torch.where(residual < 1, torch.nextafter(t, y - 2), t))
+    return t
+
+
+def _step_difference(fn: Callable, reference: Callable, model: torch.nn.Module, x: torch.Tensor,
+                     target: torch.Tensor) -> Optional[str]:
+    """What differs between fn and reference at (x, target): the value or the parameters' gradients (None: nothing)."""
+    results = []
+    for step in (fn, reference):
+        model.zero_grad()
+        value = step(x, target)
+        value.backward()
+        results.append((_plain(value), [torch.zeros_like(_plain(p)) if p.grad is None else _plain(p.grad)
+                                        for p in model.parameters()]))
+    model.zero_grad()
+    (ours, our_grads), (theirs, their_grads) = results
+    if ours.shape != theirs.shape or not torch.allclose(ours, theirs):
+        return "the value differs from the original's"
+    if not all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(our_grads, their_grads)):
+        return "the value is right, the gradients of the model's parameters differ from the original's"
+    return None
+
+
+def step_without_guards(fn: Callable, reference: Callable, model: torch.nn.Module, x: torch.Tensor) -> None:
+    """fn(x, target) must equal reference(x, target), value and parameter gradients, on both sides of the original's
+    branch, exactly at it (a loss of 1) and at a zero loss; and tt.compile(fn) must make code without a guard whose
+    replay takes either branch."""
+    hint = "compute both results as tensors and let torch.where(loss > 1, ...) pick one (strictly greater, as the " \
+           "original); no .item(), bool(), if or comparison that Python reads"
+    try:
+        y = _plain(model(x))
+        targets = {"a loss of 9": y - 3, "a loss of exactly 1 (the branch point)": _target_at_loss_one(y),
+                   "a loss of 0.25": y - 0.5, "a loss of 0": y.clone()}
+        for label, target in targets.items():
+            problem = _step_difference(fn, reference, model, x, target)
+            if problem:
+                return _wrong(f"at {label}: {problem}", hint)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a re-trace warns; the guard it comes from is reported below
+            compiled = tt.compile(fn, (x, targets["a loss of 9"]))
+            if compiled.eager_reason:
+                return _wrong(f"tt.compile runs your step eagerly: {compiled.eager_reason}", hint)
+            guards = [line.strip() for line in compiled.code.splitlines() if "raise GuardFailed" in line]
+            replayed = [_plain(compiled(x, targets[label])) for label in ("a loss of 0.25", "a loss of 9")]
+    except NotImplementedError:
+        return print("not done yet: fill in the exercise above")
+    except Exception as error:
+        return _wrong(_explain(error), hint)
+    if guards:
+        return _wrong(f"the generated code still has {len(guards)} guard(s): {guards[0]}", hint)
+    expected = [_plain(reference(x, targets[label])) for label in ("a loss of 0.25", "a loss of 9")]
+    if not all(torch.allclose(a, b) for a, b in zip(replayed, expected)):
+        return _wrong("the compiled replay differs from the original's values", hint)
+    print(f"right: the original's values and gradients at {len(targets)} targets (the branch point and a zero loss "
+          "included), and code without a guard whose replay takes both branches")
