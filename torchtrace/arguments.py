@@ -5,6 +5,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
+from torchtrace.autograd.plain import plain_torch
+
 _POSITIONAL: Dict[Callable, tuple] = {}  # keyed by registered torch callables only: it owns no user object
 _NUMPY_NAMES = (("axis", "dim"), ("keepdims", "keepdim"))
 
@@ -105,7 +107,7 @@ def keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kwa
 def wants_gradient(value: Any) -> bool:
     """Does a tensor that requires a gradient sit anywhere in this argument (lists, tuples, dicts)?"""
     if isinstance(value, torch.Tensor):
-        with torch._C.DisableTorchFunctionSubclass():
+        with plain_torch():
             return bool(getattr(value, "_tt_requires_grad", False) or value.requires_grad)
     if isinstance(value, (list, tuple)):
         return any(wants_gradient(v) for v in value)

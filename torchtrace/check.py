@@ -6,13 +6,12 @@ import torch
 from torchtrace.autograd import engine
 from torchtrace.autograd.function import Context
 from torchtrace.autograd.node import Node, gradient_for
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.errors import GradientMismatch
 from torchtrace.naming import callable_name
 from torchtrace.reference import PlainCopies, finite_differences
 from torchtrace.tracer import as_tracer
-
-_guard = torch._C.DisableTorchFunctionSubclass
 
 
 def flatten(tree: Any) -> Tuple[List[Any], Callable[[List[Any]], Any]]:
@@ -37,7 +36,7 @@ def flatten(tree: Any) -> Tuple[List[Any], Callable[[List[Any]], Any]]:
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
-    with _guard():
+    with plain_torch():
         return t.detach().clone().as_subclass(torch.Tensor)
 
 

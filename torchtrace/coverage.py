@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from torchtrace.autograd.engine import grad as tt_grad
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.check import flatten
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.tracer import as_tracer
@@ -45,7 +46,6 @@ REFUSAL_MARKERS = (
     "changes a view of another tensor in place",
 )
 
-_guard = torch._C.DisableTorchFunctionSubclass
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -99,7 +99,7 @@ def judged_ops() -> list:
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
-    with _guard():
+    with plain_torch():
         return t.detach().as_subclass(torch.Tensor)
 
 

@@ -4,12 +4,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.tracer import as_tracer, tracer
 
 
 def _factory(torch_factory: Callable) -> Callable[..., tracer]:
     def make(*args: Any, requires_grad: bool = False, **kwargs: Any) -> tracer:
-        with torch._C.DisableTorchFunctionSubclass():
+        with plain_torch():
             plain = torch_factory(*args, **kwargs)
         return as_tracer(plain, requires_grad)
 

@@ -16,14 +16,14 @@ from typing import Any, Callable, List, Sequence, Tuple, Union
 import torch
 
 from torchtrace.autograd.engine import grad
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.tracer import as_tracer
 
 Tensors = Union[torch.Tensor, Tuple[torch.Tensor, ...]]
-_guard = torch._C.DisableTorchFunctionSubclass
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
-    with _guard():
+    with plain_torch():
         return t.detach().as_subclass(torch.Tensor)
 
 
@@ -35,7 +35,7 @@ def _inputs(values: Sequence[Any], what: str) -> List[torch.Tensor]:
             raise TypeError(f"{what}[{i}] is a {type(value).__name__}; pass tensors (torch.tensor(...) or tt.tracer)")
         if not (value.is_floating_point() or value.is_complex()):
             raise TypeError(f"{what}[{i}] has dtype {value.dtype}; only floating-point inputs have derivatives")
-        with _guard():
+        with plain_torch():
             leaves.append(as_tracer(_plain(value).clone(), requires_grad=True))
     return leaves
 

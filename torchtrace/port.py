@@ -3,13 +3,13 @@ from typing import Callable, Dict, TypeVar
 
 import torch
 
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.nn.attention import MultiheadAttention
 from torchtrace.nn.local_response_norm import CrossMapLRN2d
 from torchtrace.nn.module import Module, Parameter, module_entered, module_left
 from torchtrace.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from torchtrace.tracer import as_tracer, tracer
 
-_guard = torch._C.DisableTorchFunctionSubclass
 M = TypeVar("M", bound=torch.nn.Module)
 
 # torch layers whose forward calls a kernel torchtrace cannot see into -> the tt.nn class that replaces it.
@@ -90,7 +90,7 @@ def as_parameter(param: torch.Tensor) -> Parameter:
     another class becomes a tt.nn.Parameter sharing its storage; a tt Parameter is kept as it is."""
     if isinstance(param, Parameter):
         return param
-    with _guard():
+    with plain_torch():
         requires_grad, grad = param.requires_grad, param.grad
         if type(param) is not torch.nn.Parameter:
             ported = Parameter(param, requires_grad)
@@ -148,5 +148,5 @@ def _plain_state_dict(module: torch.nn.Module, state: dict, prefix: str, local_m
     for name in (*module._parameters, *module._buffers):
         value = state.get(prefix + name)
         if isinstance(value, tracer) and id(value) not in own:
-            with _guard():
+            with plain_torch():
                 state[prefix + name] = value.as_subclass(torch.Tensor)

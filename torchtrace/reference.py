@@ -6,15 +6,14 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch.overrides import TorchFunctionMode
 
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.nn.module import PlainInput
 from torchtrace.tracer import tracer
-
-_guard = torch._C.DisableTorchFunctionSubclass
 
 
 def plain_copy(t: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """A plain tensor holding t's values (floating ones in `dtype` when given), sharing nothing with t."""
-    with _guard():
+    with plain_torch():
         copy = t.detach().clone().as_subclass(torch.Tensor)
     return copy.to(dtype) if dtype is not None and copy.is_floating_point() else copy
 

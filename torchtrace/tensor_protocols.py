@@ -6,9 +6,8 @@ from typing import Any, Optional
 import torch
 
 from torchtrace.autograd import engine
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.errors import UnsupportedOperationError
-
-_guard = torch._C.DisableTorchFunctionSubclass
 
 
 class TensorProtocols:
@@ -22,7 +21,7 @@ class TensorProtocols:
     @property
     def real(self) -> "TensorProtocols":
         """A real tracer is its own real part (complex gradients are not supported)."""
-        with _guard():
+        with plain_torch():
             if self.is_complex():
                 raise UnsupportedOperationError("torch.Tensor.real: complex tracers are not supported — work with "
                                                 "real tensors (e.g. separate real and imaginary parts)")
@@ -55,7 +54,7 @@ class TensorProtocols:
 
     def __format__(self, format_spec: str) -> str:
         """f"{loss:.4f}" formats a 0-dim tracer as its number, as torch formats a 0-dim tensor; others as str()."""
-        with _guard():
+        with plain_torch():
             if self.dim() == 0:
                 return self.item().__format__(format_spec)
         return object.__format__(self, format_spec)
@@ -65,22 +64,22 @@ class TensorProtocols:
         a detached tensor."""
         if self._tt_requires_grad and not force:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
-        with _guard():
+        with plain_torch():
             return torch.Tensor.numpy(self, force=force)
 
     def __iter__(self) -> Any:
-        with _guard():
+        with plain_torch():
             if self.dim() == 0:
                 raise TypeError("iteration over a 0-d tensor")
         return iter(self.unbind(0))
 
     def __reduce_ex__(self, protocol: int) -> Any:
-        with _guard():
+        with plain_torch():
             plain = torch.Tensor.detach(self).as_subclass(torch.Tensor)
         return _rebuild, (type(self), plain, self._tt_requires_grad if self._tt_node is None else False)
 
     def __deepcopy__(self, memo: dict) -> "TensorProtocols":
-        with _guard():
+        with plain_torch():
             copy = torch.Tensor.clone(self).as_subclass(type(self))
         copy._tt_requires_grad = self._tt_requires_grad and self._tt_node is None
         memo[id(self)] = copy

@@ -9,14 +9,13 @@ import torch
 from torchtrace.autograd import dispatch
 from torchtrace.autograd.inplace import catch_up
 from torchtrace.autograd.node import Node, RemovableHandle
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.errors import NON_LEAF_GRAD_WARNING
 from torchtrace.tensor_protocols import TensorProtocols
 
-_guard = torch._C.DisableTorchFunctionSubclass
-
 
 def _check_differentiable(t: torch.Tensor) -> None:
-    with _guard():
+    with plain_torch():
         if not (t.is_floating_point() or t.is_complex()):
             raise RuntimeError(
                 f"Only floating point tracers can require gradients, but this one has dtype {t.dtype}. "
@@ -27,7 +26,7 @@ def _check_differentiable(t: torch.Tensor) -> None:
 def _to_tensor(data: Any, dtype: Optional[torch.dtype], device: Any) -> torch.Tensor:
     """Copy `data` into a tensor; Python numbers and lists of ints become float32 (legacy torch.Tensor)."""
     if isinstance(data, torch.Tensor):
-        with _guard(), torch.inference_mode(False):
+        with plain_torch(), torch.inference_mode(False):
             return data.detach().to(dtype=dtype, device=device, copy=True).as_subclass(torch.Tensor)
     if isinstance(data, np.ndarray):
         return torch.tensor(data, dtype=dtype, device=device)
@@ -43,7 +42,7 @@ def _check_grad(t: torch.Tensor, value: Optional[torch.Tensor]) -> None:
         return
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"assigned grad expected to be a Tensor or None but got grad of type {type(value).__name__}")
-    with _guard():
+    with plain_torch():
         if value.dtype != t.dtype:
             raise RuntimeError(f"assigned grad has data of a different type ({value.dtype} vs the tracer's {t.dtype})")
         if value.shape != t.shape:
@@ -76,7 +75,7 @@ class tracer(TensorProtocols, torch.Tensor):
         return t
 
     def __repr__(self, **kwargs: Any) -> str:
-        with _guard():
+        with plain_torch():
             text = torch.Tensor.__repr__(self, **kwargs)
         return text.replace("grad_fn=<Node>", f"grad_fn=<{self._tt_node.name}>") if self._tt_node else text
 
@@ -165,7 +164,7 @@ class tracer(TensorProtocols, torch.Tensor):
         return RemovableHandle(hooks, hook)
 
     def detach(self) -> "tracer":
-        with _guard():
+        with plain_torch():
             return torch.Tensor.detach(self).as_subclass(tracer)
 
     def detach_(self) -> "tracer":
@@ -181,7 +180,7 @@ tracer._tt_type = tracer  # what the dispatcher wraps results as (also for subcl
 
 def as_tracer(tensor: torch.Tensor, requires_grad: bool = False) -> tracer:
     """Wrap `tensor` as a tracer without copying (the storage is shared)."""
-    with _guard():
+    with plain_torch():
         t = tensor.detach().as_subclass(tracer)
     if requires_grad:
         t.requires_grad_(True)

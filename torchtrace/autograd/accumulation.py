@@ -10,8 +10,7 @@ import torch
 
 from torchtrace.autograd.hooks import run_hooks
 from torchtrace.autograd.node import AccumulateGrad
-
-_guard = torch._C.DisableTorchFunctionSubclass
+from torchtrace.autograd.plain import plain_torch
 
 # Rules shipped with torchtrace: their backward returns new tensors or views of its gradient, and keeps neither.
 OUR_RULES = ("torchtrace.ops.", "torchtrace.nn.", "torchtrace.autograd.")
@@ -64,7 +63,7 @@ def _private_copy(g: Any, create_graph: bool = False) -> Any:
 
 
 def _storage(t: torch.Tensor) -> int:
-    with _guard():
+    with plain_torch():
         return t.untyped_storage().data_ptr()
 
 

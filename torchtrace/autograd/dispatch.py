@@ -7,12 +7,12 @@ from torchtrace.arguments import keywords_to_positions, wants_gradient
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Context, Function
 from torchtrace.autograd.inplace import catch_up, inplace_requested, record_inplace, record_inplace_flag, remember_base
 from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.function_contract import returned_outputs
 from torchtrace.naming import callable_name
 
-_guard = torch._C.DisableTorchFunctionSubclass
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 _any_autocast = torch._C._is_any_autocast_enabled
@@ -37,7 +37,7 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
         args, kwargs = keywords_to_positions(func, rule, args, kwargs)
     if func in INPLACE_FLAG and inplace_requested(INPLACE_FLAG[func], args, kwargs):
         return record_inplace_flag(tracer_type, rule, func, *call, run_rule)
-    with _guard():
+    with plain_torch():
         edges, torch_leaf, needs = _grad_edges(tracer_type, rule, args, kwargs) if _grad_enabled() else _NONE
         if not edges:
             out = func(*call[0], **call[1]) if func is not None else rule.forward(Context(rule), *args, **kwargs)
@@ -214,7 +214,7 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
         return record_inplace(tracer_type, args[0], callable_name(func),
                               lambda before: run_rule(tracer_type, rule, twin, (before, *args[1:]), kwargs),
                               lambda result: func(*args, **kwargs), run_rule)
-    with _guard():
+    with plain_torch():
         out = func(*args, **kwargs)
     if recording and func not in NON_DIFFERENTIABLE and _has_floating(out):
         _refuse(func)

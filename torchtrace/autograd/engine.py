@@ -8,9 +8,9 @@ from torchtrace import function_contract, grad_fn_hooks
 from torchtrace.autograd.accumulation import OUR_RULES, Ownership, accumulate
 from torchtrace.autograd.hooks import non_leaf_hooks
 from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for, leaf_accumulator, link_output
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 
-_guard = torch._C.DisableTorchFunctionSubclass
 Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 
@@ -58,7 +58,7 @@ def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool) -> Tu
         raise RuntimeError("backward needs tracers: these tensors were not computed by torchtrace "
                            "(for plain tensors use torch's own .backward())")
     roots = []
-    with _guard():
+    with plain_torch():
         for i, (t, g) in enumerate(zip(tensors, grads)):
             node, nr = _edge_of(t, f"element {i} of the tensors passed to backward")
             if g is None:
@@ -146,7 +146,7 @@ def _backward_mode(create_graph: bool) -> Iterator[None]:
     STATE.create_graph = create_graph
     torch.set_grad_enabled(create_graph)
     try:
-        with _guard() if not create_graph else contextlib.nullcontext():
+        with plain_torch() if not create_graph else contextlib.nullcontext():
             yield
     finally:
         STATE.create_graph = previous[0]

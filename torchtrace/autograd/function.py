@@ -5,11 +5,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch.overrides import handle_torch_function, has_torch_function
 
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 from torchtrace.errors import instantiated_function, saved_inference_tensor
 from torchtrace.naming import callable_name
-
-_guard = torch._C.DisableTorchFunctionSubclass
 
 RULES: Dict[Callable, type] = {}  # torch callable -> the Function whose forward/backward it runs
 INPLACE: Dict[Callable, tuple] = {}  # in-place twin (Tensor.add_, torch.relu_, F.elu_) -> (rule, out-of-place callable)
@@ -53,7 +52,7 @@ class Context:
                 "tensors were freed after the first backward. Pass retain_graph=True to the first backward()."
             )
         if STATE.create_graph:  # rules run with the hook active: read versions as plain tensors
-            with _guard():
+            with plain_torch():
                 self._check_versions()
         else:
             self._check_versions()

@@ -12,10 +12,10 @@ import torch
 from torchtrace.arguments import wants_gradient
 from torchtrace.autograd.function import INPLACE_FLAG
 from torchtrace.autograd.node import Node, link_output
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.views import ViewOfBase, WriteIntoView, base_root, geometry
 from torchtrace.naming import callable_name
 
-_guard = torch._C.DisableTorchFunctionSubclass
 _grad_enabled = torch.is_grad_enabled
 Record = Callable[..., Any]  # dispatch.run_rule(tracer_type, rule, func, args, kwargs): records one call
 
@@ -24,7 +24,7 @@ def remember_base(view: torch.Tensor, args: tuple) -> None:
     """A view result remembers the tracer argument whose memory it shares: its base (`_tt_base`). A view of the op's
     own internal result (einsum's permuted bmm output), whose memory no argument shares, is no view to the user: it
     owns that memory, so in-place changes of it (and of its slices) are recorded as of any result."""
-    with _guard():
+    with plain_torch():
         root = base_root(view)
         bases = [a._tt_base if a._tt_view else a for a in args
                  if isinstance(a, torch.Tensor) and hasattr(a, "_tt_view") and base_root(a) is root]
@@ -37,7 +37,7 @@ def remember_base(view: torch.Tensor, args: tuple) -> None:
 def catch_up(view: torch.Tensor, tracer_type: type, record: Record, always: bool = False) -> None:
     """If the base of `view` changed in place after the view was taken, the view is now ViewOfBase(base)
     (`always`: before an op writes into the view, which then reads its value from the base, as torch)."""
-    with _guard():
+    with plain_torch():
         version, base = view._version, view._tt_base
         if (version == view._tt_version and not always) or not _grad_enabled():
             return
@@ -67,7 +67,7 @@ def record_inplace_flag(tracer_type: type, rule: type, func: Callable, args: tup
     if identity is not None and identity(*args, **kwargs):  # eval-mode dropout: torch hands x back untouched
         return args[0]
     if not (_grad_enabled() and (wants_gradient(args) or wants_gradient(kwargs))):
-        with _guard():
+        with plain_torch():
             func(*args, **kwargs)
         return args[0]
     position = INPLACE_FLAG[func]
@@ -94,15 +94,15 @@ def record_inplace(tracer_type: type, target: Any, name: str, compute: Callable,
                            "under tt.no_grad() (as optimizers do), or use the out-of-place form.")
     base = _written_base(target, name, tracer_type, record) if target._tt_view else None
     old_node, old_nr = target._tt_node, target._tt_nr
-    with _guard():
+    with plain_torch():
         before = target.clone()
         before = link_output(before, old_node, old_nr, tracer_type) if old_node else before.as_subclass(tracer_type)
     result = compute(before)
     if base is not None:  # the base's new value: its old one with the view's elements replaced by the result
-        with _guard():
+        with plain_torch():
             where = geometry(target, base)
         base_after = record(tracer_type, WriteIntoView, None, (base, result, where), {})
-    with _guard():
+    with plain_torch():
         mutate(result)
         changed, after = (base, base_after) if base is not None else (target, result)
         previous = changed._tt_node, changed._tt_nr

@@ -10,12 +10,12 @@ from typing import Any, Optional
 import torch
 
 from torchtrace.autograd.node import Node
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.check import flatten
 from torchtrace.inspect.scope import module_names, module_scope, path_name
 from torchtrace.naming import callable_name
 
-_guard = torch._C.DisableTorchFunctionSubclass
 _LIBRARIES = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
 
 
@@ -33,7 +33,7 @@ def _user_line() -> str:
 
 def _bad(values: Any) -> bool:
     leaves, _ = flatten(values if isinstance(values, (list, tuple)) else [values])
-    with _guard():
+    with plain_torch():
         return any(isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()
                    for t in leaves)
 

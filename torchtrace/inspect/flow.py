@@ -16,7 +16,8 @@ from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence, T
 
 import torch
 
-_guard = torch._C.DisableTorchFunctionSubclass
+from torchtrace.autograd.plain import plain_torch
+
 Named = Union[torch.nn.Module, Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]], Iterable[torch.Tensor]]
 FLAG_COLOURS = {"vanishing": "#fde2e2", "zero": "#fde2e2", "exploding": "#ffe8c2", "non-finite": "#ffd0d0",
                 "no grad": "#eeeeee"}
@@ -51,7 +52,7 @@ def _row(name: str, param: torch.Tensor, vanishing: float, exploding: float) -> 
     shape = tuple(param.shape)
     if grad is None:
         return FlowRow(name, shape, None, None, None, None, "no grad")
-    with _guard():  # plain tensor arithmetic: nothing is recorded, even on tracers
+    with plain_torch():  # plain tensor arithmetic: nothing is recorded, even on tracers
         g = grad.detach().double()
         size = g.abs()
         norm = g.norm().item()

@@ -12,10 +12,9 @@ import torch
 
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, Node
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.inspect.names import Names, Params
-
-_guard = torch._C.DisableTorchFunctionSubclass
 
 
 def _layer(node: Any) -> Optional[torch.nn.Module]:
@@ -227,6 +226,6 @@ def show(output: torch.Tensor, shapes: bool = False, norms: bool = False, module
             output.backward()
         for node in topological_order([output.grad_fn] if output.grad_fn is not None else []):
             if isinstance(node, AccumulateGrad) and node.variable.grad is not None:
-                with _guard():
+                with plain_torch():
                     measured[node] = node.variable.grad.detach().double().norm().item()  # what reached .grad
     print("\n".join(backprop_lines(output, shapes, measured, modules, params)))

@@ -22,10 +22,10 @@ from typing import Any, Iterator, Optional, Union
 import torch
 
 from torchtrace.autograd.node import Node, gradient_for
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.inspect.scope import module_scope
 
-_guard = torch._C.DisableTorchFunctionSubclass
 VALUE_LIMIT = 4  # tensors with at most this many elements are shown in full; larger ones by their norm
 CALL_LIMIT = 16  # an op whose tensors all have at most this many elements notes its call (tt.explore checks it)
 Summary = Union[None, torch.Tensor, float]  # a small tensor's values, a large one's 2-norm, or unknown
@@ -35,7 +35,7 @@ def summary(t: Any, shape: Optional[torch.Size] = None) -> Summary:
     """A detached copy of a small tensor, the 2-norm of a larger one (summed to `shape` first, as the engine does)."""
     if not isinstance(t, torch.Tensor):
         return None
-    with _guard():
+    with plain_torch():
         t = t.detach()
         if shape is not None and t.shape != shape:
             t = t.sum_to_size(shape)
@@ -46,7 +46,7 @@ def summary(t: Any, shape: Optional[torch.Size] = None) -> Summary:
 
 def norm_of(value: Summary) -> Optional[float]:
     if isinstance(value, torch.Tensor):
-        with _guard():
+        with plain_torch():
             return value.double().norm().item()
     return value
 
@@ -102,7 +102,7 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
 
 def small_call(args: tuple, kwargs: dict, outputs: tuple) -> Optional[tuple]:
     """(args, kwargs, outputs) copied, when every tensor in them has at most CALL_LIMIT elements; else None."""
-    with _guard():
+    with plain_torch():
         if any(t.numel() > CALL_LIMIT for t in _tensors((args, tuple(kwargs.values()), outputs))):
             return None
         return _copy(args), {k: _copy(v) for k, v in kwargs.items()}, _copy(tuple(_tensors(outputs)))
@@ -130,7 +130,7 @@ def tiny_graph(output: Any) -> bool:
     root = getattr(output, "_tt_node", None)
     if root is None:
         return False
-    with _guard():  # a plain numel(), not one more call through the tracer's hook
+    with plain_torch():  # a plain numel(), not one more call through the tracer's hook
         if output.numel() > VALUE_LIMIT:
             return False
     seen, stack = {root}, [root]

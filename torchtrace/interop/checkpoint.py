@@ -18,12 +18,12 @@ import torch.utils.checkpoint
 from torchtrace.autograd.dispatch import run_rule
 from torchtrace.autograd.engine import grad as tt_grad
 from torchtrace.autograd.function import Function
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE, observing
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.interop.detect import has_tracer
 from torchtrace.tracer import tracer as TRACER
 
-_guard = torch._C.DisableTorchFunctionSubclass
 _ORIGINAL: Dict[str, Callable] = {}
 
 
@@ -57,7 +57,7 @@ def _rng(state: Any) -> Iterator[None]:
 
 
 def _copies(args: tuple) -> list:
-    with _guard():
+    with plain_torch():
         return [a.detach().as_subclass(TRACER).requires_grad_(a._tt_requires_grad)
                 if isinstance(a, TRACER) else a for a in args]
 
@@ -151,7 +151,7 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: Any = None, preser
     if not leaves and not any(isinstance(a, TRACER) and a._tt_requires_grad for a in args):
         return out
     tensors = _tensor_outputs(out, block)
-    with _guard():
+    with plain_torch():
         block.outputs = [torch.Tensor.detach(t).as_subclass(torch.Tensor) for t in tensors]
     del out, tensors
     recorded.clear()

@@ -12,11 +12,11 @@ import torch
 
 from torchtrace.autograd.dispatch import run_rule
 from torchtrace.autograd.function import Function
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.tracer import tracer as TRACER
 
-_guard = torch._C.DisableTorchFunctionSubclass
 _BRIDGES: "weakref.WeakKeyDictionary[type, type]" = weakref.WeakKeyDictionary()
 ONCE_DIFFERENTIABLE_MESSAGE = "trying to differentiate twice a function that was marked with @once_differentiable"
 
@@ -148,7 +148,7 @@ def _backward(ctx: Any, *grads: Any) -> Any:
         full[i] = g
     backward = call.user_class.backward
     if _once_differentiable(backward, call.user_class) and STATE.create_graph:
-        with _guard():
+        with plain_torch():
             result = backward.__wrapped__(ctx.user_ctx, *full)
         result = _poison(result)
     else:
@@ -160,7 +160,7 @@ def _poison(result: Any) -> Any:
     """Gradients whose own backward raises (torch's DelayedError for @once_differentiable under create_graph)."""
     single = not isinstance(result, tuple)
     items = [result] if single else list(result)
-    with _guard():
+    with plain_torch():
         leaves = [torch.Tensor.detach(g).as_subclass(TRACER).requires_grad_() if isinstance(g, torch.Tensor) else g
                   for g in items]
     items = [_DelayedError.apply(g) if isinstance(g, TRACER) else g for g in leaves]
@@ -184,7 +184,7 @@ def apply_on_tracers(user_class: type, new_style: bool, args: tuple, kwargs: dic
         dirty = {id(t): t for t in user_ctx.dirty}
         for i, (t, plain) in enumerate(zip(tensors, call.raw)):
             if id(plain) in non_diff:
-                with _guard():
+                with plain_torch():
                     tensors[i] = torch.Tensor.detach(plain).as_subclass(TRACER)
             elif id(plain) in dirty and isinstance(plain, TRACER):
                 tensors[i] = _rebind(plain, t, user_class)
@@ -198,6 +198,6 @@ def _rebind(target: Any, linked: Any, user_class: type) -> Any:
                            "forward (mark_dirty). Pass a clone, or do it under tt.no_grad().")
     target._tt_node, target._tt_nr = linked._tt_node, linked._tt_nr
     target._tt_requires_grad = linked._tt_requires_grad
-    with _guard():
+    with plain_torch():
         target._tt_version = target._version
     return target

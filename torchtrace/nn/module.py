@@ -11,10 +11,9 @@ import torch
 
 from torchtrace.autograd.dispatch import NON_DIFFERENTIABLE, run_rule
 from torchtrace.autograd.function import Function
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 from torchtrace.tracer import tracer
-
-_guard = torch._C.DisableTorchFunctionSubclass
 
 # torch.nn.init's initialisers fill a tensor in place under torch.no_grad(): on tracers they record nothing.
 # So torch's layers, built with tracer parameters, draw exactly torch's initial values for a given seed.
@@ -36,18 +35,18 @@ class Parameter(tracer):
             data = torch.empty(0)
         elif not isinstance(data, torch.Tensor):
             data = tracer(data)
-        with _guard():
+        with plain_torch():
             param = torch.Tensor.detach(data).as_subclass(cls)
         return param.requires_grad_(requires_grad)
 
     def __repr__(self, **kwargs: Any) -> str:
-        with _guard():
+        with plain_torch():
             data = torch.Tensor.detach(self).as_subclass(tracer)
         data._tt_requires_grad = self._tt_requires_grad
         return "Parameter containing:\n" + data.__repr__(**kwargs)
 
     def __reduce_ex__(self, protocol: int) -> Any:
-        with _guard():
+        with plain_torch():
             plain = torch.Tensor.detach(self).as_subclass(torch.Tensor)
         return Parameter, (plain, self._tt_requires_grad)
 
@@ -115,7 +114,7 @@ def module_left(module: torch.nn.Module, args: tuple, out: Any) -> None:
     STATE.module_stack.pop()
     node = getattr(out, "_tt_node", None)
     if node is not None and node.module is module and args and isinstance(args[0], torch.Tensor):
-        with _guard():
+        with plain_torch():
             node.note(call_shapes=(args[0].shape, out.shape))
 
 
@@ -131,7 +130,7 @@ class Module(torch.nn.Module):
 
     def register_parameter(self, name: str, param: Optional[torch.Tensor]) -> None:
         if isinstance(param, torch.nn.Parameter) and not isinstance(param, Parameter):
-            with _guard():
+            with plain_torch():
                 requires_grad = param.requires_grad
             param = Parameter(param, requires_grad)
         super().register_parameter(name, param)
@@ -143,7 +142,7 @@ class Module(torch.nn.Module):
         for name in [*self._parameters, *self._buffers]:
             value = destination.get(prefix + name)
             if isinstance(value, tracer):
-                with _guard():
+                with plain_torch():
                     destination[prefix + name] = value.as_subclass(torch.Tensor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

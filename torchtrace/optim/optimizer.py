@@ -11,15 +11,15 @@ from typing import Any, Callable, Dict, Iterable, Optional, Union
 import torch
 
 from torchtrace.autograd.grad_mode import enable_grad, no_grad
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.errors import UnsupportedOperationError
 
-_guard = torch._C.DisableTorchFunctionSubclass
 Params = Union[Iterable[torch.Tensor], Iterable[Dict[str, Any]]]
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:
     """The same storage as a plain, detached torch.Tensor (an in-place change shows through the original)."""
-    with _guard():
+    with plain_torch():
         return t.detach().as_subclass(torch.Tensor)
 
 

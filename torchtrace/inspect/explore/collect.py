@@ -12,13 +12,13 @@ import torch
 
 from torchtrace.autograd import engine
 from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for, leaf_accumulator
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.inspect.explore.local import Check, estimates, rule_jacobians
 from torchtrace.inspect.explore.shown import plain, shape_text, tensor_text
 from torchtrace.inspect.explore.steps import Sent, Step
 from torchtrace.inspect.names import Names, Params, place_nodes
 
-_guard = torch._C.DisableTorchFunctionSubclass
 CHECKED_NODES = 64  # graphs up to this many nodes get local derivatives and finite-difference checks
 
 
@@ -108,7 +108,7 @@ class Collector:
     def run(self, gradient: Optional[torch.Tensor], retain_graph: Optional[bool]) -> None:
         self.before = {n: plain(n.variable.grad) if n.variable.grad is not None else None
                        for n in self.order if isinstance(n, AccumulateGrad)}
-        with _guard():
+        with plain_torch():
             seed = plain(gradient) if gradient is not None else torch.ones_like(self.output).as_subclass(torch.Tensor)
         nr = getattr(self.output, "_tt_nr", 0)
         self.received[self.root] = [(None, nr, seed.to(self.output.dtype))]  # sender None: the output's own seed

@@ -12,9 +12,9 @@ import torch
 
 from torchtrace.autograd.function import Context
 from torchtrace.autograd.node import Edge, Node, gradient_for
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.inspect.explore.shown import FULL, matrix_text, number
 
-_guard = torch._C.DisableTorchFunctionSubclass
 EPS = 1e-6
 RTOL, ATOL = 1e-3, 1e-4  # the rule runs in the op's dtype (float32 mostly), the estimate in float64
 
@@ -71,7 +71,7 @@ def rule_jacobians(node: Node, grads: Sequence[Optional[torch.Tensor]]) -> Optio
     if node.autocast or len(outputs) != len(grads) or not small(shapes):
         return None
     rows: List[Matrix] = [[] for _ in node.edges]
-    with _guard():
+    with plain_torch():
         for nr, g in enumerate(outputs):
             for k in range(g.numel()):
                 onehot = [torch.zeros(o.shape, dtype=o.dtype, device=o.device) for o in outputs]
@@ -109,7 +109,7 @@ def _input(args: tuple, position: Any) -> torch.Tensor:
 def _forward(node: Node, kwargs: dict) -> Callable[[tuple], torch.Tensor]:
     """The op's forward as torchtrace ran it (the rule's, on its normalised arguments), all outputs flattened."""
     def run(args: tuple) -> torch.Tensor:
-        with _guard():
+        with plain_torch():
             out = node.rule.forward(Context(node.rule, node.edges, node.ctx._mask), *args, **kwargs)
             outs = out if isinstance(out, (list, tuple)) else (out,)
             return torch.cat([o.double().flatten() for o in outs if isinstance(o, torch.Tensor)])
@@ -124,7 +124,7 @@ def estimates(node: Node) -> List[Check]:
         return [Check(None, None, why) for _ in node.edges]
     args, kwargs, outputs = call
     run = _forward(node, kwargs)
-    with _guard():
+    with plain_torch():
         recorded = torch.cat([o.double().flatten() for o in outputs])
         again = run(args)
     if again.shape != recorded.shape or not torch.allclose(again, recorded, rtol=1e-5, atol=1e-6):
@@ -136,7 +136,7 @@ def estimates(node: Node) -> List[Check]:
     for edge in node.edges:
         x = _input(args64, edge.position).clone(memory_format=torch.contiguous_format)  # .view(-1) below writes x
         columns = []
-        with _guard():
+        with plain_torch():
             for j in range(x.numel()):
                 up, down = x.clone(), x.clone()
                 up.view(-1)[j] += EPS

@@ -7,7 +7,8 @@ from typing import Any, List, Optional
 
 import torch
 
-_guard = torch._C.DisableTorchFunctionSubclass
+from torchtrace.autograd.plain import plain_torch
+
 FULL = 16  # tensors with at most this many elements are written in full
 
 
@@ -24,7 +25,7 @@ def _nested(values: Any) -> str:
 
 def plain(t: torch.Tensor) -> torch.Tensor:
     """A detached plain-tensor copy (tracers included), safe to keep after the graph is gone."""
-    with _guard():
+    with plain_torch():
         return t.detach().as_subclass(torch.Tensor).clone()
 
 
@@ -32,7 +33,7 @@ def tensor_text(t: Optional[torch.Tensor]) -> str:
     """`6`, `[1, -0.5]`, `[[1, 2], [3, 4]]`, or `(64, 10): mean 0.01, min -0.9, max 1.2` for a large tensor."""
     if t is None:
         return "—"
-    with _guard():
+    with plain_torch():
         t = t.detach()
         if not t.is_floating_point():
             t = t.double()

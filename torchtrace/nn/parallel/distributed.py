@@ -15,9 +15,8 @@ from typing import Any, Iterator, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.nn.parallel.reducer import GradientReady, Reducer
-
-_guard = torch._C.DisableTorchFunctionSubclass
 
 
 def _tensors(value: Any) -> List[torch.Tensor]:
@@ -68,7 +67,7 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _broadcast(self, tensors: List[torch.Tensor]) -> None:
         """Overwrite these tensors with rank 0's values (in place: the tracers keep their identity)."""
-        with _guard():
+        with plain_torch():
             for t in tensors:
                 dist.broadcast(t.detach().as_subclass(torch.Tensor), src=0, group=self.process_group)
 

@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Set
 import torch
 import torch.distributed as dist
 
-_guard = torch._C.DisableTorchFunctionSubclass
+from torchtrace.autograd.plain import plain_torch
 
 
 def plan_buckets(params: List[torch.Tensor], cap_bytes: int) -> List[List[int]]:
@@ -134,7 +134,7 @@ class Reducer:
     def _start(self, bucket: Bucket) -> None:
         """Flatten the bucket's gradients (zeros for a parameter without one) and has-a-gradient flags; all-reduce."""
         parts = []
-        with _guard():
+        with plain_torch():
             for i in bucket.members:
                 p, grad = self.params[i], self.params[i].grad
                 parts.append(grad.reshape(-1) if grad is not None else torch.zeros(p.numel(), dtype=p.dtype,
@@ -150,7 +150,7 @@ class Reducer:
             if bucket.work is None:
                 continue
             bucket.work.wait()
-            with _guard():
+            with plain_torch():
                 buffer = bucket.buffer
                 counts = buffer[-len(bucket.members):]
                 offset = 0
