@@ -112,6 +112,9 @@ class World:
         if isinstance(value, torch.nn.Module):
             self.seen.add(id(value))
             self.add_module(value, type(value).__name__)
+        elif isinstance(value, torch.optim.Optimizer):
+            self.seen.add(id(value))
+            self.add_optimizer(value, type(value).__name__)
         elif isinstance(value, types.MethodType):
             self.seen.add(id(value))
             self.follow(value.__self__)
@@ -175,6 +178,38 @@ class World:
                 break
             for attribute in vars(cls).values():
                 self.follow(attribute)
+
+    def add_optimizer(self, optimizer: torch.optim.Optimizer, label: str) -> None:
+        """Its hyperparameters (`lr`, `momentum`, `betas`: what a scheduler changes) by value, its parameters and
+        state tensors by identity (the code reads their values when it runs), and its hooks."""
+        for key, value in optimizer.__dict__.items():
+            expression, what = f"{self._bind(optimizer.__dict__)}[{key!r}]", f"{label}.{key}"
+            if key == "param_groups":
+                self._same_items(expression, tuple(value), what)
+                for i, group in enumerate(value):
+                    self._entries(self._bind(group), group, f"{what}[{i}]")
+            elif key == "state":
+                self._entries(self._bind(value), value, what)
+                for state in value.values():
+                    self._entries(self._bind(state), state, f"the state of a parameter of {label}")
+            elif isinstance(value, dict) and not _plain_data(value):  # hooks
+                self._entries(self._bind(value), value, what)
+            else:
+                self._compare(expression, value, what)
+        for name in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks"):
+            hooks = getattr(sys.modules.get("torch.optim.optimizer"), name, None)
+            if isinstance(hooks, dict):
+                self.facts.append((f"len({self._bind(hooks)}) == {len(hooks)}", f"torch's {name.strip('_')}"))
+
+    def _entries(self, bound: str, mapping: dict, what: str) -> None:
+        """Each key of a dict: tensors by identity, the rest by _compare."""
+        self.facts.append((f"len({bound}) == {len(mapping)}", what))
+        for key, value in mapping.items():
+            where = f"{bound}[{self._bind(key)}]"
+            if isinstance(value, torch.Tensor):
+                self.facts.append((f"{where} is {self._bind(value)}", f"{what}[{key!r:.40}]"))
+            else:
+                self._compare(where, value, f"{what}[{key!r:.40}]")
 
     def add_global_hooks(self) -> None:
         registry = torch.nn.modules.module
