@@ -73,6 +73,8 @@ class World:
         self.seen: Set[int] = set()
         self.modules: List[torch.nn.Module] = []
         self.python_names: Dict[int, str] = {}  # id(value of a cell or global) -> its name there (alive meanwhile)
+        self.tensors: List[torch.Tensor] = []  # tensors in those cells and globals
+        self.optimizers: List[torch.optim.Optimizer] = []
 
     def _bind(self, value: Any) -> str:
         name = f"o{len(self.namespace)}"
@@ -135,13 +137,19 @@ class World:
             except ValueError:  # a cell not filled yet
                 continue
             self.python_names.setdefault(id(value), cell_name)
+            self._note_tensor(value)
             self._compare(f"{self._bind(cell)}.cell_contents", value, f"{cell_name} in the closure of {name}")
         scope = fn.__globals__
         bound = self._bind(scope)
         for global_name in sorted(_names(fn.__code__)):
             if global_name in scope:
                 self.python_names.setdefault(id(scope[global_name]), global_name)
+                self._note_tensor(scope[global_name])
                 self._compare(f"{bound}.get({global_name!r})", scope[global_name], f"global {global_name} of {name}")
+
+    def _note_tensor(self, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            self.tensors.append(value)
 
     def add_module(self, module: torch.nn.Module, label: str) -> None:
         """Every entry of the module's __dict__: parameters, buffers, submodules and hooks by identity, the rest
@@ -182,6 +190,7 @@ class World:
     def add_optimizer(self, optimizer: torch.optim.Optimizer, label: str) -> None:
         """Its hyperparameters (`lr`, `momentum`, `betas`: what a scheduler changes) by value, its parameters and
         state tensors by identity (the code reads their values when it runs), and its hooks."""
+        self.optimizers.append(optimizer)
         for key, value in optimizer.__dict__.items():
             expression, what = f"{self._bind(optimizer.__dict__)}[{key!r}]", f"{label}.{key}"
             if key == "param_groups":
