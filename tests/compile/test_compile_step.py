@@ -173,3 +173,30 @@ def test_grad_present_before_a_step_without_zero_grad_is_not_overwritten():
         step_of(twin)(*batch)
     for a, b in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(plain(a.grad), plain(b.grad), rtol=0, atol=0)
+
+
+def test_verify_refuses_to_run_a_training_step_twice():
+    model = tt.port(mlp().double())
+    optimizer = sgd_momentum(model.parameters())
+    data = batches(mlp)
+    compiled = tt.compile(make_step(model, optimizer), data[0], verify=2)
+    with pytest.raises(tt.UnsupportedOperationError, match="cannot compare a training step"):
+        compiled(*data[1])
+        compiled(*data[2])
+
+
+def test_a_function_traced_inside_a_backward_pass_runs_eagerly():
+    """Under backward(create_graph=True) a hook's torch calls are recorded; the engine's frames are on the stack."""
+    v = tt.tracer(torch.tensor([1.0, -2.0]), requires_grad=True)
+    compiled = []
+
+    def hook(grad):
+        with pytest.warns(UserWarning, match="traced while a backward pass runs"):
+            compiled.append(tt.compile(lambda x: (x * v).tanh().sum(), (torch.ones(2),)))
+        return grad
+
+    w = tt.tracer(torch.ones(2), requires_grad=True)
+    w.register_hook(hook)
+    (w * 2).sum().backward(create_graph=True)
+    x = torch.tensor([0.5, 3.0])
+    torch.testing.assert_close(plain(compiled[0](x)), plain((x * v).tanh().sum()), rtol=0, atol=0)

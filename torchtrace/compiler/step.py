@@ -63,6 +63,8 @@ class InStepBackward:
         self.walked: set = set()  # ids of the nodes the recorded walk of the running pass visited
         self.pending: List[Tuple[AccumulateGrad, str, bool]] = []  # leaves of the running pass, gradient, fresh?
         self.given: Dict[int, torch.Tensor] = {}  # id(leaf) -> leaf: leaves a pass gave a .grad
+        if inside_engine():  # traced from a hook during a backward pass: every call would look like the engine's
+            self.refuse("it is traced while a backward pass runs (from a hook or a gradient rule)")
 
     def engine_call(self) -> bool:
         """Is this torch call the engine's (not recorded)? The first call after a pass settles the pass."""
