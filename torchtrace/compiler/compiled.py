@@ -378,9 +378,14 @@ def compile(fn: Callable, example_inputs: Any, check_inputs: Optional[Sequence[A
         (and the code of the functions and module methods it names) can reach: parameters, buffers,
         submodules and hooks by identity, other attributes (`training`, `Dropout.p`, `self.scale`) by value;
         torch's global module hooks and default dtype.
+      * an optimizer the function reaches: hyperparameters by value, parameters and state tensors by identity;
+      * for a training step (`loss.backward()` inside): whether each leaf holds a `.grad`.
     A check that fails re-traces (up to 8 specialisations per kind of input, then eager with a warning). A call
     that changes Python state, draws Python/NumPy random numbers, sets torch's generator, changes its inputs'
-    requires_grad or hooks, or runs a backward pass is run eagerly from then on, with a warning naming why.
+    requires_grad or hooks, reads a value it changed in place (Adam's step count) or calls tt.grad is run eagerly
+    from then on, with a warning naming why. A training step (zero_grad, forward, loss.backward(), opt.step())
+    compiles whole: the code holds the backward and the update, and `.grad` is set as eager leaves it; its first
+    call (which fills the optimizer's state) runs eagerly and the second is traced again.
     Not guarded: I/O (print, files), a mutable object reached only through an attribute of something checked by
     identity (a list inside a plain object), and torch's and torchtrace's own internals. `check_inputs` compares
     compiled and eager on more inputs now; `verify=N` compares them on the first N calls and raises
