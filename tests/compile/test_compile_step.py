@@ -200,3 +200,32 @@ def test_a_function_traced_inside_a_backward_pass_runs_eagerly():
     (w * 2).sum().backward(create_graph=True)
     x = torch.tensor([0.5, 3.0])
     torch.testing.assert_close(plain(compiled[0](x)), plain((x * v).tanh().sum()), rtol=0, atol=0)
+
+
+def test_a_grad_replaced_between_steps_is_the_one_the_next_step_adds_into():
+    def change(i, model, optimizer):
+        if i == 2:
+            for p in model.parameters():
+                p.grad = torch.full_like(plain(p), 0.5)
+
+    compiled = train_both(mlp, sgd_momentum, batches(mlp), change, set_to_none=False)
+    assert compiled.eager_reason is None and compiled.traces == 3
+
+
+def test_a_backward_that_reaches_a_graph_outside_the_step_runs_eagerly():
+    torch.manual_seed(0)
+    model = tt.port(mlp().double())
+    scale = tt.tracer(torch.tensor(1.5, dtype=torch.float64), requires_grad=True)
+    optimizer = sgd_momentum(model.parameters())
+    data = batches(mlp)
+    step = make_step(model, optimizer)
+    with pytest.warns(UserWarning, match="goes on into a graph made outside the function"):
+        compiled = tt.compile(step, (data[0][0] * scale, data[0][1]))
+    twin = copy.deepcopy(model)  # the parameters before the call: the gradient of scale is taken there
+    scale.grad = None
+    compiled(data[1][0] * scale, data[1][1])
+    got = plain(scale.grad).clone()
+    scale.grad = None
+    make_step(twin, sgd_momentum(twin.parameters()))(data[1][0] * scale, data[1][1])
+    assert compiled.eager_reason is not None
+    torch.testing.assert_close(got, plain(scale.grad), rtol=0, atol=0)

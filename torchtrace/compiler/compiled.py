@@ -14,7 +14,7 @@ from torchtrace.compiler import effects, guards
 from torchtrace.compiler.checking import compare_with_eager
 from torchtrace.compiler.recorder import Program, UserCalls, _rng_state, _set_rng_state, plain, record_backward
 from torchtrace.compiler.render import render
-from torchtrace.compiler.step import InStepBackward, grad_of, leaves_of
+from torchtrace.compiler.step import InStepBackward, leaves_of
 from torchtrace.compiler.world import World
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.tracer import tracer
@@ -158,7 +158,6 @@ class Specialisation:
         self.unchanged = trace.world.check()
         self.world = trace.world
         self.grad_effects = trace.grad_effects
-        self.grad_inputs = trace.program.grad_inputs
         changed = self.captured if self.grad_effects is not None else [t for t in self.captured if not t.requires_grad]
         self.buffers = changed if trace.program.guards else []  # what the code changes in place before a guard
         self.n_outputs = len(trace.output_names) - len(trace.grad_effects.outputs() if trace.grad_effects else ())
@@ -182,14 +181,8 @@ class Specialisation:
 
     def run(self, tensors: List[torch.Tensor]) -> Any:
         kept = [(t, plain(t).clone()) for t in self.buffers]  # a guard failing half-way must undo buffer updates
-        captured = self.captured
-        if self.grad_inputs:  # a leaf's .grad as it is now
-            captured = list(captured)
-            for i, leaf in self.grad_inputs.items():
-                captured[i] = grad_of(leaf)
-                kept += [(captured[i], plain(captured[i]).clone())] if self.guards else []
         try:
-            out = list(run_rule(tracer, self.function, None, (*tensors, *captured), {}))
+            out = list(run_rule(tracer, self.function, None, (*tensors, *self.captured), {}))
         except self.guard_failed:
             with torch.no_grad():
                 for t, data in kept:

@@ -101,7 +101,7 @@ class Program:
         self.by_memory: Dict[tuple, str] = {}  # where a named value's data lies -> its name (x.detach() is x)
         self.optimizer_state: Dict[int, Tuple[torch.Tensor, str]] = {}  # id(state tensor) -> (its parameter, key)
         self.entry_grads: Dict[Any, torch.Tensor] = {}  # where a leaf's .grad lies when the call starts -> the leaf
-        self.grad_inputs: Dict[int, torch.Tensor] = {}  # position in captured of such a .grad -> its leaf
+        self.grad_inputs: List[torch.Tensor] = []  # the leaves whose entry .grad the code reads
         self.state_changed: set = set()  # names of tensors from outside the function that the code changes in place
         self.refusal: Optional[str] = None  # why the recorded code could not be replayed (None: it can)
 
@@ -123,7 +123,7 @@ class Program:
         self._note_memory(t, name)
 
     def _note_memory(self, t: torch.Tensor, name: str) -> None:
-        key = _memory(t)
+        key = storage_key(t)
         if key is not None:
             self.by_memory.setdefault(key, name)
 
@@ -145,13 +145,13 @@ class Program:
             if name is not None:
                 self.bind(t, name)
         if name is None:  # another object for a value the code computes (x.detach(), x.data, x.as_subclass(...))
-            name = self.by_memory.get(_memory(t))
+            name = self.by_memory.get(storage_key(t))
             if name is not None:
                 self.bind(t, name)
         if name is None:
-            leaf = self.entry_grads.get(_memory(t))
-            if leaf is not None:  # read from the leaf's .grad on each call, not kept
-                self.grad_inputs[len(self.captured)] = leaf
+            leaf = self.entry_grads.get(storage_key(t))
+            if leaf is not None:  # a leaf's .grad, read in place: later calls need it in the same memory
+                self.grad_inputs.append(leaf)
             grad_of = f"{self.known_params[id(leaf)]}.grad" if id(leaf) in self.known_params else None
             label = (self.known_params.get(id(t)) or self._state_label(t) or grad_of
                      or f"captured{len(self.captured)}")
@@ -173,7 +173,7 @@ class Program:
 
     def note_entry_grad(self, leaf: torch.Tensor, grad: torch.Tensor) -> None:
         """`grad` is leaf's .grad when the call starts: the code reads it as params["<leaf's label>.grad"]."""
-        key = _memory(grad)
+        key = storage_key(grad)
         if key is not None:
             self.entry_grads[key] = leaf
 
@@ -305,7 +305,7 @@ def _same_data(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
-def _memory(t: torch.Tensor) -> Optional[tuple]:
+def storage_key(t: torch.Tensor) -> Optional[tuple]:
     """Where t's elements lie: equal for two tensor objects that show the same data the same way."""
     with _guard():
         if t.layout != torch.strided or t.numel() == 0:
@@ -390,7 +390,7 @@ class UserCalls(TorchFunctionMode):
         self.paused = False  # the call cannot be replayed: it runs eagerly, nothing more is recorded
         self.backward: Any = None  # step.InStepBackward: the backward passes the call runs inside
 
-    def shares_memory(self, t: torch.Tensor) -> bool:
+    def sharesmemory(self, t: torch.Tensor) -> bool:
         """Is t a view, or was a view taken of it?"""
         return getattr(t, "_tt_view", False) or id(t) in self.viewed
 
@@ -486,7 +486,7 @@ class UserCalls(TorchFunctionMode):
             raise UnsupportedOperationError(
                 f"{callable_name(func)}: tt.compile cannot change an input of the compiled function in place (the "
                 "caller's tensor would keep its old value) — use the out-of-place form, or do it before the call")
-        if (calling in INPLACE or options.get("inplace")) and target is not None and self.shares_memory(target):
+        if (calling in INPLACE or options.get("inplace")) and target is not None and self.sharesmemory(target):
             raise UnsupportedOperationError(
                 f"{callable_name(func)}: tt.compile records in-place ops out of place, so a change made through a "
                 "view, or to a tensor a view was taken of, would not reach the other — use the out-of-place form "

@@ -22,7 +22,7 @@ import torch
 
 from torchtrace.autograd import engine
 from torchtrace.autograd.node import AccumulateGrad, Node
-from torchtrace.compiler.recorder import Program, RuleCalls, plain, run_rules
+from torchtrace.compiler.recorder import Program, RuleCalls, plain, run_rules, storage_key
 
 _ENGINE = engine.__file__
 _GRAD = engine.grad.__code__
@@ -103,6 +103,11 @@ class InStepBackward:
             self.refuse(f"its backward pass cannot be written as code ({error})")
             return
         self.walked = {id(n) for n in visited}
+        if any(key not in program.nodes for key, _ in buffers if not any(key == id(e.node) for n in visited
+                                                                          for e in n.edges
+                                                                          if isinstance(e.node, AccumulateGrad))):
+            self.refuse("its backward pass goes on into a graph made outside the function (an input computed "
+                        "from tensors that require grad): detach the input, or compile the whole computation")
         leaves = {id(e.node): e.node for n in visited for e in n.edges if isinstance(e.node, AccumulateGrad)}
         for key, acc in leaves.items():
             g = buffers.get((key, 0))
@@ -145,7 +150,8 @@ class InStepBackward:
         setting: List[Tuple[torch.Tensor, Optional[str]]] = []
         for leaf, before in self.entry.values():
             after = grad_of(leaf)
-            if after is before or (after is not None and before is not None and _same_memory(after, before)):
+            if after is before or (after is not None and before is not None
+                                   and storage_key(after) == storage_key(before)):
                 continue  # the same .grad (changed in place by the code, if at all)
             if after is None:
                 setting.append((leaf, None))
@@ -155,8 +161,9 @@ class InStepBackward:
                 self.refuse("it sets a .grad to a tensor the generated code does not compute")
                 continue
             setting.append((leaf, name))
+        read = [(leaf, storage_key(grad_of(leaf))) for leaf in program.grad_inputs]
         return GradEffects([leaf for leaf, _ in self.entry.values()],
-                           [before is None for _, before in self.entry.values()], setting)
+                           [before is None for _, before in self.entry.values()], setting, read)
 
 
 def _unsupported(node: Any, grads: List[Any], program: Program) -> Optional[str]:
@@ -176,21 +183,18 @@ def _unsupported(node: Any, grads: List[Any], program: Program) -> Optional[str]
     return None
 
 
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.shape == b.shape and \
-        a.stride() == b.stride() and a.storage_offset() == b.storage_offset()
-
-
 class GradEffects:
     """The `.grad` of each leaf a compiled step touches: checked before the replay, set after it."""
 
     def __init__(self, leaves: List[torch.Tensor], was_none: List[bool],
-                 setting: List[Tuple[torch.Tensor, Optional[str]]]):
-        self.leaves, self.was_none, self.setting = leaves, was_none, setting
+                 setting: List[Tuple[torch.Tensor, Optional[str]]], read: List[Tuple[torch.Tensor, Any]]):
+        self.leaves, self.was_none, self.setting, self.read = leaves, was_none, setting, read
 
     def holds(self) -> bool:
-        """Does every leaf hold or lack a .grad as it did when the call was traced?"""
-        return [grad_of(t) is None for t in self.leaves] == self.was_none
+        """Does every leaf hold or lack a .grad as it did when the call was traced, and is each .grad the code reads
+        (kept by identity among the captured tensors) still in the same memory?"""
+        return ([grad_of(t) is None for t in self.leaves] == self.was_none
+                and all(storage_key(grad_of(leaf)) == where for leaf, where in self.read))
 
     def outputs(self) -> List[str]:
         return [name for _, name in self.setting if name is not None]
