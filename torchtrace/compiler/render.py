@@ -53,6 +53,11 @@ def model_names(trace: Any, gradients: List[Optional[str]], targets: List[str]) 
 
     for path, value in program.module_outputs:
         give(program.names.get(id(value)), identifier("h_" + path.replace(".", "_")))
+    effects = getattr(trace, "grad_effects", None)
+    for leaf, name in effects.setting if effects is not None else ():  # a training step's new .grad
+        label = program.known_params.get(id(leaf)) or program.names.get(id(leaf), "")
+        if name is not None and label:
+            give(name, identifier("d_" + label.replace(".", "_")))
     counts: Dict[Optional[str], int] = {}
     for g in gradients:
         counts[g] = counts.get(g, 0) + 1
