@@ -92,7 +92,8 @@ def test_a_training_step_compiles_whole_and_trains_as_eager(build, make_optimize
     assert compiled.traces == 2  # the first call fills the optimizer's state; the second is the step from then on
     code = compiled.code
     assert ".backward(): the gradient rules" in code and "# MseLoss: l = (x - t)^2" in code  # the backward
-    assert '.grad' in code and 'params["0.weight.momentum_buffer"].mul_(' in code  # .grad and the update
+    assert "d_0_weight = " in code and 'params["0.weight.momentum_buffer"].mul_(' in code  # .grad, the update
+    assert 'params["0.weight"].add_(' in code and ".detach()" not in code  # theta <- theta - lr * b, in place
     assert compiled(*batches(build, seed=1)[0]).grad_fn is None  # the loss of a step that ran its own backward
 
 

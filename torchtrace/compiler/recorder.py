@@ -221,7 +221,8 @@ class Program:
                 self.emit(source)
                 self._note_state_change(args[0])
             return  # x.to(x.dtype), x.contiguous(): the call returned its argument (shapes, dtypes are guards)
-        if func in _SAME_WHEN_SHAPE_KEPT and _same_view(args[0], out):
+        if (func in _SAME_WHEN_SHAPE_KEPT or (func is T.detach and not torch.is_grad_enabled())) and _same_view(
+                args[0], out):  # under no_grad (an optimizer's update), x.detach() is x to the code
             self.bind(out, self.tensor_name(args[0]))  # x.reshape(x.shape): a view with x's shape and strides is x
             return
         index = len(self.lines[self.section])
