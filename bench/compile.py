@@ -5,7 +5,8 @@
 One step = zero the gradients + forward + backward (+ optimizer step where named). Contenders run one
 after another inside each repeat, so drifts in machine load hit all alike. Cases:
   * the 200-op chain of 8x8 tensors of bench/overhead.py (fwd+bwd);
-  * a 2-16-16-1 tanh MLP on a batch of 32, MSE loss, SGD step;
+  * a 2-16-16-1 tanh MLP on a batch of 32, MSE loss, SGD step (also as one compiled training step: zero_grad,
+    forward, backward and the update in one generated function);
   * LeNet-5 on 64 1x28x28 images, cross-entropy, Adam step (the model of bench/models.py);
   * the 2-layer GPT of bench/models.py, batch 16 x 32 tokens, Adam step.
 Prints ms per step for each contender and the ratios to torch autograd, then the one-time compile cost.
@@ -93,7 +94,32 @@ def sides(case: Callable, optimizer: str, device: str) -> Tuple[list, Callable, 
     contenders = [("torch autograd", stepper(theirs, loss_of(theirs), True)),
                   ("eager torchtrace", stepper(ours, loss_of(ours), False)),
                   ("compiled torchtrace", stepper(compiled_model, compiled_loss, False))]
+    if optimizer == "sgd":
+        contenders.append(("compiled whole step", whole_step(port(copy.deepcopy(theirs)), loss_fn, x, target, device)))
     return contenders, compile_s, (theirs, ours, compiled_model, compiled_loss)
+
+
+def whole_step(model: torch.nn.Module, loss_fn: Callable, x: torch.Tensor, target: torch.Tensor,
+               device: str) -> Callable:
+    """tt.compile of zero_grad + forward + backward + SGD step: one generated function (its fwd+bwd is the step)."""
+    optimizer = tt.optim.SGD(model.parameters(), lr=1e-3)
+
+    def train_step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    compiled = tt.compile(train_step, (x, target))
+
+    def step() -> float:
+        sync(device)
+        start = time.perf_counter()
+        compiled(x, target)
+        sync(device)
+        return time.perf_counter() - start
+    return step
 
 
 def run(name: str, case: Callable, optimizer: str, repeats: int, device: str, lines: int = 0) -> None:

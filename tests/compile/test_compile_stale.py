@@ -154,6 +154,28 @@ def test_a_helper_functions_globals_are_guards_too():
         SCALE = 2.0
 
 
+def test_an_optimizers_hyperparameters_and_state_the_code_reads_are_guards():
+    w = tt.tracer(torch.ones(3), requires_grad=True)
+    optimizer = tt.optim.SGD([w], lr=0.1, momentum=0.9)
+    optimizer.state[w]["momentum_buffer"] = torch.full((3,), 2.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+
+    def f(x):
+        group = optimizer.param_groups[0]
+        return x * group["lr"] + group["momentum"] * optimizer.state[w]["momentum_buffer"]
+
+    compiled = tt.compile(f, (ONES,))
+    changes = [lambda: optimizer.param_groups[0].update(lr=0.3), lambda: scheduler.step(),
+               lambda: optimizer.param_groups[0].update(momentum=0.5),
+               lambda: optimizer.state[w].update(momentum_buffer=torch.full((3,), -1.0)),
+               lambda: optimizer.state[w]["momentum_buffer"].mul_(3)]
+    for change in changes:
+        change()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.testing.assert_close(plain(compiled(ONES)), plain(f(ONES)), rtol=0, atol=0)
+
+
 @dataclasses.dataclass
 class Config:
     k: float
@@ -300,9 +322,10 @@ def test_two_modules_called_from_one_function_keep_their_own_parameters():
                          [encoder.weight, decoder.weight, decoder.bias])
 
 
-def test_a_guard_failing_half_way_leaves_no_buffer_update_behind():
-    norm = tt.port(torch.nn.BatchNorm1d(3, momentum=None))
-    twin = torch.nn.BatchNorm1d(3, momentum=None)
+@pytest.mark.parametrize("momentum", [0.1, None])  # None: the update reads the count it changed, so it runs eagerly
+def test_a_guard_failing_half_way_leaves_no_buffer_update_behind(momentum):
+    norm = tt.port(torch.nn.BatchNorm1d(3, momentum=momentum))
+    twin = torch.nn.BatchNorm1d(3, momentum=momentum)
 
     def f(x):
         y = norm(x)

@@ -146,3 +146,31 @@ def test_the_compiler_package_imports_at_the_top_of_its_modules():
                 late += [f"{path.name}:{inner.lineno}" for inner in ast.walk(node)
                          if isinstance(inner, (ast.Import, ast.ImportFrom))]
     assert not late, f"imports inside functions (an import cycle worked around): {late}"
+
+
+SCALE = tt.tracer(torch.tensor([2.0, -1.0, 0.5]), requires_grad=True)
+
+
+def test_a_tensor_read_from_a_closure_or_a_global_keeps_its_python_name():
+    weight = tt.tracer(torch.tensor([0.5, 1.5, -2.0]), requires_grad=True)
+
+    def fn(x):
+        return (x * weight * SCALE).tanh().sum()
+
+    x = tt.tracer(torch.tensor([1.0, 2.0, 3.0]), requires_grad=True)
+    for code in (tt.trace(fn, x).to_code(), tt.compile(fn, (x,)).code):
+        assert "t1 = torch.mul(x, weight)" in code and "torch.mul(t1, SCALE)" in code
+        assert code.count('weight = params["weight"]') == 2 and code.count('SCALE = params["SCALE"]') == 2
+        assert "# gradients of: x, weight, SCALE" in code and "d_weight = " in code and "d_SCALE = " in code
+    compiled = tt.compile(fn, (x,))
+    compiled(x).backward()
+    got = [plain(t.grad).clone() for t in (x, weight, SCALE)]
+    for t in (x, weight, SCALE):
+        t.grad = None
+    fn(x).backward()
+    for g, t in zip(got, (x, weight, SCALE)):
+        torch.testing.assert_close(g, plain(t.grad), rtol=0, atol=0)
+
+
+def plain(t):
+    return t.detach().as_subclass(torch.Tensor)

@@ -47,6 +47,31 @@ def _run(side, model, x: torch.Tensor, seed: int) -> Tuple[torch.Tensor, list]:
     return _plain(out).clone(), grads + ([_plain(x.grad).clone()] if leaf else [])
 
 
+def _step_of(model, x: torch.Tensor):
+    """A training step over `model`: zero_grad, forward, weighted loss, backward, SGD with momentum."""
+    optimizer = tt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def step(inputs: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad()
+        out = model(inputs)
+        loss = (out * torch.linspace(0.5, 1.5, out.numel(), dtype=out.dtype).reshape(out.shape)).sum()
+        loss.backward()
+        optimizer.step()
+        return loss
+    return step
+
+
+def _run_step(step, model, x: torch.Tensor, seed: int) -> Tuple[torch.Tensor, list]:
+    """Loss of one training step, then the parameters and their gradients (and the input's) after it."""
+    leaf = getattr(x, "requires_grad", False) and x.is_leaf
+    if leaf:
+        x.grad = None
+    torch.manual_seed(seed)
+    loss = step(x)
+    after = [t for p in model.parameters() for t in (p, p.grad)] + ([x.grad] if leaf else [])
+    return _plain(loss).clone(), [None if t is None else _plain(t).clone() for t in after]
+
+
 def _close(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
     if a is None or b is None:
         return a is b
@@ -60,15 +85,20 @@ def run_program(seed: int, calls: int, tally: Tally) -> None:
     rng = random.Random(seed)
     a, b, width = build(seed)
     x = torch.randn(4, width, dtype=torch.float64)
-    history = [f"program {seed} (reads the branch with {READ_NAMES[a.read]})"]
+    training = seed % 2 == 1  # every other program is compiled as a whole training step
+    history = [f"program {seed} (reads the branch with {READ_NAMES[a.read]}{', a training step' if training else ''})"]
+    side_a, side_b = (_step_of(a, x), _step_of(b, x)) if training else (a, b)
+    run = (lambda side, model, inputs, at: _run_step(side, model, inputs, at)) if training else _run
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            compiled = tt.compile(a, (x,))
+            torch.manual_seed(seed)  # both first calls draw the same dropout masks
+            compiled = tt.compile(side_a, (x,))
         except tt.UnsupportedOperationError:
             tally.refused += 1
             return
-        b(x)  # the tracing call ran `a` once eagerly (batch statistics, dropout draws)
+        torch.manual_seed(seed)
+        side_b(x)  # the tracing call ran `a` once eagerly (batch statistics, dropout draws, a step)
         tally.programs += 1
         for call in range(calls):
             name = rng.choice(list(MUTATIONS)) if rng.random() < 0.7 else "nothing"  # also calls that replay
@@ -76,11 +106,11 @@ def run_program(seed: int, calls: int, tally: Tally) -> None:
             history.append(name)
             traces = compiled.traces
             try:
-                got = _run(compiled, a, x, seed + call)
+                got = run(compiled, a, x, seed + call)
             except Exception:  # noqa: BLE001 - any error the eager side does not raise is a failure
                 tally.failures.append(" -> ".join(history) + "\n" + traceback.format_exc(limit=3))
                 return
-            expected = _run(b, b, x, seed + call)
+            expected = run(side_b, b, x, seed + call)
             tally.calls += 1
             tally.replays += compiled.traces == traces and compiled.eager_reason is None
             outputs = [got[0], *got[1]], [expected[0], *expected[1]]

@@ -7,7 +7,7 @@ import torch
 from torchtrace.autograd.engine import backward
 from torchtrace.compiler import guards
 from torchtrace.compiler.recorder import _rng_state, _set_rng_state, plain
-from torchtrace.errors import GradientMismatch
+from torchtrace.errors import GradientMismatch, UnsupportedOperationError
 
 
 def _leaves(compiled: Any, args: tuple) -> List[Tuple[str, torch.Tensor]]:
@@ -47,6 +47,10 @@ def compare_with_eager(compiled: Any, args: tuple, tolerance: float) -> None:
         compiled._trace(copy.copy(args), {}, compiled._key(args, {}))  # so the comparison runs generated code
         if compiled.eager_reason is not None:
             return
+    if getattr(compiled, "latest", None) is None or compiled.latest.grad_effects is not None:
+        raise UnsupportedOperationError(
+            "tt.compile: check_inputs / verify cannot compare a training step with eager (running both would "
+            "update the parameters twice) — compare it by training a copy of the model eagerly on the same batches")
     leaves = _leaves(compiled, args)
     rng = _rng_state()
     buffers = [(t, plain(t).detach().clone()) for _, t in compiled.latest_captured() if not t.requires_grad]

@@ -14,6 +14,7 @@ from torchtrace.compiler import effects, guards
 from torchtrace.compiler.checking import compare_with_eager
 from torchtrace.compiler.recorder import Program, UserCalls, _rng_state, _set_rng_state, plain, record_backward
 from torchtrace.compiler.render import render
+from torchtrace.compiler.step import InStepBackward, leaves_of
 from torchtrace.compiler.world import World
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.tracer import tracer
@@ -45,6 +46,8 @@ class Trace:
             known = {id(t): name for name, t in (*fn.named_buffers(), *fn.named_parameters())}
             module_names = {id(m): name for name, m in fn.named_modules() if name}
         program = self.program = Program(known)
+        program.optimizer_state = {id(v): (p, key) for o in world.optimizers for p, state in o.state.items()
+                                   for key, v in state.items() if isinstance(v, torch.Tensor)}
         for name, (_, t) in zip(input_names, flat):
             program.add_input(name, t)
         self.inputs = [t for _, t in flat]
@@ -77,31 +80,37 @@ class Trace:
 
         mode = UserCalls(program, path)
         before = effects.Snapshot(self.inputs)
-        backward_ran: List[bool] = []
-
-        def saw_backward(*_: Any) -> None:  # the engine ran a rule's backward: stop recording (eager from now on)
-            backward_ran.append(True)
-            mode.paused = True
+        in_step = mode.backward = InStepBackward(program, leaves_of(world.modules, world.optimizers,
+                                                                     [*world.tensors, *self.inputs]))
         hooks = (torch.nn.modules.module.register_module_forward_pre_hook(enter),
                  torch.nn.modules.module.register_module_forward_hook(leave))
         effects.TRACING.depth += 1
         try:
-            with observing(on_record=mode.on_node, on_backward=saw_backward), mode:
+            with observing(on_record=mode.on_node, on_backward=in_step.on_backward), mode:
                 self.output = fn(*args, **kwargs)
         finally:
             effects.TRACING.depth -= 1
             for hook in hooks:
                 hook.remove()
         self.modules = world.modules
-        self.not_replayable = ("it runs a backward pass (loss.backward(), tt.grad) inside" if backward_ran else
-                               before.changed_by_call(world, program.draws))
+        grad_effects = in_step.effects()  # zero_grad() alone changes .grad too
+        self.grad_effects = grad_effects if in_step.ran or grad_effects.setting else None
+        changed = before.changed_by_call(world, program.draws)
+        self.not_replayable = in_step.refused or program.refusal or changed
+        self.first_step = in_step.ran and in_step.refused is None  # a step's first call fills the optimizer state
         if self.not_replayable is not None:
             return
         outputs = guards.output_tensors(self.output)
         self.output_spec = guards.rebuild_spec(self.output)
         self.output_names = [program.tensor_name(t) for t in outputs]
-        self.needs_grad = [bool(getattr(t, "_tt_requires_grad", False)) for t in outputs]
-        self.grad_names = record_backward(program, outputs)
+        if self.grad_effects is not None:  # the gradients the code leaves in .grad are outputs too
+            self.output_names += self.grad_effects.outputs()
+        if in_step.ran:  # a whole training step: its backward ran inside, the loss needs none
+            self.needs_grad = [False] * len(outputs)
+            self.grad_names = record_backward(program, [])
+        else:
+            self.needs_grad = [bool(getattr(t, "_tt_requires_grad", False)) for t in outputs]
+            self.grad_names = record_backward(program, outputs)
         self.captured = list(program.captured)
         self.source = render(self, teaching=False)
 
@@ -148,7 +157,10 @@ class Specialisation:
         self.modules = trace.modules
         self.unchanged = trace.world.check()
         self.world = trace.world
-        self.buffers = [t for t in self.captured if not t.requires_grad] if trace.program.guards else []
+        self.grad_effects = trace.grad_effects
+        changed = self.captured if self.grad_effects is not None else [t for t in self.captured if not t.requires_grad]
+        self.buffers = changed if trace.program.guards else []  # what the code changes in place before a guard
+        self.n_outputs = len(trace.output_names) - len(trace.grad_effects.outputs() if trace.grad_effects else ())
         self.output_spec = trace.output_spec
         self.no_grad_outputs = [i for i, needs in enumerate(trace.needs_grad) if not needs]
         self.random_with_guards = trace.program.random and bool(trace.program.guards)
@@ -159,6 +171,8 @@ class Specialisation:
     def valid(self) -> bool:
         try:
             if not self.unchanged():  # modules, closure cells, globals (world.py)
+                return False
+            if self.grad_effects is not None and not self.grad_effects.holds():  # .grad present as when traced
                 return False
         except Exception:  # an attribute the check reads is gone
             return False
@@ -176,7 +190,9 @@ class Specialisation:
             raise
         for i in self.no_grad_outputs:
             out[i] = out[i].detach()
-        return guards.rebuild(self.output_spec, iter(out))
+        if self.grad_effects is not None:
+            self.grad_effects.apply(out[self.n_outputs:])
+        return guards.rebuild(self.output_spec, iter(out[:self.n_outputs]))
 
 
 def _node_function(fwd: Callable, bwd: Callable, n_inputs: int, labels: List[str], fn: Callable,
@@ -216,6 +232,7 @@ class Compiled:
         self.warned: set = set()
         self.traces = 0
         self.eager_reason: Optional[str] = None  # set when fn does something replayed code would not repeat
+        self.step_traced = False  # the last trace was a training step's call that filled optimizer state
         self.verify_left, self.tolerance, self.verifying = verify, check_tolerance, False
         args = _as_args(example_inputs)
         self._trace(args, {}, self._key(args, {}))
@@ -243,11 +260,15 @@ class Compiled:
         key, _ = keyed
         trace = Trace(self.fn, args, kwargs)  # this call's result is the eager one; later calls run the code
         self.traces += 1
+        if trace.not_replayable is not None and trace.first_step and not self.step_traced:
+            self.step_traced = True  # a step's first call fills the optimizer's state: the next call traces again
+            return trace.output
         if trace.not_replayable is not None:
             self.eager_reason = (f"tt.compile: {self._name()} runs eagerly: {trace.not_replayable}, which replayed "
                                  "code would not repeat (compile the part without it)")
             warnings.warn(self.eager_reason, stacklevel=4)
             return trace.output
+        self.step_traced = False
         self.latest = Specialisation(trace, key)
         self.specialisations.setdefault(key, []).insert(0, self.latest)
         return trace.output
@@ -350,9 +371,14 @@ def compile(fn: Callable, example_inputs: Any, check_inputs: Optional[Sequence[A
         (and the code of the functions and module methods it names) can reach: parameters, buffers,
         submodules and hooks by identity, other attributes (`training`, `Dropout.p`, `self.scale`) by value;
         torch's global module hooks and default dtype.
+      * an optimizer the function reaches: hyperparameters by value, parameters and state tensors by identity;
+      * for a training step (`loss.backward()` inside): whether each leaf holds a `.grad`.
     A check that fails re-traces (up to 8 specialisations per kind of input, then eager with a warning). A call
     that changes Python state, draws Python/NumPy random numbers, sets torch's generator, changes its inputs'
-    requires_grad or hooks, or runs a backward pass is run eagerly from then on, with a warning naming why.
+    requires_grad or hooks, reads a value it changed in place (Adam's step count) or calls tt.grad is run eagerly
+    from then on, with a warning naming why. A training step (zero_grad, forward, loss.backward(), opt.step())
+    compiles whole: the code holds the backward and the update, and `.grad` is set as eager leaves it; its first
+    call (which fills the optimizer's state) runs eagerly and the second is traced again.
     Not guarded: I/O (print, files), a mutable object reached only through an attribute of something checked by
     identity (a list inside a plain object), and torch's and torchtrace's own internals. `check_inputs` compares
     compiled and eager on more inputs now; `verify=N` compares them on the first N calls and raises

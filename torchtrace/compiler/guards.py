@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
-_RESERVED = re.compile(r"^([tg]\d+|grad\d+|params|saved|torch|GuardFailed|forward|backward|_)$")
+RESERVED = re.compile(r"^([tg]\d+|grad\d+|params|saved|torch|GuardFailed|forward|backward|_)$")
 
 
 def tensor_key(t: torch.Tensor) -> tuple:
@@ -50,7 +50,7 @@ def identifier(text: str) -> str:
     """A Python name made of `text` that cannot clash with the names the generated code uses."""
     name = re.sub(r"\W", "_", text) or "_"
     name = "_" + name if name[0].isdigit() else name
-    return name + "_in" if _RESERVED.match(name) else name
+    return name + "_in" if RESERVED.match(name) else name
 
 
 def rebuild_spec(value: Any) -> Any:

@@ -99,6 +99,11 @@ class Program:
         self.module_outputs: List[Tuple[str, torch.Tensor]] = []  # (module path, the value it returned)
         self.constants = Constants()  # Python numbers of the arithmetic, made into tensors once
         self.by_memory: Dict[tuple, str] = {}  # where a named value's data lies -> its name (x.detach() is x)
+        self.optimizer_state: Dict[int, Tuple[torch.Tensor, str]] = {}  # id(state tensor) -> (its parameter, key)
+        self.entry_grads: Dict[Any, torch.Tensor] = {}  # where a leaf's .grad lies when the call starts -> the leaf
+        self.grad_inputs: List[torch.Tensor] = []  # the leaves whose entry .grad the code reads
+        self.state_changed: set = set()  # names of tensors from outside the function that the code changes in place
+        self.refusal: Optional[str] = None  # why the recorded code could not be replayed (None: it can)
 
     # names ---------------------------------------------------------------------------------------
     def bind(self, t: torch.Tensor, name: str) -> None:
@@ -118,7 +123,7 @@ class Program:
         self._note_memory(t, name)
 
     def _note_memory(self, t: torch.Tensor, name: str) -> None:
-        key = _memory(t)
+        key = storage_key(t)
         if key is not None:
             self.by_memory.setdefault(key, name)
 
@@ -140,18 +145,37 @@ class Program:
             if name is not None:
                 self.bind(t, name)
         if name is None:  # another object for a value the code computes (x.detach(), x.data, x.as_subclass(...))
-            name = self.by_memory.get(_memory(t))
+            name = self.by_memory.get(storage_key(t))
             if name is not None:
                 self.bind(t, name)
         if name is None:
-            label = self.known_params.get(id(t)) or f"captured{len(self.captured)}"
+            leaf = self.entry_grads.get(storage_key(t))
+            if leaf is not None:  # a leaf's .grad, read in place: later calls need it in the same memory
+                self.grad_inputs.append(leaf)
+            grad_of = f"{self.known_params[id(leaf)]}.grad" if id(leaf) in self.known_params else None
+            label = (self.known_params.get(id(t)) or self._state_label(t) or grad_of
+                     or f"captured{len(self.captured)}")
             name = f'params["{label}"]'
             self.captured.append((label, t))
             self.bind(t, name)
+            self._note_memory(t, name)
             self._note_boundary(t, name)
         if self.section == "backward" and name in self.defined_forward and name not in self.saved:
             self.saved.append(name)
         return name
+
+    def _state_label(self, t: torch.Tensor) -> Optional[str]:
+        """'0.weight.momentum_buffer': an optimizer's state tensor, named after its parameter (None if unnamed)."""
+        param, key = self.optimizer_state.get(id(t), (None, ""))
+        label = self.known_params.get(id(param))
+        taken = {name for name, _ in self.captured}
+        return f"{label}.{key}" if label is not None and f"{label}.{key}" not in taken else None
+
+    def note_entry_grad(self, leaf: torch.Tensor, grad: torch.Tensor) -> None:
+        """`grad` is leaf's .grad when the call starts: the code reads it as params["<leaf's label>.grad"]."""
+        key = storage_key(grad)
+        if key is not None:
+            self.entry_grads[key] = leaf
 
     def is_external(self, t: torch.Tensor) -> bool:
         """An input or a captured tensor (not computed inside the function)?"""
@@ -188,14 +212,17 @@ class Program:
         if not results:
             if _mutates(func) and args and isinstance(args[0], torch.Tensor):
                 self.emit(call_source(func, args, kwargs, self.tensor_name, self.device_name))  # in place
+                self._note_state_change(args[0])
             return  # metadata (shape, dtype, dim, ...): fixed by the guards on the inputs
         args = self.constants.hoist(func, args, kwargs, self.bind)
         source = call_source(func, args, kwargs, self.tensor_name, self.device_name)
         if len(results) == 1 and out is results[0] and not is_property(func) and args and out is args[0]:
             if _mutates(func):  # in place: the same tensor keeps its name
                 self.emit(source)
+                self._note_state_change(args[0])
             return  # x.to(x.dtype), x.contiguous(): the call returned its argument (shapes, dtypes are guards)
-        if func in _SAME_WHEN_SHAPE_KEPT and _same_view(args[0], out):
+        if (func in _SAME_WHEN_SHAPE_KEPT or (func is T.detach and not torch.is_grad_enabled())) and _same_view(
+                args[0], out):  # under no_grad (an optimizer's update), x.detach() is x to the code
             self.bind(out, self.tensor_name(args[0]))  # x.reshape(x.shape): a view with x's shape and strides is x
             return
         index = len(self.lines[self.section])
@@ -219,8 +246,16 @@ class Program:
                 reason = f"{where[:60] or callable_name(func)} gave {name}.shape == {tuple(t.shape)}"
                 self.emit(f"    raise GuardFailed({reason!r})")
 
+    def _note_state_change(self, t: torch.Tensor) -> None:
+        if self.is_external(t):
+            self.state_changed.add(self.tensor_name(t))
+
     def _guard_read(self, func: Callable, args: tuple, kwargs: dict, out: Any, where: str) -> None:
         """Python read a value computed from tensor data: the code is valid only while the same call reads the same."""
+        read = [self.tensor_name(t) for t in tensors_in(args) + tensors_in(kwargs)]
+        if self.refusal is None and any(name in self.state_changed for name in read):
+            self.refusal = (f"{where or 'a rule'} reads the value of a tensor the call itself changed in place (a step "
+                            "count, as Adam's), which differs on every call")
         if not writable(out):
             raise UnsupportedOperationError(
                 f"{where or 'a rule'}: {callable_name(func)} hands Python a {type(out).__name__} computed from "
@@ -271,7 +306,7 @@ def _same_data(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
-def _memory(t: torch.Tensor) -> Optional[tuple]:
+def storage_key(t: torch.Tensor) -> Optional[tuple]:
     """Where t's elements lie: equal for two tensor objects that show the same data the same way."""
     with _guard():
         if t.layout != torch.strided or t.numel() == 0:
@@ -353,9 +388,10 @@ class UserCalls(TorchFunctionMode):
         self.recorded = 0
         self.calling: Tuple[Any, dict] = (None, {})
         self.viewed: set = set()  # ids of tensors a view was taken of
-        self.paused = False  # a backward pass ran inside: the call runs eagerly, nothing more is recorded
+        self.paused = False  # the call cannot be replayed: it runs eagerly, nothing more is recorded
+        self.backward: Any = None  # step.InStepBackward: the backward passes the call runs inside
 
-    def shares_memory(self, t: torch.Tensor) -> bool:
+    def sharesmemory(self, t: torch.Tensor) -> bool:
         """Is t a view, or was a view taken of it?"""
         return getattr(t, "_tt_view", False) or id(t) in self.viewed
 
@@ -423,7 +459,7 @@ class UserCalls(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
-        if self.paused:
+        if self.paused or self.backward.refused is not None or self.backward.engine_call():
             return func(*args, **kwargs)
         before = self.recorded
         self.calling = func, kwargs
@@ -451,7 +487,7 @@ class UserCalls(TorchFunctionMode):
             raise UnsupportedOperationError(
                 f"{callable_name(func)}: tt.compile cannot change an input of the compiled function in place (the "
                 "caller's tensor would keep its old value) — use the out-of-place form, or do it before the call")
-        if (calling in INPLACE or options.get("inplace")) and target is not None and self.shares_memory(target):
+        if (calling in INPLACE or options.get("inplace")) and target is not None and self.sharesmemory(target):
             raise UnsupportedOperationError(
                 f"{callable_name(func)}: tt.compile records in-place ops out of place, so a change made through a "
                 "view, or to a tensor a view was taken of, would not reach the other — use the out-of-place form "
@@ -494,6 +530,14 @@ def record_backward(program: Program, outputs: List[torch.Tensor]) -> List[str]:
             accumulate(buffers, key, g)
         if node is not None and id(node) in program.nodes:
             roots.append(node)
+    run_rules(program, roots, buffers)
+    return grad_names
+
+
+def run_rules(program: Program, roots: List[Node], buffers: Dict[Tuple[int, int], Any]) -> List[Node]:
+    """The engine's walk from `roots` over recorded nodes, each rule's backward written down as lines; the gradient
+    reaching each leaf is left in `buffers` under (id(its AccumulateGrad), 0). Returns the nodes visited."""
+    visited = []
     for node in topological_order(roots):
         entry = program.nodes.get(id(node))
         if entry is None:
@@ -503,6 +547,7 @@ def record_backward(program: Program, outputs: List[torch.Tensor]) -> List[str]:
             raise UnsupportedOperationError(
                 f"{node.name}: tt.compile does not record register_hook / retain_grad on tensors inside the "
                 "compiled function — register them outside it")
+        visited.append(node)
         grads = [buffers.pop((id(node), nr), None) for nr in range(node.n_outputs)]
         if all(g is None for g in grads):
             continue
@@ -524,4 +569,4 @@ def record_backward(program: Program, outputs: List[torch.Tensor]) -> List[str]:
                     g = g.to(edge.dtype)
                 target = edge.node
                 accumulate(buffers, (id(target), edge.output_nr), g)
-    return grad_names
+    return visited

@@ -7,13 +7,18 @@
   dead buffers reused in place and numbers made into tensors once (memory.py, constants.py).
 
 Both name values after the model: a module's output is `h_<module path>` (`h_fc1`), the gradient of a
-parameter or input is `d_<its name>` (`d_fc1_weight`, `d_x`); other values stay `t1`, `g1`, ...
+parameter or input is `d_<its name>` (`d_fc1_weight`, `d_x`); a tensor the function reads from a closure
+cell or a global keeps its Python name (`y`, bound from `params["y"]` where a function first reads it);
+other values stay `t1`, `g1`, ...
 """
+import builtins
+import functools
+import keyword
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from torchtrace.compiler.codegen import fit
-from torchtrace.compiler.guards import identifier
+from torchtrace.compiler.guards import RESERVED, identifier
 from torchtrace.compiler.memory import optimise
 
 HEADER = '''"""{title}
@@ -48,6 +53,11 @@ def model_names(trace: Any, gradients: List[Optional[str]], targets: List[str]) 
 
     for path, value in program.module_outputs:
         give(program.names.get(id(value)), identifier("h_" + path.replace(".", "_")))
+    effects = getattr(trace, "grad_effects", None)
+    for leaf, name in effects.setting if effects is not None else ():  # a training step's new .grad
+        label = program.known_params.get(id(leaf)) or program.names.get(id(leaf), "")
+        if name is not None and label:
+            give(name, identifier("d_" + label.replace(".", "_")))
     counts: Dict[Optional[str], int] = {}
     for g in gradients:
         counts[g] = counts.get(g, 0) + 1
@@ -55,6 +65,24 @@ def model_names(trace: Any, gradients: List[Optional[str]], targets: List[str]) 
         if g is not None and counts[g] == 1:
             give(g, identifier("d_" + target.replace(".", "_")))
     return renamed
+
+
+def python_names(trace: Any, taken: Set[str]) -> Dict[str, str]:
+    """'params["y"]' -> 'y' for each captured tensor that is the value of a closure cell or global named y."""
+    names = {}
+    for label, t in trace.captured:
+        if (trace.world.python_names.get(id(t)) == label and label.isidentifier() and not keyword.iskeyword(label)
+                and not label.startswith("_") and not hasattr(builtins, label) and not RESERVED.match(label)
+                and label not in taken and not _GENERATED.fullmatch(label)):
+            names[f'params["{label}"]'] = label
+    return names
+
+
+def _local(lines: List[str], names: Dict[str, str]) -> List[str]:
+    """`lines` reading each Python-named tensor by its name, bound once from params before the first line."""
+    used = [name for source, name in names.items() if any(source in line for line in lines)]
+    body = [functools.reduce(lambda text, item: text.replace(*item), names.items(), line) for line in lines]
+    return [f'{name} = params["{name}"]' for name in used] + body
 
 
 def render(trace: Any, teaching: bool) -> str:
@@ -74,9 +102,11 @@ def render(trace: Any, teaching: bool) -> str:
             sections[section] = [program.plain_lines[section].get(i, line) for i, line in enumerate(lines)]
         else:
             sections[section] = optimise(lines, program.notes[section], live)
+    local = python_names(trace, {*trace.input_names, *renamed.values()})
+    sections = {section: _local(lines, local) for section, lines in sections.items()}
     outputs = ", ".join(trace.output_names) + ("," if len(trace.output_names) == 1 else "")
     saved = ", ".join(program.saved) + ("," if len(program.saved) == 1 else "")
-    targets = [*trace.input_names, *(f'params["{label}"]' for label in labels)]
+    targets = [*trace.input_names, *(local.get(f'params["{label}"]', f'params["{label}"]') for label in labels)]
     result = ", ".join(g or "None" for g in gradients) + ("," if len(gradients) == 1 else "")
     lines = [(f"def forward({', '.join([*trace.input_names, 'params'])}):", ""),
              (f'"""{title}({described})"""', "    "), *((line, "    ") for line in sections["forward"]),

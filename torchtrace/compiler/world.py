@@ -73,6 +73,8 @@ class World:
         self.seen: Set[int] = set()
         self.modules: List[torch.nn.Module] = []
         self.python_names: Dict[int, str] = {}  # id(value of a cell or global) -> its name there (alive meanwhile)
+        self.tensors: List[torch.Tensor] = []  # tensors in those cells and globals
+        self.optimizers: List[torch.optim.Optimizer] = []
 
     def _bind(self, value: Any) -> str:
         name = f"o{len(self.namespace)}"
@@ -112,6 +114,9 @@ class World:
         if isinstance(value, torch.nn.Module):
             self.seen.add(id(value))
             self.add_module(value, type(value).__name__)
+        elif isinstance(value, torch.optim.Optimizer):
+            self.seen.add(id(value))
+            self.add_optimizer(value, type(value).__name__)
         elif isinstance(value, types.MethodType):
             self.seen.add(id(value))
             self.follow(value.__self__)
@@ -132,13 +137,19 @@ class World:
             except ValueError:  # a cell not filled yet
                 continue
             self.python_names.setdefault(id(value), cell_name)
+            self._note_tensor(value)
             self._compare(f"{self._bind(cell)}.cell_contents", value, f"{cell_name} in the closure of {name}")
         scope = fn.__globals__
         bound = self._bind(scope)
         for global_name in sorted(_names(fn.__code__)):
             if global_name in scope:
                 self.python_names.setdefault(id(scope[global_name]), global_name)
+                self._note_tensor(scope[global_name])
                 self._compare(f"{bound}.get({global_name!r})", scope[global_name], f"global {global_name} of {name}")
+
+    def _note_tensor(self, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            self.tensors.append(value)
 
     def add_module(self, module: torch.nn.Module, label: str) -> None:
         """Every entry of the module's __dict__: parameters, buffers, submodules and hooks by identity, the rest
@@ -175,6 +186,39 @@ class World:
                 break
             for attribute in vars(cls).values():
                 self.follow(attribute)
+
+    def add_optimizer(self, optimizer: torch.optim.Optimizer, label: str) -> None:
+        """Its hyperparameters (`lr`, `momentum`, `betas`: what a scheduler changes) by value, its parameters and
+        state tensors by identity (the code reads their values when it runs), and its hooks."""
+        self.optimizers.append(optimizer)
+        for key, value in optimizer.__dict__.items():
+            expression, what = f"{self._bind(optimizer.__dict__)}[{key!r}]", f"{label}.{key}"
+            if key == "param_groups":
+                self._same_items(expression, tuple(value), what)
+                for i, group in enumerate(value):
+                    self._entries(self._bind(group), group, f"{what}[{i}]")
+            elif key == "state":
+                self._entries(self._bind(value), value, what)
+                for state in value.values():
+                    self._entries(self._bind(state), state, f"the state of a parameter of {label}")
+            elif isinstance(value, dict) and not _plain_data(value):  # hooks
+                self._entries(self._bind(value), value, what)
+            else:
+                self._compare(expression, value, what)
+        for name in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks"):
+            hooks = getattr(sys.modules.get("torch.optim.optimizer"), name, None)
+            if isinstance(hooks, dict):
+                self.facts.append((f"len({self._bind(hooks)}) == {len(hooks)}", f"torch's {name.strip('_')}"))
+
+    def _entries(self, bound: str, mapping: dict, what: str) -> None:
+        """Each key of a dict: tensors by identity, the rest by _compare."""
+        self.facts.append((f"len({bound}) == {len(mapping)}", what))
+        for key, value in mapping.items():
+            where = f"{bound}[{self._bind(key)}]"
+            if isinstance(value, torch.Tensor):
+                self.facts.append((f"{where} is {self._bind(value)}", f"{what}[{key!r:.40}]"))
+            else:
+                self._compare(where, value, f"{what}[{key!r:.40}]")
 
     def add_global_hooks(self) -> None:
         registry = torch.nn.modules.module
