@@ -9,6 +9,7 @@ import torch
 from torchtrace.autograd.dispatch import run_rule
 from torchtrace.autograd.function import Function
 from torchtrace.autograd.node import leaf_accumulator
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.compiler import effects, guards
 from torchtrace.compiler.checking import compare_with_eager
@@ -19,7 +20,6 @@ from torchtrace.compiler.world import World
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.tracer import tracer
 
-_guard = torch._C.DisableTorchFunctionSubclass
 MAX_SPECIALISATIONS = 8
 
 
@@ -152,7 +152,7 @@ class Specialisation:
         self.guard_failed = namespace["GuardFailed"]
         self.captured_named = list(trace.captured)
         self.captured = [t for _, t in trace.captured]
-        with _guard():  # a parameter can change dtype (model.double()) or requires_grad (freezing) in place
+        with plain_torch():  # a parameter can change dtype (model.double()) or requires_grad (freezing) in place
             self.captured_keys = [(t.shape, t.dtype, t.requires_grad) for t in self.captured]
         self.modules = trace.modules
         self.unchanged = trace.world.check()
@@ -176,7 +176,7 @@ class Specialisation:
                 return False
         except Exception:  # an attribute the check reads is gone
             return False
-        with _guard():  # metadata of a tracer read without dispatch
+        with plain_torch():  # metadata of a tracer read without dispatch
             return [(t.shape, t.dtype, t.requires_grad) for t in self.captured] == self.captured_keys
 
     def run(self, tensors: List[torch.Tensor]) -> Any:
@@ -251,7 +251,7 @@ class Compiled:
 
     def _key(self, args: tuple, kwargs: dict) -> Any:
         flat: List[Tuple[str, torch.Tensor]] = []
-        with _guard():
+        with plain_torch():
             if not kwargs and all(isinstance(a, torch.Tensor) for a in args):  # the common case, made quick
                 return (tuple(map(guards.tensor_key, args)), torch.is_grad_enabled()), [("", a) for a in args]
             return (guards.flatten(args, "", flat), guards.flatten(kwargs, "", flat), torch.is_grad_enabled()), flat

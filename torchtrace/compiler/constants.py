@@ -12,6 +12,8 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
+from torchtrace.autograd.plain import plain_torch
+
 T = torch.Tensor
 ARITHMETIC = {torch.add, torch.sub, torch.mul, torch.div, torch.rsub, T.add, T.sub, T.mul, T.div, T.add_, T.sub_,
               T.mul_, T.div_, T.__add__, T.__radd__, T.__sub__, T.__rsub__, T.__mul__, T.__rmul__, T.__truediv__,
@@ -42,7 +44,7 @@ class Constants:
         number, tensor = args[position], args[1 - position]
         if type(number) not in (int, float) or not isinstance(tensor, torch.Tensor) or not math.isfinite(number):
             return args
-        with torch._C.DisableTorchFunctionSubclass():
+        with plain_torch():
             dtype, on_cpu = tensor.dtype, tensor.device.type == "cpu"
         if dtype not in _SUFFIX or not on_cpu:
             return args

@@ -18,6 +18,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 
 import torch
 
+from torchtrace.autograd.plain import plain_torch
+
 T = torch.Tensor
 _ELEMENTWISE = ("exp erf erfc rsqrt sqrt tanh sigmoid neg abs sign reciprocal log log1p expm1 relu sin cos square "
                 "nan_to_num clamp clamp_min clamp_max pow masked_fill addcmul addcdiv scatter_add index_add add sub "
@@ -50,7 +52,7 @@ _ASSIGNMENT = re.compile(r"^(\w+(?:, *\w+)*,?) = ")
 
 def _plain_storage(t: torch.Tensor) -> Optional[int]:
     """The address of t's storage (None for empty tensors, whose address means nothing)."""
-    with torch._C.DisableTorchFunctionSubclass():
+    with plain_torch():
         if t.layout != torch.strided or t.numel() == 0:
             return None
         return t.untyped_storage().data_ptr()
@@ -60,7 +62,7 @@ def suits(buffer: object, out: torch.Tensor) -> bool:
     """Can `buffer` hold `out` in place: same shape, dtype and device, both contiguous, not empty."""
     if not isinstance(buffer, torch.Tensor):
         return False
-    with torch._C.DisableTorchFunctionSubclass():
+    with plain_torch():
         return (buffer.layout == torch.strided and buffer.shape == out.shape and buffer.dtype == out.dtype
                 and buffer.device == out.device and buffer.numel() > 0 and buffer.is_contiguous()
                 and out.is_contiguous())
@@ -87,7 +89,7 @@ class Notes:
                 self.owner[name] = self.owner.get(shared, shared)
                 return
         self.owner[name] = name
-        with torch._C.DisableTorchFunctionSubclass():
+        with plain_torch():
             is_view = out._is_view()
         if func in ALLOCATING and storage is not None and not is_view:
             self.fresh.add(name)

@@ -14,6 +14,8 @@ from typing import Any, Callable, Dict, List
 
 import torch
 
+from torchtrace.autograd.plain import plain_torch
+
 T = torch.Tensor
 # calls whose non-tensor result depends only on shape, dtype, device, layout or requires_grad
 METADATA = {getattr(owner, name) for owner, names in (
@@ -39,7 +41,7 @@ def writable(value: Any) -> bool:
 
 def _to_meta(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        with torch._C.DisableTorchFunctionSubclass():
+        with plain_torch():
             return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
         return type(value)(_to_meta(v) for v in value)
@@ -51,7 +53,7 @@ _SEEN: Dict[Any, bool] = {}  # (func, metadata of the arguments) -> the answer: 
 
 def _describe(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        with torch._C.DisableTorchFunctionSubclass():
+        with plain_torch():
             return value.shape, value.stride(), value.dtype, value.device
     if isinstance(value, (list, tuple)):
         return type(value), tuple(_describe(v) for v in value)

@@ -18,6 +18,7 @@ from torch.overrides import TorchFunctionMode
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.function import INPLACE, Context, Function
 from torchtrace.autograd.node import Node, gradient_for, leaf_accumulator
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.compiler.codegen import call_source, index_source, is_property, plain_form, value_source
 from torchtrace.compiler.constants import Constants
 from torchtrace.compiler.memory import COMMUTATIVE, INPLACE_FORMS, Notes, suits
@@ -25,7 +26,6 @@ from torchtrace.compiler.reads import is_metadata, shape_follows_values, writabl
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
 
-_guard = torch._C.DisableTorchFunctionSubclass
 T = torch.Tensor
 # how the guard on a data read is written where a shorter form than the call itself exists
 DATA_READS = {T.item: "{}.item()", T.tolist: "{}.tolist()", T.__bool__: "bool({})", T.__int__: "int({})",
@@ -50,7 +50,7 @@ def user_line() -> str:
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:
-    with _guard():
+    with plain_torch():
         return torch.Tensor.as_subclass(t, torch.Tensor)
 
 
@@ -308,7 +308,7 @@ def _same_data(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def storage_key(t: torch.Tensor) -> Optional[tuple]:
     """Where t's elements lie: equal for two tensor objects that show the same data the same way."""
-    with _guard():
+    with plain_torch():
         if t.layout != torch.strided or t.numel() == 0:
             return None
         return t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t.dtype, t.device
@@ -507,7 +507,7 @@ def accumulate(buffers: Dict[Tuple[int, int], Any], key: Tuple[int, int], g: tor
 def record_backward(program: Program, outputs: List[torch.Tensor]) -> List[str]:
     """Run every recorded rule's backward on plain tensors in reverse order, writing down its calls.
 
-    The walk is the engine's (engine.py: _run, _propagate): unbroadcast with sum_to_size, cast to the
+    The walk is the engine's (engine.py: _walk, _send): unbroadcast with sum_to_size, cast to the
     input's dtype, sum what meets in one place. Returns the names of the output gradients it takes.
     """
     program.section = "backward"
