@@ -184,3 +184,17 @@ def sample_as_function(sample: Any, call: Callable) -> tuple:
         return call(input, *args, **kwargs)
 
     return fn, [fixed[k] for k in positions]
+
+
+class WrongSquare(tt.Function):
+    """y = x^2 -> dy/dx = 2x, with a deliberately wrong backward (x: it forgets the 2), for tests that must catch it"""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * x

@@ -1,23 +1,10 @@
 """tt.check against torch autograd and tt.gradcheck against finite differences, including failures."""
 import pytest
 import torch
+from helpers import WrongSquare
 
 import torchtrace as tt
 from torchtrace.autograd.function import RULES
-
-
-class WrongSquare(tt.Function):
-    """y = x^2 with a deliberately wrong backward (x instead of 2x)"""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * x
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ import re
 
 import pytest
 import torch
+from helpers import WrongSquare
 
 import torchtrace as tt
 from torchtrace.inspect.explore.shown import tensor_text
@@ -152,18 +153,6 @@ def test_check_agrees_for_correct_rules_when_the_forward_was_recorded():
     assert len(matmul.sent[0].check.estimate) == 2 and len(matmul.sent[0].check.estimate[0]) == 6  # d(2)/d(2x3)
 
 
-class WrongSquare(tt.Function):
-    """y = x^2 -> dy/dx = 2x (but this backward forgets the 2)"""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * x
 
 
 def test_check_catches_a_wrong_rule():
