@@ -29,6 +29,18 @@ def gradient_for(edge: Edge, grads_of_inputs: tuple) -> Any:
     return grads_of_inputs[position] if type(position) is int else grads_of_inputs[position[0]][position[1]]
 
 
+def edge_gradient(edge: Edge, grads_of_inputs: tuple) -> Optional[torch.Tensor]:
+    """What the input behind `edge` receives: the rule's gradient for it, summed over the dimensions forward
+    broadcast (back to the input's shape) and cast to the input's dtype. The engine, the compiler and the
+    inspection tools all use this one definition."""
+    g = gradient_for(edge, grads_of_inputs)
+    if g is None:
+        return None
+    if g.shape != edge.shape:
+        g = g.sum_to_size(edge.shape)
+    return g if g.dtype == edge.dtype else g.to(edge.dtype)
+
+
 class Node(GradFnHooks):
     """One recorded op: the grad_fn of its outputs, and a step of the backward walk."""
 

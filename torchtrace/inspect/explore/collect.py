@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import torch
 
 from torchtrace.autograd import engine
-from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for, leaf_accumulator
+from torchtrace.autograd.node import AccumulateGrad, Node, edge_gradient, leaf_accumulator
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.inspect.explore.local import Check, estimates, rule_jacobians
@@ -61,12 +61,8 @@ def _model_of(order: List[Any]) -> Optional[torch.nn.Module]:
 
 def _sent(node: Node, edge: Any, result: tuple) -> Optional[torch.Tensor]:
     """What the engine sends along `edge`: the rule's gradient, summed to the input's shape, in its dtype."""
-    g = gradient_for(edge, result)
-    if g is None:
-        return None
-    if g.shape != edge.shape:
-        g = g.sum_to_size(edge.shape)
-    return plain(g.to(edge.dtype))
+    g = edge_gradient(edge, result)
+    return None if g is None else plain(g)
 
 
 class Collector:

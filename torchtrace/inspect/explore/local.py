@@ -11,7 +11,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from torchtrace.autograd.function import Context
-from torchtrace.autograd.node import Edge, Node, gradient_for
+from torchtrace.autograd.node import Edge, Node, edge_gradient
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.inspect.explore.shown import FULL, matrix_text, number
 
@@ -58,10 +58,8 @@ def small(shapes: Sequence[Any]) -> bool:
 
 
 def _gradient_of(edge: Edge, result: tuple) -> torch.Tensor:
-    g = gradient_for(edge, result)
-    if g is None:
-        return torch.zeros(edge.shape, dtype=torch.float64)
-    return (g.sum_to_size(edge.shape) if g.shape != edge.shape else g).double()
+    g = edge_gradient(edge, result)
+    return torch.zeros(edge.shape, dtype=torch.float64) if g is None else g.double()
 
 
 def rule_jacobians(node: Node, grads: Sequence[Optional[torch.Tensor]]) -> Optional[List[Matrix]]:
