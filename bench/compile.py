@@ -25,21 +25,14 @@ import time
 from typing import Callable, Dict, List, Tuple
 
 import torch
-import torch.nn.functional as F
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]  # this checkout, its benches and test models
-from models import gpt_case, lenet_case  # noqa: E402
+from models import gpt_case, lenet_case, mlp_case  # noqa: E402
 from overhead import small_chain  # noqa: E402
 
 import torchtrace as tt  # noqa: E402
 from torchtrace.port import port  # noqa: E402
-
-
-def mlp_case(device: str) -> Tuple[torch.nn.Module, torch.Tensor, torch.Tensor, Callable]:
-    model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
-                                torch.nn.Linear(16, 1)).to(device)
-    return model, torch.randn(32, 2, device=device), torch.randn(32, 1, device=device), F.mse_loss
 
 
 def chain_case(device: str) -> Tuple[torch.nn.Module, torch.Tensor, torch.Tensor, Callable]:

@@ -2,13 +2,16 @@
 
     python bench/models.py [--repeats 30] [--device cpu] [--threads N]
 
-One step = zero_grad + forward + loss + backward + Adam step. The torchtrace side is the model after
-tt.port with tt.optim.Adam; the torch side is an identical deep copy with torch.optim.Adam. Models (the
-same classes tests/test_port.py checks gradient by gradient against torch autograd):
-  * LeNet-5 on a batch of 64 1x28x28 images, float32, cross-entropy over 10 classes;
-  * a 2-layer GPT-style transformer (vocab 64, d 64, 4 heads, causal self-attention written with
-    masked_fill + softmax, GELU MLP, tied lm head), batch 16 x 32 tokens, float32, next-token cross-entropy.
-Prints ms per step for each side, the part spent in the optimizer step, and the ratio torchtrace / torch.
+One step = zero_grad + forward + loss + backward + optimizer step. The torchtrace side is the model after
+tt.port with torchtrace's optimizer; the torch side is an identical deep copy with torch's. Models (LeNet and
+GPT are the classes tests/test_port.py checks gradient by gradient against torch autograd):
+  * MLP: a 2-16-16-1 tanh MLP on a batch of 32, MSE loss, SGD (Python per-op overhead dominates);
+  * wide: a 784-1024-1024-10 ReLU MLP on a batch of 256, cross-entropy, SGD (the arithmetic dominates);
+  * CNN: LeNet-5 on a batch of 64 1x28x28 images, float32, cross-entropy over 10 classes;
+  * GPT: a 2-layer GPT-style transformer (vocab 64, d 64, 4 heads, causal self-attention written with
+    masked_fill + softmax, GELU MLP, tied lm head), batch 16 x 32 tokens, float32, next-token cross-entropy; Adam.
+`--cases mlp,cnn` runs only those. Prints ms per step for each side, the part spent in the optimizer step, and the
+ratio torchtrace / torch.
 """
 import argparse
 import copy
@@ -27,6 +30,18 @@ from test_port import GPT, LeNet, sequence_loss  # noqa: E402
 
 import torchtrace as tt  # noqa: E402
 from torchtrace.port import port  # noqa: E402
+
+
+def mlp_case(device: str) -> Tuple[torch.nn.Module, torch.Tensor, torch.Tensor, Callable]:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 1)).to(device)
+    return model, torch.randn(32, 2, device=device), torch.randn(32, 1, device=device), F.mse_loss
+
+
+def wide_case(device: str) -> Tuple[torch.nn.Module, torch.Tensor, torch.Tensor, Callable]:
+    model = torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
+                                torch.nn.ReLU(), torch.nn.Linear(1024, 10)).to(device)
+    return model, torch.randn(256, 784, device=device), torch.randint(0, 10, (256,), device=device), F.cross_entropy
 
 
 def lenet_case(device: str) -> Tuple[torch.nn.Module, torch.Tensor, torch.Tensor, Callable]:
@@ -60,12 +75,15 @@ def timed_step(model: torch.nn.Module, optimizer, x: torch.Tensor, target: torch
     return end - start, end - middle
 
 
-def compare(name: str, case: Callable, repeats: int, device: str) -> float:
+OPTIMIZERS = {"sgd": (tt.optim.SGD, torch.optim.SGD), "adam": (tt.optim.Adam, torch.optim.Adam)}
+
+
+def compare(name: str, case: Callable, optimizer_kind: str, repeats: int, device: str) -> float:
     torch.manual_seed(0)
     theirs, x, target, loss_fn = case(device)
     ours = port(copy.deepcopy(theirs))
-    sides = [(ours, tt.optim.Adam(ours.parameters(), lr=1e-3)),
-             (theirs, torch.optim.Adam(theirs.parameters(), lr=1e-3))]
+    our_optimizer, their_optimizer = OPTIMIZERS[optimizer_kind]
+    sides = [(ours, our_optimizer(ours.parameters(), lr=1e-3)), (theirs, their_optimizer(theirs.parameters(), lr=1e-3))]
     for _ in range(3):  # warm-up
         for model, optimizer in sides:
             timed_step(model, optimizer, x, target, loss_fn, device)
@@ -77,10 +95,15 @@ def compare(name: str, case: Callable, repeats: int, device: str) -> float:
         (statistics.median(t for t, _ in ts), statistics.median(o for _, o in ts)) for ts in times)
     drift = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters()))
     ratio = ours_step / theirs_step
-    print(f"{name:<30} torchtrace {ours_step * 1e3:8.2f} ms/step (Adam {ours_opt * 1e3:6.2f})   torch autograd "
-          f"{theirs_step * 1e3:8.2f} ms/step (Adam {theirs_opt * 1e3:6.2f})   ratio {ratio:5.2f}x   "
+    print(f"{name:<30} torchtrace {ours_step * 1e3:8.3f} ms/step (optimizer {ours_opt * 1e3:6.3f})   torch autograd "
+          f"{theirs_step * 1e3:8.3f} ms/step (optimizer {theirs_opt * 1e3:6.3f})   ratio {ratio:5.2f}x   "
           f"max |param diff| after {repeats + 3} steps {drift:.1e}")
     return ratio
+
+
+CASES = {"mlp": ("MLP 2-16-16-1 b32 + SGD", mlp_case, "sgd"),
+         "wide": ("wide MLP 784-1024-1024-10 b256 + SGD", wide_case, "sgd"),
+         "cnn": ("LeNet-5 b64 + Adam", lenet_case, "adam"), "gpt": ("GPT 2x64 b16x32 + Adam", gpt_case, "adam")}
 
 
 def main() -> None:
@@ -88,12 +111,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ", ".join(CASES))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}")
-    compare("LeNet-5, batch 64", lenet_case, args.repeats, args.device)
-    compare("GPT 2x64, batch 16 x 32 tokens", gpt_case, args.repeats, args.device)
+    for key in args.cases.split(","):
+        name, case, optimizer_kind = CASES[key]
+        compare(name, case, optimizer_kind, args.repeats, args.device)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torchtrace as tt
-from torchtrace.arguments import _signature_parameters
+from torchtrace.autograd.arguments import _signature_parameters
 from torchtrace.autograd.function import RULES
 from torchtrace.check import flatten
 

@@ -28,6 +28,7 @@ from torchtrace.factories import (
 )
 from torchtrace.forward_mode import jacobian, jvp
 from torchtrace.port import port
+from torchtrace.tensor_protocols import TOOLS
 from torchtrace.tracer import as_tracer, tracer
 
 # The tools that walk the graph load on first use, so the engine never imports them.
@@ -41,6 +42,9 @@ def __getattr__(name: str) -> Any:
     if name in _INSPECT:
         return getattr(importlib.import_module(f"torchtrace.inspect.{_INSPECT[name]}"), name)
     raise AttributeError(f"module 'torchtrace' has no attribute '{name}'")
+
+
+TOOLS["show"] = lambda output: __getattr__("show")(output)  # y.backward(show=True) prints tt.show's trace
 
 
 def __dir__() -> list:

@@ -1,13 +1,21 @@
 """What a tracer offers beyond the engine: backward(show=True) with the printed trace, pickling, copying,
-iteration, the real part, the original torchtrace's capitalised aliases. tracer.py mixes it in, so the
-core itself never imports an inspection tool."""
-from typing import Any, Optional
+iteration, the real part, the original torchtrace's capitalised aliases. tracer.py mixes it in.
+
+The core never imports an inspection tool: a tool that wants to watch plain backwards registers itself in
+BACKWARD_WATCHERS when it loads, and the printed trace of `show=True` is whatever the package put in TOOLS.
+"""
+import contextlib
+from typing import Any, Callable, ContextManager, Dict, List, Optional
 
 import torch
 
 from torchtrace.autograd import engine
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.errors import UnsupportedOperationError
+
+# watcher(output, create_graph) -> a context manager the backward of `output` runs in (tt.draw's value noting)
+BACKWARD_WATCHERS: List[Callable[[Any, bool], ContextManager]] = []
+TOOLS: Dict[str, Callable[[Any], None]] = {}  # "show": print the backprop trace of a tracer (set by torchtrace/)
 
 
 class TensorProtocols:
@@ -44,12 +52,12 @@ class TensorProtocols:
     ) -> None:
         """Back-propagate from this tracer into every leaf's `.grad`; `show=True` prints the trace."""
         if show:
-            from torchtrace.inspect.trace import show as print_trace  # loaded on first use, like tt.draw
-
-            print_trace(self)
-        from torchtrace.inspect.values import noting_tiny_graphs  # a tiny graph keeps its numbers for tt.draw
-
-        with noting_tiny_graphs(self, create_graph):
+            TOOLS["show"](self)
+        if not BACKWARD_WATCHERS:
+            return engine.backward(self, gradient, retain_graph, create_graph)
+        with contextlib.ExitStack() as watching:
+            for watcher in BACKWARD_WATCHERS:
+                watching.enter_context(watcher(self, create_graph))
             engine.backward(self, gradient, retain_graph, create_graph)
 
     def __format__(self, format_spec: str) -> str:

@@ -7,8 +7,9 @@ import numpy as np
 import torch
 
 from torchtrace.autograd import dispatch
+from torchtrace.autograd.grad_fn_hooks import RemovableHandle
 from torchtrace.autograd.inplace import catch_up
-from torchtrace.autograd.node import Node, RemovableHandle
+from torchtrace.autograd.node import Node
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.errors import NON_LEAF_GRAD_WARNING
 from torchtrace.tensor_protocols import TensorProtocols

@@ -3,14 +3,14 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
-from torchtrace.arguments import keywords_to_positions, wants_gradient
+from torchtrace.autograd.arguments import keywords_to_positions, wants_gradient
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Context, Function
+from torchtrace.autograd.function_contract import returned_outputs
 from torchtrace.autograd.inplace import catch_up, inplace_requested, record_inplace, record_inplace_flag, remember_base
 from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 from torchtrace.errors import UnsupportedOperationError
-from torchtrace.function_contract import returned_outputs
 from torchtrace.naming import callable_name
 
 _grad_enabled = torch.is_grad_enabled

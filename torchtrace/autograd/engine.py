@@ -4,7 +4,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from torchtrace import function_contract, grad_fn_hooks
+from torchtrace.autograd import function_contract, grad_fn_hooks
 from torchtrace.autograd.accumulation import OUR_RULES, Ownership, accumulate
 from torchtrace.autograd.hooks import non_leaf_hooks
 from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for, leaf_accumulator, link_output

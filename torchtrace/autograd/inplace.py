@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from torchtrace.arguments import wants_gradient
+from torchtrace.autograd.arguments import wants_gradient
 from torchtrace.autograd.function import INPLACE_FLAG
 from torchtrace.autograd.node import Node, link_output
 from torchtrace.autograd.plain import plain_torch

@@ -9,8 +9,8 @@ from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 import torch
 
+from torchtrace.autograd.grad_fn_hooks import GradFnHooks, NodeName
 from torchtrace.errors import UnsupportedOperationError
-from torchtrace.grad_fn_hooks import GradFnHooks, NodeName, RemovableHandle  # noqa: F401  (tracer.py's handle)
 
 
 class Edge(NamedTuple):

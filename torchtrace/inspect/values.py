@@ -25,6 +25,7 @@ from torchtrace.autograd.node import Node, gradient_for
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.inspect.scope import module_scope
+from torchtrace.tensor_protocols import BACKWARD_WATCHERS
 
 VALUE_LIMIT = 4  # tensors with at most this many elements are shown in full; larger ones by their norm
 CALL_LIMIT = 16  # an op whose tensors all have at most this many elements notes its call (tt.explore checks it)
@@ -162,10 +163,14 @@ def _note_everything(node: Node, grads: Any, result: Any) -> None:
 
 def noting_tiny_graphs(output: Any, create_graph: bool) -> Any:
     """The block a plain backward runs in: for a tiny graph, every node notes its numbers (so `tt.draw(L)` after
-    `L.backward()` shows them, as micrograd's draw_dot does); for any other graph, nothing."""
+    `L.backward()` shows them, as micrograd's draw_dot does); for any other graph, nothing. Registered with the
+    tracer's backward when this module loads (any drawing tool loads it), so the engine itself never looks."""
     if create_graph or not tiny_graph(output):
         return contextlib.nullcontext()
     return observing(on_backward=_note_everything)
+
+
+BACKWARD_WATCHERS.append(noting_tiny_graphs)
 
 
 @contextlib.contextmanager

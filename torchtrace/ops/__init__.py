@@ -15,6 +15,7 @@ from torchtrace.ops import (  # noqa: F401
     linalg_inverse,
     masked_index,
     nondifferentiable,
+    padding,
     pointwise,
     random,
     reduction,

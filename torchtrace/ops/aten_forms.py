@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import torch
 
 from torchtrace.autograd.function import Function, register
-from torchtrace.nn.conv import Pad
+from torchtrace.ops.padding import Pad
 from torchtrace.ops.reduction import VectorNorm
 from torchtrace.ops.rule_tables import binary
 
