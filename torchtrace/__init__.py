@@ -8,7 +8,7 @@ from torchtrace import (
     ops,  # noqa: F401  (registers every gradient rule)
     optim,
 )
-from torchtrace.autograd.engine import backward, grad
+from torchtrace.autograd.engine import TOOLS, backward, grad
 from torchtrace.autograd.function import Function, register, supported_ops
 from torchtrace.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from torchtrace.check import check, gradcheck
@@ -28,7 +28,6 @@ from torchtrace.factories import (
 )
 from torchtrace.forward_mode import jacobian, jvp
 from torchtrace.port import port
-from torchtrace.tensor_protocols import TOOLS
 from torchtrace.tracer import as_tracer, tracer
 
 # The tools that walk the graph load on first use, so the engine never imports them.

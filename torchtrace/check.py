@@ -4,8 +4,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from torchtrace.autograd import engine
-from torchtrace.autograd.function import Context
-from torchtrace.autograd.node import Node, gradient_for
+from torchtrace.autograd.node import Context, Node, gradient_for
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.errors import GradientMismatch

@@ -1,21 +1,11 @@
-"""What a tracer offers beyond the engine: backward(show=True) with the printed trace, pickling, copying,
-iteration, the real part, the original torchtrace's capitalised aliases. tracer.py mixes it in.
-
-The core never imports an inspection tool: a tool that wants to watch plain backwards registers itself in
-BACKWARD_WATCHERS when it loads, and the printed trace of `show=True` is whatever the package put in TOOLS.
-"""
-import contextlib
-from typing import Any, Callable, ContextManager, Dict, List, Optional
+"""What a tracer offers beyond the engine: pickling, copying, iteration, formatting, the real part, the original
+torchtrace's capitalised aliases. tracer.py mixes it in."""
+from typing import Any, Optional
 
 import torch
 
-from torchtrace.autograd import engine
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.errors import UnsupportedOperationError
-
-# watcher(output, create_graph) -> a context manager the backward of `output` runs in (tt.draw's value noting)
-BACKWARD_WATCHERS: List[Callable[[Any, bool], ContextManager]] = []
-TOOLS: Dict[str, Callable[[Any], None]] = {}  # "show": print the backprop trace of a tracer (set by torchtrace/)
 
 
 class TensorProtocols:
@@ -42,23 +32,6 @@ class TensorProtocols:
             raise UnsupportedOperationError("torch.Tensor._base: torchtrace does not know the base of this view — "
                                             "keep a reference to the tensor you took the view of")
         return self._tt_base
-
-    def backward(
-        self,
-        gradient: Optional[torch.Tensor] = None,
-        retain_graph: Optional[bool] = None,
-        create_graph: bool = False,
-        show: bool = False,
-    ) -> None:
-        """Back-propagate from this tracer into every leaf's `.grad`; `show=True` prints the trace."""
-        if show:
-            TOOLS["show"](self)
-        if not BACKWARD_WATCHERS:
-            return engine.backward(self, gradient, retain_graph, create_graph)
-        with contextlib.ExitStack() as watching:
-            for watcher in BACKWARD_WATCHERS:
-                watching.enter_context(watcher(self, create_graph))
-            engine.backward(self, gradient, retain_graph, create_graph)
 
     def __format__(self, format_spec: str) -> str:
         """f"{loss:.4f}" formats a 0-dim tracer as its number, as torch formats a 0-dim tensor; others as str()."""

@@ -6,7 +6,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from torchtrace.autograd import dispatch
+from torchtrace.autograd import dispatch, engine
 from torchtrace.autograd.grad_fn_hooks import RemovableHandle
 from torchtrace.autograd.inplace import catch_up
 from torchtrace.autograd.node import Node
@@ -68,6 +68,7 @@ class tracer(TensorProtocols, torch.Tensor):
     _tt_base: Optional["tracer"] = None  # the tracer a view shares memory with (None: not a view, or not known)
 
     __torch_function__ = classmethod(dispatch.torch_function)
+    backward = engine.tensor_backward  # y.backward(gradient=None, retain_graph=None, create_graph=False, show=False)
 
     def __new__(cls, data: Any = (), requires_grad: bool = False, dtype: Any = None, device: Any = None) -> "tracer":
         t = _to_tensor(data, dtype, device).as_subclass(cls)

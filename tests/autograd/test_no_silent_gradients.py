@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import torchtrace as tt
-from torchtrace.autograd import accumulation
+from torchtrace.autograd import engine
 
 X = torch.tensor([[0.5, -1.0, 2.0], [1.5, -0.25, 0.75]], dtype=torch.float64)
 
@@ -144,7 +144,7 @@ def test_a_leaf_never_takes_a_gradient_a_users_function_returned_in_a_list():
 
 def test_a_fresh_gradient_from_a_builtin_rule_becomes_the_leaf_grad_without_a_copy(monkeypatch):
     copies = []
-    monkeypatch.setattr(accumulation, "_private_copy", lambda g, *args: copies.append(g) or g.clone())
+    monkeypatch.setattr(engine, "_private_copy", lambda g, *args: copies.append(g) or g.clone())
     x = tt.tracer(X, requires_grad=True)
     (x * 2).sum().backward()
     assert copies == [] and torch.equal(x.grad.as_subclass(torch.Tensor), torch.full_like(X, 2.0))

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import torchtrace  # noqa: F401  (registers every rule)
-from torchtrace.autograd.function import RULES, Context
+from torchtrace.autograd.function import RULES
+from torchtrace.autograd.node import Context
 from torchtrace.ops.rule_tables import NAMES, unary
 
 TABLE_RULES = sorted({rule for rule in RULES.values() if "formulas" in rule.__dict__}, key=lambda r: r.__name__)

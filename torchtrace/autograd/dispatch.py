@@ -4,10 +4,10 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 
 from torchtrace.autograd.arguments import keywords_to_positions, wants_gradient
-from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Context, Function
+from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.function_contract import returned_outputs
 from torchtrace.autograd.inplace import catch_up, inplace_requested, record_inplace, record_inplace_flag, remember_base
-from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
+from torchtrace.autograd.node import Context, Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 from torchtrace.errors import UnsupportedOperationError
@@ -16,10 +16,17 @@ from torchtrace.naming import callable_name
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 _any_autocast = torch._C._is_any_autocast_enabled
+_plain_call = torch._C._disabled_torch_function_impl  # (func, types, args, kwargs dict): func(*args) on plain tensors
 _new_edge = tuple.__new__  # Edge(...) without NamedTuple's Python-level __new__: this runs for every input
 _containers = (list, tuple)
 
 NON_DIFFERENTIABLE: set = set()  # callables whose floating outputs never carry a gradient
+_T = torch.Tensor
+# What a tensor is, never what it computes: read at once, without recording (layers and user code read these often).
+METADATA = {_T.shape.__get__, _T.dtype.__get__, _T.device.__get__, _T.ndim.__get__, _T.layout.__get__,
+            _T.is_cuda.__get__, _T.is_sparse.__get__, _T.size, _T.dim, _T.ndimension, _T.numel, _T.nelement,
+            _T.stride, _T.storage_offset, _T.is_contiguous, _T.element_size, _T.is_floating_point, _T.is_complex,
+            _T.get_device, _T.data_ptr, _T.__len__, _T._version.__get__, _T.untyped_storage}
 
 
 def torch_function(cls: type, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
@@ -27,6 +34,8 @@ def torch_function(cls: type, func: Callable, types: Any, args: tuple = (), kwar
     rule = RULES.get(func)
     if rule is not None:
         return run_rule(cls._tt_type, rule, func, args, kwargs or {})
+    if func in METADATA:
+        return _plain_call(func, types, args, kwargs or {})
     return _run_without_rule(cls._tt_type, func, args, kwargs or {})
 
 
@@ -47,14 +56,13 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
                 f"{_name(func, rule)}: out= cannot be recorded (no gradient can flow into a preallocated output) "
                 "— assign the result instead, or run the call under tt.no_grad()")
         stack = STATE.module_stack
-        ctx = Context(rule, edges, needs)
+        node = Node(rule, Context(rule, edges, needs), edges, func, tuple(stack) if stack else ())
         if func is None:  # Function.apply: backward must return one gradient per argument, as torch checks
-            ctx._n_inputs = len(args) + len(kwargs)
-        node = Node(rule, ctx, edges, func, tuple(stack) if stack else ())
+            node.ctx._n_inputs = len(args) + len(kwargs)
         if torch_leaf:  # torch's autograd must not record the plain tensors that require grad
             _set_grad_enabled(False)
         try:
-            out = rule.forward(ctx, *args, **kwargs)
+            out = rule.forward(node.ctx, *args, **kwargs)
             if func is not None and args and out is args[0] and isinstance(out, tracer_type):
                 return out  # torch hands back the input itself (x.contiguous() of a contiguous x): no new node
             result = _link_outputs(out, node, tracer_type, args)
@@ -63,9 +71,8 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
                 _set_grad_enabled(True)
         if _any_autocast():
             node.autocast = _autocast_state(edges[0].shape, args)
-    if STATE.on_record:
-        for observe in STATE.on_record:
-            observe(node, args, kwargs, result)
+    for observe in STATE.on_record:
+        observe(node, args, kwargs, result)
     return result
 
 
@@ -154,14 +161,28 @@ def _rebuild(sequence: Any, items: list) -> Any:
     return kind(*items) if hasattr(kind, "_fields") else kind(items)
 
 
+def _fresh(out: torch.Tensor, args: tuple) -> bool:
+    """A plain result no argument is (torch hands some back as they are: x.to(x.dtype)), so no one else holds it: it
+    can become the tracer itself, its class changed, instead of getting a second Python object (as_subclass)."""
+    if type(out) is not torch.Tensor:
+        return False
+    for a in args:
+        if a is out or (type(a) in _containers and any(item is out for item in a)):
+            return False
+    return True
+
+
 def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
+    """The forward's result as tracers produced by node. A result the rule saved stays a plain tensor with a tracer
+    alias (as a tracer it would hold the node that holds it); a fresh one becomes the tracer itself."""
     saved = node.ctx._saved
     if isinstance(out, torch.Tensor):
+        fresh = _fresh(out, args)
         for s in saved:  # a loop, not _note_saved_outputs: most nodes save no output, and this runs for every op
             if s is out:
                 _note_saved_outputs(node, saved, (out,))
-                break
-        t = link_output(out, node, 0, tracer_type)
+                fresh = False
+        t = link_output(out, node, 0, tracer_type, fresh)
         if t._tt_view:
             remember_base(t, args)
         return t
@@ -172,8 +193,9 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     node.output_meta = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outputs]
     if saved:
         _note_saved_outputs(node, saved, outputs)
-    linked = [link_output(o, node, nr, tracer_type) if isinstance(o, torch.Tensor) else o
-              for nr, o in enumerate(outputs)]
+    kept = {id(s) for s in saved}
+    linked = [link_output(o, node, nr, tracer_type, id(o) not in kept and _fresh(o, args))
+              if isinstance(o, torch.Tensor) else o for nr, o in enumerate(outputs)]
     for t in linked:
         if isinstance(t, torch.Tensor) and t._tt_view:
             remember_base(t, args)
@@ -191,8 +213,11 @@ def _as_tracers(out: Any, tracer_type: type, args: tuple) -> Any:
     if isinstance(out, torch.Tensor):
         if isinstance(out, tracer_type):
             return out
-        t = out.as_subclass(tracer_type)
-        if out._is_view():
+        view, fresh = out._is_view(), _fresh(out, args)
+        if fresh:  # it becomes the tracer itself
+            out.__class__ = tracer_type
+        t = out if fresh else out.as_subclass(tracer_type)
+        if view:
             t._tt_view, t._tt_version = True, out._version
             remember_base(t, args)
         return t

@@ -1,17 +1,44 @@
-"""backward() and tt.grad: visit nodes in reverse topological order, call each rule, send every edge its gradient."""
+"""backward() and tt.grad: visit nodes newest first, call each rule, send every edge its gradient, sum into .grad.
+
+The walk (`_walk`) is the whole algorithm: a node runs once every node that uses its outputs has run, which is
+exactly "newest first" (`Node.sequence_nr`), so a heap of the nodes that received a gradient replaces any
+topological sort. Beside it, named steps: a rule's call (`_call_rule`), what its gradients become (`_send`), and
+a leaf's sum into .grad (`accumulate`, with `Ownership`: which gradients a leaf may keep without a copy).
+Hooks, tt.grad's capture and create_graph's re-linked outputs only run when asked for (hooks.py and below).
+"""
 import contextlib
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from heapq import heappop, heappush
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from torchtrace.autograd import function_contract, grad_fn_hooks
-from torchtrace.autograd.accumulation import OUR_RULES, Ownership, accumulate
-from torchtrace.autograd.hooks import non_leaf_hooks
+from torchtrace.autograd.hooks import non_leaf_hooks, run_hooks
 from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 
 Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
+
+# Tools watch a tracer's backward by registering here when they load (the core imports none of them):
+BACKWARD_WATCHERS: List[Callable[[Any, bool], ContextManager]] = []  # watcher(output, create_graph) -> a block
+TOOLS: Dict[str, Callable[[Any], None]] = {}  # "show": print the backprop trace of a tracer (y.backward(show=True))
+
+# Rules shipped with torchtrace: their backward returns new tensors or views of its gradient, and keeps neither.
+OUR_RULES = ("torchtrace.ops.", "torchtrace.nn.", "torchtrace.autograd.")
+
+
+def tensor_backward(self: torch.Tensor, gradient: Optional[torch.Tensor] = None, retain_graph: Optional[bool] = None,
+                    create_graph: bool = False, show: bool = False) -> None:
+    """tracer.backward: back-propagate from this tracer into every leaf's `.grad`; `show=True` prints the trace."""
+    if not (show or BACKWARD_WATCHERS):
+        return backward(self, gradient, retain_graph, create_graph)
+    if show:
+        TOOLS["show"](self)
+    with contextlib.ExitStack() as watching:
+        for watcher in BACKWARD_WATCHERS:
+            watching.enter_context(watcher(self, create_graph))
+        backward(self, gradient, retain_graph, create_graph)
 
 
 def backward(tensors: Tensors, grad_tensors: Optional[Tensors] = None, retain_graph: Optional[bool] = None,
@@ -51,35 +78,36 @@ def _edge_of(t: Any, what: str) -> Tuple[Any, int]:
 
 
 def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool) -> Tuple[List[Tuple[Any, int, Any]], type]:
+    """(node, output nr, gradient) for each output: ones for a scalar without one; the output's dtype."""
     tensors = _as_list(tensors)
     grads = [None] * len(tensors) if grads is None else _as_list(grads)
     tracer_type = next((t._tt_type for t in tensors if hasattr(type(t), "_tt_type")), None)
     if tracer_type is None:
         raise RuntimeError("backward needs tracers: these tensors were not computed by torchtrace "
                            "(for plain tensors use torch's own .backward())")
-    roots = []
     with plain_torch():
-        for i, (t, g) in enumerate(zip(tensors, grads)):
-            node, nr = _edge_of(t, f"element {i} of the tensors passed to backward")
-            if g is None:
-                if t.numel() != 1:
-                    raise RuntimeError(f"grad can be implicitly created only for scalar outputs, but this output has "
-                                       f"shape {tuple(t.shape)}: pass gradient= (a tensor of that shape), or reduce it "
-                                       "(e.g. .sum()).")
-                g = torch.ones_like(t)
-            elif g.shape != t.shape or g.is_complex():
-                raise RuntimeError(f"gradient has shape {tuple(g.shape)} and dtype {g.dtype}, but the output has shape "
-                                   f"{tuple(t.shape)} and dtype {t.dtype}: pass a real gradient of the output's shape")
-            if g.dtype != t.dtype:  # as torch: the gradient of an output has the output's dtype
-                g = g.to(t.dtype)
-            if not (create_graph and isinstance(g, tracer_type)):
-                g = g.as_subclass(tracer_type if create_graph else torch.Tensor)
-            roots.append((node, nr, g))
+        roots = [(*_edge_of(t, f"element {i} of the tensors passed to backward"),
+                  _root_gradient(t, g, create_graph, tracer_type)) for i, (t, g) in enumerate(zip(tensors, grads))]
     return roots, tracer_type
 
 
+def _root_gradient(t: torch.Tensor, g: Optional[torch.Tensor], create_graph: bool, tracer_type: type) -> Any:
+    """The gradient backward starts from: ones for a scalar output; else g, which must have the output's shape."""
+    if g is None and t.numel() != 1:
+        raise RuntimeError(f"grad can be implicitly created only for scalar outputs, but this output has shape "
+                           f"{tuple(t.shape)}: pass gradient= (a tensor of that shape), or reduce it (e.g. .sum()).")
+    if g is not None and (g.shape != t.shape or g.is_complex()):
+        raise RuntimeError(f"gradient has shape {tuple(g.shape)} and dtype {g.dtype}, but the output has shape "
+                           f"{tuple(t.shape)} and dtype {t.dtype}: pass a real gradient of the output's shape")
+    g = torch.ones_like(t) if g is None else g.to(t.dtype)  # as torch: an output's gradient has the output's dtype
+    if create_graph:  # the gradient is recorded too
+        return g if isinstance(g, tracer_type) else g.as_subclass(tracer_type)
+    return g.as_subclass(torch.Tensor)
+
+
 def topological_order(roots: List[Any]) -> List[Any]:
-    """Reverse post-order of an iterative depth-first search: every node comes before the nodes it feeds."""
+    """Reverse post-order of an iterative depth-first search: every node comes before the nodes it feeds (the order
+    the inspection tools list a graph in; tt.grad uses it to find the nodes it needs)."""
     order, seen = [], set()
     for root in roots:
         if root in seen:
@@ -101,11 +129,11 @@ def topological_order(roots: List[Any]) -> List[Any]:
     return order
 
 
-def _needed(order: List[Any], captured: Dict[Tuple[Any, int], Any]) -> set:
+def _needed(roots: List[Any], captured: Dict[Tuple[Any, int], Any]) -> set:
     """Nodes from which some captured input can be reached (tt.grad runs only these)."""
     targets = {node for node, _ in captured}
     needed = set()
-    for node in reversed(order):
+    for node in reversed(topological_order(roots)):
         if node in targets or any(edge.node in needed for edge in node.edges):
             needed.add(node)
     return needed
@@ -113,58 +141,51 @@ def _needed(order: List[Any], captured: Dict[Tuple[Any, int], Any]) -> set:
 
 def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bool, captured: Optional[dict],
           tracer_type: type) -> None:
-    """The backward pass: visit the nodes in reverse topological order; each pops the gradients buffered for its
-    outputs, runs its rule's backward, and sends every edge its gradient. What torch adds to that loop is a named
-    step: tensor hooks, retain_grad and tt.grad's capture (`hooks.py`), create_graph and autocast
-    (`_call_in_forward_state`), sums into .grad (`accumulation.py`)."""
-    order = topological_order([node for node, _, _ in roots])
-    needed = _needed(order, captured) if captured is not None else None
-    buffers: Dict[Any, List[Any]] = {}
+    """The backward pass. `ready` holds every node that has received a gradient, newest first: when a node comes
+    out, every node that uses its outputs has run, so its buffered gradients are complete. It runs its rule and
+    sends each edge its gradient (the node the edge points to becomes ready); a leaf sums it into its .grad."""
+    needed = _needed([node for node, _, _ in roots], captured) if captured is not None else None
+    buffers: Dict[Any, List[Any]] = {}  # node -> the gradient of each of its outputs, summed as they arrive
+    ready: List[Tuple[int, Any]] = []  # (-sequence_nr, node): a heap, newest node first
     for node, nr, g in roots:
-        _add(buffers, node, nr, g)
+        _add(buffers, ready, node, nr, g)
     ownership = Ownership([g for _, _, g in roots], enabled=not STATE.on_backward)
-    with _backward_mode(create_graph):
-        for node in order:
-            grads = buffers.pop(node, None)
-            if grads is None or (needed is not None and node not in needed):
-                continue  # no gradient reached this node, or tt.grad does not need it
-            if type(node) is AccumulateGrad:
-                accumulate(node, grads[0], create_graph, captured, ownership)
-                continue
-            if node.hooks or node.retained or captured is not None:
-                non_leaf_hooks(node, grads, captured, ownership.hand_out)
-            _send(node, _call_rule(node, grads, create_graph, tracer_type, ownership), buffers)
-            if not retain_graph:
-                node.ctx.release()
-
-
-@contextlib.contextmanager
-def _backward_mode(create_graph: bool) -> Iterator[None]:
-    """Rules run on plain tensors (recording nothing), or with create_graph on tracers with recording on, so the
-    rules' own torch calls build the graph of the gradient."""
     previous = STATE.create_graph, torch.is_grad_enabled()
-    STATE.create_graph = create_graph
+    STATE.create_graph = create_graph  # with create_graph the rules' own torch calls record the gradient's graph
     torch.set_grad_enabled(create_graph)
     try:
         with plain_torch() if not create_graph else contextlib.nullcontext():
-            yield
+            while ready:
+                node = heappop(ready)[1]
+                grads = buffers.pop(node)
+                if needed is not None and node not in needed:
+                    continue  # tt.grad does not need it
+                if type(node) is AccumulateGrad:
+                    accumulate(node, grads[0], create_graph, captured, ownership)
+                    continue
+                if node.hooks or node.retained or captured is not None:
+                    non_leaf_hooks(node, grads, captured, ownership.hand_out)
+                _send(node, _call_rule(node, grads, create_graph, tracer_type, ownership), buffers, ready)
+                if not retain_graph:
+                    node.ctx.release()
     finally:
         STATE.create_graph = previous[0]
         torch.set_grad_enabled(previous[1])
 
 
-def _add(buffers: Dict[Any, List[Any]], node: Any, nr: int, g: Any) -> None:
-    """Buffer g for output nr of node; gradients arriving along several edges (fan-out) are summed."""
+def _add(buffers: Dict[Any, List[Any]], ready: List[Tuple[int, Any]], node: Any, nr: int, g: Any) -> None:
+    """Buffer g for output nr of node (a node's first gradient makes it ready); gradients arriving along several
+    edges (fan-out) are summed."""
     buf = buffers.get(node)
     if buf is None:
         buffers[node] = buf = [None] * node.n_outputs
+        heappush(ready, (-node.sequence_nr, node))
     buf[nr] = g if buf[nr] is None else buf[nr] + g
 
 
-def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]]) -> None:
-    """Each edge's gradient from what the rule returned, summed over the dimensions forward broadcast and cast to
-    the input's dtype, into the buffer of the node the edge points to (this is _add, written out: it runs for
-    every edge of every node)."""
+def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]], ready: List[Tuple[int, Any]]) -> None:
+    """Each edge's gradient: node.edge_gradient (the rule's entry for the edge, summed over the dimensions forward
+    broadcast, cast to the input's dtype), checked, then _add; both written out here, as this runs for every edge."""
     n = len(result)
     for edge in node.edges:
         position, target, nr, shape, dtype = edge
@@ -180,35 +201,37 @@ def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]]) -> None:
         buf = buffers.get(target)
         if buf is None:
             buffers[target] = buf = [None] * target.n_outputs
+            heappush(ready, (-target.sequence_nr, target))
         buf[nr] = g if buf[nr] is None else buf[nr] + g
 
 
-def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: type, ownership: Ownership) -> tuple:
-    """rule.backward(ctx, *grads) as a tuple, with zeros for outputs no gradient reached; observers see the call,
-    and what user code receives or returns no leaf keeps."""
-    if node.output_meta is not None:
-        grads = [torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
-                 for g, meta in zip(grads, node.output_meta)]
-    if node.pre_hooks:
-        grads = grad_fn_hooks.run_pre_hooks(node, grads)
+def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: type, ownership: "Ownership") -> tuple:
+    """rule.backward(ctx, *grads) as a tuple, with zeros for outputs no gradient reached; grad_fn hooks run around
+    it, observers see the call, and what user code receives or returns no leaf keeps."""
+    if node.output_meta is not None or node.pre_hooks:
+        grads = _prepared_gradients(node, grads)
     trusted = node.rule.__module__.startswith(OUR_RULES)
     if not trusted:
-        for g in grads:
-            ownership.hand_out(g)
+        ownership.hand_out(grads)
     if node.autocast or (create_graph and node.saved_outputs):
         result = _call_in_forward_state(node, grads, create_graph, tracer_type)
     else:
         result = node.rule.backward(node.ctx, *grads)
-    if type(result) is not tuple or node.ctx._n_inputs is not None:
-        result = _as_tuple(node, result)
-    if node.post_hooks:
-        result = grad_fn_hooks.run_post_hooks(node, result, grads)
+    if type(result) is not tuple or node.ctx._n_inputs is not None or node.post_hooks:
+        result = grad_fn_hooks.run_post_hooks(node, _as_tuple(node, result), grads)
     if not trusted:
-        for g in result:
-            ownership.hand_out(g)
+        ownership.hand_out(result)
     for observe in STATE.on_backward:
         observe(node, grads, result)
     return result
+
+
+def _prepared_gradients(node: Node, grads: List[Any]) -> List[Any]:
+    """Zeros for the outputs of a multi-output node that no gradient reached; then the grad_fn pre-hooks."""
+    if node.output_meta is not None:
+        grads = [torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
+                 for g, meta in zip(grads, node.output_meta)]
+    return grad_fn_hooks.run_pre_hooks(node, grads) if node.pre_hooks else grads
 
 
 def _call_in_forward_state(node: Node, grads: List[Any], create_graph: bool, tracer_type: type) -> Any:
@@ -269,3 +292,79 @@ def _unbroadcast(node: Node, g: torch.Tensor, shape: torch.Size) -> torch.Tensor
     except RuntimeError:
         raise RuntimeError(f"{node.name}.backward returned a gradient of shape {tuple(g.shape)} for an input of shape "
                            f"{tuple(shape)}") from None
+
+
+def accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Optional[dict],
+               ownership: "Ownership") -> None:
+    """A leaf's step: sum g into its .grad (a plain tensor leaf: torch's own .grad), in place once .grad exists, as
+    torch does; the first gradient becomes .grad itself when no one else can reach its memory (`Ownership`)."""
+    leaf = acc.variable
+    if not acc.torch_leaf and leaf._tt_hooks:
+        g = run_hooks(leaf._tt_hooks, g, "a leaf", ownership.hand_out)
+    if captured is not None:
+        if (acc, 0) in captured:
+            captured[(acc, 0)] = g
+        return
+    current = leaf.grad if acc.torch_leaf else leaf._tt_grad
+    if current is None:
+        current = ownership.take(g, leaf, create_graph)
+    elif create_graph or type(current) is not torch.Tensor:
+        current = current + g
+    else:
+        current.add_(g)  # in place, as torch: a reference to .grad held by the user sees the sum
+    if acc.torch_leaf:
+        leaf.grad = current
+        return
+    leaf._tt_grad = current
+    for fn in list(leaf._tt_post_hooks or ()):
+        fn(leaf)
+
+
+class Ownership:
+    """Which gradients a leaf may keep as its .grad without a copy (as torch's AccumulateGrad steals its buffer).
+
+    A leaf keeps a gradient that no user code has seen: the engine knows the storages that reached user code
+    during this backward (the root gradients, what hooks saw or returned, what a user's Function received or
+    returned) and the storages leaves already keep. Handing a kept storage to user code later first gives its
+    leaf a private copy, so an in-place accumulation into .grad never reaches anyone else.
+    """
+
+    def __init__(self, roots: List[Any], enabled: bool):
+        self.enabled = enabled  # off while observers watch: they see every gradient
+        self.handed_out = {_storage(g) for g in roots}
+        self.kept: Dict[int, Any] = {}  # storage -> the leaf that keeps it as .grad
+
+    def hand_out(self, g: Any) -> None:
+        """g (or a tensor sharing its memory; or each tensor of a list of gradients) reaches user code."""
+        if isinstance(g, (list, tuple)):
+            for item in g:
+                self.hand_out(item)
+        elif isinstance(g, torch.Tensor):
+            storage = _storage(g)
+            self.handed_out.add(storage)
+            leaf = self.kept.pop(storage, None)
+            if leaf is not None:
+                leaf.grad = _private_copy(leaf.grad)
+
+    def take(self, g: Any, leaf: Any, create_graph: bool) -> Any:
+        """g itself for the leaf's .grad when nobody else can reach its memory, else a private copy. A recorded
+        gradient (create_graph) is never changed in place later, so only other leaves must not share it."""
+        storage = _storage(g)
+        free = storage not in self.handed_out and storage not in self.kept
+        if create_graph:
+            self.handed_out.add(storage)
+            return g if free else _private_copy(g, create_graph)
+        if not (free and self.enabled and type(g) is torch.Tensor and g.is_contiguous()
+                and (g._base is None or g._base.numel() == g.numel())):
+            return _private_copy(g)
+        self.kept[storage] = leaf
+        return g
+
+
+def _private_copy(g: Any, create_graph: bool = False) -> Any:
+    """A copy of g for a leaf's .grad: recorded in the graph with create_graph, else a plain contiguous tensor."""
+    return g.clone() if create_graph else g.clone(memory_format=torch.contiguous_format).as_subclass(torch.Tensor)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()  # a metadata read (dispatch.METADATA): no recording, even on a tracer

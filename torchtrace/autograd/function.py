@@ -1,103 +1,17 @@
-"""Function (a forward/backward pair), its Context (the ctx a rule saves into), and the rule registry."""
+"""Function (a forward/backward pair, its ctx a node.Context) and the rule registry: torch callable -> Function."""
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from torch.overrides import handle_torch_function, has_torch_function
 
-from torchtrace.autograd.plain import plain_torch
-from torchtrace.autograd.state import STATE
-from torchtrace.errors import instantiated_function, saved_inference_tensor
+from torchtrace.autograd.node import Context
+from torchtrace.errors import instantiated_function
 from torchtrace.naming import callable_name
 
 RULES: Dict[Callable, type] = {}  # torch callable -> the Function whose forward/backward it runs
 INPLACE: Dict[Callable, tuple] = {}  # in-place twin (Tensor.add_, torch.relu_, F.elu_) -> (rule, out-of-place callable)
 INPLACE_FLAG: Dict[Callable, int] = {}  # callable with an `inplace` parameter (F.relu) -> its position
-
-
-class Context:
-    """What a rule keeps between its forward and its backward (PyTorch's `ctx`).
-
-    Rules call `save_for_backward`, read `saved_tensors` and `needs_input_grad`, and may set any
-    attribute of their own (`ctx.dim = dim`, even `ctx.rule`). What torchtrace keeps here is underscored:
-    `_rule` is the Function this ctx serves (a rule class shared by several ops reads its data there). The
-    graph bookkeeping lives apart, in the Node.
-    """
-
-    _saved: Tuple[Any, ...] = ()
-    _versions: List[Any] = []
-    _released = False
-    _needs: Optional[Tuple[bool, ...]] = None
-    _graph_saved: Optional[Tuple[Any, ...]] = None
-    _n_inputs: Optional[int] = None  # set for Function.apply: how many arguments backward returns gradients for
-
-    def __init__(self, rule: type, edges: Any = (), needs_mask: Optional[int] = None):
-        self._rule = rule
-        self._edges = edges
-        self._mask = needs_mask  # bit i set: argument i needs a gradient (None: read it from the edges)
-
-    def save_for_backward(self, *tensors: Any) -> None:
-        """Keep tensors for backward; an in-place change of one of them before backward is an error."""
-        self._saved = tensors
-        try:
-            self._versions = [getattr(t, "_version", None) for t in tensors]
-        except RuntimeError:  # an inference tensor has no version counter
-            raise saved_inference_tensor(self._rule.__name__) from None
-
-    @property
-    def saved_tensors(self) -> Tuple[Any, ...]:
-        if self._released:
-            raise RuntimeError(
-                f"Trying to backward through the graph a second time ({self._rule.__name__}Backward): its saved "
-                "tensors were freed after the first backward. Pass retain_graph=True to the first backward()."
-            )
-        if STATE.create_graph:  # rules run with the hook active: read versions as plain tensors
-            with plain_torch():
-                self._check_versions()
-        else:
-            self._check_versions()
-        return self._saved if self._graph_saved is None else self._graph_saved
-
-    def _check_versions(self) -> None:
-        for t, version in zip(self._saved, self._versions):
-            if version is not None and t._version != version:
-                raise RuntimeError(
-                    f"A tensor saved by {self._rule.__name__}Backward for backward was modified by an in-place "
-                    f"operation (version {version} -> {t._version}). Use the out-of-place form of that op "
-                    "(e.g. x = x + 1 instead of x += 1), or .clone() before modifying it."
-                )
-
-    def use_graph_saved(self, saved: Optional[Tuple[Any, ...]]) -> None:
-        """While a create_graph backward runs: saved outputs re-linked to the graph (None restores them)."""
-        self._graph_saved = saved
-
-    def release(self) -> None:
-        """Free what forward saved (after the node ran, unless retain_graph)."""
-        if self._saved:
-            self._saved, self._released = (), True
-
-    @property
-    def needs_input_grad(self) -> Tuple[bool, ...]:
-        """One flag per positional parameter of forward: does that argument need a gradient?"""
-        needs = self._needs
-        if needs is None:
-            mask = self._mask
-            if mask is None:
-                mask = self._mask = sum({1 << (p if type(p) is int else p[0]) for p, *_ in self._edges})
-            needs = self._needs = _NEEDS.get(mask) or _needs_flags(mask)
-        return needs
-
-    @needs_input_grad.setter
-    def needs_input_grad(self, flags: Tuple[bool, ...]) -> None:
-        self._needs = tuple(flags)
-
-
-_NEEDS: Dict[int, Tuple[bool, ...]] = {}  # bit mask of the arguments needing a gradient -> needs_input_grad flags
-
-
-def _needs_flags(mask: int) -> Tuple[bool, ...]:
-    """0b101 -> (True, False, True, False, ...): one flag per parameter, at least 8."""
-    return _NEEDS.setdefault(mask, tuple(bool(mask >> i & 1) for i in range(max(8, mask.bit_length()))))
 
 
 class Function:

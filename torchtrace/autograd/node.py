@@ -1,16 +1,20 @@
 """The graph: a Node holds a rule, the rule's ctx and one Edge per input that needs a gradient.
 
 An Edge points at the node that produced that input (an AccumulateGrad for a leaf). backward()
-(engine.py) visits nodes in reverse topological order, calls each node's rule, and sends every edge
-the gradient that belongs to it (`gradient_for`).
+(engine.py) visits nodes newest first, calls each node's rule, and sends every edge the gradient
+that belongs to it (`edge_gradient`). A node's `sequence_nr` says when it was made: the nodes an edge
+points to are always older, so newest first is a topological order (as torch orders its ready queue).
 """
+import itertools
 import weakref
-from typing import Any, Callable, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
 from torchtrace.autograd.grad_fn_hooks import GradFnHooks, NodeName
-from torchtrace.errors import UnsupportedOperationError
+from torchtrace.errors import UnsupportedOperationError, saved_inference_tensor
+
+_next_sequence_nr = itertools.count().__next__  # one counter for all threads (a graph may mix them)
 
 
 class Edge(NamedTuple):
@@ -41,6 +45,73 @@ def edge_gradient(edge: Edge, grads_of_inputs: tuple) -> Optional[torch.Tensor]:
     return g if g.dtype == edge.dtype else g.to(edge.dtype)
 
 
+_UNSAVED: List[Any] = []  # the version list of a ctx that saved nothing (shared, never changed)
+
+
+class Context:
+    """What a rule keeps between its forward and its backward (PyTorch's `ctx`).
+
+    Rules call `save_for_backward`, read `saved_tensors` and `needs_input_grad` (one flag per positional parameter
+    of forward: does that argument need a gradient?), and may set any attribute of their own (`ctx.dim = dim`, even
+    `ctx.rule`). What torchtrace keeps here is underscored: `_rule` is the Function this ctx serves (a rule class
+    shared by several ops reads its data there). The graph bookkeeping lives apart, in the Node.
+    """
+
+    __slots__ = ("_rule", "_edges", "_mask", "_saved", "_versions", "needs_input_grad", "__dict__")
+    _released = False
+    _graph_saved: Optional[Tuple[Any, ...]] = None
+    _n_inputs: Optional[int] = None  # set for Function.apply: how many arguments backward returns gradients for
+
+    def __init__(self, rule: type, edges: Any = (), needs_mask: Optional[int] = None):
+        if needs_mask is None:  # bit i set: argument i needs a gradient
+            needs_mask = sum({1 << (p if type(p) is int else p[0]) for p, *_ in edges})
+        self._rule, self._edges, self._mask, self._saved, self._versions = rule, edges, needs_mask, (), _UNSAVED
+        self.needs_input_grad = _NEEDS.get(needs_mask) or _needs_flags(needs_mask)
+
+    def save_for_backward(self, *tensors: Any) -> None:
+        """Keep tensors for backward; an in-place change of one of them before backward is an error."""
+        try:
+            self._saved, self._versions = tensors, [getattr(t, "_version", None) for t in tensors]
+        except RuntimeError:  # an inference tensor has no version counter
+            raise saved_inference_tensor(self._rule.__name__) from None
+
+    @property
+    def saved_tensors(self) -> Tuple[Any, ...]:
+        if self._released or [getattr(t, "_version", None) for t in self._saved] != self._versions:
+            self._refuse()
+        return self._saved if self._graph_saved is None else self._graph_saved
+
+    def _refuse(self) -> None:
+        if self._released:
+            raise RuntimeError(
+                f"Trying to backward through the graph a second time ({self._rule.__name__}Backward): its saved "
+                "tensors were freed after the first backward. Pass retain_graph=True to the first backward()."
+            )
+        t, version = next((t, v) for t, v in zip(self._saved, self._versions) if v is not None and t._version != v)
+        raise RuntimeError(
+            f"A tensor saved by {self._rule.__name__}Backward for backward was modified by an in-place "
+            f"operation (version {version} -> {t._version}). Use the out-of-place form of that op "
+            "(e.g. x = x + 1 instead of x += 1), or .clone() before modifying it."
+        )
+
+    def use_graph_saved(self, saved: Optional[Tuple[Any, ...]]) -> None:
+        """While a create_graph backward runs: saved outputs re-linked to the graph (None restores them)."""
+        self._graph_saved = saved
+
+    def release(self) -> None:
+        """Free what forward saved (after the node ran, unless retain_graph)."""
+        if self._saved:
+            self._saved, self._versions, self._released = (), _UNSAVED, True
+
+
+_NEEDS: Dict[int, Tuple[bool, ...]] = {}  # bit mask of the arguments needing a gradient -> needs_input_grad flags
+
+
+def _needs_flags(mask: int) -> Tuple[bool, ...]:
+    """0b101 -> (True, False, True, False, ...): one flag per parameter, at least 8."""
+    return _NEEDS.setdefault(mask, tuple(bool(mask >> i & 1) for i in range(max(8, mask.bit_length()))))
+
+
 class Node(GradFnHooks):
     """One recorded op: the grad_fn of its outputs, and a step of the backward walk."""
 
@@ -52,9 +123,14 @@ class Node(GradFnHooks):
     autocast: Optional[Tuple[str, torch.dtype]] = None  # recorded under torch.autocast(device type, dtype)
     notes: Optional[dict] = None  # what inspection tools note about the node: source line, call shapes, ...
 
+    # What every node has lives in slots; what few nodes have is a class default until set (in the instance dict).
+    __slots__ = ("rule", "ctx", "edges", "func", "module_path", "sequence_nr", "value_refs")
+
     def __init__(self, rule: type, ctx: Any, edges: List[Edge], func: Optional[Callable], module_path: tuple):
         self.rule, self.ctx, self.edges, self.func = rule, ctx, edges, func
         self.module_path = module_path  # the modules running when the op was recorded, outermost first
+        self.sequence_nr = _next_sequence_nr()  # newer than every node its edges point to
+        self.value_refs = None  # weak references to the output values, for tools that show them
 
     @property
     def name(self) -> NodeName:
@@ -100,6 +176,7 @@ class AccumulateGrad:
 
     def __init__(self, leaf: torch.Tensor):
         self.variable = leaf
+        self.sequence_nr = _next_sequence_nr()
         self.torch_leaf = not hasattr(type(leaf), "_tt_grad")  # a plain tensor with torch's requires_grad=True
         self.weak_self = weakref.ref(self)
 
@@ -117,21 +194,20 @@ def leaf_accumulator(leaf: torch.Tensor) -> AccumulateGrad:
     return acc
 
 
-def link_output(raw: torch.Tensor, node: Node, nr: int, tracer_type: type) -> torch.Tensor:
+def link_output(raw: torch.Tensor, node: Node, nr: int, tracer_type: type, fresh: bool = False) -> torch.Tensor:
     """Wrap a plain forward result as a tracer whose grad_fn is `node` (integer results get no node; complex ones are
-    refused: every rule is written for real tensors, and a complex gradient would need conjugates)."""
-    t = raw.as_subclass(tracer_type)
-    if raw.is_floating_point():
-        t._tt_node, t._tt_requires_grad = node, True
-        if nr:
-            t._tt_nr = nr
-        version = raw._version
-        if version:
-            t._tt_version = version
-    elif raw.is_complex():
+    refused: every rule is written for real tensors, and a complex gradient would need conjugates). A `fresh` result,
+    one no one else holds, becomes the tracer itself (its class changes: no second Python object, unlike as_subclass).
+    """
+    floating, view = raw.is_floating_point(), raw._is_view()
+    if not floating and raw.is_complex():
         raise UnsupportedOperationError(f"{node.rule.__name__}: its result is complex, and torchtrace differentiates "
                                         "real tensors only: keep real and imaginary parts as separate real tracers, "
                                         "or run this call under tt.no_grad()")
-    if raw._is_view():
-        t._tt_view = True
+    if fresh:
+        raw.__class__ = tracer_type
+    t = raw if fresh else raw.as_subclass(tracer_type)
+    if floating:
+        t._tt_node, t._tt_requires_grad, t._tt_nr, t._tt_version = node, True, nr, raw._version
+    t._tt_view = view
     return t

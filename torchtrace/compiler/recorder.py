@@ -16,8 +16,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchtrace.autograd.engine import topological_order
-from torchtrace.autograd.function import INPLACE, Context, Function
-from torchtrace.autograd.node import Node, gradient_for, leaf_accumulator
+from torchtrace.autograd.function import INPLACE, Function
+from torchtrace.autograd.node import Context, Node, gradient_for, leaf_accumulator
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.compiler.codegen import call_source, index_source, is_property, plain_form, value_source
 from torchtrace.compiler.constants import Constants

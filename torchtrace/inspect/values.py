@@ -21,11 +21,11 @@ from typing import Any, Iterator, Optional, Union
 
 import torch
 
+from torchtrace.autograd.engine import BACKWARD_WATCHERS
 from torchtrace.autograd.node import Node, gradient_for
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.inspect.scope import module_scope
-from torchtrace.tensor_protocols import BACKWARD_WATCHERS
 
 VALUE_LIMIT = 4  # tensors with at most this many elements are shown in full; larger ones by their norm
 CALL_LIMIT = 16  # an op whose tensors all have at most this many elements notes its call (tt.explore checks it)

@@ -10,8 +10,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from torchtrace.autograd.function import Context
-from torchtrace.autograd.node import Edge, Node, edge_gradient
+from torchtrace.autograd.node import Context, Edge, Node, edge_gradient
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.inspect.explore.shown import FULL, matrix_text, number
 
