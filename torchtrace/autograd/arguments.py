@@ -8,6 +8,10 @@ import torch
 from torchtrace.autograd.plain import plain_torch
 
 _POSITIONAL: Dict[Callable, tuple] = {}  # keyed by registered torch callables only: it owns no user object
+# (torch callable, number of positional arguments, keyword names) -> (the (name, default) of each parameter that moves
+# to a position, the keywords that stay): how a call to a Python function of torch's (exact signature) is normalised,
+# which depends on those names only. dispatch.run_rule applies it without calling keywords_to_positions again.
+KEYWORD_PLANS: Dict[tuple, Tuple[tuple, tuple]] = {}
 _NUMPY_NAMES = (("axis", "dim"), ("keepdims", "keepdim"))
 
 
@@ -84,23 +88,25 @@ def keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kwa
     `tensors=`), whose gradients must be routed; options such as alpha= stay keywords, which rules
     accept under torch's names.
     """
+    key = (func, len(args), *kwargs)
     if "out" in kwargs and kwargs["out"] is None:  # out=None is torch's default: no preallocated output
         kwargs = {k: v for k, v in kwargs.items() if k != "out"}
     for alias, name in _NUMPY_NAMES:  # x.sum(axis=0, keepdims=True) means x.sum(dim=0, keepdim=True)
         if alias in kwargs and name not in kwargs:
             kwargs = {name if k == alias else k: v for k, v in kwargs.items()}
+    as_written = key[2:] == tuple(kwargs)  # no keyword dropped or renamed
     params, exact = _positional_parameters(func) if func is not None else _forward_parameters(rule)
     names = [name for name, _ in params]
     movable = [k for k, v in kwargs.items()
                if k in names and (exact or _holds_tensor(v) or _must_move(rule, k, names.index(k)))]
     last = max((names.index(k) for k in movable), default=-1)
-    if last < len(args):
-        return args, kwargs
     moved = params[len(args):last + 1]
     filled = [kwargs[name] if name in kwargs else default for name, default in moved]
     if any(value is inspect.Parameter.empty for value in filled):
-        return args, kwargs
+        moved, filled = [], []
     rest = {k: v for k, v in kwargs.items() if k not in {name for name, _ in moved}}
+    if exact and func is not None and as_written and "out" not in kwargs:
+        KEYWORD_PLANS[key] = (tuple(moved), tuple(rest))  # the keyword names decide it all
     return tuple(args) + tuple(filled), rest
 
 

@@ -3,7 +3,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
-from torchtrace.autograd.arguments import keywords_to_positions, wants_gradient
+from torchtrace.autograd.arguments import KEYWORD_PLANS, keywords_to_positions, wants_gradient
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.function_contract import returned_outputs
 from torchtrace.autograd.inplace import catch_up, inplace_requested, record_inplace, record_inplace_flag, remember_base
@@ -42,8 +42,10 @@ def torch_function(cls: type, func: Callable, types: Any, args: tuple = (), kwar
 def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tuple, kwargs: dict) -> Any:
     """Run `rule` (forward of func); record a Node when some argument requires a gradient."""
     call = args, kwargs  # as the caller wrote it: what torch itself is called with when nothing is recorded
-    if kwargs:
-        args, kwargs = keywords_to_positions(func, rule, args, kwargs)
+    if kwargs:  # tensors passed by keyword move to their positions (arguments.py); a known call's plan is applied here
+        plan = KEYWORD_PLANS.get((func, len(args), *kwargs))
+        args, kwargs = keywords_to_positions(func, rule, args, kwargs) if plan is None else (
+            (*args, *[kwargs.get(name, default) for name, default in plan[0]]), {k: kwargs[k] for k in plan[1]})
     if func in INPLACE_FLAG and inplace_requested(INPLACE_FLAG[func], args, kwargs):
         return record_inplace_flag(tracer_type, rule, func, *call, run_rule)
     with plain_torch():
@@ -55,8 +57,7 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
             raise UnsupportedOperationError(
                 f"{_name(func, rule)}: out= cannot be recorded (no gradient can flow into a preallocated output) "
                 "— assign the result instead, or run the call under tt.no_grad()")
-        stack = STATE.module_stack
-        node = Node(rule, Context(rule, edges, needs), edges, func, tuple(stack) if stack else ())
+        node = Node(rule, Context(rule, edges, needs), edges, func, tuple(STATE.module_stack))
         if func is None:  # Function.apply: backward must return one gradient per argument, as torch checks
             node.ctx._n_inputs = len(args) + len(kwargs)
         if torch_leaf:  # torch's autograd must not record the plain tensors that require grad
@@ -87,9 +88,8 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
     """An Edge for every argument that requires a gradient (items of list arguments too), whether one of them is
     a plain torch.Tensor with torch's requires_grad=True (a leaf torchtrace fills), and the bit mask of the
     arguments that need a gradient (the rule's ctx.needs_input_grad)."""
-    edges: List[Edge] = []
-    torch_leaf = False
-    needs = 0
+    edges: List[Edge]
+    edges, torch_leaf, needs = [], False, 0
     pairs = enumerate(args) if not kwargs else [
         *enumerate(args), *((rule.param_index(k), v) for k, v in kwargs.items() if k != "out" and wants_gradient(v))]
     for position, arg in pairs:
@@ -126,9 +126,7 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
 def _edge(position: Any, t: torch.Tensor) -> Edge:
     node = t._tt_node
     if node is None:
-        ref = t._tt_acc
-        acc = ref() if ref is not None else None
-        return _new_edge(Edge, (position, acc or leaf_accumulator(t), 0, t.shape, t.dtype))
+        return _new_edge(Edge, (position, leaf_accumulator(t), 0, t.shape, t.dtype))
     if t._version != t._tt_version:
         raise RuntimeError(
             f"A tracer produced by {node.name} was modified in place (through itself or a view sharing its "
@@ -177,12 +175,10 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     alias (as a tracer it would hold the node that holds it); a fresh one becomes the tracer itself."""
     saved = node.ctx._saved
     if isinstance(out, torch.Tensor):
-        fresh = _fresh(out, args)
-        for s in saved:  # a loop, not _note_saved_outputs: most nodes save no output, and this runs for every op
-            if s is out:
-                _note_saved_outputs(node, saved, (out,))
-                fresh = False
-        t = link_output(out, node, 0, tracer_type, fresh)
+        kept = id(out) in map(id, saved)
+        if kept:
+            _note_saved_outputs(node, saved, (out,))
+        t = link_output(out, node, 0, tracer_type, not kept and _fresh(out, args))
         if t._tt_view:
             remember_base(t, args)
         return t

@@ -86,23 +86,22 @@ def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool) -> Tu
         raise RuntimeError("backward needs tracers: these tensors were not computed by torchtrace "
                            "(for plain tensors use torch's own .backward())")
     with plain_torch():
-        roots = [(*_edge_of(t, f"element {i} of the tensors passed to backward"),
-                  _root_gradient(t, g, create_graph, tracer_type)) for i, (t, g) in enumerate(zip(tensors, grads))]
-    return roots, tracer_type
+        return [(*_edge_of(t, f"element {i} of the tensors passed to backward"), _root_gradient(t, g, create_graph,
+                 tracer_type)) for i, (t, g) in enumerate(zip(tensors, grads))], tracer_type
 
 
 def _root_gradient(t: torch.Tensor, g: Optional[torch.Tensor], create_graph: bool, tracer_type: type) -> Any:
-    """The gradient backward starts from: ones for a scalar output; else g, which must have the output's shape."""
-    if g is None and t.numel() != 1:
+    """The gradient backward starts from: ones for a scalar output; else g, which must have the output's shape; in
+    the output's dtype (as torch); recorded too with create_graph."""
+    if (g is None and t.numel() != 1) or (g is not None and (g.shape != t.shape or g.is_complex())):
         raise RuntimeError(f"grad can be implicitly created only for scalar outputs, but this output has shape "
-                           f"{tuple(t.shape)}: pass gradient= (a tensor of that shape), or reduce it (e.g. .sum()).")
-    if g is not None and (g.shape != t.shape or g.is_complex()):
-        raise RuntimeError(f"gradient has shape {tuple(g.shape)} and dtype {g.dtype}, but the output has shape "
-                           f"{tuple(t.shape)} and dtype {t.dtype}: pass a real gradient of the output's shape")
-    g = torch.ones_like(t) if g is None else g.to(t.dtype)  # as torch: an output's gradient has the output's dtype
-    if create_graph:  # the gradient is recorded too
-        return g if isinstance(g, tracer_type) else g.as_subclass(tracer_type)
-    return g.as_subclass(torch.Tensor)
+                           f"{tuple(t.shape)}: pass gradient= (a tensor of that shape), or reduce it (e.g. .sum())."
+                           if g is None else f"gradient has shape {tuple(g.shape)} and dtype {g.dtype}, but the "
+                           f"output has shape {tuple(t.shape)} and dtype {t.dtype}: pass a real gradient of the "
+                           "output's shape")
+    g = torch.ones_like(t) if g is None else g.to(t.dtype)
+    return g if create_graph and isinstance(g, tracer_type) else g.as_subclass(
+        tracer_type if create_graph else torch.Tensor)
 
 
 def topological_order(roots: List[Any]) -> List[Any]:
@@ -150,11 +149,9 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
     for node, nr, g in roots:
         _add(buffers, ready, node, nr, g)
     ownership = Ownership([g for _, _, g in roots], enabled=not STATE.on_backward)
-    previous = STATE.create_graph, torch.is_grad_enabled()
-    STATE.create_graph = create_graph  # with create_graph the rules' own torch calls record the gradient's graph
-    torch.set_grad_enabled(create_graph)
-    try:
-        with plain_torch() if not create_graph else contextlib.nullcontext():
+    previous, STATE.create_graph = STATE.create_graph, create_graph
+    try:  # rules run on plain tensors; with create_graph on tracers, recording, so they build the gradient's graph
+        with torch.set_grad_enabled(create_graph), plain_torch() if not create_graph else contextlib.nullcontext():
             while ready:
                 node = heappop(ready)[1]
                 grads = buffers.pop(node)
@@ -169,8 +166,7 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
                 if not retain_graph:
                     node.ctx.release()
     finally:
-        STATE.create_graph = previous[0]
-        torch.set_grad_enabled(previous[1])
+        STATE.create_graph = previous
 
 
 def _add(buffers: Dict[Any, List[Any]], ready: List[Tuple[int, Any]], node: Any, nr: int, g: Any) -> None:
@@ -185,7 +181,7 @@ def _add(buffers: Dict[Any, List[Any]], ready: List[Tuple[int, Any]], node: Any,
 
 def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]], ready: List[Tuple[int, Any]]) -> None:
     """Each edge's gradient: node.edge_gradient (the rule's entry for the edge, summed over the dimensions forward
-    broadcast, cast to the input's dtype), checked, then _add; both written out here, as this runs for every edge."""
+    broadcast, cast to the input's dtype), written out here with checks, as this runs for every edge; then _add."""
     n = len(result)
     for edge in node.edges:
         position, target, nr, shape, dtype = edge
@@ -196,13 +192,7 @@ def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]], ready: List[
             g = _received(node, edge, result)  # raises, naming what backward returned
         if g.shape != shape:
             g = _unbroadcast(node, g, shape)
-        if g.dtype != dtype:
-            g = g.to(dtype)
-        buf = buffers.get(target)
-        if buf is None:
-            buffers[target] = buf = [None] * target.n_outputs
-            heappush(ready, (-target.sequence_nr, target))
-        buf[nr] = g if buf[nr] is None else buf[nr] + g
+        _add(buffers, ready, target, nr, g if g.dtype == dtype else g.to(dtype))
 
 
 def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: type, ownership: "Ownership") -> tuple:
@@ -331,8 +321,7 @@ class Ownership:
 
     def __init__(self, roots: List[Any], enabled: bool):
         self.enabled = enabled  # off while observers watch: they see every gradient
-        self.handed_out = {_storage(g) for g in roots}
-        self.kept: Dict[int, Any] = {}  # storage -> the leaf that keeps it as .grad
+        self.handed_out, self.kept = {_storage(g) for g in roots}, {}  # kept: storage -> the leaf keeping it as .grad
 
     def hand_out(self, g: Any) -> None:
         """g (or a tensor sharing its memory; or each tensor of a list of gradients) reaches user code."""

@@ -129,8 +129,8 @@ class Node(GradFnHooks):
     def __init__(self, rule: type, ctx: Any, edges: List[Edge], func: Optional[Callable], module_path: tuple):
         self.rule, self.ctx, self.edges, self.func = rule, ctx, edges, func
         self.module_path = module_path  # the modules running when the op was recorded, outermost first
-        self.sequence_nr = _next_sequence_nr()  # newer than every node its edges point to
-        self.value_refs = None  # weak references to the output values, for tools that show them
+        # newer than every node its edges point to; value_refs: weak references to the outputs, for tools showing them
+        self.sequence_nr, self.value_refs = _next_sequence_nr(), None
 
     @property
     def name(self) -> NodeName:
@@ -175,10 +175,9 @@ class AccumulateGrad:
     notes = None
 
     def __init__(self, leaf: torch.Tensor):
-        self.variable = leaf
-        self.sequence_nr = _next_sequence_nr()
+        self.variable, self.sequence_nr = leaf, _next_sequence_nr()
         self.torch_leaf = not hasattr(type(leaf), "_tt_grad")  # a plain tensor with torch's requires_grad=True
-        self.weak_self = weakref.ref(self)
+        leaf._tt_acc = self.weak_self = weakref.ref(self)  # the leaf holds it weakly, the graph strongly (as torch)
 
     def __repr__(self) -> str:
         return "<AccumulateGrad>"
@@ -188,10 +187,7 @@ def leaf_accumulator(leaf: torch.Tensor) -> AccumulateGrad:
     """The leaf's AccumulateGrad node; the leaf holds it weakly, the graph strongly (as torch does)."""
     ref = getattr(leaf, "_tt_acc", None)
     acc = ref() if ref is not None else None
-    if acc is None:
-        acc = AccumulateGrad(leaf)
-        leaf._tt_acc = acc.weak_self
-    return acc
+    return acc if acc is not None else AccumulateGrad(leaf)
 
 
 def link_output(raw: torch.Tensor, node: Node, nr: int, tracer_type: type, fresh: bool = False) -> torch.Tensor:
@@ -204,9 +200,8 @@ def link_output(raw: torch.Tensor, node: Node, nr: int, tracer_type: type, fresh
         raise UnsupportedOperationError(f"{node.rule.__name__}: its result is complex, and torchtrace differentiates "
                                         "real tensors only: keep real and imaginary parts as separate real tracers, "
                                         "or run this call under tt.no_grad()")
-    if fresh:
-        raw.__class__ = tracer_type
     t = raw if fresh else raw.as_subclass(tracer_type)
+    t.__class__ = tracer_type  # a fresh result becomes the tracer itself (an alias already is one)
     if floating:
         t._tt_node, t._tt_requires_grad, t._tt_nr, t._tt_version = node, True, nr, raw._version
     t._tt_view = view
