@@ -1,6 +1,6 @@
 """Whole training steps of ported torch models: torchtrace vs torch autograd, in one process, interleaved, medians.
 
-    python bench/models.py [--repeats 30] [--device cpu] [--threads N]
+    python bench/models.py [--repeats 30] [--device cpu] [--threads N] [--clock wall|thread] [--cases mlp,wide,cnn,gpt]
 
 One step = zero_grad + forward + loss + backward + optimizer step. The torchtrace side is the model after
 tt.port with torchtrace's optimizer; the torch side is an identical deep copy with torch's. Models (LeNet and
@@ -31,6 +31,9 @@ from test_port import GPT, LeNet, sequence_loss  # noqa: E402
 import torchtrace as tt  # noqa: E402
 from torchtrace.port import port  # noqa: E402
 
+# perf_counter (wall time) by default; --clock thread measures this thread's CPU time, which a machine shared with
+# other jobs disturbs far less (torch runs on this thread alone with --threads 1).
+CLOCK = [time.perf_counter]
 
 def mlp_case(device: str) -> Tuple[torch.nn.Module, torch.Tensor, torch.Tensor, Callable]:
     model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
@@ -64,14 +67,14 @@ def timed_step(model: torch.nn.Module, optimizer, x: torch.Tensor, target: torch
                device: str) -> Tuple[float, float]:
     """(seconds for the whole step, seconds for optimizer.step())."""
     sync(device)
-    start = time.perf_counter()
+    start = CLOCK[0]()
     optimizer.zero_grad()
     loss_fn(model(x), target).backward()
     sync(device)
-    middle = time.perf_counter()
+    middle = CLOCK[0]()
     optimizer.step()
     sync(device)
-    end = time.perf_counter()
+    end = CLOCK[0]()
     return end - start, end - middle
 
 
@@ -112,10 +115,13 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ", ".join(CASES))
+    parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                        help="wall: time.perf_counter; thread: time.thread_time (CPU time; use with --threads 1)")
     args = parser.parse_args()
+    CLOCK[0] = time.thread_time if args.clock == "thread" else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, clock {args.clock}")
     for key in args.cases.split(","):
         name, case, optimizer_kind = CASES[key]
         compare(name, case, optimizer_kind, args.repeats, args.device)
