@@ -167,7 +167,9 @@ class tracer(TensorProtocols, torch.Tensor):
 
     def detach(self) -> "tracer":
         with plain_torch():
-            return torch.Tensor.detach(self).as_subclass(tracer)
+            t = torch.Tensor.detach(self)
+        t.__class__ = tracer  # a new tensor object: it becomes the tracer itself (cheaper than as_subclass)
+        return t
 
     def detach_(self) -> "tracer":
         """Make this tracer a leaf that does not require grad (as torch's detach_)."""

@@ -60,16 +60,14 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
         node = Node(rule, Context(rule, edges, needs), edges, func, tuple(STATE.module_stack))
         if func is None:  # Function.apply: backward must return one gradient per argument, as torch checks
             node.ctx._n_inputs = len(args) + len(kwargs)
-        if torch_leaf:  # torch's autograd must not record the plain tensors that require grad
-            _set_grad_enabled(False)
+        _set_grad_enabled(not torch_leaf)  # torch's autograd must not record the plain tensors that require grad
         try:
             out = rule.forward(node.ctx, *args, **kwargs)
             if func is not None and args and out is args[0] and isinstance(out, tracer_type):
                 return out  # torch hands back the input itself (x.contiguous() of a contiguous x): no new node
             result = _link_outputs(out, node, tracer_type, args)
         finally:
-            if torch_leaf:
-                _set_grad_enabled(True)
+            _set_grad_enabled(True)  # as it was: recording needs it on
         if _any_autocast():
             node.autocast = _autocast_state(edges[0].shape, args)
     for observe in STATE.on_record:
@@ -98,11 +96,7 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
                 catch_up(arg, tracer_type, run_rule)
             if arg._tt_requires_grad:
                 needs |= 1 << position
-                node = arg._tt_node  # _edge(position, arg), written out: this is the hottest loop of recording
-                if node is None or arg._version != arg._tt_version:
-                    edges.append(_edge(position, arg))
-                else:
-                    edges.append(_new_edge(Edge, (position, node, arg._tt_nr, arg.shape, arg.dtype)))
+                edges.append(_edge(position, arg))
         elif isinstance(arg, torch.Tensor):
             if arg.requires_grad:
                 needs |= 1 << position
@@ -124,15 +118,13 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
 
 
 def _edge(position: Any, t: torch.Tensor) -> Edge:
-    node = t._tt_node
-    if node is None:
-        return _new_edge(Edge, (position, leaf_accumulator(t), 0, t.shape, t.dtype))
-    if t._version != t._tt_version:
+    """The edge to the node that produced t (a leaf's: its AccumulateGrad), which must not have changed since."""
+    if t._tt_node is not None and t._version != t._tt_version:
         raise RuntimeError(
-            f"A tracer produced by {node.name} was modified in place (through itself or a view sharing its "
+            f"A tracer produced by {t._tt_node.name} was modified in place (through itself or a view sharing its "
             "storage) outside the recorded graph, so its gradient would be wrong. Use out-of-place ops."
         )
-    return _new_edge(Edge, (position, node, t._tt_nr, t.shape, t.dtype))
+    return _new_edge(Edge, (position, t._tt_node or leaf_accumulator(t), t._tt_nr, t.shape, t.dtype))
 
 
 def _torch_leaf_edge(position: Any, t: torch.Tensor) -> Edge:

@@ -144,8 +144,9 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
     out, every node that uses its outputs has run, so its buffered gradients are complete. It runs its rule and
     sends each edge its gradient (the node the edge points to becomes ready); a leaf sums it into its .grad."""
     needed = _needed([node for node, _, _ in roots], captured) if captured is not None else None
-    buffers: Dict[Any, List[Any]] = {}  # node -> the gradient of each of its outputs, summed as they arrive
-    ready: List[Tuple[int, Any]] = []  # (-sequence_nr, node): a heap, newest node first
+    buffers: Dict[Any, List[Any]]  # node -> the gradient of each of its outputs, summed as they arrive
+    ready: List[Tuple[int, Any]]  # (-sequence_nr, node): a heap, newest node first
+    buffers, ready = {}, []
     for node, nr, g in roots:
         _add(buffers, ready, node, nr, g)
     ownership = Ownership([g for _, _, g in roots], enabled=not STATE.on_backward)
@@ -186,10 +187,11 @@ def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]], ready: List[
     for edge in node.edges:
         position, target, nr, shape, dtype = edge
         g = result[position] if type(position) is int and position < n else _received(node, edge, result)
-        if g is None:
-            continue
-        if not isinstance(g, torch.Tensor):
-            g = _received(node, edge, result)  # raises, naming what backward returned
+        if type(g) is not torch.Tensor:  # a tracer (create_graph), None (no gradient), or a mistake
+            if g is None:
+                continue
+            if not isinstance(g, torch.Tensor):
+                g = _received(node, edge, result)  # raises, naming what backward returned
         if g.shape != shape:
             g = _unbroadcast(node, g, shape)
         _add(buffers, ready, target, nr, g if g.dtype == dtype else g.to(dtype))
@@ -340,12 +342,11 @@ class Ownership:
         gradient (create_graph) is never changed in place later, so only other leaves must not share it."""
         storage = _storage(g)
         free = storage not in self.handed_out and storage not in self.kept
-        if create_graph:
-            self.handed_out.add(storage)
-            return g if free else _private_copy(g, create_graph)
-        if not (free and self.enabled and type(g) is torch.Tensor and g.is_contiguous()
-                and (g._base is None or g._base.numel() == g.numel())):
-            return _private_copy(g)
+        if create_graph or not (free and self.enabled and type(g) is torch.Tensor and g.is_contiguous()
+                                and (g._base is None or g._base.numel() == g.numel())):
+            if create_graph:
+                self.handed_out.add(storage)
+            return g if create_graph and free else _private_copy(g, create_graph)
         self.kept[storage] = leaf
         return g
 
