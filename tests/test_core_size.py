@@ -16,12 +16,24 @@ speed: 1032. torch's grad_fn hooks run by the walk (module full backward hooks),
 checked as torch checks it, views of an op's own internal result owned by that result (einsum), and in-place forms
 of rules that read their result (elu_) then took it to 1053: the budget is 1055.
 Raising the budget needs a reason; moving code out of the core is the better fix.
+
+Counted honestly since: the core is every module the tracer and the engine need, found by following their imports
+(inside functions too) through torchtrace, so a helper moved to another folder still counts (keyword normalisation,
+torch's Function checks, grad_fn hooks, the tracer's protocols, errors and naming were outside the old count: counted
+this way the code before was 1,271, not counting the inspection tool one backward imported lazily). A shorter hot
+path (nodes numbered at creation and walked newest first, without a sort; accumulation inside the engine; the ctx
+beside the node; no inspection tool reached) brought it to 1,237.
 """
 import ast
 import pathlib
+import sys
+from typing import Dict
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent / "torchtrace"
-BUDGET = 1055
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from test_import_direction import PACKAGE, imported_modules  # noqa: E402
+
+BUDGET = 1240
+START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 
 
 def code_lines(path: pathlib.Path) -> int:
@@ -35,10 +47,36 @@ def code_lines(path: pathlib.Path) -> int:
                if line.strip() and not line.strip().startswith("#") and number not in docstrings)
 
 
+def source_of(module: str) -> pathlib.Path:
+    path = PACKAGE.parent / module.replace(".", "/")
+    return path.with_suffix(".py") if path.with_suffix(".py").exists() else path / "__init__.py"
+
+
+def core_modules() -> Dict[str, pathlib.Path]:
+    """Every torchtrace module the tracer and the engine import, directly or not (the facade torchtrace/__init__,
+    which only offers names, excepted)."""
+    found: Dict[str, pathlib.Path] = {}
+    todo = list(START)
+    while todo:
+        module = todo.pop()
+        if module in found or module == "torchtrace":
+            continue
+        found[module] = source_of(module)
+        todo += imported_modules(found[module], PACKAGE)
+    return found
+
+
 def test_core_fits_its_line_budget():
-    files = [ROOT / "tracer.py", *sorted((ROOT / "autograd").glob("*.py"))]
-    sizes = {f.name: code_lines(f) for f in files}
+    sizes = {module: code_lines(path) for module, path in core_modules().items()}
     assert sum(sizes.values()) <= BUDGET, f"core has {sum(sizes.values())} lines of code > {BUDGET}: {sizes}"
+
+
+def test_the_core_counts_what_the_engine_needs_wherever_it_lives():
+    core = core_modules()
+    for needed in ("torchtrace.autograd.arguments", "torchtrace.autograd.node", "torchtrace.tensor_protocols",
+                   "torchtrace.errors", "torchtrace.naming"):
+        assert needed in core
+    assert not any(m.startswith(("torchtrace.inspect", "torchtrace.ops", "torchtrace.nn")) for m in core)
 
 
 def test_the_counter_ignores_docstrings_and_comments(tmp_path):
