@@ -60,14 +60,16 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
         node = Node(rule, Context(rule, edges, needs), edges, func, tuple(STATE.module_stack))
         if func is None:  # Function.apply: backward must return one gradient per argument, as torch checks
             node.ctx._n_inputs = len(args) + len(kwargs)
-        _set_grad_enabled(not torch_leaf)  # torch's autograd must not record the plain tensors that require grad
+        if torch_leaf:  # torch's autograd must not record the plain tensors that require grad
+            _set_grad_enabled(False)
         try:
             out = rule.forward(node.ctx, *args, **kwargs)
             if func is not None and args and out is args[0] and isinstance(out, tracer_type):
                 return out  # torch hands back the input itself (x.contiguous() of a contiguous x): no new node
             result = _link_outputs(out, node, tracer_type, args)
         finally:
-            _set_grad_enabled(True)  # as it was: recording needs it on
+            if torch_leaf:
+                _set_grad_enabled(True)
         if _any_autocast():
             node.autocast = _autocast_state(edges[0].shape, args)
     for observe in STATE.on_record:
@@ -96,7 +98,11 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
                 catch_up(arg, tracer_type, run_rule)
             if arg._tt_requires_grad:
                 needs |= 1 << position
-                edges.append(_edge(position, arg))
+                node = arg._tt_node  # _edge(position, arg) written out for an unchanged result: the hottest loop
+                if node is None or arg._version != arg._tt_version:
+                    edges.append(_edge(position, arg))
+                else:
+                    edges.append(_new_edge(Edge, (position, node, arg._tt_nr, arg.shape, arg.dtype)))
         elif isinstance(arg, torch.Tensor):
             if arg.requires_grad:
                 needs |= 1 << position

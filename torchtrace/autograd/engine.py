@@ -149,7 +149,8 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
     buffers, ready = {}, []
     for node, nr, g in roots:
         _add(buffers, ready, node, nr, g)
-    ownership = Ownership([g for _, _, g in roots], enabled=not STATE.on_backward)
+    observers = STATE.on_backward  # read once per backward: tools add theirs before it starts
+    ownership = Ownership([g for _, _, g in roots], enabled=not observers)
     previous, STATE.create_graph = STATE.create_graph, create_graph
     try:  # rules run on plain tensors; with create_graph on tracers, recording, so they build the gradient's graph
         with torch.set_grad_enabled(create_graph), plain_torch() if not create_graph else contextlib.nullcontext():
@@ -163,7 +164,7 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
                     continue
                 if node.hooks or node.retained or captured is not None:
                     non_leaf_hooks(node, grads, captured, ownership.hand_out)
-                _send(node, _call_rule(node, grads, create_graph, tracer_type, ownership), buffers, ready)
+                _send(node, _call_rule(node, grads, create_graph, tracer_type, ownership, observers), buffers, ready)
                 if not retain_graph:
                     node.ctx.release()
     finally:
@@ -181,8 +182,8 @@ def _add(buffers: Dict[Any, List[Any]], ready: List[Tuple[int, Any]], node: Any,
 
 
 def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]], ready: List[Tuple[int, Any]]) -> None:
-    """Each edge's gradient: node.edge_gradient (the rule's entry for the edge, summed over the dimensions forward
-    broadcast, cast to the input's dtype), written out here with checks, as this runs for every edge; then _add."""
+    """Each edge's gradient, node.edge_gradient written out with checks (the rule's entry for the edge, summed over
+    the dimensions forward broadcast, cast to the input's dtype), added into the buffer of the node it points to."""
     n = len(result)
     for edge in node.edges:
         position, target, nr, shape, dtype = edge
@@ -194,10 +195,17 @@ def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]], ready: List[
                 g = _received(node, edge, result)  # raises, naming what backward returned
         if g.shape != shape:
             g = _unbroadcast(node, g, shape)
-        _add(buffers, ready, target, nr, g if g.dtype == dtype else g.to(dtype))
+        if g.dtype != dtype:
+            g = g.to(dtype)
+        buf = buffers.get(target)  # _add(buffers, ready, target, nr, g), written out: this runs for every edge
+        if buf is None:
+            buffers[target] = buf = [None] * target.n_outputs
+            heappush(ready, (-target.sequence_nr, target))
+        buf[nr] = g if buf[nr] is None else buf[nr] + g
 
 
-def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: type, ownership: "Ownership") -> tuple:
+def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: type, ownership: "Ownership",
+               observers: List[Callable]) -> tuple:
     """rule.backward(ctx, *grads) as a tuple, with zeros for outputs no gradient reached; grad_fn hooks run around
     it, observers see the call, and what user code receives or returns no leaf keeps."""
     if node.output_meta is not None or node.pre_hooks:
@@ -213,7 +221,7 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
         result = grad_fn_hooks.run_post_hooks(node, _as_tuple(node, result), grads)
     if not trusted:
         ownership.hand_out(result)
-    for observe in STATE.on_backward:
+    for observe in observers:
         observe(node, grads, result)
     return result
 
