@@ -494,8 +494,9 @@ def slot_reduce_grads(at: Along, reduce: str, include_self: bool, g: torch.Tenso
 
 @register(torch.scatter_reduce, T.scatter_reduce)
 class ScatterReduce(Function):
-    """y[..index[i][j]..] = reduce(x there (if include_self), src[i][j] sent there) (dim=1)  ->  sum: g;
-    mean: g/n; amax/amin: g shared by the values equal to y; prod: g * product of the slot's other values"""
+    """y = x with each src[i][j] reduced into y[i][index[i][j]] (dim=1)  ->  dx, dsrc = g (sum), g/n (mean),
+    g/t at the t values equal to y (amax/amin), g * the product of the slot's other values (prod); n the values in
+    the slot (x's own only if include_self)"""
 
     @staticmethod
     def forward(ctx, x, dim, index, src, reduce, *, include_self=True):
@@ -518,8 +519,8 @@ class ScatterReduce(Function):
 
 @register(torch.index_reduce, T.index_reduce)
 class IndexReduce(Function):
-    """y = x with slice index[k] along dim reduced with s[k] (prod / mean / amax / amin)  ->  as scatter_reduce,
-    slice by slice"""
+    """y = x with slice index[k] along dim reduced with s[k]  ->  dx, ds = g/n (mean), g/t at the t values equal
+    to y (amax/amin), g * the product of the slot's other values (prod): scatter_reduce's, slice by slice"""
 
     @staticmethod
     def forward(ctx, x, dim, index, source, reduce, *, include_self=True):

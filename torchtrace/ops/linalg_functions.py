@@ -127,7 +127,8 @@ class MatrixNormBase(Function):
 
 @register(linalg.matrix_norm)
 class MatrixNorm(MatrixNormBase):
-    """y = ||A||  ->  fro: g A/y; nuc: g U V^T; +-2: g u_i v_i^T (extreme s_i); +-1, +-inf: g sign(A) on that col/row"""
+    """y = ||A||  ->  dA = g A/y (fro), g U V^T (nuc), g u_i v_i^T (+-2, the extreme s_i), g sign(A) on the
+    extreme column (+-1) or row (+-inf)"""
 
     @staticmethod
     def forward(ctx, A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):
@@ -147,7 +148,8 @@ def is_matrix_norm(x: torch.Tensor, ord: Any, dim: Any) -> bool:
 
 @register(linalg.norm)
 class LinalgNorm(Function):
-    """y = ||x||, a vector norm (one dim or all) or a matrix norm (two dims)  ->  as vector_norm / matrix_norm"""
+    """y = ||x||  ->  dx = g sign(x) |x|^(p-1) / y^(p-1) (a vector norm: one dim or all), or dA as matrix_norm's
+    (two dims: g A/y for fro, g U V^T for nuc, ...)"""
 
     @staticmethod
     def forward(ctx, A, ord=None, dim=None, keepdim=False, *, dtype=None):
@@ -165,7 +167,8 @@ class LinalgNorm(Function):
 
 @register(torch.norm, T.norm)  # replaces VectorPNorm's registration (imported above, so registered first)
 class Norm(VectorPNorm):
-    """torch.norm / Tensor.norm: reduction.py's vector p-norms, and p='nuc' (a matrix norm: dA = g U V^T)"""
+    """y = torch.norm(x, p)  ->  dx = g sign(x) |x|^(p-1) / y^(p-1) (vector p-norms, 'fro' = 2),  dA = g U V^T
+    (p='nuc', a matrix norm)"""
 
     @staticmethod
     def forward(ctx, x, p="fro", dim=None, keepdim=False, dtype=None, *, out=None):

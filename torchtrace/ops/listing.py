@@ -13,8 +13,8 @@ from torchtrace.autograd.function import RULES
 from torchtrace.naming import callable_name
 
 # a derivative statement: d<name> = / d<name>/d<name> = / ∂... / grad ... (after the math line's "->")
-_DERIVATIVE = re.compile(r"->.*(\bd[\w\[\]{}^',.()]*(/d\w+)?\s*(=|\[|\(|is\b)|∂|\bgrad\w*\b)")
-_PRIVATE_NAME = re.compile(r"(?<![\w.|)\]}])_[a-z]\w*")  # _class_coefficients (not the subscript of ||x||_p)
+_DERIVATIVE = re.compile(r"->.*(\bd\w*(\[[^\]]*\]|\([^)]*\))?(/d\w+)?\s*=|∂|\bgrad\w*\b)")
+_PRIVATE_NAME = re.compile(r"(?<![\w.|)\]}'])_[a-z]\w*")  # _class_coefficients (not the subscript of ||x||_p)
 
 
 def is_public(name: str) -> bool:

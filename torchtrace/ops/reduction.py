@@ -185,7 +185,8 @@ class Amin(Amax):
 
 @register(torch.aminmax, T.aminmax)
 class Aminmax(Function):
-    """(min, max) = aminmax(x)  ->  each shares its g evenly among the elements equal to it (NaN: NaN, as amin/amax)"""
+    """(min, max) = aminmax(x)  ->  dx = g_min/k at the k elements equal to min + g_max/t at the t equal to max
+    (NaN: NaN, as amin/amax)"""
 
     @staticmethod
     def forward(ctx, x, *, dim=None, keepdim=False):
@@ -203,7 +204,8 @@ class Aminmax(Function):
 
 @register(torch.max, T.max)
 class Max(Function):
-    """y = max x  ->  1/k to each of k tied maxima;  max(x, dim) -> 1 at the returned index;  max(a, b) = maximum"""
+    """y = max x  ->  dx = g/k at each of k tied maxima;  max(x, dim): dx = g at the returned index;
+    max(a, b) is maximum's rule"""
 
     op, sign = staticmethod(torch.max), 1
 
@@ -242,7 +244,8 @@ class Max(Function):
 
 @register(torch.min, T.min)
 class Min(Max):
-    """y = min x  ->  1/k to each of k tied minima;  min(x, dim) -> 1 at the returned index;  min(a, b) = minimum"""
+    """y = min x  ->  dx = g/k at each of k tied minima;  min(x, dim): dx = g at the returned index;
+    min(a, b) is minimum's rule"""
 
     op, sign = staticmethod(torch.min), -1
 
