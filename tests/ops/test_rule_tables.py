@@ -6,10 +6,12 @@ import torch
 
 import torchtrace  # noqa: F401  (registers every rule)
 from torchtrace.autograd.function import RULES, Context
-from torchtrace.ops.rule_tables import NAMES, unary
+from torchtrace.ops.rule_tables import NAMES, Meta, unary
 
 TABLE_RULES = sorted({rule for rule in RULES.values() if "formulas" in rule.__dict__}, key=lambda r: r.__name__)
-EXTRA_ARGUMENTS = {"Threshold": (1.5, 0.0)}  # options without a usable default
+# rules whose formulas need other inputs than 1-D float64 tensors, or options without a usable default:
+# name -> (make the inputs, the arguments after them)
+SAMPLES = {"Threshold": (None, (1.5, 0.0)), "Cumsum": (None, (0,))}
 
 
 class Touched(Exception):
@@ -39,16 +41,26 @@ for _op in ("add radd sub rsub mul rmul truediv rtruediv pow rpow neg pos abs lt
 def _sample(rule: type):
     """The values the formulas receive: inputs, the result (run through the rule's forward) and the options."""
     n = len(rule.formulas)
-    inputs = [torch.linspace(1.1, 1.9, 4, dtype=torch.float64) * (k + 1) for k in range(n)]
+    inputs, extra = SAMPLES.get(rule.__name__, (None, ()))
+    inputs = inputs() if inputs else [torch.linspace(1.1, 1.9, 4, dtype=torch.float64) * (k + 1) for k in range(n)]
     ctx = Context(rule, needs_mask=(1 << n) - 1)
-    out = rule.forward(ctx, *inputs, *EXTRA_ARGUMENTS.get(rule.__name__, ()))
-    return dict(zip(NAMES[n], [*inputs, out])), getattr(ctx, "options", {}), torch.ones_like(out)
+    out = rule.forward(ctx, *inputs, *extra)
+    options = getattr(ctx, "options", {})
+    args, kwargs = ((), options) if isinstance(options, dict) else options
+    return dict(zip(NAMES[n], [*inputs, out])), (args, kwargs), torch.ones_like(out)
 
 
-def _call(rule: type, i: int, values: dict, options: dict, g: torch.Tensor, poisoned: set):
-    n = len(rule.formulas)
-    arguments = [Poison() if name in poisoned else values[name] for name in NAMES[n]]
-    return rule.formulas[i](g, *arguments, **options)
+def _call(rule: type, i: int, values: dict, options: tuple, g: torch.Tensor, allowed: set):
+    """Formula i with every value it may not read poisoned (an input declared only as `x.meta` comes as its Meta)."""
+    def seen(name: str):
+        if name in allowed:
+            return values[name]
+        if f"{name}.meta" in allowed:
+            return Meta(values[name].shape, values[name].dtype, values[name].device)
+        return Poison()
+
+    args, kwargs = options
+    return rule.formulas[i](g, *[seen(name) for name in NAMES[len(rule.formulas)]], *args, **kwargs)
 
 
 def test_there_are_table_rules_to_check():
@@ -59,7 +71,7 @@ def test_there_are_table_rules_to_check():
 def test_each_formula_reads_nothing_it_does_not_declare(rule):
     values, options, g = _sample(rule)
     for i, used in enumerate(rule.uses):
-        result = _call(rule, i, values, options, g, poisoned=set(values) - set(used))
+        result = _call(rule, i, values, options, g, allowed=set(used))
         assert isinstance(result, torch.Tensor) and result.shape == values[NAMES[len(rule.uses)][i]].shape
 
 
@@ -69,7 +81,7 @@ def test_each_formula_reads_everything_it_declares(rule):
     for i, used in enumerate(rule.uses):
         for name in used:
             with pytest.raises(Touched):
-                _call(rule, i, values, options, g, poisoned={name})
+                _call(rule, i, values, options, g, allowed=set(used) - {name})
 
 
 def test_a_declaration_names_only_the_formulas_parameters():
