@@ -46,8 +46,14 @@ def _what_to_keep(n: int, uses: Sequence[Sequence[str]], suffix: str) -> Dict[Tu
 
 
 def _call_options(args: Sequence[Any], kwargs: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any]]:
-    """The op's other arguments as called; a tensor among them lends only its shape or dtype: kept as None."""
-    return tuple(None if isinstance(a, torch.Tensor) else a for a in args), kwargs
+    """The op's other arguments as called, frozen: a 0-d tensor (narrow's start) becomes its number, now; any other
+    tensor lends only its shape or dtype (view_as(other), to(other)) and is kept as None."""
+    def frozen(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            return a.item() if a.dim() == 0 else None
+        return a
+
+    return tuple(frozen(a) for a in args), {k: frozen(v) for k, v in kwargs.items()}
 
 
 def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequence[Callable],
@@ -97,8 +103,9 @@ def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequenc
             if meta is not None and values[k] is None:
                 values[k] = meta
         args, kwargs = ((), ctx.options) if isinstance(options, dict) else ctx.options if options else ((), {})
-        return tuple(grad(g, *values, *args, **kwargs) if need else None
-                     for grad, need in zip(grads, ctx.needs_input_grad))
+        needs = ctx.needs_input_grad
+        computed = (grad(g, *values, *args, **kwargs) if need else None for grad, need in zip(grads, needs))
+        return (*computed, *(None for _ in args))  # the other arguments (view_as's `other`) get none
 
     parameters = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD)
                   for p in ("ctx", *(inputs or names[:n]))]
