@@ -38,6 +38,8 @@ SAMPLES = {
     "PixelUnshuffling": (_grid(1, 1, 4, 4), (2,)), "ChannelShuffling": (_grid(1, 4, 2, 2), (2,)),
     "SelectScatter": (lambda: [_grid(2, 3)()[0], torch.ones(3, dtype=torch.float64)], (0, 1)),
     "DiagonalScatter": (lambda: [_grid(3, 3)()[0], torch.ones(3, dtype=torch.float64)], ()),
+    "Fill": (lambda: [_grid(4)()[0], torch.tensor(2.0, dtype=torch.float64)], ()), "LinalgDiagonal": (_grid(3, 3), ()),
+    "Adjoint": (_grid(2, 3), ()),
 }
 
 

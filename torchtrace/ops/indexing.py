@@ -10,6 +10,7 @@ import torch
 
 from torchtrace.autograd.function import INPLACE, Function, register
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.ops.rule_tables import binary
 
 T = torch.Tensor
 _TENSOR = object()  # stands for a tensor of an index, kept by save_for_backward
@@ -374,18 +375,8 @@ class Put(Function):
 
 # ------------------------------------------------------------------ filling: the old values stop mattering
 
-@register(torch.fill)
-class Fill(Function):
-    """y = v everywhere  ->  dx = 0, dv = sum of g"""
-
-    @staticmethod
-    def forward(ctx, x, value):
-        return torch.fill(x, value)
-
-    @staticmethod
-    def backward(ctx, g):
-        need_x, need_value = ctx.needs_input_grad[:2]
-        return torch.zeros_like(g) if need_x else None, g.sum() if need_value else None
+Fill = binary("Fill", [torch.fill], "y = v everywhere  ->  dx = 0, dv = sum of g",
+              lambda g, a, b, z: torch.zeros_like(g), lambda g, a, b, z: g.sum(), uses=((), ()), inputs=("x", "value"))
 
 
 class Zero(Function):

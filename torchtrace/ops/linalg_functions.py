@@ -14,6 +14,7 @@ from torchtrace.autograd.function import Function, register
 from torchtrace.ops.linalg_inverse import eye, real_only, tril
 from torchtrace.ops.reduction import Norm as VectorPNorm
 from torchtrace.ops.reduction import VectorNorm
+from torchtrace.ops.rule_tables import unary
 
 T = torch.Tensor
 linalg = torch.linalg
@@ -466,33 +467,16 @@ class Tensorsolve(Function):
         return grad_a, grad_b.reshape(ctx.b_shape) if ctx.needs_input_grad[1] else None
 
 
-@register(linalg.diagonal)
-class LinalgDiagonal(Function):
-    """y = diagonal of A (dims -2, -1 by default)  ->  dA = g written on that diagonal of zeros"""
-
-    @staticmethod
-    def forward(ctx, A, *, offset=0, dim1=-2, dim2=-1):
-        ctx.shape, ctx.options = A.shape, (offset, dim1, dim2)
-        return linalg.diagonal(A, offset=offset, dim1=dim1, dim2=dim2)
-
-    @staticmethod
-    def backward(ctx, g):
-        return torch.diagonal_scatter(g.new_zeros(ctx.shape), g, *ctx.options)
+unary("LinalgDiagonal", [linalg.diagonal],
+      "y = diagonal of A (dims -2, -1 by default)  ->  dA = g written on that diagonal of zeros",
+      lambda g, x, y, offset, dim1, dim2: torch.diagonal_scatter(g.new_zeros(x.shape), g, offset, dim1, dim2),
+      uses=("x.meta",), options={"offset": 0, "dim1": -2, "dim2": -1}, inputs=("A",))
 
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # conjugate transposes: for the real matrices these rules support, the transpose of the last two dims
 
-@register(T.mH.__get__, T.adjoint, torch.adjoint, T.H.__get__)
-class Adjoint(Function):
-    """Y = A^H = A^T (real)  ->  dA = G^T"""
-
-    @staticmethod
-    def forward(ctx, A):
-        real_only("torch.Tensor.mH", A)
-        return A.mT
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.mT
+unary("Adjoint", [T.mH.__get__, T.adjoint, torch.adjoint, T.H.__get__], "Y = A^H = A^T (real)  ->  dA = G^T",
+      lambda g, x, y: g.mT, uses=(), op=lambda A: A.mT, check=lambda A: real_only("torch.Tensor.mH", A),
+      inputs=("A",))
