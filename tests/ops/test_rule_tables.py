@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from helpers import WrongSquare
 
 import torchtrace as tt
 from torchtrace.autograd.function import RULES, Context
@@ -161,3 +162,9 @@ def test_a_tensor_argument_is_read_at_the_call_not_at_backward():
     ours, theirs = _both(fn)
     torch.testing.assert_close(ours, theirs)
     assert ours.tolist() == [0.0, 1.0, 10.0, 0.0]
+
+
+def test_a_table_rule_names_its_options_so_keywords_find_their_place():
+    assert RULES[torch.sum].param_index("dim") == 1 and RULES[torch.sum].param_index("keepdim") == 2
+    with pytest.raises(tt.GradientMismatch, match="WrongSquareBackward"):  # the mismatch report re-runs sum(dim=0)
+        tt.check(lambda x: WrongSquare.apply(x).sum(dim=0), torch.rand(3, 2, dtype=torch.float64))

@@ -56,6 +56,18 @@ def _call_options(args: Sequence[Any], kwargs: Dict[str, Any]) -> Tuple[tuple, D
     return tuple(frozen(a) for a in args), {k: frozen(v) for k, v in kwargs.items()}
 
 
+def _signature(inputs: Sequence[str], options: Union[None, str, Dict[str, Any]]) -> inspect.Signature:
+    """forward's signature as callers see it (keyword arguments are routed, and checked, by these names): ctx, the
+    inputs, then the named options with their defaults, or whatever the call passes."""
+    P = inspect.Parameter
+    parameters = [P(name, P.POSITIONAL_OR_KEYWORD) for name in ("ctx", *inputs)]
+    if isinstance(options, dict):
+        parameters += [P(name, P.POSITIONAL_OR_KEYWORD, default=default) for name, default in options.items()]
+    else:
+        parameters.append(P("args", P.VAR_POSITIONAL))
+    return inspect.Signature([*parameters, P("kwargs", P.VAR_KEYWORD)])
+
+
 def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequence[Callable],
                uses: Sequence[Sequence[str]], options: Union[None, str, Dict[str, Any]] = None,
                op: Optional[Callable] = None, check: Optional[Callable] = None,
@@ -107,10 +119,7 @@ def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequenc
         computed = (grad(g, *values, *args, **kwargs) if need else None for grad, need in zip(grads, needs))
         return (*computed, *(None for _ in args))  # the other arguments (view_as's `other`) get none
 
-    parameters = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                  for p in ("ctx", *(inputs or names[:n]))]
-    forward.__signature__ = inspect.Signature([*parameters, inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
-                                               inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
+    forward.__signature__ = _signature(inputs or names[:n], options)
     rule = make_rule(name, math, forward, backward, targets, module=module or grads[0].__module__)
     rule.formulas, rule.uses = tuple(grads), tuple(tuple(u) for u in uses)
     rule.options = dict(options) if isinstance(options, dict) else options
