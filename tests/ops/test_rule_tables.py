@@ -168,3 +168,9 @@ def test_a_table_rule_names_its_options_so_keywords_find_their_place():
     assert RULES[torch.sum].param_index("dim") == 1 and RULES[torch.sum].param_index("keepdim") == 2
     with pytest.raises(tt.GradientMismatch, match="WrongSquareBackward"):  # the mismatch report re-runs sum(dim=0)
         tt.check(lambda x: WrongSquare.apply(x).sum(dim=0), torch.rand(3, 2, dtype=torch.float64))
+
+
+def test_an_input_passed_by_keyword_takes_its_place():
+    value = torch.tensor(2.0, dtype=torch.float64)
+    ours, theirs = _both(lambda x: (torch.fill(x, value=3.0) * x).sum() + torch.clamp_min(x, min=value).sum())
+    torch.testing.assert_close(ours, theirs)

@@ -376,7 +376,8 @@ class Put(Function):
 # ------------------------------------------------------------------ filling: the old values stop mattering
 
 Fill = binary("Fill", [torch.fill], "y = v everywhere  ->  dx = 0, dv = sum of g",
-              lambda g, a, b, z: torch.zeros_like(g), lambda g, a, b, z: g.sum(), uses=((), ()), inputs=("x", "value"))
+              lambda g, a, b, z: torch.zeros_like(g), lambda g, a, b, z: g.sum(), uses=((), ()),
+              inputs=("input", "value"))
 
 
 class Zero(Function):

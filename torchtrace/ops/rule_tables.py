@@ -56,6 +56,13 @@ def _call_options(args: Sequence[Any], kwargs: Dict[str, Any]) -> Tuple[tuple, D
     return tuple(frozen(a) for a in args), {k: frozen(v) for k, v in kwargs.items()}
 
 
+def _by_position(args: tuple, kwargs: Dict[str, Any], input_names: Sequence[str]) -> Tuple[tuple, Dict[str, Any]]:
+    """The inputs the call passed by keyword, moved to their positions after those it passed by position."""
+    kwargs = dict(kwargs)
+    moved = [kwargs.pop(name) for name in input_names[len(args):] if name in kwargs]
+    return (*args, *moved), kwargs
+
+
 def _signature(inputs: Sequence[str], options: Union[None, str, Dict[str, Any]]) -> inspect.Signature:
     """forward's signature as callers see it (keyword arguments are routed, and checked, by these names): ctx, the
     inputs, then the named options with their defaults, or whatever the call passes."""
@@ -92,7 +99,11 @@ def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequenc
     keep, keep_meta = _what_to_keep(n, uses, ""), _what_to_keep(n, uses, ".meta")
     option_names = list(options) if isinstance(options, dict) else []
 
+    input_names = tuple(inputs or names[:n])
+
     def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) < n:  # torch.fill(x, value=2.0): an input passed by keyword takes its place
+            args, kwargs = _by_position(args, kwargs, input_names)
         if check is not None:
             check(*args[:n])
         if isinstance(options, dict):
@@ -119,7 +130,7 @@ def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequenc
         computed = (grad(g, *values, *args, **kwargs) if need else None for grad, need in zip(grads, needs))
         return (*computed, *(None for _ in args))  # the other arguments (view_as's `other`) get none
 
-    forward.__signature__ = _signature(inputs or names[:n], options)
+    forward.__signature__ = _signature(input_names, options)
     rule = make_rule(name, math, forward, backward, targets, module=module or grads[0].__module__)
     rule.formulas, rule.uses = tuple(grads), tuple(tuple(u) for u in uses)
     rule.options = dict(options) if isinstance(options, dict) else options
