@@ -98,7 +98,6 @@ def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequenc
         raise ValueError(f"{name}: uses must name, for each of the {n} gradients, some of {sorted(known)} (got {uses})")
     keep, keep_meta = _what_to_keep(n, uses, ""), _what_to_keep(n, uses, ".meta")
     option_names = list(options) if isinstance(options, dict) else []
-
     input_names = tuple(inputs or names[:n])
 
     def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
@@ -117,7 +116,8 @@ def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequenc
         needs = ctx.needs_input_grad[:n]
         ctx.save_for_backward(*[value if save else None for value, save in zip((*args[:n], out), keep[needs])])
         if any(keep_meta[needs]):
-            ctx.metas = [Meta(t.shape, t.dtype, t.device) if meta else None for t, meta in zip(args, keep_meta[needs])]
+            ctx.metas = [Meta(t.shape, t.dtype, t.device) if meta else None
+                         for t, meta in zip(args[:n], keep_meta[needs])]
         return out
 
     def backward(ctx: Any, g: Any) -> Tuple[Any, ...]:
