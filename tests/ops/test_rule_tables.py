@@ -9,7 +9,7 @@ from helpers import WrongSquare
 
 import torchtrace as tt
 from torchtrace.autograd.function import RULES, Context
-from torchtrace.ops.rule_tables import NAMES, Meta, unary
+from torchtrace.ops.rule_tables import AS_CALLED, NAMES, Meta, unary
 
 TABLE_RULES = sorted({rule for rule in RULES.values() if "formulas" in rule.__dict__}, key=lambda r: r.__name__)
 
@@ -75,8 +75,7 @@ def _sample(rule: type):
     inputs = inputs() if inputs else [torch.linspace(1.1, 1.9, 4, dtype=torch.float64) * (k + 1) for k in range(n)]
     ctx = Context(rule, needs_mask=(1 << n) - 1)
     out = rule.forward(ctx, *inputs, *extra)
-    options = getattr(ctx, "options", {})
-    args, kwargs = ((), options) if isinstance(options, dict) else options
+    args, kwargs = (ctx.args, ctx.kwargs) if rule.options == AS_CALLED else ((), getattr(ctx, "options", {}))
     return dict(zip(NAMES[n], [*inputs, out])), (args, kwargs), torch.ones_like(out)
 
 

@@ -111,22 +111,26 @@ def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequenc
             out = op(*args[:n], **ctx.options)
         else:
             if options == AS_CALLED:
-                ctx.options = _call_options(args[n:], kwargs)
+                ctx.args, ctx.kwargs = _call_options(args[n:], kwargs)  # ctx.args: what a trace line shows
             out = op(*args, **kwargs)
         needs = ctx.needs_input_grad[:n]
-        ctx.save_for_backward(*[value if save else None for value, save in zip((*args[:n], out), keep[needs])])
+        if any(keep[needs]):  # nothing saved: a second backward through this node is no error (as in torch)
+            ctx.save_for_backward(*[value if save else None for value, save in zip((*args[:n], out), keep[needs])])
         if any(keep_meta[needs]):
             ctx.metas = [Meta(t.shape, t.dtype, t.device) if meta else None
                          for t, meta in zip(args[:n], keep_meta[needs])]
         return out
 
     def backward(ctx: Any, g: Any) -> Tuple[Any, ...]:
-        values = list(ctx.saved_tensors)
+        needs = ctx.needs_input_grad
+        values = list(ctx.saved_tensors) if any(keep[needs[:n]]) else [None] * (n + 1)
         for k, meta in enumerate(getattr(ctx, "metas", ())):
             if meta is not None and values[k] is None:
                 values[k] = meta
-        args, kwargs = ((), ctx.options) if isinstance(options, dict) else ctx.options if options else ((), {})
-        needs = ctx.needs_input_grad
+        if options == AS_CALLED:
+            args, kwargs = ctx.args, ctx.kwargs
+        else:
+            args, kwargs = (), ctx.options if isinstance(options, dict) else {}
         computed = (grad(g, *values, *args, **kwargs) if need else None for grad, need in zip(grads, needs))
         return (*computed, *(None for _ in args))  # the other arguments (view_as's `other`) get none
 
