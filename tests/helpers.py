@@ -186,6 +186,33 @@ def sample_as_function(sample: Any, call: Callable) -> tuple:
     return fn, [fixed[k] for k in positions]
 
 
+# ------------------------------------------------------------------ the catalogue of example Functions
+# One definition each, for every test that needs a user's Function: a right one, and deliberately wrong ones
+# that tt.check, tt.explore and the OpInfo coverage must catch.
+
+class Cube(tt.Function):
+    """y = x^3 -> dy/dx = 3 x^2"""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 3 * x * x
+
+
+class WrongCube(Cube):
+    """y = x^3 -> dy/dx = 3 x^2, with a deliberately wrong backward (6 x^2: off by a factor of 2)"""
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 6 * x * x
+
+
 class WrongSquare(tt.Function):
     """y = x^2 -> dy/dx = 2x, with a deliberately wrong backward (x: it forgets the 2), for tests that must catch it"""
 

@@ -120,7 +120,7 @@ def test_check_says_when_finite_differences_were_the_reference():
 def test_check_uses_finite_differences_where_torch_cannot_differentiate():
     # torch has no derivative of torch.special.zeta in its first argument; torchtrace's rule would need one too,
     # so here the reference run raises inside torch and the check falls back to finite differences
-    class Cube(tt.Function):
+    class ZetaScaledCube(tt.Function):
         @staticmethod
         def forward(ctx, x):
             ctx.save_for_backward(x)
@@ -131,5 +131,5 @@ def test_check_uses_finite_differences_where_torch_cannot_differentiate():
             (x,) = ctx.saved_tensors
             return g * 3 * x ** 2 * torch.special.zeta(torch.full_like(x, 3.0), torch.ones_like(x))
 
-    report = tt.check(lambda x: Cube.apply(x), torch.rand(3, dtype=torch.float64) + 1)
+    report = tt.check(lambda x: ZetaScaledCube.apply(x), torch.rand(3, dtype=torch.float64) + 1)
     assert report.reference.startswith("finite differences (torch autograd cannot differentiate it")

@@ -38,20 +38,6 @@ def test_the_passing_list_names_judged_ops():
     assert passing() <= set(OPS)
 
 
-class WrongCube(tt.Function):
-    """y = x^3 -> dy/dx = 3 x^2 (deliberately off by a factor of 2 here)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x ** 3
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * 6 * x ** 2
-
-
 class Refused(tt.Function):
     """y = x (refuses, as a rule does for an argument it does not handle)."""
 
@@ -80,6 +66,8 @@ def _fake_op(rule: type) -> SimpleNamespace:
 
 
 def test_a_wrong_gradient_is_judged_wrong():
+    from helpers import WrongCube  # here, so `python -m tests.test_opinfo --write` needs no tests/ on its path
+
     result = coverage.judge(_fake_op(WrongCube))
     assert result.status == coverage.WRONG
     assert "gradient of input 0 differs from torch" in result.detail and "sample 0" in result.detail

@@ -9,7 +9,7 @@ from torchtrace import (
     optim,
 )
 from torchtrace.autograd.engine import TOOLS, backward, grad
-from torchtrace.autograd.function import Function, register, supported_ops
+from torchtrace.autograd.function import Function, register
 from torchtrace.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from torchtrace.check import check, gradcheck
 from torchtrace.errors import GradientMismatch, UnsupportedOperationError
@@ -27,6 +27,7 @@ from torchtrace.factories import (
     zeros_like,
 )
 from torchtrace.forward_mode import jacobian, jvp
+from torchtrace.ops.listing import supported_ops
 from torchtrace.port import port
 from torchtrace.tracer import as_tracer, tracer
 

@@ -5,37 +5,19 @@ Each subcommand has its own --help: `python -m torchtrace ops --help`.
 import argparse
 import os
 import sys
-from collections import defaultdict
-from typing import Dict, List, Optional
+from typing import List, Optional
 
-from torchtrace.autograd.function import RULES
-from torchtrace.naming import callable_name
-
-
-def is_public(name: str) -> bool:
-    """`torch.exp`, `torch.Tensor.__add__`: public; `torch._C._nn.glu`, `torch._ops.aten.slice`: private spellings."""
-    return not any(part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
-                   for part in name.split("."))
-
-
-def public_ops() -> Dict[str, List[str]]:
-    """The public names of the torch callables with rules, grouped by the file that holds their rule."""
-    families: Dict[str, List[str]] = defaultdict(list)
-    for func, rule in RULES.items():
-        name = callable_name(func)
-        if is_public(name):
-            families[rule.__module__.rsplit(".", 1)[-1]].append(name)
-    return {family: sorted(set(names)) for family, names in sorted(families.items())}
+from torchtrace.ops.listing import families
 
 
 def list_ops() -> None:
     """Print the public names of the supported torch callables, grouped by family, and their total."""
-    families = public_ops()
-    for family, names in families.items():
+    grouped = families()
+    for family, names in grouped.items():
         print(f"{family} ({len(names)}):")
         for name in names:
             print(f"    {name}")
-    print(f"total: {sum(len(names) for names in families.values())}")
+    print(f"total: {sum(len(names) for names in grouped.values())}")
 
 
 def _demo(args: argparse.Namespace) -> None:

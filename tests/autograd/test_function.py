@@ -1,23 +1,10 @@
 """tt.Function, tt.register, tt.supported_ops."""
 import pytest
 import torch
+from helpers import Cube
 
 import torchtrace as tt
 from torchtrace.autograd.function import RULES
-
-
-class Cube(tt.Function):
-    """y = x^3  ->  dy/dx = 3x^2"""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x ** 3
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * 3 * x ** 2
 
 
 class ScaledSigmoid(tt.Function):

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 import torch
+from helpers import Cube
 
 import torchtrace as tt
 from torchtrace.autograd.function import RULES
@@ -32,19 +33,6 @@ def test_labels_names_and_rule_math():
 
 
 def test_a_changed_rule_changes_the_code():
-    class Cube(tt.Function):
-        """y = x^3 -> dy/dx = 3 x^2"""
-
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x * x * x
-
-        @staticmethod
-        def backward(ctx, g):
-            (x,) = ctx.saved_tensors
-            return g * 3 * x * x
-
     class CubeAgain(Cube):
         """y = x^3 -> dy/dx = 3 x^2, written with pow"""
 

@@ -45,8 +45,8 @@ class Prelu(Function):
 
 @register(F.rrelu)
 class Rrelu(Function):
-    """y = x if x > 0 else r x, r ~ U(lower, upper) per element in training, (lower + upper) / 2 in eval
-    ->  dy/dx = 1 if x > 0 else r (the very r of forward)"""
+    """y = x if x > 0 else r x  ->  dx = g (1 if x > 0 else r), with the very r of forward: r ~ U(lower, upper) per
+    element in training, (lower + upper) / 2 in eval"""
 
     @staticmethod
     def forward(ctx, input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False, generator=None):
@@ -72,7 +72,7 @@ class Rrelu(Function):
 
 @register(torch.rrelu)
 class TorchRrelu(Rrelu):
-    """torch.rrelu(x, lower, upper, training, generator): as F.rrelu"""
+    """torch.rrelu(x, lower, upper, training): y = x if x > 0 else r x  ->  dx = g (1 if x > 0 else r), as F.rrelu"""
 
     @staticmethod
     def forward(ctx, input, lower=1.0 / 8, upper=1.0 / 3, training=False, generator=None):

@@ -99,9 +99,9 @@ def sum_kv_heads(g: Tensor, kv_heads: int) -> Tensor:
 
 @register(F.scaled_dot_product_attention)
 class ScaledDotProductAttention(Function):
-    """O = (P * D) v, P = softmax(q k^T * scale + mask), D = dropout's kept/(1 - p) (1 without dropout)
-    ->  dV = (P * D)^T G,  dP = (G V^T) * D,  dS = P * (dP - rowsum(dP * P)),  dQ = dS K * scale,  dK = dS^T Q * scale,
-    dmask = dS
+    """O = (P * D) V, P = softmax(S), S = Q K^T * scale + mask  ->  dV = (P * D)^T G,  dS = P * (dP - rowsum(dP * P)),
+    dP = (G V^T) * D,  dQ = dS K * scale,  dK = dS^T Q * scale,  dmask = dS;  D = dropout's kept/(1 - p) (1 without
+    dropout)
 
     With dropout_p > 0 while recording, the mask D is drawn here, from torch's RNG (one bernoulli_ draw of P's
     shape), and saved: forward and backward use the same mask. It is not the mask torch's fused kernel would draw

@@ -74,11 +74,14 @@ def _correlate(signal: torch.Tensor, source: torch.Tensor, groups: int, stride: 
     return out.transpose(0, 1)
 
 
-def _batched(x: torch.Tensor, g: torch.Tensor, n: int) -> Tuple[torch.Tensor, torch.Tensor, bool]:
-    """Unbatched (C, *spatial) inputs get a batch dim of 1 for the backward's convolutions."""
+def _backward_inputs(ctx: Any, g: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, bool]:
+    """What both convolution backwards start from: (x, w, g, spatial dims n, unbatched), an unbatched (C, *spatial)
+    input and its gradient given a batch dim of 1 for the backward's convolutions."""
+    x, w = ctx.saved_tensors
+    n = w.dim() - 2
     if x.dim() == n + 1:
-        return x.unsqueeze(0), g.unsqueeze(0), True
-    return x, g, False
+        return x.unsqueeze(0), w, g.unsqueeze(0), n, True
+    return x, w, g, n, False
 
 
 @register(torch.conv1d, torch.conv2d, torch.conv3d)  # F.conv1d/2d/3d are these; nn.Conv*d call them
@@ -96,10 +99,8 @@ class Convolution(Function):
 
     @staticmethod
     def backward(ctx, g):
-        x, w = ctx.saved_tensors
+        x, w, g, n, unbatched = _backward_inputs(ctx, g)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        n = w.dim() - 2
-        x, g, unbatched = _batched(x, g, n)
         low = [lo for lo, _ in ctx.pads]
         extra = [(0, hi - lo) for lo, hi in ctx.pads]  # 'same' with an even kernel: one more zero on the high side
         asymmetric = any(hi for _, hi in extra)
@@ -134,10 +135,8 @@ class ConvTranspose(Function):
 
     @staticmethod
     def backward(ctx, g):
-        x, w = ctx.saved_tensors
+        x, w, g, n, unbatched = _backward_inputs(ctx, g)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        n = w.dim() - 2
-        x, g, unbatched = _batched(x, g, n)
         grad_x = grad_w = None
         if need_x:
             grad_x = CONV[n](g, w, None, ctx.stride, ctx.padding, ctx.dilation, ctx.groups)

@@ -110,8 +110,8 @@ def forward_backward(lp: torch.Tensor, ext: torch.Tensor, input_lengths: List[in
 
 @register(F.ctc_loss)
 class CtcLoss(Function):
-    """l = -log p(target | lp), p summed over alignments by the forward-backward recursions (module docstring)
-    ->  dl/dlp[t, c] = -sum_{s: l'_s = c} exp(alpha_t(s) + beta_t(s) - lp[t, c] + l)"""
+    """l = -log p(target | lp)  ->  dlp[t, c] = -g sum_{s: l'_s = c} exp(alpha_t(s) + beta_t(s) - lp[t, c] + l),
+    p summed over alignments, alpha and beta the forward-backward recursions (module docstring)"""
 
     @staticmethod
     def forward(ctx, log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean",

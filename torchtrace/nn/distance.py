@@ -30,8 +30,7 @@ def norm_vjp(g: torch.Tensor, v: torch.Tensor, n: torch.Tensor, p: float, dim: A
 
 @register(F.normalize)
 class Normalize(Function):
-    """y = x / d, d = max(||x||_p, eps) along dim
-    ->  dL/dx = g / d + [||x|| >= eps] (-sum(g x) / d^2) d||x||/dx"""
+    """y = x / d, d = max(||x||_p, eps) along dim  ->  dx = g / d - [||x|| >= eps] (sum(g x) / d^2) d||x||/dx"""
 
     @staticmethod
     def forward(ctx, input, p=2.0, dim=1, eps=1e-12, out=None):  # the dispatcher refuses out= on tracers
@@ -62,8 +61,8 @@ def _clamped_norm(x: torch.Tensor, dim: int, eps: float) -> tuple:
 
 @register(torch.cosine_similarity, F.cosine_similarity)
 class CosineSimilarityFunction(Function):
-    """y = sum(u1 u2), u_i = x_i / c_i, c_i = max(||x_i||, eps)
-    ->  dy/dx1 = (u2 - y x1 / ||x1||) / c1  (x1 / ||x1|| = 0 where x1 = 0), and symmetrically for x2"""
+    """y = sum(u1 u2), u_i = x_i / c_i, c_i = max(||x_i||, eps)  ->  dx1 = g (u2 - y x1 / ||x1||) / c1, dx2 likewise
+    (x1 / ||x1|| = 0 where x1 = 0)"""
 
     @staticmethod
     def forward(ctx, x1, x2, dim=1, eps=1e-8):

@@ -62,20 +62,21 @@ def dropout_rule(name: str, op: Callable, math_line: str, base: type = DropoutFu
 
 
 register(F.dropout, DropoutFunction)
-dropout_rule("TorchDropout", torch.dropout, "torch.dropout(x, p, train): as F.dropout")
+dropout_rule("TorchDropout", torch.dropout,
+             "torch.dropout(x, p, train): y = x * m / (1 - p), m ~ Bernoulli(1 - p)  ->  dx = g m / (1 - p)")
 FEATURE = "y = x * m / (1 - p), one m ~ Bernoulli(1 - p) per (sample, channel)  ->  dy/dx = m / (1 - p)"
 dropout_rule("Dropout1dFunction", F.dropout1d, FEATURE)
 dropout_rule("Dropout2dFunction", F.dropout2d, FEATURE)
 dropout_rule("Dropout3dFunction", F.dropout3d, FEATURE)
-dropout_rule("FeatureDropout", torch.feature_dropout, "torch.feature_dropout(x, p, train): as F.dropout2d")
+dropout_rule("FeatureDropout", torch.feature_dropout, f"torch.feature_dropout(x, p, train): {FEATURE}")
 
 
 ALPHA = 1.7580993408473766  # SELU's -scale * alpha: the value a dropped unit takes before the affine correction
 
 
 class AlphaDropoutFunction(Function):
-    """y = a (x m + alpha' (1 - m)) + b = x a m + shift, m ~ Bernoulli(1 - p), a and b keep SELU's mean and
-    variance  ->  dy/dx = a m"""
+    """y = a (x m + alpha' (1 - m)) + b, m ~ Bernoulli(1 - p)  ->  dx = g a m  (a and b keep SELU's mean and
+    variance)"""
 
     op = staticmethod(F.alpha_dropout)
 
@@ -106,8 +107,8 @@ class AlphaDropoutFunction(Function):
 
 register(F.alpha_dropout, AlphaDropoutFunction)
 ALPHA_MATH = "alpha dropout with one m per (sample, channel)  ->  dy/dx = a m"
-dropout_rule("TorchAlphaDropout", torch.alpha_dropout, "torch.alpha_dropout(x, p, train): as F.alpha_dropout",
-             AlphaDropoutFunction)
+dropout_rule("TorchAlphaDropout", torch.alpha_dropout,
+             "torch.alpha_dropout(x, p, train): y = a (x m + alpha' (1 - m)) + b  ->  dx = g a m", AlphaDropoutFunction)
 dropout_rule("FeatureAlphaDropoutFunction", F.feature_alpha_dropout, ALPHA_MATH, AlphaDropoutFunction)
 dropout_rule("TorchFeatureAlphaDropout", torch.feature_alpha_dropout, ALPHA_MATH, AlphaDropoutFunction)
 

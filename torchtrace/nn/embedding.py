@@ -64,7 +64,8 @@ class EmbeddingFunction(Function):
 
 @register(torch.embedding)  # the builtin under F.embedding: weight first, padding_idx < 0 means none
 class TorchEmbedding(Function):
-    """torch.embedding(W, i, padding_idx, scale_grad_by_freq, sparse): as F.embedding"""
+    """torch.embedding(W, i, ...): y[k] = W[i_k]  ->  dW[r] = sum_{k: i_k = r} g[k] (0 at padding_idx);
+    as F.embedding, with torch.embedding's argument order"""
 
     @staticmethod
     def forward(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):

@@ -26,8 +26,8 @@ def channel_window_sum(t: torch.Tensor, before: int, after: int) -> torch.Tensor
 
 @register(F.local_response_norm)
 class LocalResponseNormalization(Function):
-    """y_c = x_c / (k + alpha s_c)^beta, s_c the mean of x^2 over n channels around c
-    ->  dx_j = g_j / b_j^beta - (2 x_j / n) sum_{c: j in window(c)} g_c y_c alpha beta / b_c"""
+    """y_c = x_c / b_c^beta, b_c = k + alpha s_c  ->  dx_j = g_j / b_j^beta - (2 x_j / n) sum_{c: j in window(c)}
+    g_c y_c alpha beta / b_c;  s_c the mean of x^2 over the n channels around c"""
 
     @staticmethod
     def forward(ctx, input, size, alpha=1e-4, beta=0.75, k=1.0):

@@ -143,8 +143,10 @@ def _per_sample_scale(g: torch.Tensor, reduction: str, divisor: Any, x: torch.Te
 
 @register(F.cross_entropy)
 class CrossEntropy(Function):
-    """l_n = -sum_c a_nc log p_nc, p = softmax x_n (a: _class_coefficients)
-    ->  dl/dx_n = p_n sum_c a_nc - a_n,  dl/dt_nc = -(1 - eps) w_c log p_nc (probability targets)"""
+    """l_n = -sum_c a_nc log p_nc, p_n = softmax(x_n)  ->  dx_n = g (p_n sum_c a_nc - a_n),
+    dt_nc = -g (1 - eps) w_c log p_nc (probability targets);  a_nc = w_c ((1 - eps) [c = y_n] + eps / C) for class
+    indices y (0 where y_n = ignore_index), w_c ((1 - eps) t_nc + eps / C) for probabilities t; eps the label smoothing,
+    'mean' divides by sum_n w_{y_n} (indices) or N (probabilities)"""
 
     @staticmethod
     def forward(ctx, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
@@ -214,8 +216,8 @@ class BinaryCrossEntropy(Function):
 
 @register(F.binary_cross_entropy_with_logits)
 class BinaryCrossEntropyWithLogits(Function):
-    """l = -w [p t log s(x) + (1 - t) log(1 - s(x))], s = sigmoid, p = pos_weight
-    ->  dl/dx = w (s(x) (1 + (p - 1) t) - p t),  dl/dt = w ((p - 1) softplus(-x) - x)"""
+    """l = -w [p t log s(x) + (1 - t) log(1 - s(x))]  ->  dx = g w (s(x) (1 + (p - 1) t) - p t),
+    dt = g w ((p - 1) softplus(-x) - x);  s = sigmoid, p = pos_weight"""
 
     @staticmethod
     def forward(ctx, input, target, weight=None, size_average=None, reduce=None, reduction="mean", pos_weight=None):

@@ -36,8 +36,8 @@ class _PairLoss(Function):
 
 @register(F.cosine_embedding_loss)
 class CosineEmbedding(_PairLoss):
-    """l = 1 - cos if y = 1, max(0, cos - margin) if y = -1, cos = x1.x2 / sqrt((|x1|^2 + e)(|x2|^2 + e)), e = 1e-12
-    ->  dl/dcos = -1 or [cos >= margin];  dcos/dx1 = x2 / sqrt(..) - cos x1 / (|x1|^2 + e)"""
+    """l = 1 - cos (y = 1) or max(0, cos - margin) (y = -1)  ->  dx1 = g dl/dcos (x2 / s - cos x1 / (|x1|^2 + e)),
+    dl/dcos = -1 or [cos >= margin], dx2 likewise;  cos = x1.x2 / s, s = sqrt((|x1|^2 + e)(|x2|^2 + e)), e = 1e-12"""
 
     op = staticmethod(F.cosine_embedding_loss)
 
@@ -59,8 +59,8 @@ class CosineEmbedding(_PairLoss):
 
 @register(F.margin_ranking_loss)
 class MarginRanking(_PairLoss):
-    """l = max(0, -y (x1 - x2) + margin)  ->  with m = [-y (x1 - x2) + margin >= 0]:
-    dl/dx1 = -y m, dl/dx2 = y m, dl/dy = -(x1 - x2) m"""
+    """l = max(0, -y (x1 - x2) + margin)  ->  dx1 = -g y m,  dx2 = g y m,  dy = -g (x1 - x2) m;
+    m = [-y (x1 - x2) + margin >= 0]"""
 
     op = staticmethod(F.margin_ranking_loss)
 
@@ -76,8 +76,8 @@ class MarginRanking(_PairLoss):
 
 @register(F.hinge_embedding_loss)
 class HingeEmbedding(Function):
-    """l = x if y = 1, max(0, margin - x) if y = -1 (both terms where y is neither)
-    ->  dl/dx = [y != -1] - [y != 1] [margin - x >= 0]"""
+    """l = x (y = 1) or max(0, margin - x) (y = -1)  ->  dx = g ([y != -1] - [y != 1] [margin - x >= 0])
+    (both terms where y is neither)"""
 
     @staticmethod
     def forward(ctx, input, target, margin=1.0, size_average=None, reduce=None, reduction="mean"):
@@ -121,9 +121,8 @@ class SoftMargin(_TargetLoss):
 
 @register(F.multilabel_soft_margin_loss)
 class MultilabelSoftMargin(Function):
-    """l_n = -(1/C) sum_c w_c [y_nc log s(x_nc) + (1 - y_nc) log s(-x_nc)]
-    ->  dl_n/dx_nc = w_c (s(x_nc) - y_nc) / C,  dl_n/dy_nc = -w_c x_nc / C,
-        dl_n/dw_c = -[y_nc log s(x_nc) + (1 - y_nc) log s(-x_nc)] / C"""
+    """l_n = -(1/C) sum_c w_c [y_nc log s(x_nc) + (1 - y_nc) log s(-x_nc)]  ->  dx_nc = g w_c (s(x_nc) - y_nc) / C,
+    dy_nc = -g w_c x_nc / C,  dw_c = -g [y_nc log s(x_nc) + (1 - y_nc) log s(-x_nc)] / C"""
 
     @staticmethod
     def forward(ctx, input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
@@ -160,8 +159,8 @@ def _per_sample(g: torch.Tensor, reduction: str, n: int) -> torch.Tensor:
 
 @register(F.multi_margin_loss)
 class MultiMargin(Function):
-    """l_n = (1/C) sum_{i != y} w_y max(0, z_i)^p, z_i = margin - x_y + x_i
-    ->  with h_i = w_y [z_i > 0] (1 if p = 1, 2 z_i if p = 2) / C: dl/dx_i = h_i (i != y), dl/dx_y = -sum_i h_i"""
+    """l_n = (1/C) sum_{i != y} w_y max(0, z_i)^p  ->  dx_i = g h_i (i != y),  dx_y = -g sum_i h_i;
+    z_i = margin - x_y + x_i,  h_i = w_y [z_i > 0] (1 if p = 1, 2 z_i if p = 2) / C"""
 
     @staticmethod
     def forward(ctx, input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None, reduction="mean"):
@@ -189,8 +188,9 @@ class MultiMargin(Function):
 
 @register(F.multilabel_margin_loss)
 class MultilabelMargin(_TargetLoss):
-    """l_n = (1/C) sum_{j in Y_n} sum_{i not in Y_n} max(0, 1 - (x_j - x_i)), Y_n = target[n] up to the first -1
-    ->  each active pair (1 - x_j + x_i > 0) adds 1/C to dl/dx_i and -1/C to dl/dx_j (a repeated label counts twice)"""
+    """l_n = (1/C) sum_{j in Y_n} sum_{i not in Y_n} max(0, 1 - x_j + x_i)  ->  dx_i = (g/C) #active pairs with i,
+    dx_j = -(g/C) #active pairs with j;  a pair is active where 1 - x_j + x_i > 0, Y_n = target[n] up to the first
+    -1 (a repeated label counts twice)"""
 
     op = staticmethod(F.multilabel_margin_loss)
 
@@ -233,8 +233,9 @@ def _triplet_grads(g: torch.Tensor, anchor: torch.Tensor, positive: torch.Tensor
 
 @register(F.triplet_margin_loss)
 class TripletMargin(Function):
-    """l = max(0, margin + d(a, p) - d(a, n)), d = pairwise_distance(., ., p, eps) (swap: d(a, n) -> min(d(a, n),
-    d(p, n)))  ->  dl/da = [l >= 0] (dd(a, p)/da - dd(a, n)/da), dl/dp = -[l >= 0] dd(a, p)/da, ..."""
+    """l = max(0, margin + d(a, p) - d(a, n))  ->  da = g m (dd(a, p)/da - dd(a, n)/da),  dp = g m dd(a, p)/dp,
+    dn = -g m dd(a, n)/dn;  m = [margin + d(a, p) - d(a, n) >= 0], d = pairwise_distance(., ., p, eps); swap:
+    d(a, n) -> min(d(a, n), d(p, n)), whose gradient goes to the smaller distance (half to each on a tie)"""
 
     @staticmethod
     def forward(ctx, anchor, positive, negative, margin=1.0, p=2, eps=1e-6, swap=False, size_average=None,
@@ -266,8 +267,9 @@ def _known_distance(distance_function: Optional[Callable]) -> Optional[tuple]:
 
 @register(F.triplet_margin_with_distance_loss)
 class TripletMarginWithDistance(TripletMargin):
-    """l = max(0, margin + d(a, p) - d(a, n)) with d = distance_function (pairwise_distance by default)
-    ->  as triplet_margin_loss"""
+    """l = max(0, margin + d(a, p) - d(a, n))  ->  da = g m (dd(a, p)/da - dd(a, n)/da),  dp = g m dd(a, p)/dp,
+    dn = -g m dd(a, n)/dn;  m = [margin + d(a, p) - d(a, n) >= 0], d = distance_function (pairwise_distance or
+    nn.PairwiseDistance), swap as in triplet_margin_loss"""
 
     @staticmethod
     def forward(ctx, anchor, positive, negative, *, distance_function=None, margin=1.0, swap=False,

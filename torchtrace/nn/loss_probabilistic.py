@@ -65,8 +65,8 @@ def _var_for_input(var: torch.Tensor, input: torch.Tensor) -> tuple:
 
 @register(F.gaussian_nll_loss)
 class GaussianNll(Function):
-    """l = (log v + d^2 / v) / 2, d = x - t, v = max(var, eps)
-    ->  dl/dx = d / v, dl/dt = -d / v, dl/dvar = (1 / v - d^2 / v^2) / 2"""
+    """l = (log v + d^2 / v) / 2  ->  dx = g d / v,  dt = -g d / v,  dvar = g (1 / v - d^2 / v^2) / 2;
+    d = x - t, v = max(var, eps)"""
 
     @staticmethod
     def forward(ctx, input, target, var, full=False, eps=1e-6, reduction="mean"):

@@ -28,7 +28,8 @@ def no_gradient_through(name: str, grads: Sequence[torch.Tensor]) -> None:
 
 @register(torch.native_layer_norm)
 class NativeLayerNorm(Function):
-    """(y, mean, rstd) = native_layer_norm(x, shape, w, b, eps)  ->  dy as F.layer_norm; mean, rstd: none"""
+    """(y, mean, rstd) = native_layer_norm(x, shape, w, b, eps)  ->  dx = rstd (gw - mean_D(gw) - xhat mean_D(gw xhat)),
+    dw = sum g xhat,  db = sum g (as F.layer_norm);  mean, rstd carry no gradient"""
 
     @staticmethod
     def forward(ctx, input, normalized_shape, weight, bias, eps):
@@ -43,8 +44,9 @@ class NativeLayerNorm(Function):
 
 @register(torch.native_group_norm)
 class NativeGroupNorm(Function):
-    """(y, mean, rstd) per (sample, group) of M elements  ->  dx = as F.group_norm + g_mean / M
-    - g_rstd rstd^3 (x - mean) / M  (rstd = (var + eps)^-1/2, var biased)"""
+    """(y, mean, rstd) = native_group_norm(x, w, b, ...)  ->  dx = rstd (gw - mean_G(gw) - xhat mean_G(gw xhat))
+    + g_mean / M - g_rstd rstd^3 (x - mean) / M, dw and db as F.group_norm;  G = each (sample, group), M elements,
+    rstd = (var + eps)^-1/2 (var biased)"""
 
     @staticmethod
     def forward(ctx, input, weight, bias, N, C, HxW, group, eps):
@@ -71,8 +73,8 @@ class NativeGroupNorm(Function):
 
 
 class _NativeBatchNorm(Function):
-    """(y, save_mean, save_invstd) = native_batch_norm(x, w, b, running_mean, running_var, training, momentum, eps)
-    ->  dy as F.batch_norm (batch statistics in training, running ones otherwise); the statistics: none"""
+    """(y, mean, invstd) = native_batch_norm(x, w, b, ...)  ->  dx = invstd (gw - mean_B(gw) - xhat mean_B(gw xhat)),
+    dw = sum_B g xhat,  db = sum_B g (as F.batch_norm, running statistics in eval);  mean, invstd carry no gradient"""
 
     op, stats_at, affine_at = staticmethod(torch.native_batch_norm), (3, 4), (0, 1, 2)
     stat_dims = staticmethod(lambda x: (0, *range(2, x.dim())))
@@ -119,7 +121,8 @@ PADDING = {0: "zeros", 1: "border", 2: "reflection"}
 
 @register(torch.grid_sampler_2d, torch.grid_sampler_3d, torch.grid_sampler)
 class GridSampler(Function):
-    """grid_sampler_2d/3d(x, grid, mode code, padding code, align_corners) = F.grid_sample  ->  as F.grid_sample"""
+    """y = F.grid_sample(x, grid) (modes as codes)  ->  dx = scatter_add of w_t g at p_t,
+    dgrid_k = (dc_k/dgrid_k) sum_{c,t} g x[p_t] dw_t/dc_k  (as F.grid_sample)"""
 
     @staticmethod
     def forward(ctx, input, grid, interpolation_mode, padding_mode, align_corners):
@@ -134,8 +137,7 @@ class GridSampler(Function):
 
 @register(aten._upsample_bilinear2d_aa, aten._upsample_bilinear2d_aa.vec)
 class UpsampleBilinearAA(Function):
-    """_upsample_bilinear2d_aa(x, output_size, align_corners, scale_factors) = F.interpolate(bilinear, antialias)
-    ->  as F.interpolate"""
+    """y = x x_1 A_1 x_2 A_2 (antialiased bilinear weights A_d, as F.interpolate)  ->  dx = g x_1 A_1^T x_2 A_2^T"""
 
     @staticmethod
     def forward(ctx, input, output_size, align_corners, scale_factors=None, *, scales_h=None, scales_w=None):
@@ -152,7 +154,7 @@ class UpsampleBilinearAA(Function):
 
 @register(aten._upsample_bilinear2d_aa.default)
 class UpsampleBilinearAADefault(Function):
-    """_upsample_bilinear2d_aa.default(x, output_size, align_corners, scales_h, scales_w)  ->  as F.interpolate"""
+    """y = x x_1 A_1 x_2 A_2 (antialiased bilinear weights A_d, as F.interpolate)  ->  dx = g x_1 A_1^T x_2 A_2^T"""
 
     @staticmethod
     def forward(ctx, input, output_size, align_corners, scales_h=None, scales_w=None):

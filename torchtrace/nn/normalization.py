@@ -98,8 +98,8 @@ def batch_norm_backward(ctx, g) -> tuple:
 
 @register(F.batch_norm)  # what nn.BatchNorm1d/2d/3d call
 class BatchNormFunction(Function):
-    """training: y = w (x - mean_B) / sqrt(var_B + eps) + b per channel (B = N and spatial dims, M elements)
-    ->  dx = (w invstd / M) (M g - sum_B g - xhat sum_B(g xhat)),  dw = sum_B g xhat,  db = sum_B g;
+    """y = w xhat + b, xhat = (x - mean_B x) invstd  ->  dx = invstd (gw - mean_B(gw) - xhat mean_B(gw xhat)),
+    dw = sum_B g xhat,  db = sum_B g;  training: B = N and spatial dims per channel, invstd = 1 / sqrt(var_B x + eps);
     eval: y = w (x - running_mean) / sqrt(running_var + eps) + b  ->  dx = g w / sqrt(running_var + eps)"""
 
     op, stat_dims = staticmethod(F.batch_norm), staticmethod(all_but_channel)
@@ -119,9 +119,9 @@ class BatchNormFunction(Function):
 
 @register(F.instance_norm)  # what nn.InstanceNorm1d/2d/3d call
 class InstanceNormFunction(BatchNormFunction):
-    """use_input_stats: y = w (x - mean_S) / sqrt(var_S + eps) + b per sample and channel (S = spatial dims)
-    ->  dx = invstd (g w - mean_S(g w) - xhat mean_S(g w xhat)),  dw = sum g xhat,  db = sum g (over N, S);
-    else the eval-mode batch norm with running statistics"""
+    """y = w xhat + b, xhat = (x - mean_S x) invstd  ->  dx = invstd (gw - mean_S(gw) - xhat mean_S(gw xhat)),
+    dw = sum g xhat,  db = sum g (over N, S);  S = the spatial dims per sample and channel, invstd = 1 / sqrt(var_S x
+    + eps); without use_input_stats the eval-mode batch norm with running statistics"""
 
     op, stat_dims = staticmethod(F.instance_norm), staticmethod(spatial_dims)
 
@@ -134,7 +134,8 @@ class InstanceNormFunction(BatchNormFunction):
 
 @register(torch.batch_norm)  # the builtin under F.batch_norm, with its own argument order
 class TorchBatchNorm(Function):
-    """torch.batch_norm(x, w, b, running_mean, running_var, training, momentum, eps, cudnn): as F.batch_norm"""
+    """torch.batch_norm(x, w, b, ...): y = w xhat + b  ->  dx = invstd (gw - mean_B(gw) - xhat mean_B(gw xhat)),
+    dw = sum_B g xhat, db = sum_B g (as F.batch_norm, with its arguments in torch.batch_norm's order)"""
 
     op, stat_dims = staticmethod(torch.batch_norm), staticmethod(all_but_channel)
     stats_at, affine_at = (3, 4), (0, 1, 2)
@@ -151,8 +152,8 @@ class TorchBatchNorm(Function):
 
 @register(torch.instance_norm)
 class TorchInstanceNorm(TorchBatchNorm):
-    """torch.instance_norm(x, w, b, running_mean, running_var, use_input_stats, momentum, eps, cudnn):
-    as F.instance_norm"""
+    """torch.instance_norm(x, w, b, ...): y = w xhat + b  ->  dx = invstd (gw - mean_S(gw) - xhat mean_S(gw xhat)),
+    dw = sum g xhat, db = sum g (as F.instance_norm, with its arguments in torch.instance_norm's order)"""
 
     op, stat_dims = staticmethod(torch.instance_norm), staticmethod(spatial_dims)
 
@@ -164,8 +165,8 @@ def normalized_dims(x: torch.Tensor, normalized_shape: Sequence[int]) -> Tuple[i
 
 @register(F.layer_norm, torch.layer_norm)
 class LayerNormFunction(Function):
-    """y = w (x - mean_D x) / sqrt(var_D x + eps) + b over the trailing dims D
-    ->  dx = invstd (g w - mean_D(g w) - xhat mean_D(g w xhat)),  dw = sum g xhat,  db = sum g (over leading dims)"""
+    """y = w xhat + b, xhat = (x - mean_D x) invstd  ->  dx = invstd (gw - mean_D(gw) - xhat mean_D(gw xhat)),
+    dw = sum g xhat,  db = sum g (over the leading dims);  D = the trailing dims, invstd = 1 / sqrt(var_D x + eps)"""
 
     @staticmethod
     def forward(ctx, input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
@@ -189,8 +190,8 @@ class LayerNormFunction(Function):
 
 @register(F.group_norm, torch.group_norm)
 class GroupNormFunction(Function):
-    """y = w xhat + b, xhat standardized over each sample's group of C/G channels (and spatial dims)
-    ->  dx = invstd (g w - mean_grp(g w) - xhat mean_grp(g w xhat)),  dw = sum_(N, spatial) g xhat,  db = sum g"""
+    """y = w xhat + b, xhat = (x - mean_G x) invstd  ->  dx = invstd (gw - mean_G(gw) - xhat mean_G(gw xhat)),
+    dw = sum_(N, spatial) g xhat,  db = sum g;  G = each sample's group of C/G channels and the spatial dims"""
 
     @staticmethod
     def forward(ctx, input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):

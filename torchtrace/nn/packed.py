@@ -67,8 +67,8 @@ class PadPackedSequence(Function):
 
 @register(torch._C._nn.pad_sequence)
 class PadSequence(Function):
-    """y[:, n] = sequence n, padded to the longest (at its end, or its start with padding_side='left')
-    ->  d sequence n = g[the steps it filled, n]"""
+    """y[:, n] = sequence n, padded to the longest  ->  dsequence_n = g[the steps it filled, n]  (padding at its end,
+    or at its start with padding_side='left')"""
 
     @staticmethod
     def forward(ctx: Any, sequences: List[Tensor], batch_first: bool = False, padding_value: float = 0.0,

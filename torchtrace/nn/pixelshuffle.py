@@ -12,15 +12,17 @@ from torchtrace.nn.module import Module
 from torchtrace.ops.shape import structural
 
 
-def _channel_unshuffle(ctx: Any, g: torch.Tensor, groups: int) -> torch.Tensor:
-    return torch.channel_shuffle(g, ctx.shape[1] // groups if len(ctx.shape) > 1 else 1)
+def _channel_unshuffle(g: torch.Tensor, x: Any, y: Any, groups: int) -> torch.Tensor:
+    return torch.channel_shuffle(g, x.shape[1] // groups if len(x.shape) > 1 else 1)
 
 
 for _rule in (  # = F.pixel_shuffle, F.pixel_unshuffle (nn.PixelShuffle calls them), F.(native_)channel_shuffle
     structural("PixelShuffling", [torch.pixel_shuffle], "y = pixel_shuffle(x, r), a permutation  ->  dx = "
-               "pixel_unshuffle(g, r)", lambda ctx, g, upscale_factor: torch.pixel_unshuffle(g, upscale_factor)),
+               "pixel_unshuffle(g, r)", lambda g, x, y, upscale_factor: torch.pixel_unshuffle(g, upscale_factor),
+               uses=()),
     structural("PixelUnshuffling", [torch.pixel_unshuffle], "y = pixel_unshuffle(x, r), a permutation  ->  dx = "
-               "pixel_shuffle(g, r)", lambda ctx, g, downscale_factor: torch.pixel_shuffle(g, downscale_factor)),
+               "pixel_shuffle(g, r)", lambda g, x, y, downscale_factor: torch.pixel_shuffle(g, downscale_factor),
+               uses=()),
     structural("ChannelShuffling", [torch.channel_shuffle, torch.native_channel_shuffle], "y = channel_shuffle(x, G): "
                "channel (i, j) of a (G, C/G) grid moves to (j, i)  ->  dx = channel_shuffle(g, C/G)",
                _channel_unshuffle),

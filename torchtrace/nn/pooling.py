@@ -130,8 +130,7 @@ def _adaptive_matrix(out: int, size: int, like: torch.Tensor) -> torch.Tensor:
 
 
 class AdaptiveAvgPool(Function):
-    """y_i = mean of x over [floor(i in / out), ceil((i+1) in / out)) per dim, i.e. y = A x along each dim
-    ->  dx = A^T g along each pooled dim"""
+    """y = A x along each pooled dim (y_i = mean of x over [floor(i in / out), ceil((i+1) in / out)))  ->  dx = A^T g"""
 
     op = staticmethod(F.adaptive_avg_pool2d)
     dims = 2

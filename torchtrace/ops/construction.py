@@ -13,7 +13,7 @@ import torch
 from torchtrace.autograd.function import Function, register
 from torchtrace.ops.indexing import add_at, positions
 from torchtrace.ops.rule_tables import make_rule
-from torchtrace.ops.shape import same_op, structural
+from torchtrace.ops.shape import structural
 
 T = torch.Tensor
 _VF = torch._C._VariableFunctions  # list forms: torch.meshgrid([x, y]) reaches this builtin with the list
@@ -51,29 +51,29 @@ def with_list_form(name: str, rule: type, targets: Sequence[Callable]) -> type:
 
 # ------------------------------------------------------------------ triangles and diagonals
 
-def _unrotate(ctx: Any, g: torch.Tensor, k: int = 1, dims: Sequence[int] = (0, 1)) -> torch.Tensor:
+def _unrotate(g: torch.Tensor, x: Any, y: Any, k: int = 1, dims: Sequence[int] = (0, 1)) -> torch.Tensor:
     return torch.rot90(g, -k, dims)
 
 
-def _undiag(ctx: Any, g: torch.Tensor, diagonal: int = 0) -> torch.Tensor:
-    if len(ctx.shape) == 1:
+def _undiag(g: torch.Tensor, x: Any, y: Any, diagonal: int = 0) -> torch.Tensor:
+    if len(x.shape) == 1:
         return g.diagonal(diagonal)
-    return torch.diagonal_scatter(g.new_zeros(ctx.shape), g, diagonal)
+    return torch.diagonal_scatter(g.new_zeros(x.shape), g, diagonal)
 
 
-def _undiagflat(ctx: Any, g: torch.Tensor, offset: int = 0) -> torch.Tensor:
-    return g.diagonal(offset).reshape(ctx.shape)
+def _undiagflat(g: torch.Tensor, x: Any, y: Any, offset: int = 0) -> torch.Tensor:
+    return g.diagonal(offset).reshape(x.shape)
 
 
-def _undiag_embed(ctx: Any, g: torch.Tensor, offset: int = 0, dim1: int = -2, dim2: int = -1) -> torch.Tensor:
+def _undiag_embed(g: torch.Tensor, x: Any, y: Any, offset: int = 0, dim1: int = -2, dim2: int = -1) -> torch.Tensor:
     return g.diagonal(offset, dim1, dim2)
 
 
 for _rule in (
-    structural("Tril", [torch.tril, T.tril], "y = x below diagonal k, 0 above  ->  dx = tril(g, k)", same_op),
-    structural("Triu", [torch.triu, T.triu], "y = x above diagonal k, 0 below  ->  dx = triu(g, k)", same_op),
+    structural("Tril", [torch.tril, T.tril], "y = x below diagonal k, 0 above  ->  dx = tril(g, k)"),
+    structural("Triu", [torch.triu, T.triu], "y = x above diagonal k, 0 below  ->  dx = triu(g, k)"),
     structural("Rot90", [torch.rot90, T.rot90], "y = x turned k quarter turns in the plane dims  ->  dx = g turned -k",
-               _unrotate),
+               _unrotate, uses=()),
     structural("Diag", [torch.diag, T.diag],
                "1-D x: y = matrix with x on diagonal k -> dx = g.diagonal(k);  "
                "2-D x: y = x.diagonal(k) -> dx = g put there", _undiag),
@@ -81,7 +81,7 @@ for _rule in (
                "y = matrix with x.flatten() on diagonal k  ->  dx = g.diagonal(k) reshaped to x", _undiagflat),
     structural("DiagEmbed", [torch.diag_embed, T.diag_embed],
                "y[..., i, i+k] = x[..., i] on the plane (dim1, dim2)  ->  dx = g.diagonal(k, dim1, dim2)",
-               _undiag_embed),
+               _undiag_embed, uses=()),
 ):
     _rule.__module__ = __name__  # filed under this module, not shape.py where the factory lives
 

@@ -67,8 +67,8 @@ def _stencil(n: int, spacing: Any, edge_order: int, like: torch.Tensor) -> torch
 
 @register(torch.gradient)
 class Gradient(Function):
-    """y_k = A_k x along dim_k (central differences inside, one-sided at the edges; A_k a fixed matrix built
-    from the spacing)  ->  dx = sum_k A_k^T g_k"""
+    """y_k = A_k x along dim_k  ->  dx = sum_k A_k^T g_k  (A_k a fixed matrix built from the spacing: central
+    differences inside, one-sided at the edges)"""
 
     @staticmethod
     def forward(ctx, x, spacing=1, dim=None, edge_order=1):
@@ -163,7 +163,8 @@ class Trapezoid(_Trapezoid):
 
 @register(torch.cumulative_trapezoid)
 class CumulativeTrapezoid(_Trapezoid):
-    """c_k = sum_{i<=k} (x_{i+1} - x_i)(y_i + y_{i+1}) / 2  ->  as trapezoid, with G_i = sum_{k>=i} g_k per interval"""
+    """c_k = sum_{i<=k} w_i s_i  ->  dy_i = (w_{i-1} G_{i-1} + w_i G_i) / 2,  dx_i = s_{i-1} G_{i-1} - s_i G_i;
+    w_i = x_{i+1} - x_i, s_i = (y_i + y_{i+1}) / 2, G_i = sum_{k>=i} g_k (trapezoid's rule with G for g)"""
 
     op = staticmethod(torch.cumulative_trapezoid)
     cumulative = True

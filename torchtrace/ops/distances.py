@@ -51,7 +51,8 @@ class Cdist(Function):
 
 @register(torch.pdist)
 class Pdist(Function):
-    """d_k = ||x_i - x_j||_p for each row pair i < j  ->  dx_i += g_k dd/ddiff, dx_j -= g_k dd/ddiff"""
+    """d_k = ||v_k||_p, v_k = x_i - x_j for each row pair k = (i < j)  ->  dx_i = sum_{k = (i, j)} g_k dd_k/dv_k
+    - sum_{k = (j, i)} g_k dd_k/dv_k  (a row gains the pairs it starts and loses the pairs it ends)"""
 
     @staticmethod
     def forward(ctx, x, p=2.0):
@@ -143,8 +144,8 @@ class Corrcoef(Function):
 
 @register(torch.renorm, T.renorm)
 class Renorm(Function):
-    """y = x * m / (n + 1e-7) on slices along dim whose p-norm n > m, else x  ->  there:
-    dx = (m / (n + 1e-7)) g - m / (n + 1e-7)^2 <g, x> dn/dx"""
+    """y = c x (on slices along dim whose p-norm n > m; else y = x)  ->  dx = c g - c <g, x> dn/dx / (n + 1e-7),
+    c = m / (n + 1e-7)"""
 
     @staticmethod
     def forward(ctx, x, p, dim, maxnorm):

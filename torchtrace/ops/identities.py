@@ -7,10 +7,9 @@ from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
-from torchtrace.autograd.function import Function, register
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
-from torchtrace.ops.rule_tables import make_rule
+from torchtrace.ops.rule_tables import unary
 
 T = torch.Tensor
 
@@ -25,13 +24,8 @@ def real_only(op: Callable, x: torch.Tensor) -> None:
 
 def identity(name: str, targets: Sequence[Callable], math_line: str) -> type:
     """y = op(x), the identity on real x: dy/dx = 1."""
-    op = targets[0]
-
-    def forward(ctx: Any, input: torch.Tensor) -> torch.Tensor:
-        real_only(op, input)
-        return op(input)
-
-    return make_rule(name, math_line, forward, lambda ctx, g: g, targets)
+    return unary(name, targets, math_line, lambda g, x, y: g, uses=(),
+                 check=lambda x: real_only(targets[0], x), inputs=("input",))
 
 
 identity("Conj", [torch.conj, T.conj], "y = conj x = x on real x  ->  dy/dx = 1")
@@ -41,50 +35,29 @@ identity("ResolveNeg", [torch.resolve_neg, T.resolve_neg], "y = x (neg bit resol
 identity("Real", [torch.real], "y = Re x = x on real x  ->  dy/dx = 1")
 
 
-@register(torch.angle, T.angle)
-class Angle(Function):
-    """y = angle x = pi [x < 0] on real x (NaN stays NaN)  ->  dy/dx = 0 (as torch)"""
-
-    @staticmethod
-    def forward(ctx, input):
-        real_only(torch.angle, input)
-        return torch.angle(input)
-
-    @staticmethod
-    def backward(ctx, g):
-        return torch.zeros_like(g)
+unary("Angle", [torch.angle, T.angle], "y = angle x = pi [x < 0] on real x (NaN stays NaN)  ->  dy/dx = 0 (as torch)",
+      lambda g, x, y: torch.zeros_like(g), uses=(), check=lambda x: real_only(torch.angle, x), inputs=("input",))
 
 
 Dims = Optional[Union[int, Sequence[int]]]
 
 
-def shifts(x: torch.Tensor, dim: Dims, inverse: bool) -> Tuple[list, list]:
+def shifts(shape: Sequence[int], dim: Dims, inverse: bool) -> Tuple[list, list]:
     """fftshift rolls each dim by n // 2, ifftshift by -(n // 2) (= (n + 1) // 2 mod n)."""
-    dims = list(range(x.dim())) if dim is None else [dim] if isinstance(dim, int) else list(dim)
-    return [-(x.shape[d] // 2) if inverse else x.shape[d] // 2 for d in dims], dims
+    dims = list(range(len(shape))) if dim is None else [dim] if isinstance(dim, int) else list(dim)
+    return [-(shape[d] // 2) if inverse else shape[d] // 2 for d in dims], dims
 
 
-@register(torch.fft.fftshift)
-class FftShift(Function):
-    """y = roll(x, n // 2) over dims  ->  dL/dx = roll(g, -(n // 2))"""
+def _unshift(inverse: bool) -> Callable:
+    """dx = g rolled back by the shifts of x's shape."""
+    def grad(g: torch.Tensor, x: Any, y: Any, dim: Dims) -> torch.Tensor:
+        rolled, dims = shifts(x.shape, dim, inverse)
+        return torch.roll(g, [-s for s in rolled], dims)
 
-    inverse = False
-    op = staticmethod(torch.fft.fftshift)
-
-    @staticmethod
-    def forward(ctx, input, dim=None):
-        real_only(ctx._rule.op, input)
-        ctx.shifts, ctx.dims = shifts(input, dim, ctx._rule.inverse)
-        return torch.roll(input, ctx.shifts, ctx.dims)
-
-    @staticmethod
-    def backward(ctx, g):
-        return torch.roll(g, [-s for s in ctx.shifts], ctx.dims)
+    return grad
 
 
-@register(torch.fft.ifftshift)
-class IfftShift(FftShift):
-    """y = roll(x, -(n // 2)) over dims  ->  dL/dx = roll(g, n // 2)"""
-
-    inverse = True
-    op = staticmethod(torch.fft.ifftshift)
+unary("FftShift", [torch.fft.fftshift], "y = roll(x, n // 2) over dims  ->  dx = roll(g, -(n // 2))", _unshift(False),
+      uses=("x.meta",), options={"dim": None}, check=lambda x: real_only(torch.fft.fftshift, x), inputs=("input",))
+unary("IfftShift", [torch.fft.ifftshift], "y = roll(x, -(n // 2)) over dims  ->  dx = roll(g, n // 2)", _unshift(True),
+      uses=("x.meta",), options={"dim": None}, check=lambda x: real_only(torch.fft.ifftshift, x), inputs=("input",))

@@ -10,6 +10,7 @@ import torch
 
 from torchtrace.autograd.function import INPLACE, Function, register
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.ops.rule_tables import binary
 
 T = torch.Tensor
 _TENSOR = object()  # stands for a tensor of an index, kept by save_for_backward
@@ -374,18 +375,9 @@ class Put(Function):
 
 # ------------------------------------------------------------------ filling: the old values stop mattering
 
-@register(torch.fill)
-class Fill(Function):
-    """y = v everywhere  ->  dx = 0, dv = sum of g"""
-
-    @staticmethod
-    def forward(ctx, x, value):
-        return torch.fill(x, value)
-
-    @staticmethod
-    def backward(ctx, g):
-        need_x, need_value = ctx.needs_input_grad[:2]
-        return torch.zeros_like(g) if need_x else None, g.sum() if need_value else None
+Fill = binary("Fill", [torch.fill], "y = v everywhere  ->  dx = 0, dv = sum of g",
+              lambda g, a, b, z: torch.zeros_like(g), lambda g, a, b, z: g.sum(), uses=((), ()),
+              inputs=("input", "value"))
 
 
 class Zero(Function):
@@ -494,8 +486,9 @@ def slot_reduce_grads(at: Along, reduce: str, include_self: bool, g: torch.Tenso
 
 @register(torch.scatter_reduce, T.scatter_reduce)
 class ScatterReduce(Function):
-    """y[..index[i][j]..] = reduce(x there (if include_self), src[i][j] sent there) (dim=1)  ->  sum: g;
-    mean: g/n; amax/amin: g shared by the values equal to y; prod: g * product of the slot's other values"""
+    """y = x with each src[i][j] reduced into y[i][index[i][j]] (dim=1)  ->  dx, dsrc = g (sum), g/n (mean),
+    g/t at the t values equal to y (amax/amin), g * the product of the slot's other values (prod); n the values in
+    the slot (x's own only if include_self)"""
 
     @staticmethod
     def forward(ctx, x, dim, index, src, reduce, *, include_self=True):
@@ -518,8 +511,8 @@ class ScatterReduce(Function):
 
 @register(torch.index_reduce, T.index_reduce)
 class IndexReduce(Function):
-    """y = x with slice index[k] along dim reduced with s[k] (prod / mean / amax / amin)  ->  as scatter_reduce,
-    slice by slice"""
+    """y = x with slice index[k] along dim reduced with s[k]  ->  dx, ds = g/n (mean), g/t at the t values equal
+    to y (amax/amin), g * the product of the slot's other values (prod): scatter_reduce's, slice by slice"""
 
     @staticmethod
     def forward(ctx, x, dim, index, source, reduce, *, include_self=True):

@@ -135,7 +135,8 @@ class Qr(Function):
 
 @register(torch.qr, T.qr)
 class LegacyQr(Function):
-    """(Q, R) = torch.qr(A, some): linalg.qr in mode 'reduced' if some else 'complete'  ->  as linalg.qr"""
+    """(Q, R) = torch.qr(A, some)  ->  dA = (gQ + Q copyltu(R gR^T - gQ^T Q)) R^-T, as linalg.qr in mode
+    'reduced' if some else 'complete'"""
 
     @staticmethod
     def forward(ctx, A, some=True):
@@ -255,7 +256,8 @@ class Svd(Function):
 
 @register(torch.svd, T.svd)
 class LegacySvd(Function):
-    """(U, S, V) = torch.svd(A), A = U S V^T  ->  as linalg.svd with gVh = gV^T (compute_uv=False: only S)"""
+    """(U, S, V) = torch.svd(A)  ->  dA = U [skew(U^T gU) S / E + S skew(V^T gV) / E + diag(gS)] V^T,
+    E_ij = s_j^2 - s_i^2: linalg.svd's rule with gVh = gV^T (compute_uv=False: only S, dA = U diag(gS) V^T)"""
 
     @staticmethod
     def forward(ctx, A, some=True, compute_uv=True):

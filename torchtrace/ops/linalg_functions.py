@@ -14,6 +14,7 @@ from torchtrace.autograd.function import Function, register
 from torchtrace.ops.linalg_inverse import eye, real_only, tril
 from torchtrace.ops.reduction import Norm as VectorPNorm
 from torchtrace.ops.reduction import VectorNorm
+from torchtrace.ops.rule_tables import unary
 
 T = torch.Tensor
 linalg = torch.linalg
@@ -127,7 +128,8 @@ class MatrixNormBase(Function):
 
 @register(linalg.matrix_norm)
 class MatrixNorm(MatrixNormBase):
-    """y = ||A||  ->  fro: g A/y; nuc: g U V^T; +-2: g u_i v_i^T (extreme s_i); +-1, +-inf: g sign(A) on that col/row"""
+    """y = ||A||  ->  dA = g A/y (fro), g U V^T (nuc), g u_i v_i^T (+-2, the extreme s_i), g sign(A) on the
+    extreme column (+-1) or row (+-inf)"""
 
     @staticmethod
     def forward(ctx, A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):
@@ -147,7 +149,8 @@ def is_matrix_norm(x: torch.Tensor, ord: Any, dim: Any) -> bool:
 
 @register(linalg.norm)
 class LinalgNorm(Function):
-    """y = ||x||, a vector norm (one dim or all) or a matrix norm (two dims)  ->  as vector_norm / matrix_norm"""
+    """y = ||x||  ->  dx = g sign(x) |x|^(p-1) / y^(p-1) (a vector norm: one dim or all), or dA as matrix_norm's
+    (two dims: g A/y for fro, g U V^T for nuc, ...)"""
 
     @staticmethod
     def forward(ctx, A, ord=None, dim=None, keepdim=False, *, dtype=None):
@@ -165,7 +168,8 @@ class LinalgNorm(Function):
 
 @register(torch.norm, T.norm)  # replaces VectorPNorm's registration (imported above, so registered first)
 class Norm(VectorPNorm):
-    """torch.norm / Tensor.norm: reduction.py's vector p-norms, and p='nuc' (a matrix norm: dA = g U V^T)"""
+    """y = torch.norm(x, p)  ->  dx = g sign(x) |x|^(p-1) / y^(p-1) (vector p-norms, 'fro' = 2),  dA = g U V^T
+    (p='nuc', a matrix norm)"""
 
     @staticmethod
     def forward(ctx, x, p="fro", dim=None, keepdim=False, dtype=None, *, out=None):
@@ -463,33 +467,16 @@ class Tensorsolve(Function):
         return grad_a, grad_b.reshape(ctx.b_shape) if ctx.needs_input_grad[1] else None
 
 
-@register(linalg.diagonal)
-class LinalgDiagonal(Function):
-    """y = diagonal of A (dims -2, -1 by default)  ->  dA = g written on that diagonal of zeros"""
-
-    @staticmethod
-    def forward(ctx, A, *, offset=0, dim1=-2, dim2=-1):
-        ctx.shape, ctx.options = A.shape, (offset, dim1, dim2)
-        return linalg.diagonal(A, offset=offset, dim1=dim1, dim2=dim2)
-
-    @staticmethod
-    def backward(ctx, g):
-        return torch.diagonal_scatter(g.new_zeros(ctx.shape), g, *ctx.options)
+unary("LinalgDiagonal", [linalg.diagonal],
+      "y = diagonal of A (dims -2, -1 by default)  ->  dA = g written on that diagonal of zeros",
+      lambda g, x, y, offset, dim1, dim2: torch.diagonal_scatter(g.new_zeros(x.shape), g, offset, dim1, dim2),
+      uses=("x.meta",), options={"offset": 0, "dim1": -2, "dim2": -1}, inputs=("A",))
 
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # conjugate transposes: for the real matrices these rules support, the transpose of the last two dims
 
-@register(T.mH.__get__, T.adjoint, torch.adjoint, T.H.__get__)
-class Adjoint(Function):
-    """Y = A^H = A^T (real)  ->  dA = G^T"""
-
-    @staticmethod
-    def forward(ctx, A):
-        real_only("torch.Tensor.mH", A)
-        return A.mT
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.mT
+unary("Adjoint", [T.mH.__get__, T.adjoint, torch.adjoint, T.H.__get__], "Y = A^H = A^T (real)  ->  dA = G^T",
+      lambda g, x, y: g.mT, uses=(), op=lambda A: A.mT, check=lambda A: real_only("torch.Tensor.mH", A),
+      inputs=("A",))

@@ -144,35 +144,14 @@ class Clamp(Function):
         return _clamp_grads(g, x, low, high, *ctx.needs_input_grad[1:3])
 
 
-@register(torch.clamp_min, T.clamp_min)
-class ClampMin(Function):
-    """z = max(x, lo)  ->  dz/dx = [x >= lo], dz/dlo = [x < lo]"""
-
-    @staticmethod
-    def forward(ctx, input, min):
-        ctx.save_for_backward(input, min)
-        return torch.clamp_min(input, min)
-
-    @staticmethod
-    def backward(ctx, g):
-        x, low = ctx.saved_tensors
-        return _clamp_grads(g, x, low, None, ctx.needs_input_grad[1], False)[:2]
-
-
-@register(torch.clamp_max, T.clamp_max)
-class ClampMax(Function):
-    """z = min(x, hi)  ->  dz/dx = [x <= hi], dz/dhi = [x > hi]"""
-
-    @staticmethod
-    def forward(ctx, input, max):
-        ctx.save_for_backward(input, max)
-        return torch.clamp_max(input, max)
-
-    @staticmethod
-    def backward(ctx, g):
-        x, high = ctx.saved_tensors
-        grad_x, _, grad_high = _clamp_grads(g, x, None, high, False, ctx.needs_input_grad[1])
-        return grad_x, grad_high
+binary("ClampMin", [torch.clamp_min, T.clamp_min], "z = max(x, lo)  ->  dz/dx = [x >= lo], dz/dlo = [x < lo]",
+       lambda g, a, b, z: _clamp_grads(g, a, b, None, False, False)[0],
+       lambda g, a, b, z: _clamp_grads(g, a, b, None, True, False)[1], uses=(("a", "b"), ("a", "b")),
+       inputs=("input", "min"))
+binary("ClampMax", [torch.clamp_max, T.clamp_max], "z = min(x, hi)  ->  dz/dx = [x <= hi], dz/dhi = [x > hi]",
+       lambda g, a, b, z: _clamp_grads(g, a, None, b, False, False)[0],
+       lambda g, a, b, z: _clamp_grads(g, a, None, b, False, True)[2], uses=(("a", "b"), ("a", "b")),
+       inputs=("input", "max"))
 
 
 @register(torch.where)

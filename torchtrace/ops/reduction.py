@@ -1,12 +1,13 @@
 """Gradient rules for reductions: sum, mean, prod, nansum, nanmean, max/min, amax/amin, aminmax, logsumexp,
 var/std (and var_mean/std_mean), norms, cumsum."""
 import math
-from typing import Sequence, Tuple, Union
+from typing import Any, Sequence, Tuple, Union
 
 import torch
 
 from torchtrace.autograd.function import Function, register
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.ops.rule_tables import unary
 
 T = torch.Tensor
 Dims = Union[None, int, Sequence[int]]
@@ -38,31 +39,7 @@ def reduced_count(shape: torch.Size, dim: Dims) -> int:
     return math.prod(shape[d] for d in reduced_dims(dim, len(shape)))
 
 
-@register(torch.sum, T.sum)
-class Sum(Function):
-    """y = sum_i x_i (over dim)  ->  dy/dx_i = 1"""
-
-    op = staticmethod(torch.sum)
-
-    @staticmethod
-    def forward(ctx, x, dim=None, keepdim=False, *, dtype=None):
-        ctx.shape, ctx.dim, ctx.keepdim = x.shape, dim, keepdim
-        return ctx._rule.op(x, dim, keepdim, dtype=dtype)
-
-    @staticmethod
-    def backward(ctx, g):
-        return expand_reduced(g, ctx.shape, ctx.dim, ctx.keepdim)
-
-
-@register(torch.mean, T.mean)
-class Mean(Sum):
-    """y = (1/N) sum_i x_i (over dim)  ->  dy/dx_i = 1/N"""
-
-    op = staticmethod(torch.mean)
-
-    @staticmethod
-    def backward(ctx, g):
-        return mean_grad(g, ctx.shape, ctx.dim, ctx.keepdim)
+REDUCE_OPTIONS = {"dim": None, "keepdim": False, "dtype": None}  # sum / mean / nansum / nanmean after their input
 
 
 def mean_grad(g: torch.Tensor, shape: torch.Size, dim: Dims, keepdim: bool) -> torch.Tensor:
@@ -70,36 +47,25 @@ def mean_grad(g: torch.Tensor, shape: torch.Size, dim: Dims, keepdim: bool) -> t
     return expand_reduced(g, shape, dim, keepdim) / reduced_count(shape, dim)
 
 
-@register(torch.nansum, T.nansum)
-class Nansum(Function):
-    """y = sum of the non-NaN x_i (over dim)  ->  dy/dx_i = 1, 0 at NaN"""
-
-    op = staticmethod(torch.nansum)
-
-    @staticmethod
-    def forward(ctx, x, dim=None, keepdim=False, *, dtype=None):
-        ctx.dim, ctx.keepdim = dim, keepdim
-        ctx.save_for_backward(x)
-        return ctx._rule.op(x, dim, keepdim, dtype=dtype)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return expand_reduced(g, x.shape, ctx.dim, ctx.keepdim) * ~x.isnan()
+def _nanmean_grad(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dim: Dims, keepdim: bool,
+                  dtype: Any = None) -> torch.Tensor:
+    kept = ~x.isnan()
+    count = kept.sum(reduced_dims(dim, x.dim()), keepdim=True)
+    return restore_dims(g, x.dim(), dim, keepdim) / count * kept
 
 
-@register(torch.nanmean, T.nanmean)
-class Nanmean(Nansum):
-    """y = nansum x / (number of non-NaN x_i)  ->  dy/dx_i = 1 / count, 0 at NaN (NaN for an all-NaN slice, as torch)"""
-
-    op = staticmethod(torch.nanmean)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        kept = ~x.isnan()
-        count = kept.sum(reduced_dims(ctx.dim, x.dim()), keepdim=True)
-        return restore_dims(g, x.dim(), ctx.dim, ctx.keepdim) / count * kept
+unary("Sum", [torch.sum, T.sum], "y = sum_i x_i (over dim)  ->  dy/dx_i = 1",
+      lambda g, x, y, dim, keepdim, dtype: expand_reduced(g, x.shape, dim, keepdim), uses=("x.meta",),
+      options=REDUCE_OPTIONS)
+unary("Mean", [torch.mean, T.mean], "y = (1/N) sum_i x_i (over dim)  ->  dy/dx_i = 1/N",
+      lambda g, x, y, dim, keepdim, dtype: mean_grad(g, x.shape, dim, keepdim), uses=("x.meta",),
+      options=REDUCE_OPTIONS)
+unary("Nansum", [torch.nansum, T.nansum], "y = sum of the non-NaN x_i (over dim)  ->  dy/dx_i = 1, 0 at NaN",
+      lambda g, x, y, dim, keepdim, dtype: expand_reduced(g, x.shape, dim, keepdim) * ~x.isnan(), uses=("x",),
+      options=REDUCE_OPTIONS)
+unary("Nanmean", [torch.nanmean, T.nanmean],
+      "y = nansum x / (number of non-NaN x_i)  ->  dy/dx_i = 1 / count, 0 at NaN (NaN for an all-NaN slice, as torch)",
+      _nanmean_grad, uses=("x",), options=REDUCE_OPTIONS)
 
 
 def exclusive_products(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -185,7 +151,8 @@ class Amin(Amax):
 
 @register(torch.aminmax, T.aminmax)
 class Aminmax(Function):
-    """(min, max) = aminmax(x)  ->  each shares its g evenly among the elements equal to it (NaN: NaN, as amin/amax)"""
+    """(min, max) = aminmax(x)  ->  dx = g_min/k at the k elements equal to min + g_max/t at the t equal to max
+    (NaN: NaN, as amin/amax)"""
 
     @staticmethod
     def forward(ctx, x, *, dim=None, keepdim=False):
@@ -203,7 +170,8 @@ class Aminmax(Function):
 
 @register(torch.max, T.max)
 class Max(Function):
-    """y = max x  ->  1/k to each of k tied maxima;  max(x, dim) -> 1 at the returned index;  max(a, b) = maximum"""
+    """y = max x  ->  dx = g/k at each of k tied maxima;  max(x, dim): dx = g at the returned index;
+    max(a, b) is maximum's rule"""
 
     op, sign = staticmethod(torch.max), 1
 
@@ -242,7 +210,8 @@ class Max(Function):
 
 @register(torch.min, T.min)
 class Min(Max):
-    """y = min x  ->  1/k to each of k tied minima;  min(x, dim) -> 1 at the returned index;  min(a, b) = minimum"""
+    """y = min x  ->  dx = g/k at each of k tied minima;  min(x, dim): dx = g at the returned index;
+    min(a, b) is minimum's rule"""
 
     op, sign = staticmethod(torch.min), -1
 
@@ -406,16 +375,7 @@ class Norm(VectorNorm):
         return VectorNorm.forward(ctx, x, ord, dim, keepdim, dtype, out=out)
 
 
-@register(torch.cumsum, T.cumsum)
-class Cumsum(Function):
-    """y_i = sum_{j<=i} x_j  ->  dL/dx_j = sum_{i>=j} g_i  (a cumsum of g from the other end)"""
-
-    @staticmethod
-    def forward(ctx, x, dim, dtype=None):
-        ctx.dim = dim
-        return torch.cumsum(x, dim, dtype=dtype)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g.flip(ctx.dim).cumsum(ctx.dim).flip(ctx.dim)
+unary("Cumsum", [torch.cumsum, T.cumsum],
+      "y_i = sum_{j<=i} x_j  ->  dx_j = sum_{i>=j} g_i  (a cumsum of g from the other end)",
+      lambda g, x, y, dim, dtype: g.flip(dim).cumsum(dim).flip(dim), uses=(), options={"dim": None, "dtype": None})
 

@@ -1,7 +1,9 @@
 """Callables refused on purpose, each with the reason and what to write instead (README Limitations).
 
-They reach __torch_function__ whole (Python composites with their own override check), and a rule for
+Most reach __torch_function__ whole (Python composites with their own override check), and a rule for
 them would have to re-derive what their pieces already differentiate, or a randomized algorithm's path.
+A refusal is registered (so the error names the reason) but marked `refused`: it is not counted or listed
+as a supported op (ops/listing.py).
 """
 from typing import Callable
 
@@ -13,16 +15,17 @@ from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
 
 
-def refusal(op: Callable, reason: str) -> type:
-    """A rule for `op` that refuses whenever an input requires a gradient (without one, torch runs it as usual)."""
+def refusal(op: Callable, reason: str, *spellings: Callable, name: str = "") -> type:
+    """A rule for `op` (and its other `spellings`) that refuses whenever an input requires a gradient (without
+    one, torch runs it as usual)."""
     message = f"{callable_name(op)}: {reason}"
 
     def forward(ctx, *args, **kwargs):
         raise UnsupportedOperationError(message)
 
-    members = {"__doc__": f"refused: {reason}", "forward": staticmethod(forward),
+    members = {"__doc__": f"refused: {reason}", "forward": staticmethod(forward), "refused": True,
                "backward": staticmethod(lambda ctx, *grads: None)}
-    return register(op, rule=type(f"Refused_{op.__name__}", (Function,), members))
+    return register(op, *spellings, rule=type(name or f"Refused_{op.__name__}", (Function,), members))
 
 
 refusal(F.multi_head_attention_forward,
@@ -34,3 +37,8 @@ refusal(torch.svd_lowrank,
 refusal(torch.pca_lowrank,
         "gradients through the randomized low-rank PCA are not supported (they would follow the random projection) "
         "— centre A and use torch.linalg.svd(A, full_matrices=False), keeping the first q triplets")
+refusal(torch.as_strided_scatter,
+        "not differentiable in torchtrace — torch 2.13's own gradient for its input fails torch's gradcheck (it "
+        "keeps the gradient inside the view instead of outside), so there is no reference to match; write the "
+        "values with y = x.clone(); y.as_strided(...).copy_(src) instead",
+        torch.Tensor.as_strided_scatter, name="AsStridedScatter")

@@ -12,14 +12,14 @@ import torch
 from torchtrace.autograd.function import Function, register
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.ops.arithmetic import _pow_grad_base, _pow_grad_exponent
-from torchtrace.ops.rule_tables import binary, make_rule, reflected, unary
+from torchtrace.ops.rule_tables import binary, reflected, unary
 
 T = torch.Tensor
 
 
 def slope_one(name: str, targets: Sequence[Callable], math_line: str) -> type:
     """y = op(x) with dy/dx = 1: nothing is saved (so a later in-place change of x is no error, as in torch)."""
-    return make_rule(name, math_line, lambda ctx, x: targets[0](x), lambda ctx, g: g, targets)
+    return unary(name, targets, math_line, lambda g, x, y: g, uses=())
 
 
 slope_one("Frac", [torch.frac, T.frac], "y = x - trunc x  ->  dy/dx = 1")
@@ -28,20 +28,14 @@ unary("NanToNum", [torch.nan_to_num, T.nan_to_num], "y = x with NaN/inf replaced
       lambda g, x, y: g * torch.isfinite(x), uses=("x",))
 
 
-@register(torch.sgn, T.sgn)
-class Sgn(Function):
-    """y = sgn x (real x: -1, 0 or 1)  ->  dy/dx = 0"""
+def _real_sign_only(x: torch.Tensor) -> None:
+    if x.is_complex():
+        raise UnsupportedOperationError("torch.sgn: complex inputs are not supported — use it on real tensors, "
+                                        "or write x / x.abs() for the complex sign")
 
-    @staticmethod
-    def forward(ctx, input):
-        if input.is_complex():
-            raise UnsupportedOperationError("torch.sgn: complex inputs are not supported — use it on real tensors, "
-                                            "or write x / x.abs() for the complex sign")
-        return torch.sgn(input)
 
-    @staticmethod
-    def backward(ctx, g):
-        return torch.zeros_like(g)
+unary("Sgn", [torch.sgn, T.sgn], "y = sgn x (real x: -1, 0 or 1)  ->  dy/dx = 0", lambda g, x, y: torch.zeros_like(g),
+      uses=(), check=_real_sign_only, inputs=("input",))
 
 
 def _quotient_grad(rounding_mode: str) -> Callable:

@@ -1,18 +1,32 @@
-"""Build Function classes from one line of math: most pointwise rules are data, not code.
+"""Build Function classes from one line of math: most rules are data, not code.
 
 A table rule reads like a line of PyTorch's derivatives.yaml: the op, one gradient formula per input, and
 `uses`, the names each formula reads. The formulas name the input x and the result y (one input), or the
-inputs a, b and the result z (two inputs). A rule saves only what a needed gradient uses, so an in-place
-change of a tensor no needed gradient reads stays allowed (as in torch); a test checks every declaration
-against its formula (tests/ops/test_rule_tables.py).
+inputs a, b and the result z (two inputs); `x.meta` (`a.meta`, `b.meta`) is an input's shape, dtype and device
+without its values. A rule saves only what a needed gradient uses, so an in-place change of a tensor no needed
+gradient reads stays allowed (as in torch); a test checks every declaration against its formula
+(tests/ops/test_rule_tables.py). What a hand-written forward would do besides calling the op is an option of
+the builder: keep the op's options (dim, keepdim, ...) for the formulas, keep an input's shape or dtype to
+reshape or cast the gradient back, save the result, refuse an input the formulas do not cover (`check`).
 """
 import inspect
 import itertools
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
 
 from torchtrace.autograd.function import Function, register
 
 NAMES = {1: ("x", "y"), 2: ("a", "b", "z")}  # what the formulas call the inputs, then the result
+AS_CALLED = "as called"  # options=AS_CALLED: the formulas get the op's other arguments as the call passed them
+
+
+class Meta(NamedTuple):
+    """What a formula may read of an input it does not save (`uses=("x.meta",)`): no values, so nothing is held."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
 
 
 def make_rule(name: str, math: str, forward: Callable, backward: Callable, targets: Sequence[Callable],
@@ -24,58 +38,121 @@ def make_rule(name: str, math: str, forward: Callable, backward: Callable, targe
     return register(*targets, rule=type(name, (Function,), members))
 
 
-def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequence[Callable],
-               uses: Sequence[Sequence[str]], options: Optional[Dict[str, Any]] = None) -> type:
-    """Rule for out = targets[0](*inputs, ...): grads[i](g, *inputs, out, **options) is input i's vector-Jacobian
-    product, computed only when input i needs a gradient, and reads only the names uses[i].
+def _what_to_keep(n: int, uses: Sequence[Sequence[str]], suffix: str) -> Dict[Tuple[bool, ...], list]:
+    """For each combination of inputs needing a gradient: which of NAMES[n] (+ suffix) a needed formula reads."""
+    reads = [[k + suffix in used for k in NAMES[n]] for used in uses]
+    return {needs: [any(need and read[k] for need, read in zip(needs, reads)) for k in range(n + 1)]
+            for needs in itertools.product((False, True), repeat=n)}
 
-    `options`: the op's options after its inputs, in positional order with their defaults; they reach the
-    formulas as keywords (an `inplace` option is dropped: the dispatcher records inplace=True itself).
-    Without `options`, extra arguments go to the op alone.
+
+def _call_options(args: Sequence[Any], kwargs: Dict[str, Any]) -> Tuple[tuple, Dict[str, Any]]:
+    """The op's other arguments as called, frozen: a 0-d tensor (narrow's start) becomes its number, now; any other
+    tensor lends only its shape or dtype (view_as(other), to(other)) and is kept as None."""
+    def frozen(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            return a.item() if a.dim() == 0 else None
+        return a
+
+    return tuple(frozen(a) for a in args), {k: frozen(v) for k, v in kwargs.items()}
+
+
+def _by_position(args: tuple, kwargs: Dict[str, Any], input_names: Sequence[str]) -> Tuple[tuple, Dict[str, Any]]:
+    """The inputs the call passed by keyword, moved to their positions after those it passed by position."""
+    kwargs = dict(kwargs)
+    moved = [kwargs.pop(name) for name in input_names[len(args):] if name in kwargs]
+    return (*args, *moved), kwargs
+
+
+def _signature(inputs: Sequence[str], options: Union[None, str, Dict[str, Any]]) -> inspect.Signature:
+    """forward's signature as callers see it (keyword arguments are routed, and checked, by these names): ctx, the
+    inputs, then the named options with their defaults, or whatever the call passes."""
+    P = inspect.Parameter
+    parameters = [P(name, P.POSITIONAL_OR_KEYWORD) for name in ("ctx", *inputs)]
+    if isinstance(options, dict):
+        parameters += [P(name, P.POSITIONAL_OR_KEYWORD, default=default) for name, default in options.items()]
+    else:
+        parameters.append(P("args", P.VAR_POSITIONAL))
+    return inspect.Signature([*parameters, P("kwargs", P.VAR_KEYWORD)])
+
+
+def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequence[Callable],
+               uses: Sequence[Sequence[str]], options: Union[None, str, Dict[str, Any]] = None,
+               op: Optional[Callable] = None, check: Optional[Callable] = None,
+               inputs: Optional[Sequence[str]] = None, module: Optional[str] = None) -> type:
+    """Rule for out = op(*inputs, ...) (op: targets[0] unless given): grads[i](g, *inputs, out, ...) is input i's
+    vector-Jacobian product, computed only when input i needs a gradient, and reads only the names uses[i].
+
+    `options`, the op's arguments after its inputs:
+      None       they go to the op alone;
+      a dict     the op's named options in positional order with their defaults (dim, keepdim, dtype): they reach
+                 the formulas as keywords (an `inplace` option is dropped: the dispatcher records inplace=True);
+      AS_CALLED  they reach the formulas as the call passed them, after the values (view(2, 3): grad(g, x, y, 2, 3)).
+    `check(*inputs)` runs before the op (e.g. refuses complex inputs); `inputs` names forward's tensor parameters
+    for keyword routing (default x / a, b); `module` files the rule (default: the module of the first formula).
     """
-    op, n = targets[0], len(grads)
+    op, n = op or targets[0], len(grads)
     names = NAMES[n]
-    unknown = {u for used in uses for u in used} - set(names)
+    known = {*names, *(k + ".meta" for k in names[:n])}
+    unknown = {u for used in uses for u in used} - known
     if len(uses) != n or unknown:
-        raise ValueError(f"{name}: uses must name, for each of the {n} gradients, some of {names} (got {uses})")
-    reads = [[k in used for k in names] for used in uses]
-    keep = {needs: [any(need and read[k] for need, read in zip(needs, reads)) for k in range(n + 1)]
-            for needs in itertools.product((False, True), repeat=n)}  # what to save, by which inputs need a gradient
-    option_names = list(options or ())
+        raise ValueError(f"{name}: uses must name, for each of the {n} gradients, some of {sorted(known)} (got {uses})")
+    keep, keep_meta = _what_to_keep(n, uses, ""), _what_to_keep(n, uses, ".meta")
+    option_names = list(options) if isinstance(options, dict) else []
+    input_names = tuple(inputs or names[:n])
 
     def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        if options is None:
-            out = op(*args, **kwargs)
-        else:
+        if len(args) < n:  # torch.fill(x, value=2.0): an input passed by keyword takes its place
+            args, kwargs = _by_position(args, kwargs, input_names)
+        if check is not None:
+            check(*args[:n])
+        if isinstance(options, dict):
             ctx.options = {**options, **dict(zip(option_names, args[n:])), **kwargs}
             ctx.options.pop("inplace", None)
             out = op(*args[:n], **ctx.options)
-        saving = keep[ctx.needs_input_grad[:n]]
-        ctx.save_for_backward(*[value if save else None for value, save in zip((*args[:n], out), saving)])
+        else:
+            if options == AS_CALLED:
+                ctx.args, ctx.kwargs = _call_options(args[n:], kwargs)  # ctx.args: what a trace line shows
+            out = op(*args, **kwargs)
+        needs = ctx.needs_input_grad[:n]
+        if any(keep[needs]):  # nothing saved: a second backward through this node is no error (as in torch)
+            ctx.save_for_backward(*[value if save else None for value, save in zip((*args[:n], out), keep[needs])])
+        if any(keep_meta[needs]):
+            ctx.metas = [Meta(t.shape, t.dtype, t.device) if meta else None
+                         for t, meta in zip(args[:n], keep_meta[needs])]
         return out
 
     def backward(ctx: Any, g: Any) -> Tuple[Any, ...]:
-        saved = ctx.saved_tensors
-        extra = ctx.options if options is not None else {}
-        return tuple(grad(g, *saved, **extra) if need else None for grad, need in zip(grads, ctx.needs_input_grad))
+        needs = ctx.needs_input_grad
+        values = list(ctx.saved_tensors) if any(keep[needs[:n]]) else [None] * (n + 1)
+        for k, meta in enumerate(getattr(ctx, "metas", ())):
+            if meta is not None and values[k] is None:
+                values[k] = meta
+        if options == AS_CALLED:
+            args, kwargs = ctx.args, ctx.kwargs
+        else:
+            args, kwargs = (), ctx.options if isinstance(options, dict) else {}
+        computed = (grad(g, *values, *args, **kwargs) if need else None for grad, need in zip(grads, needs))
+        return (*computed, *(None for _ in args))  # the other arguments (view_as's `other`) get none
 
-    parameters = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in ("ctx", *names[:n])]
-    forward.__signature__ = inspect.Signature([*parameters, inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
-                                               inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
-    rule = make_rule(name, math, forward, backward, targets, module=grads[0].__module__)
-    rule.formulas, rule.uses, rule.options = tuple(grads), tuple(tuple(u) for u in uses), dict(options or {})
+    forward.__signature__ = _signature(input_names, options)
+    rule = make_rule(name, math, forward, backward, targets, module=module or grads[0].__module__)
+    rule.formulas, rule.uses = tuple(grads), tuple(tuple(u) for u in uses)
+    rule.options = dict(options) if isinstance(options, dict) else options
     return rule
 
 
-def unary(name: str, targets: Sequence[Callable], math: str, grad: Callable, uses: Sequence[str]) -> type:
-    """Rule for y = f(x, ...); grad(g, x, y) is the vector-Jacobian product and reads only `uses` (of x, y)."""
-    return table_rule(name, targets, math, [grad], [uses])
+def unary(name: str, targets: Sequence[Callable], math: str, grad: Callable, uses: Sequence[str],
+          **builder: Any) -> type:
+    """Rule for y = f(x, ...); grad(g, x, y) is the vector-Jacobian product and reads only `uses` (of x, y, x.meta).
+    `builder`: table_rule's options, op, check, inputs, module."""
+    return table_rule(name, targets, math, [grad], [uses], **builder)
 
 
 def binary(name: str, targets: Sequence[Callable], math: str, grad_a: Callable, grad_b: Callable,
-           uses: Tuple[Sequence[str], Sequence[str]]) -> type:
-    """Rule for z = f(a, b, ...); grad_a(g, a, b, z) and grad_b(g, a, b, z) read only uses[0] and uses[1]."""
-    return table_rule(name, targets, math, [grad_a, grad_b], uses)
+           uses: Tuple[Sequence[str], Sequence[str]], **builder: Any) -> type:
+    """Rule for z = f(a, b, ...); grad_a(g, a, b, z) and grad_b(g, a, b, z) read only uses[0] and uses[1].
+    `builder`: table_rule's options, op, check, inputs, module."""
+    return table_rule(name, targets, math, [grad_a, grad_b], uses, **builder)
 
 
 def reordered(name: str, rule: type, targets: Sequence[Callable], order: Sequence[int],

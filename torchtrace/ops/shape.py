@@ -10,6 +10,7 @@ import torch
 from torchtrace.autograd.function import Function, register
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.ops.indexing import add_at, positions
+from torchtrace.ops.rule_tables import AS_CALLED, binary, unary
 from torchtrace.ops.rule_tables import make_rule as rule
 
 T = torch.Tensor
@@ -22,25 +23,19 @@ def sizes(args: Sequence[Any]) -> Tuple[int, ...]:
     return tuple(args)
 
 
-def structural(name: str, targets: Sequence[Callable], math: str, grad: Callable,
-               op: Optional[Callable] = None) -> type:
-    """Rule for y = op(x, *args): grad(ctx, g, *args) maps dL/dy back to dL/dx.
+def structural(name: str, targets: Sequence[Callable], math: str, grad: Optional[Callable] = None,
+               op: Optional[Callable] = None, uses: Sequence[str] = ("x.meta",)) -> type:
+    """Table rule for y = op(x, *args), an op that only moves, copies or drops elements: grad(g, x, y, *args,
+    **kwargs) maps dL/dy back to dL/dx, reading of x (and y) only `uses` -- mostly x's shape, dtype and device
+    (`x.meta`). Without `grad` the op is its own adjoint (a swap or a mask): dx = op(g, *args, **kwargs).
 
-    ctx holds x's shape, dtype and device and `op`. Tensor arguments (view_as(other), to(other)) are not
-    kept: they only lend their shape, dtype or device, and get no gradient.
+    Tensor arguments (view_as(other), to(other)) are not kept: they only lend their shape, dtype or device, and
+    get no gradient (the formulas see None there).
     """
     op = op or targets[0]
-
-    def forward(ctx: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        ctx.shape, ctx.dtype, ctx.device, ctx.op = x.shape, x.dtype, x.device, op
-        ctx.args = tuple(None if isinstance(a, torch.Tensor) else a for a in args)
-        ctx.kwargs = kwargs
-        return op(x, *args, **kwargs)
-
-    def backward(ctx: Any, g: torch.Tensor) -> Tuple[torch.Tensor, None]:
-        return grad(ctx, g, *ctx.args, **ctx.kwargs), None
-
-    return rule(name, math, forward, backward, targets)
+    if grad is None:
+        grad, uses = (lambda g, x, y, *args, **kwargs: op(g, *args, **kwargs)), ()
+    return unary(name, targets, math, grad, uses, options=AS_CALLED, op=op)
 
 
 # ------------------------------------------------------------------ same elements, new shape: reshape g back
@@ -52,8 +47,8 @@ def _view(x: torch.Tensor, *shape: Any, **kwargs: Any) -> torch.Tensor:
     return T.view(x, *shape, **kwargs)
 
 
-def _reshape_back(ctx: Any, g: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
-    return g.reshape(ctx.shape)
+def _reshape_back(g: torch.Tensor, x: Any, y: Any, *_: Any, **__: Any) -> torch.Tensor:
+    return g.reshape(x.shape)
 
 
 for _name, _targets, _op in [
@@ -72,68 +67,63 @@ for _name, _targets, _op in [
 
 # ------------------------------------------------------------------ dims reordered: reorder g back
 
-def same_op(ctx: Any, g: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """For ops that are their own adjoint (transpose, flip, tril: a swap or a mask): apply the op to g."""
-    return ctx.op(g, *args, **kwargs)
-
-
-def _unpermute(ctx: Any, g: torch.Tensor, *dims: Any) -> torch.Tensor:
-    perm = [d % len(ctx.shape) for d in sizes(dims)] if ctx.shape else []
+def _unpermute(g: torch.Tensor, x: Any, y: Any, *dims: Any) -> torch.Tensor:
+    perm = [d % len(x.shape) for d in sizes(dims)] if x.shape else []
     return g.permute(sorted(range(len(perm)), key=perm.__getitem__))
 
 
-def _reverse_dims(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+def _reverse_dims(g: torch.Tensor, x: Any, y: Any) -> torch.Tensor:
     return g.permute(tuple(reversed(range(g.dim()))))
 
 
-def _unmove(ctx: Any, g: torch.Tensor, source: Any, destination: Any) -> torch.Tensor:
+def _unmove(g: torch.Tensor, x: Any, y: Any, source: Any, destination: Any) -> torch.Tensor:
     return g.movedim(destination, source)
 
 
-def _unroll(ctx: Any, g: torch.Tensor, shifts: Any, dims: Any = None) -> torch.Tensor:
+def _unroll(g: torch.Tensor, x: Any, y: Any, shifts: Any, dims: Any = None) -> torch.Tensor:
     back = -shifts if isinstance(shifts, int) else tuple(-s for s in shifts)
     return g.roll(back, dims) if dims is not None else g.roll(back)
 
 
 structural("Permute", [T.permute, torch.permute], "y = x.permute(p)  ->  dx = g.permute(p^-1)", _unpermute)
 structural("Transpose", [T.transpose, torch.transpose, T.swapdims, torch.swapdims],
-           "y = x with dims a, b swapped  ->  dx = g with dims a, b swapped", same_op)
-structural("Swapaxes", [T.swapaxes, torch.swapaxes], "y = x with axes a, b swapped  ->  dx = g with a, b swapped",
-           same_op)
-structural("T", [T.t, torch.t], "y = x^T (2-D or less)  ->  dx = g^T", same_op)
-structural("TProperty", [T.T.__get__], "y = x.T (all dims reversed)  ->  dx = g with all dims reversed", _reverse_dims)
-structural("MT", [T.mT.__get__], "y = x.mT (last two dims swapped)  ->  dx = g.mT", same_op)
+           "y = x with dims a, b swapped  ->  dx = g with dims a, b swapped")
+structural("Swapaxes", [T.swapaxes, torch.swapaxes], "y = x with axes a, b swapped  ->  dx = g with a, b swapped")
+structural("T", [T.t, torch.t], "y = x^T (2-D or less)  ->  dx = g^T")
+structural("TProperty", [T.T.__get__], "y = x.T (all dims reversed)  ->  dx = g with all dims reversed", _reverse_dims,
+           uses=())
+structural("MT", [T.mT.__get__], "y = x.mT (last two dims swapped)  ->  dx = g.mT")
 structural("Movedim", [T.movedim, torch.movedim, T.moveaxis, torch.moveaxis],
-           "y = x with dims moved src -> dst  ->  dx = g with dims moved dst -> src", _unmove)
-structural("Flip", [T.flip, torch.flip], "y = x reversed along dims  ->  dx = g reversed along dims", same_op)
-structural("Fliplr", [T.fliplr, torch.fliplr], "y = x reversed along dim 1  ->  dx = g reversed along dim 1", same_op)
-structural("Flipud", [T.flipud, torch.flipud], "y = x reversed along dim 0  ->  dx = g reversed along dim 0", same_op)
-structural("Roll", [T.roll, torch.roll], "y = x rolled by s  ->  dx = g rolled by -s", _unroll)
+           "y = x with dims moved src -> dst  ->  dx = g with dims moved dst -> src", _unmove, uses=())
+structural("Flip", [T.flip, torch.flip], "y = x reversed along dims  ->  dx = g reversed along dims")
+structural("Fliplr", [T.fliplr, torch.fliplr], "y = x reversed along dim 1  ->  dx = g reversed along dim 1")
+structural("Flipud", [T.flipud, torch.flipud], "y = x reversed along dim 0  ->  dx = g reversed along dim 0")
+structural("Roll", [T.roll, torch.roll], "y = x rolled by s  ->  dx = g rolled by -s", _unroll, uses=())
 
 
 # ------------------------------------------------------------------ elements copied: sum the copies' gradients
 
-def _sum_copies(ctx: Any, g: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
-    return g.sum_to_size(ctx.shape)
+def _sum_copies(g: torch.Tensor, x: Any, y: Any, *_: Any, **__: Any) -> torch.Tensor:
+    return g.sum_to_size(x.shape)
 
 
-def _unrepeat(ctx: Any, g: torch.Tensor, *repeats: Any) -> torch.Tensor:
+def _unrepeat(g: torch.Tensor, x: Any, y: Any, *repeats: Any) -> torch.Tensor:
     """g of shape (r0*s0, r1*s1, ...) viewed as (r0, s0, r1, s1, ...), summed over the r's."""
     repeats = sizes(repeats)
-    shape = (1,) * (len(repeats) - len(ctx.shape)) + tuple(ctx.shape)
+    shape = (1,) * (len(repeats) - len(x.shape)) + tuple(x.shape)
     split = [n for pair in zip(repeats, shape) for n in pair]
     if not split:
         return g
-    return g.reshape(split).sum(tuple(range(0, len(split), 2))).reshape(ctx.shape)
+    return g.reshape(split).sum(tuple(range(0, len(split), 2))).reshape(x.shape)
 
 
-def _untile(ctx: Any, g: torch.Tensor, dims: Any) -> torch.Tensor:
+def _untile(g: torch.Tensor, x: Any, y: Any, dims: Any) -> torch.Tensor:
     dims = tuple(dims)
-    return _unrepeat(ctx, g, (1,) * (len(ctx.shape) - len(dims)) + dims)
+    return _unrepeat(g, x, y, (1,) * (len(x.shape) - len(dims)) + dims)
 
 
-def _broadcast_back(ctx: Any, g: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
-    return g.expand(ctx.shape)
+def _broadcast_back(g: torch.Tensor, x: Any, y: Any, *_: Any, **__: Any) -> torch.Tensor:
+    return g.expand(x.shape)
 
 
 structural("Expand", [T.expand], "y = x broadcast to a shape  ->  dx = g summed over the broadcast dims", _sum_copies)
@@ -149,16 +139,16 @@ structural("SumToSize", [T.sum_to_size], "y = x summed down to a shape  ->  dx =
 
 # ------------------------------------------------------------------ copies and conversions: g passes through
 
-def _identity(ctx: Any, g: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
+def _identity(g: torch.Tensor, x: Any, y: Any, *_: Any, **__: Any) -> torch.Tensor:
     return g
 
 
-def _convert_back(ctx: Any, g: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
-    return g.to(device=ctx.device, dtype=ctx.dtype)
+def _convert_back(g: torch.Tensor, x: Any, y: Any, *_: Any, **__: Any) -> torch.Tensor:
+    return g.to(device=x.device, dtype=x.dtype)
 
 
-structural("Contiguous", [T.contiguous], "y = x laid out contiguously  ->  dx = g", _identity)
-structural("Clone", [T.clone, torch.clone], "y = copy of x  ->  dx = g", _identity)
+structural("Contiguous", [T.contiguous], "y = x laid out contiguously  ->  dx = g", _identity, uses=())
+structural("Clone", [T.clone, torch.clone], "y = copy of x  ->  dx = g", _identity, uses=())
 for _name, _target in [("To", T.to), ("Type", T.type), ("TypeAs", T.type_as), ("Float", T.float), ("Double", T.double),
                        ("Half", T.half), ("BFloat16", T.bfloat16), ("Cpu", T.cpu), ("Cuda", T.cuda)]:
     structural(_name, [_target], "y = x converted to another dtype / device  ->  dx = g converted back", _convert_back)
@@ -179,32 +169,17 @@ def _slice(x: torch.Tensor, dim: int = 0, start: Any = None, end: Any = None, st
 
 def part_of(name: str, targets: Sequence[Callable], embed: Callable) -> type:
     """y = view(x, *args) picks part of x  ->  dx = embed(zeros like x, g, *args)."""
-
-    def forward(ctx: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        ctx.shape, ctx.args, ctx.kwargs = x.shape, args, kwargs
-        return targets[0](x, *args, **kwargs)
-
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        return embed(g.new_zeros(ctx.shape), g, *ctx.args, **ctx.kwargs)
-
-    return rule(name, f"y = {name.lower()} of x  ->  dx = g written into zeros where y came from", forward,
-                     backward, targets)
+    return structural(name, targets, f"y = {name.lower()} of x  ->  dx = g written into zeros where y came from",
+                      lambda g, x, y, *args, **kwargs: embed(g.new_zeros(x.shape), g, *args, **kwargs))
 
 
 def written_into(name: str, targets: Sequence[Callable], part: Callable) -> type:
     """y = scatter(x, src, *args): src overwrites part of x  ->  dx = g with that part zeroed, dsrc = that part of g."""
-
-    def forward(ctx: Any, x: torch.Tensor, src: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        ctx.src_shape, ctx.args, ctx.kwargs = src.shape, args, kwargs
-        return targets[0](x, src, *args, **kwargs)
-
-    def backward(ctx: Any, g: torch.Tensor) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-        need_x, need_src = ctx.needs_input_grad[:2]
-        dx = targets[0](g, g.new_zeros(ctx.src_shape), *ctx.args, **ctx.kwargs) if need_x else None
-        return dx, part(g, *ctx.args, **ctx.kwargs) if need_src else None
-
-    math_line = f"y = x with src written in ({name})  ->  dx = g zeroed there, dsrc = g there"
-    return rule(name, math_line, forward, backward, targets)
+    op = targets[0]
+    return binary(name, targets, f"y = x with src written in ({name})  ->  dx = g zeroed there, dsrc = g there",
+                  lambda g, a, b, z, *args, **kwargs: op(g, g.new_zeros(b.shape), *args, **kwargs),
+                  lambda g, a, b, z, *args, **kwargs: part(g, *args, **kwargs), uses=(("b.meta",), ()),
+                  options=AS_CALLED, inputs=("x", "src"))
 
 
 part_of("Select", [T.select, torch.select], torch.select_scatter)
@@ -215,18 +190,9 @@ written_into("SliceScatter", [torch.slice_scatter, T.slice_scatter], _slice)
 written_into("DiagonalScatter", [torch.diagonal_scatter, T.diagonal_scatter], T.diagonal)
 
 
-@register(T.unfold)
-class Unfold(Function):
-    """y = sliding windows of x along dim (windows may overlap)  ->  dx = g added back at each window's elements"""
-
-    @staticmethod
-    def forward(ctx, x, dimension, size, step):
-        ctx.shape, ctx.args = x.shape, (dimension, size, step)
-        return T.unfold(x, dimension, size, step)
-
-    @staticmethod
-    def backward(ctx, g):
-        return add_at(g, ctx.shape, positions(ctx.shape, g.device).unfold(*ctx.args))
+structural("Unfold", [T.unfold],
+           "y = sliding windows of x along dim (windows may overlap)  ->  dx = g added back at each window's elements",
+           lambda g, x, y, *args, **kwargs: add_at(g, x.shape, positions(x.shape, g.device).unfold(*args, **kwargs)))
 
 
 # ------------------------------------------------------------------ joining and cutting

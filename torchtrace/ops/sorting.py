@@ -95,7 +95,8 @@ class Mode(PickAlongDim):
 
 @register(torch.median, T.median)
 class Median(PickAlongDim):
-    """median(x) -> g split evenly among the elements equal to it;  median(x, dim) -> g at the returned index"""
+    """y = median(x)  ->  dx = g/k at each of the k elements equal to y;  median(x, dim): dx = g at the returned
+    index"""
 
     op = staticmethod(torch.median)
 
@@ -119,7 +120,8 @@ class Median(PickAlongDim):
 
 @register(torch.nanmedian, T.nanmedian)
 class Nanmedian(Median):
-    """nanmedian: the median of the non-NaN elements (NaN when all are NaN); gradient as median's"""
+    """y = the median of the non-NaN x  ->  dx = g/k at each of the k elements equal to y;  nanmedian(x, dim):
+    dx = g at the returned index (y is NaN when every element is)"""
 
     op = staticmethod(torch.nanmedian)
 
@@ -147,7 +149,7 @@ def quantile_picks(x: torch.Tensor, q, dim: Optional[int], ignore_nan: bool):
 
 @register(torch.quantile, T.quantile)
 class Quantile(Function):
-    """y = lerp(s[floor r], s[ceil r], r - floor r), s = sort(x), r = q (n - 1)  ->  dL/ds = g (1-w), g w"""
+    """y = lerp(s[floor r], s[ceil r], w), s = sort(x), r = q (n - 1)  ->  ds[floor r] = g (1 - w),  ds[ceil r] = g w"""
 
     ignore_nan = False
 
@@ -204,6 +206,7 @@ def quantile_grad_shape(g: torch.Tensor, x: torch.Tensor, dim: Optional[int], ke
 
 @register(torch.nanquantile, T.nanquantile)
 class Nanquantile(Quantile):
-    """quantile of the non-NaN elements, r = q (count - 1): gradient as quantile's"""
+    """y = lerp(s[floor r], s[ceil r], w)  ->  ds[floor r] = g (1 - w),  ds[ceil r] = g w;  s = sort of the non-NaN
+    x, r = q (count - 1), w = r - floor r (quantile's rule over the non-NaN elements)"""
 
     ignore_nan = True

@@ -3,7 +3,8 @@
 Each element of the result reads one memory position; the gradient of the input is the result's gradient
 summed at those positions (an element read twice gets both), then read back at the input's own positions.
 The input must not overlap itself in memory (an expanded tensor), where "its element" is ambiguous, and the result
-must read only the input's memory. as_strided_scatter is refused: torch's own gradient for it fails gradcheck.
+must read only the input's memory. as_strided_scatter is refused (ops/refused.py): torch's own gradient for it
+fails gradcheck.
 """
 from typing import Any, Optional, Sequence
 
@@ -54,15 +55,3 @@ class AsStridedCopy(AsStrided):
     """y = copy of x's memory read at (size, stride, offset)  ->  dx = g summed at each read position"""
 
     copy = True
-
-
-@register(torch.as_strided_scatter, T.as_strided_scatter)
-class AsStridedScatter(Function):
-    """y = x with its as_strided view replaced by src: refused (torch 2.13's own gradient for x fails gradcheck)"""
-
-    @staticmethod
-    def forward(ctx, x, *args, **kwargs):
-        raise UnsupportedOperationError(
-            "torch.as_strided_scatter: not differentiable in torchtrace — torch 2.13's own gradient for its input "
-            "fails torch's gradcheck (it keeps the gradient inside the view instead of outside), so there is no "
-            "reference to match; write the values with y = x.clone(); y.as_strided(...).copy_(src) instead")

@@ -2,27 +2,9 @@
 
 A schedule only rewrites `group["lr"]` (and momentum / betas) between steps; no gradient is involved, so there is
 nothing for torchtrace to differentiate. Every torchtrace.optim optimizer is a torch.optim.Optimizer, which is
-all torch's schedulers ask for.
+all torch's schedulers ask for. The list of names is torch's own (`__all__`), so it is written nowhere here.
 """
-from torch.optim.lr_scheduler import (
-    ChainedScheduler,
-    ConstantLR,
-    CosineAnnealingLR,
-    CosineAnnealingWarmRestarts,
-    CyclicLR,
-    ExponentialLR,
-    LambdaLR,
-    LinearLR,
-    LRScheduler,
-    MultiplicativeLR,
-    MultiStepLR,
-    OneCycleLR,
-    PolynomialLR,
-    ReduceLROnPlateau,
-    SequentialLR,
-    StepLR,
-)
+import torch.optim.lr_scheduler as _torch_schedulers
 
-__all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR",
-           "ExponentialLR", "SequentialLR", "CosineAnnealingLR", "ChainedScheduler", "ReduceLROnPlateau", "CyclicLR",
-           "CosineAnnealingWarmRestarts", "OneCycleLR", "PolynomialLR"]
+__all__ = list(_torch_schedulers.__all__)
+globals().update({name: getattr(_torch_schedulers, name) for name in __all__})
