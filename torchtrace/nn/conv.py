@@ -11,7 +11,7 @@ with roles swapped (`_correlate`): the batch becomes the channel axis, stride an
 Every backward uses only ops with rules (conv, conv_transpose, pad, reshape, transpose, sum), so the
 backward pass can itself be recorded (create_graph=True): double backward works for free.
 """
-from typing import List, Sequence, Tuple, Union
+from typing import Any, List, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
