@@ -78,7 +78,7 @@ def test_micrograd_steps_carry_every_number_of_the_chain_rule():
         ("f", "4"), ("c", "-2"), ("b", "-4"), ("a", "6")]
     text = str(mul_e)
     assert "upstream gradient: -2" in text and "-> input 0: a: -2 x local -3 = 6" in text
-    assert "saved #0 (b): -3" in text and "saved #1 (a): 2" in text
+    assert "saved #0 input 1 (b): -3" in text and "saved #1 input 0 (a): 2" in text  # what the rule saved, named
 
 
 def test_a_tensor_used_twice_shows_the_sum_of_its_gradients():
@@ -173,7 +173,8 @@ def test_without_recording_the_check_says_how_to_get_it():
     ex = tt.explore((x * x).sum())
     check = ex.steps[1].sent[0].check
     assert check.estimate is None and "tt.recording()" in check.why_not
-    assert [s.local_text for s in ex.steps[1].sent] == ["diag [1, 3]"] * 2  # d(a b)/da = b = x, known all the same
+    locals_ = [s.local for s in ex.steps[1].sent]  # d(a b)/da = b = x, known all the same
+    assert [(local.kind, local.text) for local in locals_] == [("elementwise", "[1, 3]")] * 2
 
 
 # ------------------------------------------------------------------------------------ the page

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 import torch
 
 from torchtrace.inspect.explore.collect import Collector, GraphEdge, GraphNode
+from torchtrace.inspect.explore.derivative import SHOWN
 from torchtrace.inspect.explore.page import page
 from torchtrace.inspect.explore.shown import matrix_text
 from torchtrace.inspect.explore.side_by_side import side_by_side
@@ -77,13 +78,14 @@ class Explorer:
         for step in self.steps:
             record = dataclasses.asdict(step)
             for sent, out in zip(step.sent, record["sent"]):
-                text = sent.local_text
-                out["local"] = {"kind": "", "shape": "", "text": text, "how": ""} if text else None
+                local = sent.local
+                out["local"] = None if local is None else {
+                    "kind": local.kind, "shape": local.shape, "how": local.how,
+                    "text": local.text or f"({len(local.matrix)} x {len(local.matrix[0])} numbers: too many to show)"}
                 check = sent.check
                 out["check"] = None if check is None else {
-                    "rule": _matrix(check.rule), "estimate": _matrix(check.estimate), "agrees": check.agrees,
-                    "detail": "" if check.max_difference is None else f"max difference {check.max_difference:.2g}",
-                    "why_not": check.why_not}
+                    "rule": _shown(check.rule), "estimate": _shown(check.estimate), "agrees": check.agrees,
+                    "detail": check.detail if check.estimate is not None else "", "why_not": check.why_not}
             steps.append(record)
         return {"title": self.title, "steps": steps, "nodes": [dataclasses.asdict(n) for n in self.nodes],
                 "edges": [dataclasses.asdict(e) for e in self.edges],
@@ -121,8 +123,11 @@ class Explorer:
 Exploration = Explorer  # the name this class had first
 
 
-def _matrix(rows: Optional[List[List[float]]]) -> Optional[str]:
-    return None if rows is None else matrix_text(rows)
+def _shown(rows: Optional[List[List[float]]]) -> Optional[str]:
+    """A Jacobian for the check's line: written out when it is small enough to read."""
+    if rows is None:
+        return None
+    return matrix_text(rows) if len(rows) * len(rows[0]) <= SHOWN else f"({len(rows)} x {len(rows[0])})"
 
 
 def _named(params: Any, variables: Mapping[str, Any]) -> Params:
