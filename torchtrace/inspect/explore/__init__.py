@@ -14,12 +14,13 @@ import dataclasses
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import torch
 
 from torchtrace.inspect.explore.collect import Collector, GraphEdge, GraphNode
 from torchtrace.inspect.explore.derivative import SHOWN
+from torchtrace.inspect.explore.holding import run_holding
 from torchtrace.inspect.explore.page import page
 from torchtrace.inspect.explore.shown import matrix_text
 from torchtrace.inspect.explore.side_by_side import side_by_side
@@ -45,8 +46,9 @@ class Explorer:
     """The record of one backward pass: `steps` in the order the engine ran them, and the graph to draw."""
 
     def __init__(self, steps: List[Step], nodes: List[GraphNode], edges: List[GraphEdge], title: str,
-                 ids: Optional[Mapping[Any, str]] = None) -> None:
+                 ids: Optional[Mapping[Any, str]] = None, modules: Optional[Dict[str, str]] = None) -> None:
         self.steps, self.nodes, self.edges, self.title = steps, nodes, edges, title
+        self.modules = dict(modules or {})  # module path -> its class name (the label of a collapsed module)
         self._ids = dict(ids or {})  # graph Node (or AccumulateGrad) -> the id its drawing and step carry
         self.findings: List[Finding] = []
 
@@ -89,7 +91,7 @@ class Explorer:
             steps.append(record)
         return {"title": self.title, "steps": steps, "nodes": [dataclasses.asdict(n) for n in self.nodes],
                 "edges": [dataclasses.asdict(e) for e in self.edges],
-                "findings": [dataclasses.asdict(f) for f in self.findings]}
+                "findings": [dataclasses.asdict(f) for f in self.findings], "modules": self.modules}
 
     def save(self, path: Union[str, os.PathLike]) -> str:
         """Write the player as one HTML file (script, style and data inlined; nothing from the network)."""
@@ -141,19 +143,36 @@ def _named(params: Any, variables: Mapping[str, Any]) -> Params:
     return [(held.get(id(p), f"params[{i}]"), p) for i, p in enumerate(params)]
 
 
-def explore(output: torch.Tensor, params: Params = None, gradient: Optional[torch.Tensor] = None,
-            retain_graph: Optional[bool] = None) -> Explorer:
+def explore(output: Union[torch.Tensor, Callable[..., torch.Tensor]], *inputs: Any, params: Params = None,
+            gradient: Optional[torch.Tensor] = None, retain_graph: Optional[bool] = None) -> Explorer:
     """Run `output.backward(gradient, retain_graph)` and record every step of it.
+
+    `tt.explore(fn, *inputs)` runs `fn(*inputs)` first (tensor inputs become leaves that require grad, named by
+    fn's parameters), holding every result, so every node shows its value and small steps get a
+    finite-difference check. On a graph built the ordinary way, a node shows its value while something holds
+    it: the caller's variables, a rule that saved it, or `tt.recording()`; else it says the value is gone.
 
     Leaves are named by `params` (a module, a dict name -> tensor, (name, tensor) pairs, or a list of tensors named
     by the variables that hold them, else `params[i]`), else by the
     parameter names of the tt.nn or ported model the ops ran in, else by the caller's variable names
-    (tensors of the graph held in local variables, intermediate results included). Ops whose forward
-    ran inside `tt.recording()` show their values, and small ones get a finite-difference check of
-    their local derivative.
+    (tensors of the graph held in local variables, intermediate results included).
     """
     caller = sys._getframe(1).f_locals
-    collector = Collector(output, _named(params, caller), caller)
+    calls: Dict[Any, tuple] = {}
+    if isinstance(output, torch.Tensor):
+        if len(inputs) > 1 or (inputs and params is not None):
+            raise TypeError("tt.explore(output, params=None, gradient=None, retain_graph=None): give inputs only "
+                            "with a function, tt.explore(fn, *inputs)")
+        params = inputs[0] if inputs else params
+        held: list = []
+    elif callable(output):
+        output, by_parameter, calls, held = run_holding(output, inputs)
+        caller = {**caller, **by_parameter}
+    else:
+        raise TypeError(f"tt.explore takes an output tensor or a function and its inputs, not {type(output).__name__}")
+    collector = Collector(output, _named(params, caller), caller, calls)
     collector.run(gradient, retain_graph)
+    del held  # the values are read (collector.run reads them before the backward)
     steps, nodes, edges = collector.build()
-    return Explorer(steps, nodes, edges, "torchtrace: stepping through backward", collector.ids)
+    return Explorer(steps, nodes, edges, "torchtrace: stepping through backward", collector.ids,
+                    {".".join(path): kind for path, kind in collector.names.kinds.items() if path})

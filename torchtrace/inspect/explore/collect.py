@@ -57,7 +57,7 @@ class _Ran:
     """What the observer saw of one rule step."""
 
     upstream: List[Optional[torch.Tensor]]
-    saved: List[Tuple[Any, str]]
+    saved: List[Tuple[int, Any, str]]  # (index in what the rule saved, tensor, its text)
     sent: List[Optional[torch.Tensor]]
     jacobians: Optional[List[Tuple[Matrix, Optional[Matrix]]]]  # per edge: J, and J before unbroadcasting
 
@@ -99,9 +99,9 @@ class Collector:
 
     def observe(self, node: Node, grads: Any, result: tuple) -> None:
         saved = []
-        for s in node.saved:
+        for j, s in enumerate(node.saved):
             if isinstance(s, torch.Tensor):
-                saved.append((s, tensor_text(s)))
+                saved.append((j, s, tensor_text(s)))
                 producer = getattr(s, "_tt_node", None)
                 if producer is not None:
                     self.values.setdefault((producer, s._tt_nr), tensor_text(s))
@@ -232,7 +232,7 @@ class Collector:
             return Step(i, "accumulate", self.ids[node], self.label(node), module, "", tensor_text(total),
                         self._parts(node), before=tensor_text(before), after=tensor_text(after), note=note)
         ran = self.ran[node]
-        saved = [(saved_label(node, s, j, self._name_of), text) for j, (s, text) in enumerate(ran.saved)]
+        saved = [(saved_label(node, s, j, self._name_of), text) for j, s, text in ran.saved]
         call = self.calls.get(node) or (node.notes or {}).get("call")
         checks = estimates(node, call) if self.checked and ran.jacobians is not None else [None] * len(node.edges)
         outputs = [g.shape for g in ran.upstream if g is not None]

@@ -38,7 +38,13 @@ class LocalDerivative:
 
 
 def _diagonal(j: torch.Tensor) -> bool:
-    return j.shape[0] == j.shape[1] and bool((j - torch.diag_embed(j.diagonal())).eq(0).all())
+    """Square with zeros off the diagonal (NaN counts as zero in a column whose diagonal is NaN: one-hot rows
+    read 0 x NaN there)."""
+    if j.shape[0] != j.shape[1]:
+        return False
+    off = j - torch.diag_embed(j.diagonal())
+    excused = off.isnan() & j.diagonal().isnan().unsqueeze(0)
+    return bool((off.eq(0) | excused).all())
 
 
 def broadcast_dims(shape: Sequence[int], to: Sequence[int]) -> Optional[Tuple[int, ...]]:

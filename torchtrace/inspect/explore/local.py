@@ -36,29 +36,38 @@ class Check:
     why_not: str = ""  # why there is no estimate ('' when there is one)
     rtol: float = RTOL
     atol: float = 0.0
+    at_nan: bool = False  # the op's inputs or outputs hold NaN or inf here: NaN spreads through 0 x NaN
 
     def _pairs(self) -> List[Tuple[float, float]]:
         return [(r, e) for rr, er in zip(self.rule or [], self.estimate or []) for r, e in zip(rr, er)]
+
+    def _compared(self) -> List[Tuple[float, float]]:
+        """The entries compared: not those NaN on one side only at a point where the forward holds NaN or inf."""
+        return [(r, e) for r, e in self._pairs() if not (self.at_nan and (r != r) != (e != e))]
 
     @property
     def max_difference(self) -> Optional[float]:
         if self.rule is None or self.estimate is None:
             return None
-        return max((abs(r - e) for r, e in self._pairs() if not _same(r, e)), default=0.0)
+        return max((abs(r - e) for r, e in self._compared() if not _same(r, e)), default=0.0)
 
     @property
     def agrees(self) -> Optional[bool]:
         """Every entry within rtol |estimate| + atol (None: nothing to compare)."""
         if self.rule is None or self.estimate is None:
             return None
-        return all(_same(r, e) or abs(r - e) <= self.atol + self.rtol * abs(e) for r, e in self._pairs())
+        return all(_same(r, e) or abs(r - e) <= self.atol + self.rtol * abs(e) for r, e in self._compared())
 
     @property
     def detail(self) -> str:
-        nans = sum(1 for r, e in self._pairs() if r != r and e != e)
-        both = f"; {nans} entries NaN in both" if nans else ""
+        pairs = self._pairs()
+        both = sum(1 for r, e in pairs if r != r and e != e)
+        one = len(pairs) - len(self._compared())
+        nans = (f"; {both} entries NaN in both" if both else "") + (
+            f"; {one} entries NaN on one side only, not compared (the forward holds NaN or inf here, and NaN "
+            "spreads through 0 x NaN)" if one else "")
         return (f"max difference {number(self.max_difference or 0.0)}, tolerance {self.rtol:.0e} relative "
-                f"+ {number(self.atol)}{both}")
+                f"+ {number(self.atol)}{nans}")
 
     def __str__(self) -> str:
         if self.estimate is None:
@@ -163,6 +172,7 @@ def estimates(node: Node, call: Optional[tuple]) -> List[Check]:
         again, out_dtypes = _forward(node, kwargs)(args)
     if again.shape != recorded.shape or not torch.allclose(again, recorded, rtol=1e-5, atol=1e-6, equal_nan=True):
         return _not_checked(node, "running the forward again gives another result (a random op?)")
+    at_nan = not all(bool(t.isfinite().all()) for t in (*outputs, *(_input(args, e.position) for e in node.edges)))
     args64, kwargs64 = _double(args), _double(kwargs)
     run = _forward(node, kwargs64)
     with plain_torch():
@@ -184,7 +194,8 @@ def estimates(node: Node, call: Optional[tuple]) -> List[Check]:
                 columns.append(((f_up - f_down) / step).tolist())
                 size = torch.cat([f_up, f_down]).abs().nan_to_num(0.0, 0.0, 0.0).max()
                 noise = max(noise, 4 * eps * float(size) / step)
-        checks.append(Check(None, [list(row) for row in zip(*columns)], rtol=_rtol(eps, edge, out_dtypes), atol=noise))
+        checks.append(Check(None, [list(row) for row in zip(*columns)], rtol=_rtol(eps, edge, out_dtypes), atol=noise,
+                            at_nan=at_nan))
     return checks
 
 

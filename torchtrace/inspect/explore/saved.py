@@ -34,23 +34,22 @@ def position_text(position: Any) -> str:
 
 
 def saved_label(node: Node, s: torch.Tensor, j: int, name_of: Callable[[torch.Tensor], str]) -> str:
-    """`input a (e)`, `output y`, `mask`, `indices`, or `computed in forward`, numbered as the rule saved them."""
+    """`#1 input a (e)`, `#0 output y`, `#2 mask`, `#1 indices (input 1)` or `#0 computed in forward`, numbered as
+    the rule saved them."""
     names = _input_names(node)
-    name = name_of(s)
+    kind = "mask" if s.dtype == torch.bool else "indices" if not (s.is_floating_point() or s.is_complex()) else ""
     if getattr(s, "_tt_node", None) is node or any(i == j for i, _ in node.saved_outputs):
         what = "output " + ("z" if len(names) == 2 else "y") if names else "output"
-        if node.n_outputs > 1:
-            what += f" {s._tt_nr}" if hasattr(s, "_tt_nr") else ""
-        return f"#{j} {what}"
-    position = _position_of(node, s)
-    if position is not None:
+        if node.n_outputs > 1 and hasattr(s, "_tt_nr"):
+            what += f" {s._tt_nr}"
+    elif _position_of(node, s) is not None:
+        position = _position_of(node, s)
         pos = position if type(position) is int else position[0]
-        what = names[pos] if pos < len(names) else position_text(position)
-        return f"#{j} input {what}" + (f" ({name})" if name else "")
-    if hasattr(type(s), "_tt_node"):
-        return f"#{j} input (needs no gradient)" + (f" ({name})" if name else "")
-    if s.dtype == torch.bool:
-        return f"#{j} mask"
-    if not s.is_floating_point() and not s.is_complex():
-        return f"#{j} indices"
-    return f"#{j} computed in forward"
+        what = "input " + (names[pos] if pos < len(names) else position_text(position))
+    elif hasattr(type(s), "_tt_node"):
+        what = "an input that needs no gradient"
+    else:
+        what = "" if kind else "computed in forward"
+    name = name_of(s) if what.startswith(("input", "an input")) else ""
+    label = f"{kind} ({what})" if kind and what else kind or what
+    return f"#{j} {label}" + (f" ({name})" if name else "")
