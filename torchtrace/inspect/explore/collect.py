@@ -151,6 +151,8 @@ class Collector:
                 texts.append(tensor_text(self.names.results[(node, nr)][1]))
             elif call is not None and nr < len(call[2]):
                 texts.append(tensor_text(call[2][nr]))
+            elif any(o == nr for _, o in node.saved_outputs) and not node.released:  # the rule saved its result
+                texts.append(tensor_text(node.saved[next(i for i, o in node.saved_outputs if o == nr)]))
             else:
                 texts.append("")
                 why = CHANGED if t is not None else GONE

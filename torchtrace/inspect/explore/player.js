@@ -232,7 +232,7 @@ function torchtracePlayer(container, data, options) {
     for (const [id, el] of elements) {
       el.addEventListener("click", (event) => {
         event.stopPropagation();
-        if (id.startsWith("g:")) { expandTo(id.slice(2)); render(); centre(firstVisibleOf(id.slice(2))); return; }
+        if (id.startsWith("g:")) { open(id.slice(2), view.shown.get(id).length); return; }
         if (stepOf.has(id)) pick(stepOf.get(id));
       });
     }
@@ -308,6 +308,12 @@ function torchtracePlayer(container, data, options) {
   function expandTo(path) {
     const parts = path ? path.split(".") : [];
     for (let i = 1; i <= parts.length; i++) state.expanded.add(parts.slice(0, i).join("."));
+  }
+  function open(path, size) {  // a module clicked: shown inside, with its sub-modules too when it is small
+    expandTo(path);
+    if (size <= TT_GROUP_AT) for (const m of modules) if (m.startsWith(path + ".")) state.expanded.add(m);
+    render();
+    centre(firstVisibleOf(path));
   }
   function markMatches() {
     const hit = new Set(state.matches.map((n) => visibleId(n)));
