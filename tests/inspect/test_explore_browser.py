@@ -154,15 +154,21 @@ def test_micrograd_page_shows_torch_autograds_values_and_gradients(browser, tmp_
 def test_micrograd_check_and_the_readme_screenshot(browser, tmp_path):
     from selenium.webdriver.common.by import By
 
+    a, b, c, f = (tt.tracer(v, requires_grad=True) for v in (2.0, -3.0, 10.0, -2.0))
+    with tt.recording():  # keeps each op's inputs: every step gets a finite-difference check
+        e = a * b
+        d = e + c
+        L = d * f
     path = tmp_path / "micrograd.html"
-    tt.explore(lambda a, b, c, f: (a * b + c) * f, *(torch.tensor(v) for v in (2.0, -3.0, 10.0, -2.0))).save(path)
+    explored_and_saved(L, path, dict(a=a, b=b, c=c, d=d, e=e, f=f, L=L))
+    if os.environ.get("TORCHTRACE_DOCS"):
+        browser.set_window_size(1100, 1250)
     player, _ = open_page(browser, path)
     checks = browser.find_element(By.CSS_SELECTOR, ".tt-checks")
     assert not checks.is_displayed()
     browser.find_element(By.CSS_SELECTOR, ".tt-check-button").click()
     assert checks.text.count("agree") == 2 and "finite differences -2" in checks.text
     if os.environ.get("TORCHTRACE_DOCS"):
-        browser.set_window_size(1100, 1000)
         player.send_keys(*["\ue014"] * 4)  # → four times: the step that sends -2 x -3 = 6 to a
         browser.find_element(By.CSS_SELECTOR, ".tt-check-button").click()
         player.screenshot(str(DOCS / "explore_player.png"))

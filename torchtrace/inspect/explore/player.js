@@ -192,7 +192,7 @@ function torchtracePlayer(container, data, options) {
     const box = graph.getBoundingClientRect();
     const lay = ttLayout(ids, linkList, box.width > 0 && box.height > 0 ? box.width / box.height : 2.2);
     const parts = [`<svg xmlns="http://www.w3.org/2000/svg" width="100%" height="100%">`,
-      `<defs><marker id="tt-arrow-${uid}" viewBox="0 0 10 10" refX="1" refY="5" markerWidth="7" markerHeight="7"
+      `<defs><marker id="tt-arrow-${uid}" viewBox="0 0 10 10" refX="10" refY="5" markerUnits="userSpaceOnUse" markerWidth="9" markerHeight="9"
         orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z"/></marker></defs><g class="tt-zoom">`];
     let k = 0;
     for (const [key, l] of links) {
@@ -275,15 +275,28 @@ function torchtracePlayer(container, data, options) {
     return null;
   }
   function initialView() {
-    const box = graph.getBoundingClientRect();
+    let box = graph.getBoundingClientRect();
+    if (!state.sized && box.width && view.lay.width <= box.width && view.lay.height + 8 < box.height) {
+      graph.style.height = `${Math.max(160, view.lay.height + 8)}px`;  // a small graph takes only the room it needs
+      box = graph.getBoundingClientRect();
+    }
+    state.sized = true;
     const k = box.width ? Math.min(box.width / view.lay.width, box.height / view.lay.height) : 1;
     if (k >= 0.55) { fit(); return; }
     state.zoom = {k: 0.8, x: 0, y: 0};
     applyZoom();
     centre(currentBox());
   }
+  if (typeof ResizeObserver !== "undefined") {  // a view nobody zoomed or panned follows the page's size
+    let last = 0;
+    new ResizeObserver(() => {
+      const width = graph.getBoundingClientRect().width;
+      if (!state.touched && view && width && Math.abs(width - last) > 1) { last = width; initialView(); }
+    }).observe(graph);
+  }
   graph.addEventListener("wheel", (event) => {
     event.preventDefault();
+    state.touched = true;
     const box = graph.getBoundingClientRect();
     zoomBy(Math.exp(-event.deltaY * 0.0015), event.clientX - box.left, event.clientY - box.top);
   }, {passive: false});
@@ -291,6 +304,7 @@ function torchtracePlayer(container, data, options) {
   graph.addEventListener("pointerdown", (event) => {
     if (event.button !== 0 || event.target.closest(".tt-node")) return;
     drag = {x: event.clientX, y: event.clientY, zx: state.zoom.x, zy: state.zoom.y};
+    state.touched = true;
     graph.setPointerCapture(event.pointerId);
     graph.classList.add("tt-dragging");
   });
@@ -427,7 +441,8 @@ function torchtracePlayer(container, data, options) {
     html += `<table class="tt-chain"><tr><th>to</th><th>local derivative</th><th>downstream gradient</th></tr>`;
     for (const out of s.sent) {
       const l = out.local;
-      const local = l ? `<span class="tt-kind">${e(l.kind)}</span> <small>${e(l.shape)}</small><br>` +
+      const shape = l && l.shape !== "d out () / d input ()" ? ` <small>${e(l.shape)}</small>` : "";  // not for numbers
+      const local = l ? `<span class="tt-kind">${e(l.kind)}</span>${shape}<br>` +
         `<span class="tt-local">${e(l.text)}</span>${l.how ? `<br><small>${e(l.how)}</small>` : ""}` :
         `<small>${e(out.local_why || "see the math line")}</small>`;
       html += `<tr><td>${e(out.input)}</td><td>${local}</td><td><b class="tt-down" data-to="${e(out.to)}">${e(out.gradient)}</b></td></tr>`;
@@ -477,7 +492,8 @@ function torchtracePlayer(container, data, options) {
     values: () => { state.values = !state.values; update(); },
     expand: () => { state.expanded = new Set(modules); render(); centre(currentBox()); },
     collapse: () => { state.expanded = new Set(); render(); centre(currentBox()); },
-    fit, zoomIn: () => zoomBy(1.25), zoomOut: () => zoomBy(0.8),
+    fit: () => { state.touched = true; fit(); },
+    zoomIn: () => { state.touched = true; zoomBy(1.25); }, zoomOut: () => { state.touched = true; zoomBy(0.8); },
     diagnosis: () => { state.diagnosis = !state.diagnosis; graph.classList.toggle("tt-diagnosis-off", !state.diagnosis); update(); },
     search: () => search.focus(),
   };

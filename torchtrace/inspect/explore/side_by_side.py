@@ -5,18 +5,17 @@ second (the gradient diff aligns two backward passes rule by rule and shows them
 """
 import html
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from torchtrace.inspect.explore.page import page as page_of
 
-if TYPE_CHECKING:
-    from torchtrace.inspect.explore import Explorer
+Explorer = Any  # a tt.explore record (torchtrace.inspect.explore.Explorer): its .steps and .data()
 
 
 class SideBySide:
     """Two tt.explore records shown together; `.save(path)` writes the page, Jupyter shows it inline."""
 
-    def __init__(self, a: "Explorer", b: "Explorer", pairs: List[Tuple[int, int]], first: Optional[int],
+    def __init__(self, a: Explorer, b: Explorer, pairs: List[Tuple[int, int]], first: Optional[int],
                  titles: Tuple[str, str]) -> None:
         self.a, self.b, self.pairs, self.first, self.titles = a, b, pairs, first, titles
 
@@ -44,7 +43,7 @@ class SideBySide:
                f"({len(self.b.steps)} steps), {len(self.pairs)} pairs>"
 
 
-def side_by_side(ex_a: "Explorer", ex_b: "Explorer", pairs: Sequence[Tuple[int, int]], first: Optional[int] = None,
+def side_by_side(ex_a: Explorer, ex_b: Explorer, pairs: Sequence[Tuple[int, int]], first: Optional[int] = None,
                  titles: Tuple[str, str] = ("a", "b")) -> SideBySide:
     """Both players in one page. `pairs` lists (step index in ex_a, step index in ex_b); the arrow keys move along
     it and both players show their step of the pair. `first`: the index in `pairs` of the pair shown first (and
