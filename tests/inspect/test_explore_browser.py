@@ -223,21 +223,23 @@ def deep_model(blocks: int) -> torch.nn.Module:
     return tt.port(torch.nn.Sequential(*layers, torch.nn.Linear(8, 1)))
 
 
-class Block(torch.nn.Module):
-    """A residual block: x + fc2(relu(fc1(norm(x)))), eleven nodes with its parameters."""
+class Residual(torch.nn.Module):
+    """x + inner(x)"""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, inner: torch.nn.Module) -> None:
         super().__init__()
-        self.norm, self.fc1, self.fc2 = torch.nn.LayerNorm(n), torch.nn.Linear(n, 2 * n), torch.nn.Linear(2 * n, n)
+        self.inner = inner
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+        return x + self.inner(x)
 
 
 def residual_model(blocks: int) -> torch.nn.Module:
+    """blocks x (x + Linear(ReLU(Linear(LayerNorm(x))))) between two Linear layers: 11 nodes a block."""
     torch.manual_seed(0)
-    return tt.port(torch.nn.Sequential(torch.nn.Linear(4, 8), *[Block(8) for _ in range(blocks)],
-                                       torch.nn.Linear(8, 1)))
+    inner = [torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+             for _ in range(blocks)]
+    return tt.port(torch.nn.Sequential(torch.nn.Linear(4, 8), *map(Residual, inner), torch.nn.Linear(8, 1)))
 
 
 EDGES_THROUGH_BOXES = """
@@ -312,7 +314,7 @@ def test_a_287_step_residual_model_is_a_readable_graph(browser, tmp_path):
     player, load = open_page(browser, path)
     report("25 residual blocks (LayerNorm, Linear, ReLU, Linear, +)", ex, path, took, load)
     names = [t.get_attribute("textContent") for t in browser.find_elements(By.CSS_SELECTOR, ".tt-group .tt-name")]
-    assert "3 · Block" in names and "26 · Linear" in names  # modules by name, not one row of indices
+    assert "3 · Residual" in names and "26 · Linear" in names  # modules by name, not one row of indices
     assert_no_edge_through_a_box(browser)
     rows = {round(float(g.get_attribute("transform").split(",")[1].rstrip(")")))
             for g in browser.find_elements(By.CSS_SELECTOR, ".tt-group")}
@@ -375,9 +377,10 @@ def test_a_1000_node_model_loads_and_steps(browser, tmp_path):
     assert browser.find_element(By.CSS_SELECTOR, ".tt-count").text == f"step 21 / {len(ex.steps)}"
     collapsed = per_key_ms(browser, "ArrowRight", 200)
     search = browser.find_element(By.CSS_SELECTOR, ".tt-search")
-    search.send_keys("50.fc1.weight", Keys.ENTER)  # opens module 50 and goes to that parameter's step
-    wanted = next(s.index for s in ex.steps if s.name == "50.fc1.weight")
-    assert browser.find_element(By.CSS_SELECTOR, ".tt-panel h3").text.startswith(f"step {wanted + 1}: 50.fc1.weight")
+    search.send_keys("50.inner.1.weight", Keys.ENTER)  # opens module 50 and goes to that parameter's step
+    wanted = next(s.index for s in ex.steps if s.name == "50.inner.1.weight")
+    heading = browser.find_element(By.CSS_SELECTOR, ".tt-panel h3").text
+    assert heading.startswith(f"step {wanted + 1}: 50.inner.1.weight")
     browser.find_element(By.CSS_SELECTOR, '[data-act="expand"]').click()
     started = time.perf_counter()
     browser.find_element(By.CSS_SELECTOR, '[data-act="fit"]').click()

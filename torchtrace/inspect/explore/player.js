@@ -18,7 +18,7 @@ function ttShort(text, n) {
 // spans several ranks passes through one dummy slot per rank in between, so no edge crosses a box. Barycenter
 // sweeps order each rank. Ranks become columns, inputs on the left, the output on the right; a long graph wraps
 // into bands read left to right, top to bottom, and an edge from one band to the next runs around them.
-function ttLayout(ids, links, aspect) {
+function ttLayout(ids, links, viewport) {
   const succ = new Map(ids.map((id) => [id, []])), indeg = new Map(ids.map((id) => [id, 0]));
   for (const l of links) { succ.get(l.source).push(l.target); indeg.set(l.target, indeg.get(l.target) + 1); }
   const rank = new Map(ids.map((id) => [id, 0]));
@@ -69,11 +69,14 @@ function ttLayout(ids, links, aspect) {
   }
   const tall = layers.map((layer) => layer.reduce((s, id) => s + height.get(id) + TT_GAP, -TT_GAP));
   const columns = top + 1, tallest = Math.max(TT_BOX_H, ...tall);
-  let perBand = columns;
-  if (columns * TT_COL > 2.2 * aspect * tallest && columns > 4) {  // wrap: about the viewport's shape overall
-    const bands = Math.max(1, Math.round(Math.sqrt(columns * TT_COL / (aspect * (tallest + TT_BAND_GAP)))));
-    perBand = Math.max(3, Math.ceil(columns / bands));
-  }
+  // A graph that fits the view in one band at 70% or more stays one band; else it wraps into as many bands as make
+  // the whole of it fit at the largest scale.
+  const fitScale = (bands) => Math.min(viewport.width / (Math.ceil(columns / bands) * TT_COL + 2 * TT_MARGIN),
+                                       viewport.height / (bands * (tallest + TT_BAND_GAP) + TT_MARGIN));
+  const readable = (k) => Math.min(1, fitScale(k));
+  let bands = 1;
+  if (readable(1) < 0.7) for (let k = 2; k <= columns; k++) if (readable(k) > readable(bands) * 1.05) bands = k;
+  const perBand = Math.ceil(columns / bands);
   const bandOf = (r) => Math.floor((top - r) / perBand), bandCount = bandOf(0) + 1;
   const bandHeight = Array(bandCount).fill(0);
   layers.forEach((_, r) => { bandHeight[bandOf(r)] = Math.max(bandHeight[bandOf(r)], tall[r]); });
@@ -190,7 +193,7 @@ function torchtracePlayer(container, data, options) {
     });
     const ids = [...shown.keys()], linkList = [...links.values()];
     const box = graph.getBoundingClientRect();
-    const lay = ttLayout(ids, linkList, box.width > 0 && box.height > 0 ? box.width / box.height : 2.2);
+    const lay = ttLayout(ids, linkList, box.width > 0 && box.height > 0 ? box : {width: 1200, height: 460});
     const parts = [`<svg xmlns="http://www.w3.org/2000/svg" width="100%" height="100%">`,
       `<defs><marker id="tt-arrow-${uid}" viewBox="0 0 10 10" refX="10" refY="5" markerUnits="userSpaceOnUse" markerWidth="9" markerHeight="9"
         orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z"/></marker></defs><g class="tt-zoom">`];
@@ -274,6 +277,10 @@ function torchtracePlayer(container, data, options) {
     for (const [id, inside] of view.shown) if (inside.some((n) => n.module === path || n.module.startsWith(path + "."))) return id;
     return null;
   }
+  function relayout() {  // lay out again for the view's present size (the layout wraps to fit it)
+    render();
+    initialView();
+  }
   function initialView() {
     let box = graph.getBoundingClientRect();
     if (!state.sized && box.width && view.lay.width <= box.width && view.lay.height + 8 < box.height) {
@@ -291,7 +298,7 @@ function torchtracePlayer(container, data, options) {
     let last = 0;
     new ResizeObserver(() => {
       const width = graph.getBoundingClientRect().width;
-      if (!state.touched && view && width && Math.abs(width - last) > 1) { last = width; initialView(); }
+      if (!state.touched && view && width && Math.abs(width - last) > 1) { last = width; relayout(); }
     }).observe(graph);
   }
   graph.addEventListener("wheel", (event) => {
@@ -512,7 +519,7 @@ function torchtracePlayer(container, data, options) {
   root.addEventListener("keydown", (event) => { if (key(event)) event.stopPropagation(); });  // not Jupyter's shortcuts
   render();
   initialView();
-  return {go, state, key, root, initialView, focus: () => root.focus({preventScroll: true}), steps: steps.length,
+  return {go, state, key, root, relayout, focus: () => root.focus({preventScroll: true}), steps: steps.length,
           render, fit, find: (q) => { search.value = q; find(q); }, nextMatch};
 }
 
@@ -559,7 +566,7 @@ function torchtraceSideBySide(container, both) {
     };
     players.push(torchtracePlayer(holder, data, {nav, onPick}));
   });
-  players.forEach((p) => p.initialView());  // both cells have their widths now
+  players.forEach((p) => p.relayout());  // both cells have their widths now
   show();
   return {players, key: (event) => players[0].key(event), focus: () => players[0].focus(), go: (i) => { at = i; show(); }};
 }
