@@ -169,8 +169,8 @@ def test_micrograd_check_and_the_readme_screenshot(browser, tmp_path):
     browser.find_element(By.CSS_SELECTOR, ".tt-check-button").click()
     assert checks.text.count("agree") == 2 and "finite differences -2" in checks.text
     if os.environ.get("TORCHTRACE_DOCS"):
-        player.send_keys(*["\ue014"] * 4)  # → four times: the step that sends -2 x -3 = 6 to a
-        browser.find_element(By.CSS_SELECTOR, ".tt-check-button").click()
+        player.send_keys(*["\ue014"] * 4)  # → four times: the step that sends -2 x -3 = 6 to a (checks still open)
+        assert browser.find_element(By.CSS_SELECTOR, ".tt-checks").text.count("agree") == 2
         player.screenshot(str(DOCS / "explore_player.png"))
         browser.set_window_size(1280, 800)
     assert not console_errors(browser)

@@ -295,7 +295,7 @@ function torchtracePlayer(container, data, options) {
     centre(currentBox());
   }
   if (typeof ResizeObserver !== "undefined") {  // a view nobody zoomed or panned follows the page's size
-    let last = 0;
+    let last = graph.getBoundingClientRect().width;  // as laid out: only a change of width lays out again
     new ResizeObserver(() => {
       const width = graph.getBoundingClientRect().width;
       if (!state.touched && view && width && Math.abs(width - last) > 1) { last = width; relayout(); }
@@ -345,7 +345,10 @@ function torchtracePlayer(container, data, options) {
   }
   function find(query) {
     const q = query.trim().toLowerCase();
-    state.matches = q ? nodes.filter((n) => n.label.toLowerCase().includes(q) || n.module.toLowerCase().includes(q)) : [];
+    const kinds = data.modules || {};  // a module's class name: "Residual" finds the boxes of every Residual block
+    const hit = (n) => n.label.toLowerCase().includes(q) || n.module.toLowerCase().includes(q) ||
+      (kinds[n.module] || "").toLowerCase().includes(q);
+    state.matches = q ? nodes.filter(hit) : [];
     state.match = -1;
     markMatches();
   }
@@ -415,7 +418,12 @@ function torchtracePlayer(container, data, options) {
     }
     panel.innerHTML = current ? describe(current) : "<p>Nothing to step through: no gradient reached any node.</p>";
     const check = panel.querySelector(".tt-check-button");
-    if (check) check.addEventListener("click", () => panel.querySelector(".tt-checks").classList.toggle("tt-open"));
+    if (check) {
+      check.addEventListener("click", () => {
+        state.checks = !state.checks;  // stays open from step to step, and when the graph is laid out again
+        panel.querySelector(".tt-checks").classList.toggle("tt-open", state.checks);
+      });
+    }
     centre(here, true);
     if (options.onUpdate) options.onUpdate(state.step);
   }
@@ -456,7 +464,7 @@ function torchtracePlayer(container, data, options) {
     }
     html += "</table>";
     if (s.sent.some((o) => o.check)) {
-      html += `<button class="tt-check-button">check this step</button><div class="tt-checks">`;
+      html += `<button class="tt-check-button">check this step</button><div class="tt-checks${state.checks ? " tt-open" : ""}">`;
       for (const out of s.sent) {
         if (!out.check) continue;
         const c = out.check;
