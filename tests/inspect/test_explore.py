@@ -312,3 +312,31 @@ def test_side_by_side_pairs_steps_of_two_explorations(tmp_path):
         side_by_side(ex_a, ex_b, [(0, 7)])
     with pytest.raises(IndexError):
         side_by_side(ex_a, ex_b, [(0, 0)], first=1)
+
+
+def test_without_anywidget_jupyter_shows_the_page_in_an_iframe(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_anywidget(name, *args, **kwargs):
+        if name.startswith("anywidget") or name == "torchtrace.inspect.explore.widget":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    ex, _ = micrograd()
+    monkeypatch.setattr(builtins, "__import__", no_anywidget)
+    bundle = ex._repr_mimebundle_()
+    assert bundle["text/plain"] == repr(ex) and bundle["text/html"].startswith("<iframe srcdoc=")
+    assert "torchtracePage(" in bundle["text/html"]
+
+
+def test_values_noted_by_recording_stand_in_for_lost_ones():
+    x = tt.tracer(torch.arange(1.0, 21.0), requires_grad=True)
+    with tt.recording():
+        out = (x * 2).exp().sum()  # exp saves its result; x * 2 (20 elements) is held by nothing
+    ex = tt.explore(out)
+    (mul,) = [n for n in ex.nodes if n.label == "Mul"]
+    assert mul.value.startswith("|value| ") and mul.value_note == ""
+    torch.testing.assert_close(float(mul.value.split()[1]), (torch.arange(1.0, 21.0) * 2).norm().item(), rtol=1e-3,
+                               atol=0)

@@ -21,7 +21,7 @@ import torch
 from torchtrace.inspect.explore.collect import Collector, GraphEdge, GraphNode
 from torchtrace.inspect.explore.derivative import SHOWN
 from torchtrace.inspect.explore.holding import run_holding
-from torchtrace.inspect.explore.page import page
+from torchtrace.inspect.explore.page import iframe, page
 from torchtrace.inspect.explore.shown import matrix_text
 from torchtrace.inspect.explore.side_by_side import side_by_side
 from torchtrace.inspect.explore.steps import Sent, Step
@@ -109,10 +109,11 @@ class Explorer:
         return ExploreWidget(self.data(), repr(self))
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> Dict[str, Any]:
+        """The widget in Jupyter; without anywidget, the saved page's player in an iframe."""
         try:
             return self.widget()._repr_mimebundle_(include=include, exclude=exclude)
         except ImportError:
-            return {"text/plain": repr(self)}
+            return {"text/plain": repr(self), "text/html": iframe(page(self.data(), self.title), self.title, 820)}
 
     def __repr__(self) -> str:
         rules = sum(1 for s in self.steps if s.kind == "rule")

@@ -17,7 +17,7 @@ from torchtrace.autograd.state import observing
 from torchtrace.inspect.explore.derivative import describe
 from torchtrace.inspect.explore.local import estimates, rule_jacobians
 from torchtrace.inspect.explore.saved import position_text, saved_label
-from torchtrace.inspect.explore.shown import plain, shape_text, tensor_text
+from torchtrace.inspect.explore.shown import number, plain, shape_text, tensor_text
 from torchtrace.inspect.explore.steps import Sent, Step
 from torchtrace.inspect.names import Names, Params, place_nodes
 
@@ -153,6 +153,9 @@ class Collector:
                 texts.append(tensor_text(call[2][nr]))
             elif any(o == nr for _, o in node.saved_outputs) and not node.released:  # the rule saved its result
                 texts.append(tensor_text(node.saved[next(i for i, o in node.saved_outputs if o == nr)]))
+            elif (node.notes or {}).get("values", {}).get(nr) is not None:  # noted by tt.recording()
+                noted = node.notes["values"][nr]
+                texts.append(tensor_text(noted) if isinstance(noted, torch.Tensor) else f"|value| {number(noted)}")
             else:
                 texts.append("")
                 why = CHANGED if t is not None else GONE

@@ -3,6 +3,7 @@
 Both run the same player.js; the page inlines it with player.css and the data, so the file needs
 nothing from the network. One page may hold one player or two stepping together (side_by_side).
 """
+import html
 import json
 from importlib import resources
 from typing import Any, Dict
@@ -53,6 +54,12 @@ def page(data: Dict[str, Any], title: str) -> str:
     "players", "titles", "pairs" and "first")."""
     escaped = title.replace("&", "&amp;").replace("<", "&lt;")
     return PAGE.format(title=escaped, css=asset("player.css"), js=asset("player.js"), data=_script_json(data))
+
+
+def iframe(page_html: str, title: str, height: int) -> str:
+    """A page shown inside a notebook's output: an iframe whose script runs apart from the notebook's."""
+    return (f'<iframe srcdoc="{html.escape(page_html, quote=True)}" style="width: 100%; height: {height}px; border: 0" '
+            f'title="{html.escape(title, quote=True)}"></iframe>')
 
 
 def widget_module() -> str:

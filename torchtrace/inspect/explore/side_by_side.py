@@ -3,10 +3,10 @@ second (the gradient diff aligns two backward passes rule by rule and shows them
 
     side_by_side(ex_a, ex_b, [(0, 0), (1, 2), ...], first=1, titles=("float32", "float16")).save("both.html")
 """
-import html
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from torchtrace.inspect.explore.page import iframe
 from torchtrace.inspect.explore.page import page as page_of
 
 Explorer = Any  # a tt.explore record (torchtrace.inspect.explore.Explorer): its .steps and .data()
@@ -35,8 +35,7 @@ class SideBySide:
 
     def _repr_html_(self) -> str:
         """The page in an iframe (its script runs apart from the notebook's)."""
-        return (f'<iframe srcdoc="{html.escape(self.page(), quote=True)}" style="width: 100%; height: 820px; '
-                'border: 0" title="two backward passes side by side"></iframe>')
+        return iframe(self.page(), "two backward passes side by side", 900)
 
     def __repr__(self) -> str:
         return f"<side by side: {self.titles[0]} ({len(self.a.steps)} steps) | {self.titles[1]} " \
