@@ -217,3 +217,16 @@ def test_a_hook_that_keeps_the_gradient_is_not_named():
     h.register_hook(lambda g: g)
     ex = tt.explore((h * 2).sum())
     assert not any(s.note for s in ex.steps)
+
+
+def test_a_large_graph_still_labels_its_first_small_steps():
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()) for _ in range(40)]
+    model = tt.port(torch.nn.Sequential(*layers))
+    x = torch.randn(4, 8)
+    ex = tt.explore(model(x).pow(2).mean())
+    assert len(ex.nodes) > 64
+    mean = sent_to(ex, "Mean").local
+    assert mean.kind == "reduction" and mean.text == "[" + ", ".join(["[" + ", ".join(["0.03125"] * 8) + "]"] * 4) + "]"
+    labelled = [s for s in ex.steps if s.kind == "rule" and s.sent[0].local is not None]
+    assert len(labelled) < sum(1 for s in ex.steps if s.kind == "rule")  # a bounded amount of work, not every step

@@ -77,8 +77,9 @@ class Explorer:
     def data(self) -> Dict[str, Any]:
         """Everything the player shows, as JSON-ready dicts (the numbers already written as text)."""
         steps = []
-        for step in self.steps:
-            record = dataclasses.asdict(step)
+        for step in self.steps:  # field by field: asdict would deep-copy every Jacobian
+            record = {f.name: getattr(step, f.name) for f in dataclasses.fields(step) if f.name != "sent"}
+            record["sent"] = [{"to": sent.to, "input": sent.input, "gradient": sent.gradient} for sent in step.sent]
             for sent, out in zip(step.sent, record["sent"]):
                 local = sent.local
                 out["local"] = None if local is None else {

@@ -23,7 +23,7 @@ from torchtrace.inspect.names import Names, Params, place_nodes
 
 Matrix = List[List[float]]
 
-CHECKED_NODES = 64  # graphs up to this many nodes get local derivatives and finite-difference checks
+WORK = 1024  # how many extra backward and forward calls a whole exploration may spend on local derivatives and checks
 GONE = ("not kept: nothing holds this result any more (the engine keeps only a weak reference to it; keep it in a "
         "variable, or explore with tt.explore(fn, *inputs), which holds every value)")
 CHANGED = "not kept: an in-place op changed this tensor after it was computed"
@@ -88,7 +88,7 @@ class Collector:
         self.names.adopt(local_names, self.order)
         self.place = place_nodes(self.order, self.names)
         self.ids = {node: f"n{i}" for i, node in enumerate(self.order)}
-        self.checked = len(self.order) <= CHECKED_NODES
+        self.work = WORK  # spent step by step, in backward order: a large graph's first small steps get them
         self.ran: Dict[Any, _Ran] = {}
         self.received: Dict[Any, List[Tuple[Any, int, torch.Tensor]]] = {}  # node -> (sender, output nr, gradient)
         self.values: Dict[Tuple[Any, int], str] = {}
@@ -109,7 +109,10 @@ class Collector:
         for edge, g in zip(node.edges, sent):
             if g is not None:
                 self.received.setdefault(edge.node, []).append((node, edge.output_nr, g))
-        jacobians = rule_jacobians(node, grads) if self.checked else None
+        cost = sum(g.numel() for g in grads if g is not None)  # one backward call per output element
+        jacobians = rule_jacobians(node, grads) if cost <= self.work else None
+        if jacobians is not None:
+            self.work -= cost
         self.ran[node] = _Ran([plain(g) if g is not None else None for g in grads], saved, sent, jacobians)
 
     def run(self, gradient: Optional[torch.Tensor], retain_graph: Optional[bool]) -> None:
@@ -239,7 +242,11 @@ class Collector:
         ran = self.ran[node]
         saved = [(saved_label(node, s, j, self._name_of), text) for j, s, text in ran.saved]
         call = self.calls.get(node) or (node.notes or {}).get("call")
-        checks = estimates(node, call) if self.checked and ran.jacobians is not None else [None] * len(node.edges)
+        cost = 2 * sum(edge.shape.numel() for edge in node.edges) + 1  # two forward calls per input element
+        checks = [None] * len(node.edges)
+        if ran.jacobians is not None and cost <= self.work:
+            checks = estimates(node, call)
+            self.work -= cost if call is not None else 0
         outputs = [g.shape for g in ran.upstream if g is not None]
         sent = []
         for k, edge in enumerate(node.edges):
