@@ -4,6 +4,11 @@ The engine does the work (so every `.grad` is what `output.backward()` gives); a
 engine calls after each rule (`observing(on_backward=...)`) notes what reached the node, what the rule
 saved, and what it sent along each edge, unbroadcast and cast as the engine sends it. Leaves get a
 step of their own where the engine sums their gradients into `.grad`.
+
+Each node's value is read before the backward (which frees what rules saved): through the node's weak
+references to its outputs (`node.value_refs`, alive while the caller's variables or a rule's saved tensors
+hold them), the caller's named variables, a call held by tt.explore(fn, *inputs) or tt.recording(), or a
+result the rule saved. A value none of these holds is gone, and the node says so.
 """
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
