@@ -1,4 +1,5 @@
 """Every torch call on a tracer lands here: look up the rule, run forward on plain tensors, link a Node."""
+import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
@@ -177,6 +178,7 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
         if kept:
             _note_saved_outputs(node, saved, (out,))
         t = link_output(out, node, 0, tracer_type, not kept and _fresh(out, args))
+        node.value_refs = (weakref.ref(t),)
         if t._tt_view:
             remember_base(t, args)
         return t
@@ -190,6 +192,7 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     kept = {id(s) for s in saved}
     linked = [link_output(o, node, nr, tracer_type, id(o) not in kept and _fresh(o, args))
               if isinstance(o, torch.Tensor) else o for nr, o in enumerate(outputs)]
+    node.value_refs = tuple(weakref.ref(t) if isinstance(t, torch.Tensor) else None for t in linked)
     for t in linked:
         if isinstance(t, torch.Tensor) and t._tt_view:
             remember_base(t, args)

@@ -129,7 +129,8 @@ class Node(GradFnHooks):
     def __init__(self, rule: type, ctx: Any, edges: List[Edge], func: Optional[Callable], module_path: tuple):
         self.rule, self.ctx, self.edges, self.func = rule, ctx, edges, func
         self.module_path = module_path  # the modules running when the op was recorded, outermost first
-        # newer than every node its edges point to; value_refs: weak references to the outputs, for tools showing them
+        # newer than every node its edges point to; value_refs: a weakref.ref to each output tracer (None for a
+        # non-tensor output), set when the outputs are linked, so tools can show values the graph does not keep
         self.sequence_nr, self.value_refs = _next_sequence_nr(), None
 
     @property

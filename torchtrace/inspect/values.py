@@ -101,10 +101,10 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(v)
 
 
-def small_call(args: tuple, kwargs: dict, outputs: tuple) -> Optional[tuple]:
-    """(args, kwargs, outputs) copied, when every tensor in them has at most CALL_LIMIT elements; else None."""
+def small_call(args: tuple, kwargs: dict, outputs: tuple, limit: int = CALL_LIMIT) -> Optional[tuple]:
+    """(args, kwargs, outputs) copied, when every tensor in them has at most `limit` elements; else None."""
     with plain_torch():
-        if any(t.numel() > CALL_LIMIT for t in _tensors((args, tuple(kwargs.values()), outputs))):
+        if any(t.numel() > limit for t in _tensors((args, tuple(kwargs.values()), outputs))):
             return None
         return _copy(args), {k: _copy(v) for k, v in kwargs.items()}, _copy(tuple(_tensors(outputs)))
 

@@ -1,8 +1,9 @@
 """The player's front end, from its two asset files: a standalone HTML page, or the module a widget loads.
 
 Both run the same player.js; the page inlines it with player.css and the data, so the file needs
-nothing from the network.
+nothing from the network. One page may hold one player or two stepping together (side_by_side).
 """
+import html
 import json
 from importlib import resources
 from typing import Any, Dict
@@ -22,8 +23,7 @@ body {{ margin: 12px; }}
 <script>
 {js}
 const TORCHTRACE_DATA = {data};
-torchtracePlayer(document.getElementById("torchtrace-player"), TORCHTRACE_DATA);
-document.querySelector("#torchtrace-player .tt-player").focus();
+torchtracePage(document.getElementById("torchtrace-player"), TORCHTRACE_DATA);
 </script>
 </body>
 </html>
@@ -46,12 +46,20 @@ def asset(name: str) -> str:
 
 def _script_json(data: Dict[str, Any]) -> str:
     """JSON that is safe inside <script> (no `</` can end the element early)."""
-    return json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
 
 
 def page(data: Dict[str, Any], title: str) -> str:
+    """The page: one player for Explorer.data(), or two stepping together for SideBySide.data() (which has
+    "players", "titles", "pairs" and "first")."""
     escaped = title.replace("&", "&amp;").replace("<", "&lt;")
     return PAGE.format(title=escaped, css=asset("player.css"), js=asset("player.js"), data=_script_json(data))
+
+
+def iframe(page_html: str, title: str, height: int) -> str:
+    """A page shown inside a notebook's output: an iframe whose script runs apart from the notebook's."""
+    return (f'<iframe srcdoc="{html.escape(page_html, quote=True)}" style="width: 100%; height: {height}px; border: 0" '
+            f'title="{html.escape(title, quote=True)}"></iframe>')
 
 
 def widget_module() -> str:
