@@ -85,7 +85,7 @@ def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_le
     findings: List[Finding] = []
     grads_finite = all(all_finite(g) for g in watch.leaf_grads.values())
     if not loss_finite or not grads_finite or watch.backward_first is not None:
-        findings += watch.forward_findings()
+        findings += watch.forward_findings(_root_node(loss))
         if watch.backward_first is not None and loss_finite:
             findings.append(watch.backward_first)
     findings += list(watch.gated.values())

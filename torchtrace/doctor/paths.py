@@ -93,21 +93,37 @@ class ModulesRan:
 def no_path_reasons(params: List[Tuple[str, torch.Tensor]], reached: Set[int], cuts: Dict[int, Cut],
                     module_of: Dict[int, Tuple[str, torch.nn.Module]], ran: Dict[int, torch.nn.Module]
                     ) -> List[Tuple[str, str, str, str, List[str]]]:
-    """(why, line, code, module, parameter names) for every group of parameters the loss does not reach."""
-    groups: Dict[Tuple[str, str, str, str], List[str]] = {}
+    """(why, line, code, module, parameter names) for every group of parameters the loss does not reach (one group
+    per reason and line; the module is the innermost one holding the whole group)."""
+    groups: Dict[Tuple[str, str, str], List[str]] = {}
+    modules: Dict[Tuple[str, str, str], List[str]] = {}
     for name, p in params:
         if id(p) in reached:
             continue
         cut = cuts.get(id(p))
         module_name, module = module_of.get(id(p), ("", None))
         if cut is not None:
-            key = (f"its value reaches the loss only through {cut.how}, which passes no gradient", cut.line,
-                   cut.code, module_name)
+            key = (f"its value reaches the loss only through {cut.how}, which passes no gradient", cut.line, cut.code)
         elif module is not None and id(module) not in ran:
             key = (f"its module {module_name or type(module).__name__} never ran in the forward (an unused "
-                   "submodule)", "", "", module_name)
+                   "submodule)", "", module_name)
         else:
-            key = ("its module ran, but nothing it computed reached the loss (a result that was not used)", "", "",
+            key = ("its module ran, but nothing it computed reached the loss (a result that was not used)", "",
                    module_name)
         groups.setdefault(key, []).append(name)
-    return [(*key, names) for key, names in groups.items()]
+        if module_name not in modules.setdefault(key, []):
+            modules[key].append(module_name)
+    return [(*key, _common(modules[key]), names) for key, names in groups.items()]
+
+
+def _common(modules: List[str]) -> str:
+    """The innermost module that holds all of `modules` ('' when it is the whole model)."""
+    parts = [m.split(".") for m in modules if m]
+    if not parts:
+        return ""
+    shared = []
+    for level in zip(*parts):
+        if len(set(level)) > 1:
+            break
+        shared.append(level[0])
+    return ".".join(shared)

@@ -21,8 +21,9 @@ from torchtrace.inspect.scope import path_name
 
 
 def math_line(node: Node) -> str:
-    doc = (node.rule.__doc__ or "").strip().splitlines()
-    return doc[0].strip() if doc else ""
+    """The rule's math: the first paragraph of its docstring, on one line."""
+    paragraph = (node.rule.__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(part.strip() for part in paragraph.splitlines())
 
 
 def _numbers_finite(args: tuple, kwargs: dict) -> bool:
@@ -31,14 +32,15 @@ def _numbers_finite(args: tuple, kwargs: dict) -> bool:
 
 
 class Watch:
-    """Observers for one diagnosis; `names` maps id(module) -> its dotted name."""
+    """Observers for one diagnosis; `names` maps id(module) -> its dotted name (filled in once the models are
+    known: findings name modules when they are made, after both passes)."""
 
     def __init__(self, names: Dict[int, str]) -> None:
         self.names = names
         self.lines: Dict[Node, Tuple[str, str]] = {}
         self.recorded = 0
-        self.first_inf: Optional[Tuple[int, Finding]] = None  # (record index, finding)
-        self.first_nan: Optional[Tuple[int, Finding]] = None
+        self.nonfinite: Dict[Node, int] = {}  # ops whose result had a NaN or Inf -> their place in the recording
+        self.origins: Dict[Node, Tuple[bool, Tuple[str, str]]] = {}  # those whose inputs had none: (NaN?, cause)
         self.backward_first: Optional[Finding] = None
         self.gated: Dict[Tuple[str, str, str], Finding] = {}
         self.leaf_grads: Dict[int, torch.Tensor] = {}
@@ -55,24 +57,32 @@ class Watch:
     def on_record(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
         self.recorded += 1
         self.lines[node] = user_line()
-        if self.first_nan is not None:
+        nan_out, inf_out = has_nan(result), has_inf(result)
+        if not (nan_out or inf_out):
             return
+        self.nonfinite[node] = self.recorded
         inputs = [*args, *kwargs.values()]
-        nan_made = has_nan(result) and not has_nan(inputs)
-        inf_made = self.first_inf is None and has_inf(result) and all_finite(inputs) and _numbers_finite(args, kwargs)
-        if nan_made or inf_made:
-            message, advice = forward_cause(node.rule.__name__, args, result)
-            event = (self.recorded, self.finding(node, "nonfinite", "forward", message, advice))
-            if nan_made:
-                self.first_nan = event
-            if inf_made:
-                self.first_inf = event
+        if (nan_out and not has_nan(inputs)) or (inf_out and all_finite(inputs) and _numbers_finite(args, kwargs)):
+            self.origins[node] = (nan_out, forward_cause(node.rule.__name__, args, result))
 
-    def forward_findings(self) -> List[Finding]:
-        """The first Inf and the first NaN (the same op when it made both), in the order they were recorded."""
-        events = sorted({id(e[1]): e for e in (self.first_inf, self.first_nan) if e is not None}.values(),
-                        key=lambda e: e[0])
-        return [finding for _, finding in events]
+    def forward_findings(self, root: Any) -> List[Finding]:
+        """The ops that made a NaN or Inf out of values without one, on a chain of non-finite results that reaches
+        `root` (an Inf absorbed on the way, as a -inf mask is by softmax, is not a cause): the first Inf and the
+        first NaN, in the order they were recorded."""
+        reached, stack, seen = [], [root], {root}
+        while stack:
+            node = stack.pop()
+            if node in self.origins:
+                reached.append(node)
+            for edge in node.edges:
+                if edge.node in self.nonfinite and edge.node not in seen:
+                    seen.add(edge.node)
+                    stack.append(edge.node)
+        reached.sort(key=self.nonfinite.__getitem__)
+        first_inf = next((n for n in reached if not self.origins[n][0]), None)
+        first_nan = next((n for n in reached if self.origins[n][0]), None)
+        chosen = sorted({n for n in (first_inf, first_nan) if n is not None}, key=self.nonfinite.__getitem__)
+        return [self.finding(n, "nonfinite", "forward", *self.origins[n][1]) for n in chosen]
 
     # --------------------------------------------------------------------------------------- backward
 
@@ -101,6 +111,7 @@ class Watch:
             return
         killed, saturated, units = gates.gate_shares(grads[0], result[0])
         why, advice = known
+        saturated += killed  # tanh' and sigmoid' round to exactly 0 far from 0
         if name in gates.KILLING and killed >= gates.KILLED_SHARE:
             finding = self.finding(node, "killed", "backward", f"{killed:.0%} of the gradient's elements stop here "
                                    f"({units:.0%} of the units pass nothing for any example): {why}", advice, killed)
