@@ -78,7 +78,7 @@ def test_micrograd_steps_carry_every_number_of_the_chain_rule():
         ("f", "4"), ("c", "-2"), ("b", "-4"), ("a", "6")]
     text = str(mul_e)
     assert "upstream gradient: -2" in text and "-> input 0: a: -2 x local -3 = 6" in text
-    assert "saved #0 (b): -3" in text and "saved #1 (a): 2" in text
+    assert "saved #0 input 1 (b): -3" in text and "saved #1 input 0 (a): 2" in text  # what the rule saved, named
 
 
 def test_a_tensor_used_twice_shows_the_sum_of_its_gradients():
@@ -173,7 +173,8 @@ def test_without_recording_the_check_says_how_to_get_it():
     ex = tt.explore((x * x).sum())
     check = ex.steps[1].sent[0].check
     assert check.estimate is None and "tt.recording()" in check.why_not
-    assert [s.local_text for s in ex.steps[1].sent] == ["diag [1, 3]"] * 2  # d(a b)/da = b = x, known all the same
+    locals_ = [s.local for s in ex.steps[1].sent]  # d(a b)/da = b = x, known all the same
+    assert [(local.kind, local.text) for local in locals_] == [("elementwise", "[1, 3]")] * 2
 
 
 # ------------------------------------------------------------------------------------ the page
@@ -264,3 +265,50 @@ def test_check_of_a_non_contiguous_input():
         y = (w.t() * tt.tracer([1.0, 2.0])).sum()  # Mul gets the transposed (non-contiguous) view
     checks = [sent.check for s in tt.explore(y).steps for sent in s.sent]
     assert checks and all(c.agrees for c in checks), [str(c) for c in checks]
+
+
+# ----------------------------------------------------------------------------- the diagnosis layer's API
+
+
+def micrograd():
+    a, b, c, f = (tt.tracer(v, requires_grad=True) for v in (2.0, -3.0, 10.0, -2.0))
+    e = a * b
+    d = e + c
+    L = d * f
+    return tt.explore(L), (a, b, c, d, e, f, L)
+
+
+def test_annotate_marks_a_nodes_step_in_the_page_data():
+    ex, (a, b, c, d, e, f, L) = micrograd()
+    ex.annotate(e.grad_fn, "saturated", "e's gradient is small", severity="info")
+    ex.annotate(ex.steps[-1], "killed", "a's gradient is zero")
+    ex.annotate(0, "exploding", "too large", "error")
+    findings = ex.data()["findings"]
+    e_step = next(s for s in ex.steps if s.name == "MulBackward → e")
+    assert [(f["node"], f["kind"], f["severity"]) for f in findings] == [
+        (e_step.node, "saturated", "info"), (ex.steps[-1].node, "killed", "warn"),
+        (ex.steps[0].node, "exploding", "error")]
+    with pytest.raises(ValueError, match="severity"):
+        ex.annotate(0, "x", "y", severity="fatal")
+    other = tt.tracer(1.0, requires_grad=True) * 2
+    with pytest.raises(ValueError, match="not a node of this graph"):
+        ex.annotate(other.grad_fn, "x", "y")
+    with pytest.raises(IndexError):
+        ex.annotate(len(ex.steps), "x", "y")
+
+
+def test_side_by_side_pairs_steps_of_two_explorations(tmp_path):
+    from torchtrace.inspect.explore import side_by_side
+
+    ex_a, _ = micrograd()
+    ex_b, _ = micrograd()
+    both = side_by_side(ex_a, ex_b, [(0, 0), (2, 2), (4, 4)], first=1, titles=("float32", "float64"))
+    page = open(both.save(tmp_path / "both.html"), encoding="utf-8").read()
+    data = json.loads(re.search(r"const TORCHTRACE_DATA = (.*);\n", page).group(1))
+    assert data["pairs"] == [[0, 0], [2, 2], [4, 4]] and data["first"] == 1 and data["titles"] == ["float32", "float64"]
+    assert [s["name"] for s in data["players"][1]["steps"]] == [s.name for s in ex_b.steps]
+    assert "<iframe srcdoc=" in both._repr_html_() and "&lt;script&gt;" in both._repr_html_()
+    with pytest.raises(IndexError):
+        side_by_side(ex_a, ex_b, [(0, 7)])
+    with pytest.raises(IndexError):
+        side_by_side(ex_a, ex_b, [(0, 0)], first=1)

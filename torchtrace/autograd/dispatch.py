@@ -1,4 +1,5 @@
 """Every torch call on a tracer lands here: look up the rule, run forward on plain tensors, link a Node."""
+import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
@@ -18,6 +19,7 @@ _set_grad_enabled = torch._C._set_grad_enabled
 _any_autocast = torch._C._is_any_autocast_enabled
 _new_edge = tuple.__new__  # Edge(...) without NamedTuple's Python-level __new__: this runs for every input
 _containers = (list, tuple)
+_weak = weakref.ref
 
 NON_DIFFERENTIABLE: set = set()  # callables whose floating outputs never carry a gradient
 
@@ -162,6 +164,7 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
                 _note_saved_outputs(node, saved, (out,))
                 break
         t = link_output(out, node, 0, tracer_type)
+        node.value_refs = (_weak(t),)
         if t._tt_view:
             remember_base(t, args)
         return t
@@ -174,6 +177,7 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
         _note_saved_outputs(node, saved, outputs)
     linked = [link_output(o, node, nr, tracer_type) if isinstance(o, torch.Tensor) else o
               for nr, o in enumerate(outputs)]
+    node.value_refs = tuple(_weak(t) if isinstance(t, torch.Tensor) else None for t in linked)
     for t in linked:
         if isinstance(t, torch.Tensor) and t._tt_view:
             remember_base(t, args)

@@ -51,6 +51,7 @@ class Node(GradFnHooks):
     retained: Optional[dict] = None  # output nr -> weak ref to the tracer that called retain_grad()
     autocast: Optional[Tuple[str, torch.dtype]] = None  # recorded under torch.autocast(device type, dtype)
     notes: Optional[dict] = None  # what inspection tools note about the node: source line, call shapes, ...
+    value_refs: Optional[tuple] = None  # a weakref.ref to each output tracer (None for a non-tensor output): tt.explore
 
     def __init__(self, rule: type, ctx: Any, edges: List[Edge], func: Optional[Callable], module_path: tuple):
         self.rule, self.ctx, self.edges, self.func = rule, ctx, edges, func

@@ -4,6 +4,8 @@
     ex                          # in Jupyter: the player (a widget)
     print(ex.steps[0])          # a step, with its numbers
     ex.save("backward.html")    # one self-contained page with the same player
+    ex.annotate(node, "nonfinite", "the gradient holds NaN", severity="error")   # a diagnosis layer on the page
+    side_by_side(ex_a, ex_b, pairs).save("both.html")   # two players stepping in lockstep
 
 Python collects the steps (collect.py: the engine's own backward, watched); the front end
 (player.js, player.css) only displays them, laid out in the page, so no Graphviz is needed.
@@ -11,24 +13,64 @@ Python collects the steps (collect.py: the engine's own backward, watched); the 
 import dataclasses
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Union
 
 import torch
 
 from torchtrace.inspect.explore.collect import Collector, GraphEdge, GraphNode
+from torchtrace.inspect.explore.derivative import SHOWN
 from torchtrace.inspect.explore.page import page
 from torchtrace.inspect.explore.shown import matrix_text
+from torchtrace.inspect.explore.side_by_side import side_by_side
 from torchtrace.inspect.explore.steps import Sent, Step
 from torchtrace.inspect.names import Params
 
-__all__ = ["explore", "Exploration", "Step", "Sent"]
+__all__ = ["explore", "Explorer", "Exploration", "Step", "Sent", "Finding", "side_by_side"]
+
+SEVERITIES = ("info", "warn", "error")
 
 
-class Exploration:
+@dataclass
+class Finding:
+    """A mark on one node's step, shown in the page's diagnosis layer (a badge on the node, the message in its step)."""
+
+    node: str  # the id of the graph node
+    kind: str  # what was found: "nonfinite", "killed", ...
+    message: str
+    severity: str  # "info", "warn" or "error"
+
+
+class Explorer:
     """The record of one backward pass: `steps` in the order the engine ran them, and the graph to draw."""
 
-    def __init__(self, steps: List[Step], nodes: List[GraphNode], edges: List[GraphEdge], title: str) -> None:
+    def __init__(self, steps: List[Step], nodes: List[GraphNode], edges: List[GraphEdge], title: str,
+                 ids: Optional[Mapping[Any, str]] = None) -> None:
         self.steps, self.nodes, self.edges, self.title = steps, nodes, edges, title
+        self._ids = dict(ids or {})  # graph Node (or AccumulateGrad) -> the id its drawing and step carry
+        self.findings: List[Finding] = []
+
+    def annotate(self, node: Any, kind: str, message: str, severity: str = "warn") -> "Explorer":
+        """Mark `node`'s step with a finding: the page shows a badge on the node and the message in its step panel
+        (the "diagnosis" button hides or shows them). `node` is a graph Node (`t.grad_fn`, an AccumulateGrad), a
+        Step of `self.steps`, or a step's index."""
+        if severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}, not {severity!r}")
+        self.findings.append(Finding(self._node_id(node), kind, message, severity))
+        return self
+
+    def _node_id(self, node: Any) -> str:
+        if isinstance(node, Step):
+            return node.node
+        if isinstance(node, int) and not isinstance(node, bool):
+            if not 0 <= node < len(self.steps):
+                raise IndexError(f"step {node} is not one of this backward's {len(self.steps)} steps")
+            return self.steps[node].node
+        found = self._ids.get(node) if not isinstance(node, str) else node
+        if found is None or found not in {n.id for n in self.nodes}:
+            raise ValueError(f"{node!r} is not a node of this graph: pass a node of the graph tt.explore drew "
+                             "(output.grad_fn, ...), one of its steps, or a step index")
+        return found
 
     def data(self) -> Dict[str, Any]:
         """Everything the player shows, as JSON-ready dicts (the numbers already written as text)."""
@@ -36,15 +78,18 @@ class Exploration:
         for step in self.steps:
             record = dataclasses.asdict(step)
             for sent, out in zip(step.sent, record["sent"]):
-                out["local"] = sent.local_text or None
+                local = sent.local
+                out["local"] = None if local is None else {
+                    "kind": local.kind, "shape": local.shape, "how": local.how,
+                    "text": local.text or f"({len(local.matrix)} x {len(local.matrix[0])} numbers: too many to show)"}
                 check = sent.check
                 out["check"] = None if check is None else {
-                    "rule": _matrix(check.rule), "estimate": _matrix(check.estimate), "agrees": check.agrees,
-                    "max_difference": None if check.max_difference is None else f"{check.max_difference:.2g}",
-                    "why_not": check.why_not}
+                    "rule": _shown(check.rule), "estimate": _shown(check.estimate), "agrees": check.agrees,
+                    "detail": check.detail if check.estimate is not None else "", "why_not": check.why_not}
             steps.append(record)
         return {"title": self.title, "steps": steps, "nodes": [dataclasses.asdict(n) for n in self.nodes],
-                "edges": [dataclasses.asdict(e) for e in self.edges]}
+                "edges": [dataclasses.asdict(e) for e in self.edges],
+                "findings": [dataclasses.asdict(f) for f in self.findings]}
 
     def save(self, path: Union[str, os.PathLike]) -> str:
         """Write the player as one HTML file (script, style and data inlined; nothing from the network)."""
@@ -75,8 +120,14 @@ class Exploration:
         return "\n".join(str(step) for step in self.steps)
 
 
-def _matrix(rows: Optional[List[List[float]]]) -> Optional[str]:
-    return None if rows is None else matrix_text(rows)
+Exploration = Explorer  # the name this class had first
+
+
+def _shown(rows: Optional[List[List[float]]]) -> Optional[str]:
+    """A Jacobian for the check's line: written out when it is small enough to read."""
+    if rows is None:
+        return None
+    return matrix_text(rows) if len(rows) * len(rows[0]) <= SHOWN else f"({len(rows)} x {len(rows[0])})"
 
 
 def _named(params: Any, variables: Mapping[str, Any]) -> Params:
@@ -91,7 +142,7 @@ def _named(params: Any, variables: Mapping[str, Any]) -> Params:
 
 
 def explore(output: torch.Tensor, params: Params = None, gradient: Optional[torch.Tensor] = None,
-            retain_graph: Optional[bool] = None) -> Exploration:
+            retain_graph: Optional[bool] = None) -> Explorer:
     """Run `output.backward(gradient, retain_graph)` and record every step of it.
 
     Leaves are named by `params` (a module, a dict name -> tensor, (name, tensor) pairs, or a list of tensors named
@@ -105,4 +156,4 @@ def explore(output: torch.Tensor, params: Params = None, gradient: Optional[torc
     collector = Collector(output, _named(params, caller), caller)
     collector.run(gradient, retain_graph)
     steps, nodes, edges = collector.build()
-    return Exploration(steps, nodes, edges, "torchtrace: stepping through backward")
+    return Explorer(steps, nodes, edges, "torchtrace: stepping through backward", collector.ids)

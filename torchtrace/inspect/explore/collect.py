@@ -14,12 +14,19 @@ from torchtrace.autograd import engine
 from torchtrace.autograd.node import AccumulateGrad, Node, edge_gradient, leaf_accumulator
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
-from torchtrace.inspect.explore.local import Check, estimates, rule_jacobians
+from torchtrace.inspect.explore.derivative import describe
+from torchtrace.inspect.explore.local import estimates, rule_jacobians
+from torchtrace.inspect.explore.saved import position_text, saved_label
 from torchtrace.inspect.explore.shown import plain, shape_text, tensor_text
 from torchtrace.inspect.explore.steps import Sent, Step
 from torchtrace.inspect.names import Names, Params, place_nodes
 
+Matrix = List[List[float]]
+
 CHECKED_NODES = 64  # graphs up to this many nodes get local derivatives and finite-difference checks
+GONE = ("not kept: nothing holds this result any more (the engine keeps only a weak reference to it; keep it in a "
+        "variable, or explore with tt.explore(fn, *inputs), which holds every value)")
+CHANGED = "not kept: an in-place op changed this tensor after it was computed"
 
 
 @dataclass
@@ -31,7 +38,8 @@ class GraphNode:
     kind: str  # "op", "output", "leaf"
     module: str
     shape: str
-    value: str  # '' where the value is not known
+    value: str  # '' where the value is not known ...
+    value_note: str = ""  # ... and why
 
 
 @dataclass
@@ -51,7 +59,7 @@ class _Ran:
     upstream: List[Optional[torch.Tensor]]
     saved: List[Tuple[Any, str]]
     sent: List[Optional[torch.Tensor]]
-    jacobians: Optional[List[List[List[float]]]]
+    jacobians: Optional[List[Tuple[Matrix, Optional[Matrix]]]]  # per edge: J, and J before unbroadcasting
 
 
 def _model_of(order: List[Any]) -> Optional[torch.nn.Module]:
@@ -68,7 +76,8 @@ def _sent(node: Node, edge: Any, result: tuple) -> Optional[torch.Tensor]:
 class Collector:
     """Runs the backward and builds the steps and the drawing's nodes and edges."""
 
-    def __init__(self, output: torch.Tensor, params: Params, local_names: Mapping[str, Any]) -> None:
+    def __init__(self, output: torch.Tensor, params: Params, local_names: Mapping[str, Any],
+                 calls: Optional[Mapping[Any, tuple]] = None) -> None:
         if not getattr(output, "_tt_requires_grad", False):
             raise RuntimeError("tt.explore needs a tracer that requires grad: make a leaf it depends on require grad "
                                "(tt.tracer(..., requires_grad=True))")
@@ -85,6 +94,8 @@ class Collector:
         self.values: Dict[Tuple[Any, int], str] = {}
         self.leaf_number = {n: i for i, n in enumerate(n for n in self.order if isinstance(n, AccumulateGrad))}
         self.before: Dict[Any, Optional[torch.Tensor]] = {}  # leaf -> its .grad before the backward
+        self.calls: Mapping[Any, tuple] = calls or {}  # node -> (args, kwargs, outputs) of its forward
+        self.kept: Dict[Any, Tuple[str, str]] = {}  # node -> (value text, why there is none), read before backward
 
     def observe(self, node: Node, grads: Any, result: tuple) -> None:
         saved = []
@@ -102,6 +113,7 @@ class Collector:
         self.ran[node] = _Ran([plain(g) if g is not None else None for g in grads], saved, sent, jacobians)
 
     def run(self, gradient: Optional[torch.Tensor], retain_graph: Optional[bool]) -> None:
+        self.kept = {node: self._value_now(node) for node in self.order}  # before backward frees saved outputs
         self.before = {n: plain(n.variable.grad) if n.variable.grad is not None else None
                        for n in self.order if isinstance(n, AccumulateGrad)}
         with plain_torch():
@@ -123,21 +135,35 @@ class Collector:
         named = [self.names.results[(node, nr)][0] for nr in range(node.n_outputs) if (node, nr) in self.names.results]
         return node.rule.__name__ + (f" → {', '.join(named)}" if named else "")
 
-    def value(self, node: Any) -> str:
+    def _value_now(self, node: Any) -> Tuple[str, str]:
+        """(the value's text, '') while something holds each output of `node`; else ('', why not)."""
         if isinstance(node, AccumulateGrad):
-            return tensor_text(node.variable)
-        if node is self.root:
-            return tensor_text(self.output)
-        texts = []
-        call = (node.notes or {}).get("call")
+            return tensor_text(node.variable), ""
+        texts, why = [], ""
+        refs = node.value_refs or ()
+        call = self.calls.get(node) or (node.notes or {}).get("call")
         for nr in range(node.n_outputs):
-            if (node, nr) in self.names.results:
+            ref = refs[nr] if nr < len(refs) else None
+            t = ref() if ref is not None else None
+            if t is not None and t._tt_node is node and t._tt_nr == nr:
+                texts.append(tensor_text(t))
+            elif (node, nr) in self.names.results:
                 texts.append(tensor_text(self.names.results[(node, nr)][1]))
             elif call is not None and nr < len(call[2]):
                 texts.append(tensor_text(call[2][nr]))
             else:
-                texts.append(self.values.get((node, nr), ""))
-        return "; ".join(texts) if any(texts) else ""
+                texts.append("")
+                why = CHANGED if t is not None else GONE
+        return ("; ".join(texts), "") if all(texts) else ("; ".join(texts) if any(texts) else "", why)
+
+    def value(self, node: Any) -> Tuple[str, str]:
+        """The value's text and, where it is not known, why; a value a rule saved stands in for a lost one."""
+        if node is self.root:
+            return tensor_text(self.output), ""
+        text, why = self.kept.get(node, ("", GONE))
+        if why and node.n_outputs == 1 and (node, 0) in self.values:
+            return self.values[(node, 0)], ""
+        return text, why
 
     def shape(self, node: Any) -> str:
         if isinstance(node, AccumulateGrad):
@@ -158,7 +184,7 @@ class Collector:
         steps = [self._step(node, i) for node, i in index.items()]
         nodes = [GraphNode(self.ids[n], self.label(n), "output" if n is self.root else
                            "leaf" if isinstance(n, AccumulateGrad) else "op",
-                           ".".join(self.place.get(n, ())), self.shape(n), self.value(n)) for n in self.order]
+                           ".".join(self.place.get(n, ())), self.shape(n), *self.value(n)) for n in self.order]
         edges = []
         for node in self.order:
             ran = self.ran.get(node)
@@ -183,10 +209,14 @@ class Collector:
             sums[nr] = g if sums[nr] is None else sums[nr] + g
         return sums
 
-    def _hook_note(self, arrived: List[Optional[torch.Tensor]], used: List[Optional[torch.Tensor]], what: str) -> str:
-        """'' when what the step used is the sum of what arrived; else what a hook made of it."""
+    def _hook_note(self, hooked: bool, arrived: List[Optional[torch.Tensor]], used: List[Optional[torch.Tensor]],
+                   what: str) -> str:
+        """'' when no hook could change the gradient, or when what the step used is the sum of what arrived (NaN
+        matching NaN); else what a hook made of it."""
+        if not hooked:
+            return ""
         for a, u in zip(arrived, used):
-            if a is not None and u is not None and not torch.equal(a, u.to(a.dtype)):
+            if a is not None and u is not None and not torch.allclose(a, u.to(a.dtype), rtol=0, atol=0, equal_nan=True):
                 return f"a hook replaced {what} (the gradients that arrived summed to {tensor_text(a)})"
         return ""
 
@@ -196,37 +226,40 @@ class Collector:
             (total,) = self._arrived(node)
             before, after = self.before.get(node), node.variable.grad
             expected = total if before is None else before + total
-            note = self._hook_note([expected], [after], "the gradient (or .grad was changed)")
+            leaf = node.variable
+            hooked = bool(getattr(leaf, "_tt_hooks", None) or getattr(leaf, "_tt_post_hooks", None))
+            note = self._hook_note(hooked, [expected], [after], "the gradient (or .grad was changed)")
             return Step(i, "accumulate", self.ids[node], self.label(node), module, "", tensor_text(total),
                         self._parts(node), before=tensor_text(before), after=tensor_text(after), note=note)
         ran = self.ran[node]
-        saved = [(self._saved_name(s, j), text) for j, (s, text) in enumerate(ran.saved)]
-        checks = estimates(node) if self.checked and ran.jacobians is not None else [None] * len(node.edges)
+        saved = [(saved_label(node, s, j, self._name_of), text) for j, (s, text) in enumerate(ran.saved)]
+        call = self.calls.get(node) or (node.notes or {}).get("call")
+        checks = estimates(node, call) if self.checked and ran.jacobians is not None else [None] * len(node.edges)
+        outputs = [g.shape for g in ran.upstream if g is not None]
         sent = []
         for k, edge in enumerate(node.edges):
             g = ran.sent[k]
-            local = ran.jacobians[k] if ran.jacobians is not None else None
+            local = describe(*ran.jacobians[k], outputs, edge.shape) if ran.jacobians is not None else None
             check = checks[k]
             if check is not None:
-                check = Check(local, check.estimate, check.why_not)
+                check.rule = local.matrix if local is not None else None
             target = edge.node
             who = self.label(target) + ("" if isinstance(target, AccumulateGrad) else " (its output)")
-            sent.append(Sent(self.ids[target], f"input {_position(edge.position)}: {who}",
+            sent.append(Sent(self.ids[target], f"input {position_text(edge.position)}: {who}",
                              tensor_text(g) if g is not None else "none", local, check))
         doc = (node.rule.__doc__ or "").strip().splitlines()
         upstream = "; ".join(tensor_text(g) for g in ran.upstream)
         name = node.name + self.label(node)[len(node.rule.__name__):]  # MulBackward → e
-        note = self._hook_note(self._arrived(node), ran.upstream, "the upstream gradient")
+        hooked = bool(node.hooks or node.pre_hooks)
+        note = self._hook_note(hooked, self._arrived(node), ran.upstream, "the upstream gradient")
         return Step(i, "rule", self.ids[node], name, module, doc[0].strip() if doc else "", upstream,
                     self._parts(node), saved, sent, gathered=node.n_outputs > 1, note=note)
 
-    def _saved_name(self, s: torch.Tensor, j: int) -> str:
-        producer = getattr(s, "_tt_node", None)
+    def _name_of(self, t: torch.Tensor) -> str:
+        """What the student calls tensor `t`: a variable's or parameter's name, or the node that computed it."""
+        producer = getattr(t, "_tt_node", None)
+        if producer is not None and (producer, t._tt_nr) in self.names.results:
+            return self.names.results[(producer, t._tt_nr)][0]
         if producer in self.ids:
-            return f"#{j} (output of {self.label(producer)})"
-        name = self.names.tensors.get(id(s))
-        return f"#{j} ({name})" if name else f"#{j}"
-
-
-def _position(position: Any) -> str:
-    return str(position) if type(position) is int else f"{position[0]}[{position[1]}]"
+            return self.label(producer)
+        return self.names.tensors.get(id(t), "")

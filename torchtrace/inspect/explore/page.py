@@ -1,7 +1,7 @@
 """The player's front end, from its two asset files: a standalone HTML page, or the module a widget loads.
 
 Both run the same player.js; the page inlines it with player.css and the data, so the file needs
-nothing from the network.
+nothing from the network. One page may hold one player or two stepping together (side_by_side).
 """
 import json
 from importlib import resources
@@ -22,8 +22,7 @@ body {{ margin: 12px; }}
 <script>
 {js}
 const TORCHTRACE_DATA = {data};
-torchtracePlayer(document.getElementById("torchtrace-player"), TORCHTRACE_DATA);
-document.querySelector("#torchtrace-player .tt-player").focus();
+torchtracePage(document.getElementById("torchtrace-player"), TORCHTRACE_DATA);
 </script>
 </body>
 </html>
@@ -46,10 +45,12 @@ def asset(name: str) -> str:
 
 def _script_json(data: Dict[str, Any]) -> str:
     """JSON that is safe inside <script> (no `</` can end the element early)."""
-    return json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
 
 
 def page(data: Dict[str, Any], title: str) -> str:
+    """The page: one player for Explorer.data(), or two stepping together for SideBySide.data() (which has
+    "players", "titles", "pairs" and "first")."""
     escaped = title.replace("&", "&amp;").replace("<", "&lt;")
     return PAGE.format(title=escaped, css=asset("player.css"), js=asset("player.js"), data=_script_json(data))
 

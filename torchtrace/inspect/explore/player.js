@@ -1,9 +1,10 @@
 // torchtrace's backward-pass player: draws the graph Python recorded and steps through its backward.
-// One plain script, no dependencies: the saved page and the Jupyter widget both run it as it is.
-// Python made every number's text; this file only lays out the graph and shows the steps.
+// One plain script, no dependencies: the saved page and the Jupyter widget both run it as it is, and one page
+// may hold several players. Python made every number's text; this file lays out the graph and shows the steps.
 
 const TT_GROUP_AT = 60;  // graphs with more nodes start with their modules collapsed
-const TT_COL = 250, TT_ROW = 74, TT_BOX_W = 160, TT_BOX_H = 54;
+const TT_BOX_W = 170, TT_BOX_H = 56, TT_COL = 240, TT_GAP = 16, TT_DUMMY_H = 10, TT_BAND_GAP = 70, TT_MARGIN = 48;
+let ttPlayers = 0;  // numbers the players of a page (their SVG marker ids must differ)
 
 function ttEscape(text) {
   return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
@@ -13,15 +14,17 @@ function ttShort(text, n) {
   return text.length > n ? text.slice(0, n - 1) + "…" : text;
 }
 
-// Layered layout (a small Sugiyama): rank = longest path from the output along the gradient edges,
-// then a few barycenter sweeps to order each rank, then one column per rank (output on the right).
-function ttLayout(ids, edges) {
+// Layered layout (a small Sugiyama). Rank = longest path from the output along the gradient edges; an edge that
+// spans several ranks passes through one dummy slot per rank in between, so no edge crosses a box. Barycenter
+// sweeps order each rank. Ranks become columns, inputs on the left, the output on the right; a long graph wraps
+// into bands read left to right, top to bottom, and an edge from one band to the next runs around them.
+function ttLayout(ids, links, aspect) {
   const succ = new Map(ids.map((id) => [id, []])), indeg = new Map(ids.map((id) => [id, 0]));
-  for (const e of edges) { succ.get(e.source).push(e.target); indeg.set(e.target, indeg.get(e.target) + 1); }
-  const rank = new Map(ids.map((id) => [id, 0])), queue = ids.filter((id) => indeg.get(id) === 0);
-  const seen = new Set();
-  while (queue.length) {
-    const id = queue.shift();
+  for (const l of links) { succ.get(l.source).push(l.target); indeg.set(l.target, indeg.get(l.target) + 1); }
+  const rank = new Map(ids.map((id) => [id, 0]));
+  const queue = ids.filter((id) => indeg.get(id) === 0), seen = new Set();
+  for (let q = 0; q < queue.length; q++) {
+    const id = queue[q];
     seen.add(id);
     for (const t of succ.get(id)) {
       rank.set(t, Math.max(rank.get(t), rank.get(id) + 1));
@@ -31,47 +34,103 @@ function ttLayout(ids, edges) {
   }
   let top = Math.max(0, ...rank.values());
   for (const id of ids) if (!seen.has(id)) rank.set(id, ++top);  // on a cycle (a module collapsed around a loop)
-  const layers = [];
-  for (const id of ids) (layers[rank.get(id)] = layers[rank.get(id)] || []).push(id);
+  const height = new Map(ids.map((id) => [id, TT_BOX_H]));
+  const chains = links.map((l, k) => {  // the slots an edge passes through, producer first
+    const chain = [l.target];
+    const [low, high] = [rank.get(l.source), rank.get(l.target)].sort((a, b) => a - b);
+    for (let r = high - 1; r > low; r--) {
+      const d = `d${k}:${r}`;
+      rank.set(d, r);
+      height.set(d, TT_DUMMY_H);
+      chain.push(d);
+    }
+    chain.push(l.source);
+    return chain;
+  });
+  const layers = Array.from({length: top + 1}, () => []);
+  for (const [id, r] of rank) layers[r].push(id);
+  const up = new Map(), down = new Map();  // neighbours in the rank to the left (producers) and to the right
+  const link = (map, a, b) => { if (!map.has(a)) map.set(a, []); map.get(a).push(b); };
+  for (const chain of chains) {
+    for (let i = 0; i + 1 < chain.length; i++) { link(down, chain[i], chain[i + 1]); link(up, chain[i + 1], chain[i]); }
+  }
   const pos = new Map();
-  const place = () => layers.forEach((layer) => layer && layer.forEach((id, i) => pos.set(id, i - layer.length / 2)));
-  place();
-  const pred = new Map(ids.map((id) => [id, []]));
-  for (const e of edges) pred.get(e.target).push(e.source);
-  for (let sweep = 0; sweep < 4; sweep++) {
-    const near = sweep % 2 === 0 ? pred : succ;
+  layers.forEach((layer) => layer.forEach((id, i) => pos.set(id, i)));
+  for (let sweep = 0; sweep < 6; sweep++) {
+    const near = sweep % 2 === 0 ? up : down;  // sweep from the output: order by producers' ... then consumers'
     for (const layer of sweep % 2 === 0 ? layers : [...layers].reverse()) {
-      if (!layer) continue;
-      const centre = (id) => {
-        const others = near.get(id);
-        return others.length ? others.reduce((s, o) => s + pos.get(o), 0) / others.length : pos.get(id);
-      };
-      const key = new Map(layer.map((id) => [id, centre(id)]));
+      const key = new Map(layer.map((id) => {
+        const others = near.get(id) || [];
+        return [id, others.length ? others.reduce((s, o) => s + pos.get(o), 0) / others.length : pos.get(id)];
+      }));
       layer.sort((a, b) => key.get(a) - key.get(b));
-      layer.forEach((id, i) => pos.set(id, i - layer.length / 2));
+      layer.forEach((id, i) => pos.set(id, i));
     }
   }
-  const tallest = Math.max(1, ...layers.map((l) => (l ? l.length : 0)));
-  const xy = new Map();
-  for (const id of ids) {
-    xy.set(id, {x: 20 + (top - rank.get(id)) * TT_COL, y: 20 + (pos.get(id) + tallest / 2) * TT_ROW});
+  const tall = layers.map((layer) => layer.reduce((s, id) => s + height.get(id) + TT_GAP, -TT_GAP));
+  const columns = top + 1, tallest = Math.max(TT_BOX_H, ...tall);
+  let perBand = columns;
+  if (columns * TT_COL > 2.2 * aspect * tallest && columns > 4) {  // wrap: about the viewport's shape overall
+    const bands = Math.max(1, Math.round(Math.sqrt(columns * TT_COL / (aspect * (tallest + TT_BAND_GAP)))));
+    perBand = Math.max(3, Math.ceil(columns / bands));
   }
-  return {xy, width: 40 + (top + 1) * TT_COL, height: 40 + tallest * TT_ROW};
+  const bandOf = (r) => Math.floor((top - r) / perBand), bandCount = bandOf(0) + 1;
+  const bandHeight = Array(bandCount).fill(0);
+  layers.forEach((_, r) => { bandHeight[bandOf(r)] = Math.max(bandHeight[bandOf(r)], tall[r]); });
+  const bandTop = [TT_MARGIN];
+  for (let b = 1; b < bandCount; b++) bandTop[b] = bandTop[b - 1] + bandHeight[b - 1] + TT_BAND_GAP;
+  const xy = new Map();
+  layers.forEach((layer, r) => {
+    const b = bandOf(r);
+    let y = bandTop[b] + (bandHeight[b] - tall[r]) / 2;
+    for (const id of layer) {
+      xy.set(id, {x: TT_MARGIN + ((top - r) % perBand) * TT_COL, y, h: height.get(id)});
+      y += height.get(id) + TT_GAP;
+    }
+  });
+  const right = TT_MARGIN + (perBand - 1) * TT_COL + TT_BOX_W;
+  let lane = 0;
+  const paths = chains.map((chain) => {  // producer -> consumer
+    let d = "", label = null;
+    for (let i = 0; i + 1 < chain.length; i++) {
+      const a = xy.get(chain[i]), b = xy.get(chain[i + 1]);
+      const x1 = a.x + TT_BOX_W, y1 = a.y + a.h / 2, x2 = b.x, y2 = b.y + b.h / 2;
+      if (i === 0) d += `M${x1},${y1}`;
+      if (x2 > x1) {
+        d += ` C${x1 + 30},${y1} ${x2 - 30},${y2} ${x2},${y2}`;
+      } else {  // into the next band: out to the right, along the gap below this band, in from the left
+        const off = (lane++ % 10) * 4, gap = bandTop[bandOf(rank.get(chain[i]))] + bandHeight[bandOf(rank.get(chain[i]))];
+        const yc = gap + TT_BAND_GAP / 2 - 18 + off, xr = right + 14 + off, xl = TT_MARGIN - 14 - off;
+        d += ` L${xr},${y1} L${xr},${yc} L${xl},${yc} L${xl},${y2} L${x2},${y2}`;
+      }
+      if (i + 2 === chain.length) label = {x: x2 > x1 ? (x1 + x2) / 2 : x2 - 20, y: (x2 > x1 ? (y1 + y2) / 2 : y2) - 4};
+      if (i + 1 < chain.length - 1) d += ` L${b.x + TT_BOX_W},${y2}`;  // straight through a dummy's column
+    }
+    return {d, label};
+  });
+  const bottom = bandTop[bandCount - 1] + bandHeight[bandCount - 1];
+  return {xy, paths, width: right + TT_MARGIN, height: bottom + TT_MARGIN};
 }
 
-function torchtracePlayer(container, data) {
+// One player in `container`. options.nav replaces its own stepping (two players stepping together);
+// options.onPick(step) is told when a node is clicked.
+function torchtracePlayer(container, data, options) {
+  options = options || {};
+  const uid = ++ttPlayers;
   const root = document.createElement("div");  // drawn afresh on every call: no listener is added twice
   container.replaceChildren(root);
-  const steps = data.steps, nodes = data.nodes, edges = data.edges;
+  const steps = data.steps, nodes = data.nodes, edges = data.edges, findings = data.findings || [];
   const byId = new Map(nodes.map((n) => [n.id, n]));
   const stepOf = new Map(steps.map((s) => [s.node, s.index]));
+  const found = new Map();  // node id -> its findings
+  for (const f of findings) { if (!found.has(f.node)) found.set(f.node, []); found.get(f.node).push(f); }
   const modules = new Set();
   for (const n of nodes) {
     const parts = n.module ? n.module.split(".") : [];
     for (let i = 1; i <= parts.length; i++) modules.add(parts.slice(0, i).join("."));
   }
-  const state = {step: 0, values: true, playing: null,
-                 expanded: new Set(nodes.length > TT_GROUP_AT ? [] : modules)};
+  const state = {step: 0, values: true, playing: null, diagnosis: true, matches: [], match: -1,
+                 expanded: new Set(nodes.length > TT_GROUP_AT ? [] : modules), zoom: {k: 1, x: 0, y: 0}};
 
   root.classList.add("tt-player");
   root.tabIndex = 0;
@@ -84,20 +143,34 @@ function torchtracePlayer(container, data) {
       <button data-act="last" title="last step (End)">»</button>
       <span class="tt-count"></span>
       <button data-act="values" title="show values or shapes">shapes</button>
+      <span class="tt-sep"></span>
+      <button data-act="fit" title="fit the graph to the view (f)">fit</button>
+      <button data-act="zoomIn" title="zoom in (+; or the mouse wheel)">+</button>
+      <button data-act="zoomOut" title="zoom out (-)">−</button>
       <button data-act="expand" title="expand every module">expand all</button>
       <button data-act="collapse" title="one box per top-level module">collapse modules</button>
+      <button data-act="diagnosis" title="show or hide the findings">diagnosis</button>
+      <input class="tt-search" type="search" placeholder="search names (/)" title="Enter: next match">
+      <span class="tt-found"></span>
     </div>
     <div class="tt-main"><div class="tt-graph"></div><div class="tt-panel"></div></div>`;
   const graph = root.querySelector(".tt-graph"), panel = root.querySelector(".tt-panel");
+  const search = root.querySelector(".tt-search");
+  const diagnosisButton = root.querySelector('[data-act="diagnosis"]');
+  diagnosisButton.style.display = findings.length ? "" : "none";
+  diagnosisButton.textContent = `diagnosis (${findings.length})`;
+  const hasModules = modules.size > 0;
+  for (const act of ["expand", "collapse"]) root.querySelector(`[data-act="${act}"]`).style.display = hasModules ? "" : "none";
 
-  const visibleId = (node) => {
+  const groupOf = (node) => {  // the collapsed module that hides `node`, or null
     const parts = node.module ? node.module.split(".") : [];
     for (let i = 1; i <= parts.length; i++) {
       const prefix = parts.slice(0, i).join(".");
-      if (!state.expanded.has(prefix)) return "g:" + prefix;
+      if (!state.expanded.has(prefix)) return prefix;
     }
-    return node.id;
+    return null;
   };
+  const visibleId = (node) => { const g = groupOf(node); return g === null ? node.id : "g:" + g; };
 
   let view = null;
   function render() {
@@ -115,106 +188,243 @@ function torchtracePlayer(container, data) {
       if (!links.has(key)) links.set(key, {source: s, target: t, edges: []});
       links.get(key).edges.push(e);
     });
-    const ids = [...shown.keys()];
-    const lay = ttLayout(ids, [...links.values()]);
-    let svg = `<svg xmlns="http://www.w3.org/2000/svg" width="${lay.width}" height="${lay.height}">`;
-    svg += `<defs><marker id="tt-arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7"
-      orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z"/></marker></defs>`;
+    const ids = [...shown.keys()], linkList = [...links.values()];
+    const box = graph.getBoundingClientRect();
+    const lay = ttLayout(ids, linkList, box.width > 0 && box.height > 0 ? box.width / box.height : 2.2);
+    const parts = [`<svg xmlns="http://www.w3.org/2000/svg" width="100%" height="100%">`,
+      `<defs><marker id="tt-arrow-${uid}" viewBox="0 0 10 10" refX="1" refY="5" markerWidth="7" markerHeight="7"
+        orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z"/></marker></defs><g class="tt-zoom">`];
     let k = 0;
-    for (const [key, link] of links) {
-      const a = lay.xy.get(link.source), b = lay.xy.get(link.target);
-      const x1 = a.x, y1 = a.y + TT_BOX_H / 2, x2 = b.x + TT_BOX_W, y2 = b.y + TT_BOX_H / 2;
-      const bend = (k++ % 3 - 1) * 8;
-      svg += `<g class="tt-edge" data-link="${ttEscape(key)}">
-        <path d="M${x1},${y1} C${x1 - 50},${y1 + bend} ${x2 + 50},${y2 + bend} ${x2},${y2}" marker-end="url(#tt-arrow)"/>
-        <text x="${(x1 + x2) / 2}" y="${(y1 + y2) / 2 - 4 + bend}"></text></g>`;
+    for (const [key, l] of links) {
+      const p = lay.paths[k++];
+      parts.push(`<g class="tt-edge" data-link="${ttEscape(key)}"><path d="${p.d}" marker-start="url(#tt-arrow-${uid})"/>` +
+                 `<text x="${p.label.x}" y="${p.label.y}"></text></g>`);
     }
     for (const [id, inside] of shown) {
       const {x, y} = lay.xy.get(id);
-      const group = id.startsWith("g:");
-      const n = inside[0];
+      const group = id.startsWith("g:"), n = inside[0];
       const kind = group ? "group" : n.kind;
-      const title = group ? `${id.slice(2)} (${inside.length} nodes)` :
-        n.label + (n.module && n.kind !== "leaf" ? ` · ${n.module}` : "");
-      svg += `<g class="tt-node tt-${kind}" data-id="${ttEscape(id)}" transform="translate(${x},${y})">
-        <title>${ttEscape(group ? title + ": click to expand" : n.label + (n.module ? " in " + n.module : ""))}</title>
-        <rect width="${TT_BOX_W}" height="${TT_BOX_H}" rx="6"/>
-        <text class="tt-name" x="8" y="16">${ttEscape(ttShort(title, 24))}</text>
-        <text class="tt-data" x="8" y="32"></text><text class="tt-grad" x="8" y="47"></text></g>`;
+      let title, tip;
+      if (group) {
+        const path = id.slice(2), what = (data.modules || {})[path];
+        title = path + (what ? ` · ${what}` : "");
+        tip = `${title}: ${inside.length} nodes (click to expand)`;
+      } else {
+        title = n.label;
+        tip = n.label + (n.module ? " in " + n.module : "") + (n.value_note ? "\n" + n.value_note : "");
+      }
+      const marks = inside.flatMap((m) => found.get(m.id) || []);
+      if (marks.length) tip += "\n" + marks.map((f) => `${f.severity}: ${f.message}`).join("\n");
+      const worst = ["error", "warn", "info"].find((s) => marks.some((f) => f.severity === s));
+      const badge = marks.length ? `<g class="tt-badge tt-${worst}"><circle cx="${TT_BOX_W - 8}" cy="8" r="8"/>` +
+        `<text x="${TT_BOX_W - 8}" y="12">${marks.length > 1 ? marks.length : "!"}</text></g>` : "";
+      parts.push(`<g class="tt-node tt-${kind}" data-id="${ttEscape(id)}" transform="translate(${x},${y})">
+        <title>${ttEscape(tip)}</title><rect width="${TT_BOX_W}" height="${TT_BOX_H}" rx="6"/>
+        <text class="tt-name" x="8" y="16">${ttEscape(ttShort(title, 25))}</text>
+        <text class="tt-data" x="8" y="33"></text><text class="tt-grad" x="8" y="49"></text>${badge}</g>`);
     }
-    svg += "</svg>";
-    graph.innerHTML = svg;
-    view = {shown, links};
-    for (const el of graph.querySelectorAll(".tt-node")) {
-      el.addEventListener("click", () => {
-        const id = el.dataset.id;
-        if (id.startsWith("g:")) { state.expanded.add(id.slice(2)); render(); return; }
-        if (stepOf.has(id)) go(stepOf.get(id));
+    parts.push("</g></svg>");
+    graph.innerHTML = parts.join("");
+    graph.classList.toggle("tt-diagnosis-off", !state.diagnosis);
+    const elements = new Map([...graph.querySelectorAll(".tt-node")].map((el) => [el.dataset.id, el]));
+    const edgeEls = [...graph.querySelectorAll(".tt-edge")].map((el) => ({el, link: links.get(el.dataset.link)}));
+    view = {shown, links, lay, elements, edgeEls, shownText: new Map(), zoomed: graph.querySelector(".tt-zoom")};
+    for (const [id, el] of elements) {
+      el.addEventListener("click", (event) => {
+        event.stopPropagation();
+        if (id.startsWith("g:")) { expandTo(id.slice(2)); render(); centre(firstVisibleOf(id.slice(2))); return; }
+        if (stepOf.has(id)) pick(stepOf.get(id));
       });
     }
+    markMatches();
     update();
   }
 
+  // ------------------------------------------------------------------------------------- zoom and pan
+  function applyZoom() {
+    const z = state.zoom;
+    view.zoomed.setAttribute("transform", `translate(${z.x},${z.y}) scale(${z.k})`);
+  }
+  function zoomBy(factor, cx, cy) {
+    const z = state.zoom, k = Math.min(3, Math.max(0.03, z.k * factor));
+    if (cx === undefined) { const box = graph.getBoundingClientRect(); cx = box.width / 2; cy = box.height / 2; }
+    z.x = cx - (cx - z.x) * (k / z.k);
+    z.y = cy - (cy - z.y) * (k / z.k);
+    z.k = k;
+    applyZoom();
+  }
+  function fit() {
+    const box = graph.getBoundingClientRect();
+    if (!box.width || !box.height) return;
+    const k = Math.min(1, box.width / view.lay.width, box.height / view.lay.height);
+    state.zoom = {k, x: (box.width - view.lay.width * k) / 2, y: (box.height - view.lay.height * k) / 2};
+    applyZoom();
+  }
+  function centre(id, onlyIfHidden) {  // pan so that the box `id` is in the middle of the view
+    const at = id && view.lay.xy.get(id), box = graph.getBoundingClientRect();
+    if (!at || !box.width) return;
+    const z = state.zoom, sx = z.x + (at.x + TT_BOX_W / 2) * z.k, sy = z.y + (at.y + TT_BOX_H / 2) * z.k;
+    const margin = 30;
+    if (onlyIfHidden && sx > margin && sx < box.width - margin && sy > margin && sy < box.height - margin) return;
+    z.x += box.width / 2 - sx;
+    z.y += box.height / 2 - sy;
+    applyZoom();
+  }
+  function firstVisibleOf(path) {
+    for (const [id, inside] of view.shown) if (inside.some((n) => n.module === path || n.module.startsWith(path + "."))) return id;
+    return null;
+  }
+  function initialView() {
+    const box = graph.getBoundingClientRect();
+    const k = box.width ? Math.min(box.width / view.lay.width, box.height / view.lay.height) : 1;
+    if (k >= 0.55) { fit(); return; }
+    state.zoom = {k: 0.8, x: 0, y: 0};
+    applyZoom();
+    centre(currentBox());
+  }
+  graph.addEventListener("wheel", (event) => {
+    event.preventDefault();
+    const box = graph.getBoundingClientRect();
+    zoomBy(Math.exp(-event.deltaY * 0.0015), event.clientX - box.left, event.clientY - box.top);
+  }, {passive: false});
+  let drag = null;
+  graph.addEventListener("pointerdown", (event) => {
+    if (event.button !== 0 || event.target.closest(".tt-node")) return;
+    drag = {x: event.clientX, y: event.clientY, zx: state.zoom.x, zy: state.zoom.y};
+    graph.setPointerCapture(event.pointerId);
+    graph.classList.add("tt-dragging");
+  });
+  graph.addEventListener("pointermove", (event) => {
+    if (!drag) return;
+    state.zoom.x = drag.zx + event.clientX - drag.x;
+    state.zoom.y = drag.zy + event.clientY - drag.y;
+    applyZoom();
+  });
+  const endDrag = () => { drag = null; graph.classList.remove("tt-dragging"); };
+  graph.addEventListener("pointerup", endDrag);
+  graph.addEventListener("pointercancel", endDrag);
+
+  // ------------------------------------------------------------------------------------------ search
+  function expandTo(path) {
+    const parts = path ? path.split(".") : [];
+    for (let i = 1; i <= parts.length; i++) state.expanded.add(parts.slice(0, i).join("."));
+  }
+  function markMatches() {
+    const hit = new Set(state.matches.map((n) => visibleId(n)));
+    for (const [id, el] of view.elements) el.classList.toggle("tt-match", hit.has(id));
+    const count = root.querySelector(".tt-found");
+    count.textContent = search.value ? (state.matches.length ?
+      `${state.match >= 0 ? state.match + 1 + " / " : ""}${state.matches.length} found` : "not found") : "";
+  }
+  function find(query) {
+    const q = query.trim().toLowerCase();
+    state.matches = q ? nodes.filter((n) => n.label.toLowerCase().includes(q) || n.module.toLowerCase().includes(q)) : [];
+    state.match = -1;
+    markMatches();
+  }
+  function nextMatch() {
+    if (!state.matches.length) return;
+    state.match = (state.match + 1) % state.matches.length;
+    const n = state.matches[state.match];
+    if (groupOf(n) !== null) { expandTo(n.module); render(); }
+    if (stepOf.has(n.id)) pick(stepOf.get(n.id));
+    markMatches();
+    const el = view.elements.get(n.id);
+    for (const other of graph.querySelectorAll(".tt-focus")) other.classList.remove("tt-focus");
+    if (el) el.classList.add("tt-focus");
+    centre(n.id);
+  }
+  search.addEventListener("input", () => find(search.value));
+  search.addEventListener("keydown", (event) => {
+    event.stopPropagation();  // typing is not stepping
+    if (event.key === "Enter") { event.preventDefault(); nextMatch(); }
+    if (event.key === "Escape") { search.value = ""; find(""); root.focus(); }
+  });
+
+  // ------------------------------------------------------------------------------------- the steps
   function nodeGrad(n) {
     const i = stepOf.get(n.id);
     if (i === undefined || i > state.step) return "";
     const s = steps[i];
     return s.kind === "accumulate" ? s.after : s.upstream;
   }
+  function setText(el, key, text) {  // writes the page only where something changed (a 1,000-node graph)
+    const cacheKey = el.dataset.id + key;
+    if (view.shownText.get(cacheKey) === text) return;
+    view.shownText.set(cacheKey, text);
+    el.querySelector(key).textContent = text;
+  }
+  function currentBox() {
+    const current = steps[state.step];
+    return current ? visibleId(byId.get(current.node)) : null;
+  }
 
   function update() {
-    const current = steps[state.step];
+    const current = steps[state.step], here = currentBox();
     root.querySelector(".tt-count").textContent = steps.length ? `step ${state.step + 1} / ${steps.length}` : "no steps";
     root.querySelector('[data-act="values"]').textContent = state.values ? "shapes" : "values";
-    for (const el of graph.querySelectorAll(".tt-node")) {
-      const inside = view.shown.get(el.dataset.id);
-      const group = el.dataset.id.startsWith("g:");
-      const n = inside[0];
-      el.classList.toggle("tt-current", !!current && inside.some((m) => m.id === current.node));
-      el.classList.toggle("tt-done", inside.every((m) => stepOf.has(m.id) && stepOf.get(m.id) <= state.step));
-      const dataText = group ? `${inside.length} nodes` : state.values && n.value ? "data " + n.value : n.shape;
-      el.querySelector(".tt-data").textContent = ttShort(dataText, 26);
+    for (const [id, el] of view.elements) {
+      const inside = view.shown.get(id), group = id.startsWith("g:"), n = inside[0];
+      el.classList.toggle("tt-current", id === here);
+      let done = 0;
+      for (const m of inside) if (stepOf.has(m.id) && stepOf.get(m.id) <= state.step) done++;
+      el.classList.toggle("tt-done", done === inside.length);
+      const dataText = group ? `${inside.length} nodes, ${done} stepped` :
+        state.values && n.value ? "data " + n.value : n.shape + (state.values && n.value_note ? " (value gone)" : "");
+      setText(el, ".tt-data", ttShort(dataText, 27));
       const grad = group ? "" : nodeGrad(n);
-      el.querySelector(".tt-grad").textContent = grad ? ttShort("grad " + grad, 26) : "";
+      setText(el, ".tt-grad", grad ? ttShort("grad " + grad, 27) : "");
     }
-    for (const el of graph.querySelectorAll(".tt-edge")) {
-      const link = view.links.get(el.dataset.link);
-      const carried = link.edges.filter((e) => e.step >= 0 && e.step <= state.step);
-      el.classList.toggle("tt-carried", carried.length > 0);
-      el.classList.toggle("tt-now", !!current && link.edges.some((e) => e.step === current.index));
-      const label = carried.length === 1 ? carried[0].gradient : carried.length > 1 ? `${carried.length} gradients` : "";
-      el.querySelector("text").textContent = ttShort(label, 24);
+    for (const {el, link} of view.edgeEls) {
+      let carried = 0, label = "", now = false;
+      for (const e of link.edges) {
+        if (e.step >= 0 && e.step <= state.step) { carried++; label = e.gradient; }
+        if (current && e.step === current.index) now = true;
+      }
+      el.classList.toggle("tt-carried", carried > 0);
+      el.classList.toggle("tt-now", now);
+      const text = carried === 1 ? label : carried > 1 ? `${carried} gradients` : "";
+      if (el.dataset.shown !== text) { el.dataset.shown = text; el.querySelector("text").textContent = ttShort(text, 24); }
     }
     panel.innerHTML = current ? describe(current) : "<p>Nothing to step through: no gradient reached any node.</p>";
     const check = panel.querySelector(".tt-check-button");
     if (check) check.addEventListener("click", () => panel.querySelector(".tt-checks").classList.toggle("tt-open"));
-    const cur = graph.querySelector(".tt-current");
-    if (cur && cur.scrollIntoView) cur.scrollIntoView({block: "nearest", inline: "nearest"});
+    centre(here, true);
+    if (options.onUpdate) options.onUpdate(state.step);
   }
 
   function describe(s) {
     const e = ttEscape;
     let html = `<h3>step ${s.index + 1}: ${e(s.name)}${s.module ? ` <small>in ${e(s.module)}</small>` : ""}</h3>`;
+    if (state.diagnosis && found.has(s.node)) {
+      html += found.get(s.node).map((f) =>
+        `<p class="tt-finding tt-${e(f.severity)}"><b>${e(f.severity)} · ${e(f.kind)}</b>: ${e(f.message)}</p>`).join("");
+    }
     const sent = s.parts.map(([who, g]) => `${e(g)} <small>(from ${e(who)})</small>`);
     const parts = s.gathered ? " — one per output: " + sent.join("; ") : sent.length > 1 ? " = " + sent.join(" + ") : "";
     const note = s.note ? `<p class="tt-note">${e(s.note)}</p>` : "";
+    const node = byId.get(s.node);
+    const value = node && node.value ? `<p>value: <b class="tt-value">${e(node.value)}</b></p>` :
+      node && node.value_note ? `<p class="tt-note">value: ${e(node.value_note)}</p>` : "";
     if (s.kind === "accumulate") {
-      html += `<p class="tt-math">⊕ the gradients that reached this leaf are added into its .grad</p>`;
+      html += `<p class="tt-math">⊕ the gradients that reached this leaf are added into its .grad</p>${value}`;
       html += `<p>gradient reaching it: <b class="tt-up">${e(s.upstream)}</b>${parts}</p>`;
       const sum = s.before === "—" ? "" : `${e(s.before)} + ${e(s.upstream)} = `;  // no .grad before: it is the gradient
       html += `<p class="tt-acc">${e(s.name)}.grad = ${sum}<b class="tt-after">${e(s.after)}</b></p>`;
       return html + note;
     }
     if (s.math) html += `<p class="tt-math">${e(s.math)}</p>`;
-    html += `<p>upstream gradient: <b class="tt-up">${e(s.upstream)}</b>${parts}</p>${note}`;
+    html += value + `<p>upstream gradient: <b class="tt-up">${e(s.upstream)}</b>${parts}</p>${note}`;
     if (s.saved.length) {
-      html += "<p>saved for backward: " + s.saved.map(([w, v]) => `${e(w)} = ${e(v)}`).join("; ") + "</p>";
+      html += "<p>saved for backward: " + s.saved.map(([w, v]) => `<i>${e(w)}</i> = ${e(v)}`).join("; ") + "</p>";
     }
-    html += `<table class="tt-chain"><tr><th>to</th><th>upstream gradient × local derivative = downstream gradient</th></tr>`;
+    html += `<table class="tt-chain"><tr><th>to</th><th>local derivative</th><th>downstream gradient</th></tr>`;
     for (const out of s.sent) {
-      const local = out.local ? `<span class="tt-local">${e(out.local)}</span>` : "(the local derivative: see the math)";
-      html += `<tr><td>${e(out.input)}</td><td>${e(s.upstream)} × ${local} = ` +
-              `<b class="tt-down" data-to="${e(out.to)}">${e(out.gradient)}</b></td></tr>`;
+      const l = out.local;
+      const local = l ? `<span class="tt-kind">${e(l.kind)}</span> <small>${e(l.shape)}</small><br>` +
+        `<span class="tt-local">${e(l.text)}</span>${l.how ? `<br><small>${e(l.how)}</small>` : ""}` :
+        `<small>${e(out.local_why || "see the math line")}</small>`;
+      html += `<tr><td>${e(out.input)}</td><td>${local}</td><td><b class="tt-down" data-to="${e(out.to)}">${e(out.gradient)}</b></td></tr>`;
     }
     html += "</table>";
     if (s.sent.some((o) => o.check)) {
@@ -225,7 +435,7 @@ function torchtracePlayer(container, data) {
         html += c.estimate === null ? `<p>${e(out.input)}: not checked: ${e(c.why_not)}</p>` :
           `<p>${e(out.input)}: rule <b>${e(c.rule)}</b>, finite differences <b>${e(c.estimate)}</b>: ` +
           `<span class="${c.agrees ? "tt-ok" : "tt-bad"}">${c.agrees ? "agree" : "DIFFER"}</span> ` +
-          `<small>(max difference ${e(c.max_difference)})</small></p>`;
+          `<small>(${e(c.detail)})</small></p>`;
       }
       html += "</div>";
     }
@@ -236,32 +446,111 @@ function torchtracePlayer(container, data) {
     state.step = Math.max(0, Math.min(steps.length - 1, i));
     update();
   }
+  function pick(i) {
+    if (options.onPick) options.onPick(i); else go(i);
+  }
 
   function play() {
     if (state.playing) { clearInterval(state.playing); state.playing = null; }
     else {
-      if (state.step >= steps.length - 1) go(0);
+      if (nav.atEnd()) nav.first();
       state.playing = setInterval(() => {
-        if (state.step >= steps.length - 1) { play(); return; }
-        go(state.step + 1);
+        if (nav.atEnd()) { play(); return; }
+        nav.next();
       }, 900);
     }
     root.querySelector('[data-act="play"]').textContent = state.playing ? "⏸" : "▶";
   }
 
-  const actions = {
+  const nav = options.nav || {
     first: () => go(0), prev: () => go(state.step - 1), next: () => go(state.step + 1), last: () => go(steps.length - 1),
-    play, values: () => { state.values = !state.values; update(); },
-    expand: () => { state.expanded = new Set(modules); render(); },
-    collapse: () => { state.expanded = new Set(); render(); },
+    atEnd: () => state.step >= steps.length - 1,
+  };
+  const actions = {
+    first: () => nav.first(), prev: () => nav.prev(), next: () => nav.next(), last: () => nav.last(), play,
+    values: () => { state.values = !state.values; update(); },
+    expand: () => { state.expanded = new Set(modules); render(); centre(currentBox()); },
+    collapse: () => { state.expanded = new Set(); render(); centre(currentBox()); },
+    fit, zoomIn: () => zoomBy(1.25), zoomOut: () => zoomBy(0.8),
+    diagnosis: () => { state.diagnosis = !state.diagnosis; graph.classList.toggle("tt-diagnosis-off", !state.diagnosis); update(); },
+    search: () => search.focus(),
   };
   for (const button of root.querySelectorAll(".tt-bar button")) {
     button.addEventListener("click", () => actions[button.dataset.act]());
   }
-  root.addEventListener("keydown", (event) => {
-    const act = {ArrowRight: "next", ArrowLeft: "prev", " ": "play", Home: "first", End: "last"}[event.key];
-    if (act) { event.preventDefault(); event.stopPropagation(); actions[act](); }  // not Jupyter's shortcuts
-  });
+  const KEYS = {ArrowRight: "next", ArrowLeft: "prev", " ": "play", Home: "first", End: "last", f: "fit",
+                "+": "zoomIn", "=": "zoomIn", "-": "zoomOut", "/": "search"};
+  function key(event) {  // true when the key was the player's
+    const act = KEYS[event.key];
+    if (!act || event.ctrlKey || event.metaKey || event.altKey) return false;
+    event.preventDefault();
+    actions[act]();
+    return true;
+  }
+  root.addEventListener("keydown", (event) => { if (key(event)) event.stopPropagation(); });  // not Jupyter's shortcuts
   render();
-  return {go, state};
+  initialView();
+  return {go, state, key, root, initialView, focus: () => root.focus({preventScroll: true}), steps: steps.length,
+          render, fit, find: (q) => { search.value = q; find(q); }, nextMatch};
+}
+
+// Two players stepping together along `pairs` of (step in the first, step in the second).
+function torchtraceSideBySide(container, both) {
+  container.replaceChildren();
+  container.classList.add("tt-pair-page");
+  const bar = document.createElement("div");
+  bar.className = "tt-pair-bar";
+  const row = document.createElement("div");
+  row.className = "tt-pair-row";
+  container.append(bar, row);
+  const pairs = both.pairs, first = both.first === null || both.first === undefined ? 0 : both.first;
+  let at = first;
+  const players = [];
+  const show = () => {
+    players.forEach((p, side) => p.go(pairs[at][side]));
+    const marked = at === both.first;
+    bar.innerHTML = `<span class="tt-count">pair ${at + 1} / ${pairs.length}</span> ` +
+      (both.first !== null && both.first !== undefined ? `<button class="tt-to-first">go to pair ${both.first + 1}</button>` : "") +
+      (marked ? ` <b class="tt-highlight">highlighted pair</b>` : "");
+    bar.classList.toggle("tt-highlighted", marked);
+    row.classList.toggle("tt-highlighted", marked);
+    const back = bar.querySelector(".tt-to-first");
+    if (back) back.addEventListener("click", () => { at = both.first; show(); });
+  };
+  const nav = {
+    first: () => { at = 0; show(); }, prev: () => { at = Math.max(0, at - 1); show(); },
+    next: () => { at = Math.min(pairs.length - 1, at + 1); show(); }, last: () => { at = pairs.length - 1; show(); },
+    atEnd: () => at >= pairs.length - 1,
+  };
+  both.players.forEach((data, side) => {
+    const cell = document.createElement("div");
+    cell.className = "tt-pair-cell";
+    const title = document.createElement("h2");
+    title.textContent = both.titles[side];
+    const holder = document.createElement("div");
+    cell.append(title, holder);
+    row.append(cell);
+    const onPick = (step) => {  // the pair that holds this step (on this side), else the nearest after it
+      let best = pairs.findIndex((p) => p[side] === step);
+      if (best < 0) best = pairs.findIndex((p) => p[side] > step);
+      if (best >= 0) { at = best; show(); } else players[side].go(step);
+    };
+    players.push(torchtracePlayer(holder, data, {nav, onPick}));
+  });
+  players.forEach((p) => p.initialView());  // both cells have their widths now
+  show();
+  return {players, key: (event) => players[0].key(event), focus: () => players[0].focus(), go: (i) => { at = i; show(); }};
+}
+
+// A saved page: the player (or the two), focused, and the arrow keys working before anything is clicked.
+function torchtracePage(container, data) {
+  const shown = data.players ? torchtraceSideBySide(container, data) : torchtracePlayer(container, data);
+  shown.focus();
+  document.addEventListener("keydown", (event) => {
+    const t = event.target;
+    if (t && (t.tagName === "INPUT" || t.tagName === "TEXTAREA" || t.isContentEditable)) return;
+    if (t && t.closest && t.closest(".tt-player")) return;  // the player handled it
+    shown.key(event);
+  });
+  return shown;
 }

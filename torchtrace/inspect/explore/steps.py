@@ -8,8 +8,8 @@ into its `.grad`.
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+from torchtrace.inspect.explore.derivative import LocalDerivative
 from torchtrace.inspect.explore.local import Check
-from torchtrace.inspect.explore.shown import FULL, matrix_text
 
 
 @dataclass
@@ -19,17 +19,13 @@ class Sent:
     to: str  # the id of the input's node (an op, or a leaf)
     input: str  # the input, as the student knows it: a leaf's name, or "Add (step 3)"
     gradient: str  # the gradient, summed to the input's shape (broadcasting undone)
-    local: Optional[List[List[float]]] = None  # the rule's local derivative d out / d input (small steps)
+    local: Optional[LocalDerivative] = None  # the rule's local derivative d out / d input, labelled (small steps)
     check: Optional[Check] = None  # the rule's local derivative next to a finite-difference estimate
 
     @property
     def local_text(self) -> str:
-        """The local derivative as the page writes it: '' when it is unknown or too large to read (> FULL numbers)."""
-        if self.local is None:
-            return ""
-        text = matrix_text(self.local)
-        shown = len(self.local) if text.startswith("diag") else len(self.local) * len(self.local[0])
-        return text if shown <= FULL else ""
+        """The local derivative's numbers as the page writes them ('' when unknown or too many to read)."""
+        return self.local.text if self.local is not None else ""
 
 
 @dataclass
@@ -73,9 +69,13 @@ class Step:
         if self.note:
             lines.append(f"  note: {self.note}")
         for sent in self.sent:
-            local = sent.local_text
-            lines.append(f"  -> {sent.input}: {self.upstream} x local {local} = {sent.gradient}" if local
-                         else f"  -> {sent.input}: sends {sent.gradient}")
+            local = sent.local
+            if local is not None and local.kind == "elementwise" and local.text:
+                lines.append(f"  -> {sent.input}: {self.upstream} x local {local.text} = {sent.gradient}")
+            else:
+                lines.append(f"  -> {sent.input}: sends {sent.gradient}")
+                if local is not None:
+                    lines.append(f"     local derivative: {local}  ({local.how})")
             if sent.check is not None and sent.check.estimate is not None:
                 lines.append(f"     check: {sent.check}")
         unchecked = {sent.check.why_not for sent in self.sent if sent.check is not None and sent.check.estimate is None}
