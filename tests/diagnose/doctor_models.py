@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 import torchtrace as tt
@@ -251,6 +252,7 @@ class GPT2LM(nn.Module):
         self.h = nn.ModuleList(GPT2Block(d, heads, block) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d)
         self.fault = None
+        self.checkpoint = False  # recompute each block in backward (torch.utils.checkpoint)
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if self.fault == "-inf mask":
@@ -263,7 +265,10 @@ class GPT2LM(nn.Module):
         if self.fault == "detach":
             x = x.detach()  # fault: detach gpt2
         for block in self.h:
-            x = block(x, additive[:, None, None, :])
+            if self.checkpoint:
+                x = torch.utils.checkpoint.checkpoint(block, x, additive[:, None, None, :], use_reentrant=True)
+            else:
+                x = block(x, additive[:, None, None, :])
         return self.ln_f(x) @ self.wte.weight.T
 
 

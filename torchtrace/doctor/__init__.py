@@ -2,8 +2,10 @@
 tt.diff (two backward passes aligned rule by rule)."""
 from torchtrace.doctor.diagnose import diagnose
 from torchtrace.doctor.diff import diff
+from torchtrace.doctor.memory import memory
 from torchtrace.doctor.training import training
 
 diagnose.training = training  # type: ignore[attr-defined]  (tt.diagnose.training(model, optimizer))
+diagnose.memory = memory  # type: ignore[attr-defined]  (tt.diagnose.memory(fn, *args))
 
-__all__ = ["diagnose", "diff", "training"]
+__all__ = ["diagnose", "diff", "training", "memory"]

@@ -19,6 +19,7 @@ from torchtrace.check import flatten
 from torchtrace.doctor.construction import by_construction, looks_zero
 from torchtrace.doctor.findings import Diagnosis, Finding
 from torchtrace.doctor.paths import CutWatcher, ModulesRan, no_path_reasons
+from torchtrace.doctor.recording import record_pass
 from torchtrace.doctor.values import all_finite
 from torchtrace.doctor.watch import Watch
 from torchtrace.inspect.scope import module_names, module_scope, path_name
@@ -64,7 +65,9 @@ def diagnose(fn_or_loss: Any, *args: Any, model: Optional[torch.nn.Module] = Non
     watch.names = _names(models)
     loss = _scalar(output)
     arg_leaves = [t for t in flatten(list(args))[0] if getattr(t, "_tt_requires_grad", False) and t._tt_node is None]
-    return _run_backward(loss, watch, models, arg_leaves, cuts.cut_leaves, ran.ran, forward=True)
+    diagnosis = _run_backward(loss, watch, models, arg_leaves, cuts.cut_leaves, ran.ran, forward=True)
+    return Diagnosis(diagnosis.findings, diagnosis.checked, list(watch.lines),
+                     lambda: record_pass(fn_or_loss, args, kwargs, explore=True))
 
 
 def _diagnose_graph(loss: torch.Tensor, model: Optional[torch.nn.Module]) -> Diagnosis:

@@ -12,7 +12,7 @@ The error of a pair is max |a - b| / max(max |a|, max |b|, atol): relative to th
 """
 import difflib
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
@@ -82,8 +82,10 @@ def _aligned(a: List[RuleStep], b: List[RuleStep]) -> List[Tuple[int, int]]:
 class DiffReport:
     """Two passes aligned: `first` (the first divergence beyond rtol, or None), `top(k)`, `divergences`."""
 
-    def __init__(self, a: Pass, b: Pass, rtol: float, atol: float, titles: Tuple[str, str]) -> None:
+    def __init__(self, a: Pass, b: Pass, rtol: float, atol: float, titles: Tuple[str, str],
+                 rerun: Optional[Callable[[bool], Tuple[Pass, Pass]]] = None) -> None:
         self.a, self.b, self.rtol, self.atol, self.titles = a, b, rtol, atol, titles
+        self._rerun = rerun
         self.pairs = _aligned(a.steps, b.steps)
         self.divergences: List[Divergence] = []
         for i, j in self.pairs:
@@ -130,8 +132,15 @@ class DiffReport:
 
     __repr__ = __str__
 
+    def rerun(self, explore: bool = False) -> Tuple[Pass, Pass]:
+        """Both passes once more (with `explore`, each backward through tt.explore)."""
+        if self._rerun is None:
+            raise RuntimeError("this report cannot run its functions again: make it with tt.diff(fn_a, fn_b, *args)")
+        return self._rerun(explore)
+
     def explore(self, first: Optional[int] = None) -> Any:
-        """Both passes in the player, side by side, the first divergence highlighted."""
+        """Both passes in the player, side by side, stepping through the aligned rules; every divergent step is
+        marked, and the page opens at the first one (or at pair `first`). The functions run once more."""
         from torchtrace.doctor.player import diff_in_player
 
         return diff_in_player(self, first)
@@ -141,4 +150,7 @@ def diff(fn_a: Any, fn_b: Any, *args: Any, rtol: float = 1e-4, atol: float = 1e-
          titles: Tuple[str, str] = ("a", "b"), **kwargs: Any) -> DiffReport:
     """Run fn_a(*args) and fn_b(*args) and the backward of each scalar result; align their rule steps and report
     where their gradients first differ by more than rtol (relative to the larger of the two)."""
-    return DiffReport(record_pass(fn_a, args, kwargs), record_pass(fn_b, args, kwargs), rtol, atol, titles)
+    def rerun(explore: bool) -> Tuple[Pass, Pass]:
+        return record_pass(fn_a, args, kwargs, explore), record_pass(fn_b, args, kwargs, explore)
+
+    return DiffReport(*rerun(False), rtol, atol, titles, rerun)

@@ -7,7 +7,7 @@ before a batch normalisation: not a training problem), "no_path" (a parameter th
 """
 import html
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 ORDER = ("nonfinite", "killed", "saturated", "no_path", "exploding", "zero_by_construction")
 
@@ -46,9 +46,11 @@ class Finding:
 class Diagnosis:
     """The findings of tt.diagnose, the first non-finite value first; `print(d)` explains each one."""
 
-    def __init__(self, findings: List[Finding], checked: Dict[str, Any]) -> None:
+    def __init__(self, findings: List[Finding], checked: Dict[str, Any], recorded: Optional[List[Any]] = None,
+                 rerun: Optional[Callable[[], Any]] = None) -> None:
         self.findings = sorted(findings, key=lambda f: ORDER.index(f.kind) if f.kind in ORDER else len(ORDER))
         self.checked = checked  # what was looked at: nodes recorded / run, parameters, whether forward was watched
+        self._recorded, self._rerun = recorded or [], rerun  # the forward's nodes in order; how to run fn again
 
     def __iter__(self) -> Iterator[Finding]:
         return iter(self.findings)
@@ -85,6 +87,16 @@ class Diagnosis:
         return "\n".join([self.summary(), *(str(f) for f in self.findings)])
 
     __repr__ = __str__
+
+    def explore(self) -> Any:
+        """The player of this backward with the findings marked on their steps (badges, messages, the page's
+        "diagnosis" button). The function runs once more, its backward through tt.explore; `.grad` stays as it is."""
+        if self._rerun is None:
+            raise RuntimeError("Diagnosis.explore() needs the function: diagnose with tt.diagnose(fn, *args), not "
+                               "tt.diagnose(loss)")
+        from torchtrace.doctor.player import diagnosis_in_player
+
+        return diagnosis_in_player(self, self._rerun(), self._recorded)
 
     def _repr_html_(self) -> str:
         return f"<pre>{html.escape(str(self))}</pre>"

@@ -55,8 +55,8 @@ class Pass:
     leaf_grads: Dict[Any, torch.Tensor]  # leaf key -> the gradient this pass gave it
     leaf_names: Dict[Any, str]  # leaf key -> its name (a parameter's from its model, "argument i" for an input)
     leaf_order: List[Any]  # the leaf keys in the order the backward reached them
-    root: Any = field(default=None, repr=False)
-    output: Any = field(default=None, repr=False)
+    recorded: List[Node] = field(default_factory=list, repr=False)  # the forward's nodes, in recording order
+    explorer: Any = field(default=None, repr=False)  # the tt.explore record of this backward, when asked for
 
 
 def _fresh(args: tuple) -> Tuple[tuple, List[torch.Tensor]]:
@@ -85,8 +85,9 @@ def _leaf_keys(models: List[torch.nn.Module], fresh: List[torch.Tensor]) -> Dict
     return keys
 
 
-def record_pass(fn: Any, args: tuple, kwargs: dict) -> Pass:
-    """Run fn(*args) and the backward of its scalar result, writing down every rule step."""
+def record_pass(fn: Any, args: tuple, kwargs: dict, explore: bool = False) -> Pass:
+    """Run fn(*args) and the backward of its scalar result, writing down every rule step (with `explore`, the
+    backward runs through tt.explore, whose record the Pass keeps for the player)."""
     call_args, fresh = _fresh(args)
     lines: Dict[Node, Tuple[str, str]] = {}
     ran = ModulesRan()
@@ -119,12 +120,18 @@ def record_pass(fn: Any, args: tuple, kwargs: dict) -> Pass:
                               [_plain(g) for g in grads], [_plain(edge_gradient(e, result)) for e in node.edges],
                               node))
 
+    explorer = None
     with observing(on_backward=observe):
-        loss.backward()
+        if explore:
+            from torchtrace.inspect.explore import explore as explore_backward
+
+            explorer = explore_backward(loss, params=ran.roots()[0] if len(ran.roots()) == 1 else None)
+        else:
+            loss.backward()
     grads = {}
     for (key, _), leaf in zip(keys, leaves):
         grads[key] = _plain(leaf.grad)
         leaf.grad = kept[id(leaf)]
     with plain_torch():
         value = float(loss.detach())
-    return Pass(value, steps, grads, dict(keys), [key for key, _ in keys], root, output)
+    return Pass(value, steps, grads, dict(keys), [key for key, _ in keys], list(lines), explorer)
