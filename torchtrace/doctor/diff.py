@@ -69,8 +69,9 @@ def _errors(xs: List[Optional[torch.Tensor]], ys: List[Optional[torch.Tensor]], 
     return max((relative_error(x, y, atol) for x, y in zip(xs, ys)), default=0.0)
 
 
-def _aligned(a: List[RuleStep], b: List[RuleStep]) -> List[Tuple[int, int]]:
-    """Index pairs of steps of a and b that correspond: equal (rule, module) runs, and replaced runs of equal length."""
+def _aligned(a: List[Any], b: List[Any]) -> List[Tuple[int, int]]:
+    """Index pairs of steps (or forward ops) of a and b that correspond: equal (rule, module) runs, and replaced runs
+    of equal length."""
     matcher = difflib.SequenceMatcher(a=[s.key for s in a], b=[s.key for s in b], autojunk=False)
     pairs = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -95,10 +96,22 @@ class DiffReport:
                 self.divergences.append(Divergence(sa.rule, sa.module, sa.line, error,
                                                    _errors(sa.incoming, sb.incoming, atol), i,
                                                    sb.rule if sb.rule != sa.rule else ""))
+        self.forward_pairs = _aligned(a.forward, b.forward)
+        self.forward_divergences = []
+        for i, j in self.forward_pairs:
+            fa, fb = a.forward[i], b.forward[j]
+            error = relative_error(fa.value, fb.value, atol)
+            if error > rtol:
+                self.forward_divergences.append(Divergence(fa.rule, fa.module, fa.line, error, 0.0, i,
+                                                           fb.rule if fb.rule != fa.rule else ""))
         self.leaf_divergences = [
-            Divergence("", "", "", error, 0.0, -1, leaf=a.leaf_names[key]) for key, error in
+            Divergence("", "", "", error, 0.0, -1, leaf=self._leaf_name(key)) for key, error in
             ((key, relative_error(a.leaf_grads.get(key), b.leaf_grads.get(key), atol)) for key in a.leaf_order)
             if error > rtol]
+
+    def _leaf_name(self, key: Any) -> str:
+        """The fuller of the two passes' names (a pass that called a submodule directly knows less of the model)."""
+        return max((self.a.leaf_names.get(key, ""), self.b.leaf_names.get(key, "")), key=lambda n: n.count("."))
 
     @property
     def first(self) -> Optional[Divergence]:
@@ -106,6 +119,12 @@ class DiffReport:
         if self.divergences:
             return self.divergences[0]
         return self.leaf_divergences[0] if self.leaf_divergences else None
+
+    @property
+    def first_forward(self) -> Optional[Divergence]:
+        """The first op of the forward whose value differs (None when both forwards computed the same values): a
+        change of the model shows here; a wrong backward rule does not."""
+        return self.forward_divergences[0] if self.forward_divergences else None
 
     @property
     def same(self) -> bool:
@@ -120,9 +139,12 @@ class DiffReport:
         head = (f"tt.diff {a} vs {b}: loss {self.a.loss:.6g} vs {self.b.loss:.6g}; {len(self.pairs)} of "
                 f"{len(self.a.steps)}/{len(self.b.steps)} rule steps aligned, {len(self.divergences)} differ and "
                 f"{len(self.leaf_divergences)} of {len(self.a.leaf_order)} leaf gradients differ beyond {self.rtol:g}")
+        forward = self.first_forward
+        forward_line = (f"forward: the values first differ at {forward}" if forward is not None else
+                        "forward: the same values (what differs is the backward)")
         if self.first is None:
-            return head + "\nno divergence"
-        lines = [head, f"first: {self.first}"]
+            return f"{head}\n{forward_line}\nno divergence"
+        lines = [head, forward_line, f"first: {self.first}"]
         if self.first.line and self.first.index >= 0:
             step = self.a.steps[self.first.index]
             lines += [f"    {label}: {text}" for label, text in (("code", step.code), ("rule", step.math)) if text]

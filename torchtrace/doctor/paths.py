@@ -52,27 +52,28 @@ class CutWatcher(TorchFunctionMode):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
         source = args[0] if args else None
-        if not _needs_grad(source):
-            return result
-        how = _LEAVING.get(func)
-        if how is None and func in _CASTS and isinstance(result, torch.Tensor) and not result.is_floating_point():
-            how = f"a cast to {result.dtype}"
-        if how is None and not torch.is_grad_enabled() and isinstance(result, torch.Tensor):
-            how = "torch.no_grad()"
-        if how is not None:
-            self._note(how, source)
+        if _needs_grad(source):
+            how = _LEAVING.get(func)
+            if how is None and func in _CASTS and isinstance(result, torch.Tensor) and not result.is_floating_point():
+                how = f"a cast to {result.dtype}"
+            if how is not None:
+                self._note(how, [source])
+                return result
+        if not torch.is_grad_enabled() and isinstance(result, torch.Tensor):
+            self._note("torch.no_grad()", [a for a in (*args, *kwargs.values()) if _needs_grad(a)])
         return result
 
-    def _note(self, how: str, source: torch.Tensor) -> None:
-        node = getattr(source, "_tt_node", None)
-        key = id(node) if node is not None else id(source)
-        if key in self._seen_nodes:
-            return
-        self._seen_nodes.add(key)
-        line, code = user_line()
-        cut = Cut(how, line, code)
-        for leaf in leaves_of(source):
-            self.cut_leaves.setdefault(id(leaf), cut)
+    def _note(self, how: str, sources: List[torch.Tensor]) -> None:
+        cut = None
+        for source in sources:
+            node = getattr(source, "_tt_node", None)
+            key = id(node) if node is not None else id(source)
+            if key in self._seen_nodes:
+                continue
+            self._seen_nodes.add(key)
+            cut = cut or Cut(how, *user_line())
+            for leaf in leaves_of(source):
+                self.cut_leaves.setdefault(id(leaf), cut)
 
 
 class ModulesRan:
@@ -95,25 +96,26 @@ def no_path_reasons(params: List[Tuple[str, torch.Tensor]], reached: Set[int], c
                     ) -> List[Tuple[str, str, str, str, List[str]]]:
     """(why, line, code, module, parameter names) for every group of parameters the loss does not reach (one group
     per reason and line; the module is the innermost one holding the whole group)."""
-    groups: Dict[Tuple[str, str, str], List[str]] = {}
-    modules: Dict[Tuple[str, str, str], List[str]] = {}
+    groups: Dict[Tuple[str, str, str, str], List[str]] = {}  # (why, line, code, module or '') -> parameter names
+    modules: Dict[Tuple[str, str, str, str], List[str]] = {}
     for name, p in params:
         if id(p) in reached:
             continue
         cut = cuts.get(id(p))
         module_name, module = module_of.get(id(p), ("", None))
         if cut is not None:
-            key = (f"its value reaches the loss only through {cut.how}, which passes no gradient", cut.line, cut.code)
+            key = (f"its value reaches the loss only through {cut.how}, which passes no gradient", cut.line, cut.code,
+                   "")
         elif module is not None and id(module) not in ran:
-            key = (f"its module {module_name or type(module).__name__} never ran in the forward (an unused "
-                   "submodule)", "", module_name)
+            key = (f"the module {module_name or type(module).__name__} never ran in the forward (an unused "
+                   "submodule)", "", "", module_name)
         else:
-            key = ("its module ran, but nothing it computed reached the loss (a result that was not used)", "",
+            key = ("its module ran, but nothing it computed reached the loss (a result that was not used)", "", "",
                    module_name)
         groups.setdefault(key, []).append(name)
         if module_name not in modules.setdefault(key, []):
             modules[key].append(module_name)
-    return [(*key, _common(modules[key]), names) for key, names in groups.items()]
+    return [(*key[:3], _common(modules[key]), names) for key, names in groups.items()]
 
 
 def _common(modules: List[str]) -> str:

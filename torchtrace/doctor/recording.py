@@ -47,6 +47,20 @@ class RuleStep:
 
 
 @dataclass
+class ForwardOp:
+    """One recorded op of the forward and the value it computed (a plain copy of its first output)."""
+
+    rule: str
+    module: str
+    line: str
+    value: Optional[torch.Tensor]
+
+    @property
+    def key(self) -> Tuple[str, str]:
+        return self.rule, self.module
+
+
+@dataclass
 class Pass:
     """A forward and backward of one function: the loss, the rule steps in backward order, the leaf gradients."""
 
@@ -56,6 +70,7 @@ class Pass:
     leaf_names: Dict[Any, str]  # leaf key -> its name (a parameter's from its model, "argument i" for an input)
     leaf_order: List[Any]  # the leaf keys in the order the backward reached them
     recorded: List[Node] = field(default_factory=list, repr=False)  # the forward's nodes, in recording order
+    forward: List[ForwardOp] = field(default_factory=list, repr=False)  # their values (names once the models are known)
     explorer: Any = field(default=None, repr=False)  # the tt.explore record of this backward, when asked for
 
 
@@ -90,10 +105,16 @@ def record_pass(fn: Any, args: tuple, kwargs: dict, explore: bool = False) -> Pa
     backward runs through tt.explore, whose record the Pass keeps for the player)."""
     call_args, fresh = _fresh(args)
     lines: Dict[Node, Tuple[str, str]] = {}
+    values: List[Optional[torch.Tensor]] = []
+
+    def note(node: Node, args: tuple, kwargs: dict, result: Any) -> None:
+        lines[node] = user_line()
+        values.append(_plain(result[0] if isinstance(result, (tuple, list)) and result else result))
+
     ran = ModulesRan()
     handle = register_module_forward_pre_hook(ran)
     try:
-        with module_scope(), observing(on_record=lambda node, *_: lines.__setitem__(node, user_line())):
+        with module_scope(), observing(on_record=note):
             output = fn(*call_args, **kwargs)
     finally:
         handle.remove()
@@ -134,4 +155,6 @@ def record_pass(fn: Any, args: tuple, kwargs: dict, explore: bool = False) -> Pa
         leaf.grad = kept[id(leaf)]
     with plain_torch():
         value = float(loss.detach())
-    return Pass(value, steps, grads, dict(keys), [key for key, _ in keys], list(lines), explorer)
+    forward = [ForwardOp(node.rule.__name__, path_name(node.module_path, names), lines[node][0], v)
+               for node, v in zip(lines, values)]
+    return Pass(value, steps, grads, dict(keys), [key for key, _ in keys], list(lines), forward, explorer)
