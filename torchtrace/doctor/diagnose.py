@@ -79,6 +79,13 @@ def _diagnose_graph(loss: torch.Tensor, model: Optional[torch.nn.Module]) -> Dia
     return _run_backward(loss, watch, models, [], {}, ran, forward=False)
 
 
+def diagnose_watched(loss: Any, watch: Watch, cuts: CutWatcher, ran: ModulesRan) -> Diagnosis:
+    """The backward of `loss`, whose forward ran under `watch`, `cuts` and `ran` (a script run by the CLI)."""
+    models = ran.roots()
+    watch.names = _names(models)
+    return _run_backward(loss, watch, models, [], cuts.cut_leaves, ran.ran, forward=True)
+
+
 def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_leaves: List[torch.Tensor],
                   cuts: Dict[int, Any], ran: Dict[int, torch.nn.Module], forward: bool) -> Diagnosis:
     order = topological_order([_root_node(loss)])

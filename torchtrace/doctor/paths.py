@@ -6,7 +6,8 @@ the tracer does and notes the calls that leave the graph on purpose or by accide
 gradient while grad mode is off (`torch.no_grad()`). Each cut remembers its source line and the leaves
 its input depended on, so a parameter that the loss does not reach can be told the line that cut it.
 """
-from typing import Any, Dict, List, Optional, Set, Tuple
+import contextlib
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -47,10 +48,22 @@ class CutWatcher(TorchFunctionMode):
         super().__init__()
         self.cut_leaves: Dict[int, Cut] = {}  # id(leaf) -> the first cut its values went through
         self._seen_nodes: Set[int] = set()
+        self._paused = False
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Calls made inside the block are not watched (the doctor's own backward, inside a watched script)."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
+        if self._paused:
+            return result
         source = args[0] if args else None
         if _needs_grad(source):
             how = _LEAVING.get(func)

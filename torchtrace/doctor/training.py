@@ -42,6 +42,7 @@ class LayerStep:
     """One layer at one optimizer step (None where it does not apply)."""
 
     grad_norm: Optional[float] = None
+    weight_norm: Optional[float] = None  # before the step
     update_ratio: Optional[float] = None
     act_mean: Optional[float] = None
     act_std: Optional[float] = None
@@ -134,7 +135,7 @@ class TrainingDoctor:
                 step.grad_norm = _norm(grads) if grads else None
                 with plain_torch():
                     update = _norm([p.detach() - b for p, b in zip(params, self._before[name])])
-                weight = _norm(self._before[name])
+                weight = step.weight_norm = _norm(self._before[name])
                 step.update_ratio = update / weight if weight > 0 else None
                 step.finite = all(v is None or v == v and abs(v) != float("inf")
                                   for v in (step.grad_norm, update, _norm(params)))
