@@ -38,3 +38,16 @@ def test_the_cnn_bias_before_batch_norm_is_explained_not_called_vanishing():
     (finding,) = d.findings
     assert (finding.rule, finding.module) == ("Convolution", "conv1")
     assert "BatchNorm" in finding.message and "bias=False" in finding.advice
+
+
+def test_tt_flow_and_tt_draw_call_the_bias_before_batch_norm_zero_by_construction_not_vanishing():
+    model = build("cnn")
+    inputs, target = batch("cnn")
+    loss = loss_fn(model, "cnn", inputs, target)
+    loss.backward()
+    assert tt.flow(model)["conv1.bias"].flag in ("zero", "vanishing")  # without the graph: just a tiny number
+    report = tt.flow(model, loss)
+    assert report["conv1.bias"].flag == "zero by construction"
+    assert [name for name in report.flagged] == ["conv1.bias"]
+    source = tt.draw(loss, params=model).source
+    assert "zero by construction" in source and "dashed" in source

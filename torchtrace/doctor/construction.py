@@ -91,3 +91,14 @@ def looks_zero(grad: Optional[torch.Tensor], reference_grad: Optional[torch.Tens
             return size <= 1e-6
         scale = float(reference_grad.detach().abs().max()) if reference_grad.numel() else 0.0
     return size <= ZERO_RELATIVE * scale
+
+
+def zero_leaves(order: List[Any]) -> Dict[int, ByConstruction]:
+    """After a backward: the leaves of `order` whose `.grad` is zero by construction (id(leaf) -> why)."""
+    found = {}
+    for key, why in by_construction(order).items():
+        leaf = next(n.variable for n in order if isinstance(n, AccumulateGrad) and id(n.variable) == key)
+        reference = why.reference.grad if why.reference is not None else None
+        if looks_zero(leaf.grad, reference):
+            found[key] = why
+    return found

@@ -24,7 +24,6 @@ import torch
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.doctor.findings import Finding
 from torchtrace.doctor.gates import unit_dim
-from torchtrace.inspect.flow import _figure_class
 
 UPDATE_RATIO_HIGH = 1e-1
 GROWTH_HIGH = 1e3
@@ -185,6 +184,8 @@ class TrainingDoctor:
     def plot(self, path: Optional[str] = None) -> Any:
         """Gradient norm, update/weight ratio, activation std and dead-unit share per layer over the steps."""
         import matplotlib.pyplot as plt
+
+        from torchtrace.inspect.flow import _figure_class  # matplotlib's figure, shown once in Jupyter
 
         figure = plt.figure(figsize=(11, 7), FigureClass=_figure_class())
         panels = (("grad_norm", "|grad|", True), ("update_ratio", "update / weight", True),
