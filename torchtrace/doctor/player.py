@@ -4,15 +4,11 @@ two players side by side, stepping through the aligned rules, opened at the firs
 Both re-run the function once more with its backward through tt.explore (`.grad` is left as it was), and find
 the nodes of that run by their place in the recording: the forward records the same ops in the same order.
 """
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from torchtrace.doctor.recording import Pass, RuleStep
 from torchtrace.inspect.explore import Explorer, side_by_side
 from torchtrace.inspect.explore.side_by_side import SideBySide
-
-if TYPE_CHECKING:
-    from torchtrace.doctor.diff import DiffReport
-    from torchtrace.doctor.findings import Diagnosis
 
 SEVERITY = {"nonfinite": "error", "killed": "warn", "saturated": "warn", "no_path": "warn", "exploding": "warn",
             "zero_by_construction": "info", "diverges": "error"}
@@ -26,7 +22,7 @@ def _annotate(explorer: Explorer, node: Any, kind: str, message: str) -> bool:
     return True
 
 
-def diagnosis_in_player(diagnosis: "Diagnosis", rerun: Pass, recorded: List[Any]) -> Explorer:
+def diagnosis_in_player(diagnosis: Any, rerun: Pass, recorded: List[Any]) -> Explorer:
     """The player of `rerun` with every finding of `diagnosis` (made on the run that recorded `recorded`) marked."""
     place = {node: i for i, node in enumerate(recorded)}
     for finding in diagnosis.findings:
@@ -45,12 +41,11 @@ def _rule_step_indices(explorer: Explorer, steps: List[RuleStep]) -> List[int]:
     return indices
 
 
-def diff_in_player(report: "DiffReport", first: Optional[int] = None) -> SideBySide:
-    """Both passes, re-run through tt.explore, side by side; each divergent step marked; opened at the first one."""
+def diff_in_player(report: Any, first: Optional[int] = None) -> SideBySide:
+    """Both passes of a DiffReport, re-run through tt.explore, side by side; each divergent step marked; opened at
+    the first one."""
     a, b = report.rerun(explore=True)
-    from torchtrace.doctor.diff import DiffReport
-
-    again = DiffReport(a, b, report.rtol, report.atol, report.titles)
+    again = type(report)(a, b, report.rtol, report.atol, report.titles)
     at_a, at_b = _rule_step_indices(a.explorer, a.steps), _rule_step_indices(b.explorer, b.steps)
     pair_of: Dict[int, int] = {i: n for n, (i, _) in enumerate(again.pairs)}
     for d in again.divergences:
