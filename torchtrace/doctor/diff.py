@@ -32,12 +32,14 @@ class Divergence:
     index: int  # the step's place in pass a's backward order (-1 for a leaf)
     rule_b: str = ""  # the rule of pass b, where it is a different one
     leaf: str = ""  # the leaf's name, for a leaf gradient
+    phase: str = "backward"  # "forward" for an op whose value differs
 
     def __str__(self) -> str:
         what = f"leaf {self.leaf}" if self.leaf else self.rule + (f" (b: {self.rule_b})" if self.rule_b else "")
         where = " ".join(p for p in (f"in {self.module}" if self.module else "", f"at {self.line}" if self.line
                                      else "") if p)
-        arrived = "" if self.leaf else (f", the gradient it received already differed by {self.incoming_error:.2e}"
+        arrived = "" if self.leaf or self.phase == "forward" else (
+            f", the gradient it received already differed by {self.incoming_error:.2e}"
                                         if self.incoming_error > 0 else ", the gradient it received was equal")
         return f"{what} {where}".rstrip() + f": error {self.error:.2e}{arrived}"
 
@@ -103,7 +105,7 @@ class DiffReport:
             error = relative_error(fa.value, fb.value, atol)
             if error > rtol:
                 self.forward_divergences.append(Divergence(fa.rule, fa.module, fa.line, error, 0.0, i,
-                                                           fb.rule if fb.rule != fa.rule else ""))
+                                                           fb.rule if fb.rule != fa.rule else "", phase="forward"))
         self.leaf_divergences = [
             Divergence("", "", "", error, 0.0, -1, leaf=self._leaf_name(key)) for key, error in
             ((key, relative_error(a.leaf_grads.get(key), b.leaf_grads.get(key), atol)) for key in a.leaf_order)

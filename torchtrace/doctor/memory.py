@@ -6,7 +6,7 @@
 Bytes are counted per saved tensor, as torch's `saved_tensors_hooks` see them (a tensor saved by two rules
 counts twice; `unique_bytes` counts each storage once). The peak simulates the backward: at each rule, the
 tensors still saved (by rules that have not run yet, or that a checkpoint recomputed) plus the gradients on
-their way to rules that have not run; a rule's saved tensors are freed once it has run. With
+their way to rules that have not run (what reaches a leaf goes into its `.grad`, which outlives the backward); a rule's saved tensors are freed once it has run. With
 `torch.utils.checkpoint`, a block keeps only its inputs in forward and recomputes its own saved tensors during
 backward: the total falls and the recomputed block appears in the peak.
 """
@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Tuple
 import torch
 
 from torchtrace.autograd.engine import topological_order
-from torchtrace.autograd.node import Node, edge_gradient
+from torchtrace.autograd.node import AccumulateGrad, Node, edge_gradient
 from torchtrace.autograd.state import observing
 from torchtrace.doctor.watch import math_line
 from torchtrace.doctor.where import user_line
@@ -81,7 +81,7 @@ class _Ledger:
 
     def on_backward(self, node: Node, grads: List[Any], result: tuple) -> None:
         for edge in node.edges:
-            g = edge_gradient(edge, result)
+            g = edge_gradient(edge, result) if type(edge.node) is not AccumulateGrad else None  # .grad: not in flight
             if g is not None:
                 self.in_flight[edge.node] = self.in_flight.get(edge.node, 0) + _bytes(g)
         self.peak = max(self.peak, self.live())

@@ -107,7 +107,11 @@ def forward_cause(rule: str, args: Any, result: Any) -> Explained:
 def _backward_at_zero(what: str, advice: str) -> Callable[[List[torch.Tensor]], Explained]:
     def explain(saved: List[torch.Tensor]) -> Explained:
         zeros = sum(count(t == 0) for t in saved)
-        return f"{what}: {zeros} saved values are exactly 0 ({'; '.join(describe(t) for t in saved)})", advice
+        with plain_torch():  # 1/x overflows for |x| below 1/max: as good as 0
+            tiny = sum(count((t != 0) & (t.abs() < 1 / torch.finfo(t.dtype).max)) for t in saved)
+        near = f" and {tiny} so close to 0 that 1/x overflows" if tiny else ""
+        return (f"{what}: {zeros} saved values are exactly 0{near} ({'; '.join(describe(t) for t in saved)})",
+                advice)
     return explain
 
 

@@ -81,7 +81,7 @@ def _fresh(args: tuple) -> Tuple[tuple, List[torch.Tensor]]:
     for t in leaves:
         if getattr(t, "_tt_requires_grad", False) and t._tt_node is None:
             with plain_torch():
-                c = t.detach().clone()
+                c = t.detach().clone().as_subclass(type(t))  # a fresh leaf tracer, without the old one's graph
             c.requires_grad_(True)
             fresh.append(c)
             copies.append(c)
