@@ -124,7 +124,8 @@ class GPT(nn.Module):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(block, d)
         self.ln1, self.attn = nn.LayerNorm(d), CausalSelfAttention(d, heads, block)
-        self.ln2, self.fc, self.act, self.mlp_proj = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.ReLU(), nn.Linear(4 * d, d)
+        self.ln2, self.fc, self.act = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.ReLU()
+        self.mlp_proj = nn.Linear(4 * d, d)
         self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
         self.fault = None
 

@@ -11,8 +11,9 @@ from typing import Callable, List, Tuple
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import torchtrace as tt  # noqa: E402
 from doctor_models import batch, build, loss_fn  # noqa: E402
+
+import torchtrace as tt  # noqa: E402
 
 DEAD = {"mlp": "fc2", "cnn": "conv2", "gpt": "fc"}
 FAULTS: List[Tuple[str, str]] = (

@@ -1,8 +1,8 @@
 """tt.diff: two backward passes aligned rule by rule; the first divergence, the largest ones, and the player."""
 import torch
+from doctor_models import WrongTanh, batch, build, line_of, loss_fn
 
 import torchtrace as tt
-from doctor_models import WrongTanh, batch, build, line_of, loss_fn
 
 
 def mlp(act="tanh"):

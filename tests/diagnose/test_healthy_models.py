@@ -2,9 +2,9 @@
 (no flag), then diagnosed (no alarm; the CNN's bias before its batch norm is reported as zero by construction,
 which is information, not an alarm)."""
 import pytest
+from doctor_models import MODELS, batch, build, loss_fn
 
 import torchtrace as tt
-from doctor_models import MODELS, batch, build, loss_fn
 
 SEEDS = (0, 1, 2)
 

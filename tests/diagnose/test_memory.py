@@ -2,9 +2,9 @@
 the same models (torch autograd as the reference), and how torch.utils.checkpoint changes them."""
 import pytest
 import torch
+from doctor_models import batch, build, loss_fn
 
 import torchtrace as tt
-from doctor_models import batch, build, loss_fn
 
 
 def torch_saved_bytes(fn) -> int:

@@ -2,9 +2,9 @@
 the right rule, module and source line; tt.diff names a planted wrong rule; the training doctor flags lr x 1e3."""
 import pytest
 import torch
+from doctor_models import MODELS, batch, build, line_of, loss_fn
 
 import torchtrace as tt
-from doctor_models import MODELS, batch, build, line_of, loss_fn
 
 TRANSFORMERS = ("gpt", "bert", "gpt2")
 
@@ -44,7 +44,8 @@ def test_sqrt_of_a_negative_is_named_at_the_sqrt(kind, marker):
 def test_a_minus_inf_mask_on_a_full_row_is_named_at_the_softmax(kind, marker, module):
     fault = None if kind == "gpt" else "-inf mask"  # the small GPT fills its padding with -inf already
     finding = only(diagnose(kind, fault, left_padded=True), "nonfinite")
-    assert (finding.phase, finding.rule, finding.line, finding.module) == ("forward", "Softmax", line_of(marker), module)
+    expected = ("forward", "Softmax", line_of(marker), module)
+    assert (finding.phase, finding.rule, finding.line, finding.module) == expected
     assert "every entry -inf" in finding.message and "finfo" in finding.advice
 
 

@@ -22,7 +22,7 @@ from torchtrace.doctor.paths import CutWatcher, ModulesRan, no_path_reasons
 from torchtrace.doctor.recording import record_pass
 from torchtrace.doctor.values import all_finite
 from torchtrace.doctor.watch import Watch
-from torchtrace.inspect.scope import module_names, module_scope, path_name
+from torchtrace.inspect.scope import module_names, module_scope
 
 
 def _names(models: List[torch.nn.Module]) -> Dict[int, str]:
@@ -34,8 +34,8 @@ def _names(models: List[torch.nn.Module]) -> Dict[int, str]:
 
 def _root_node(loss: Any) -> Any:
     if not getattr(loss, "_tt_requires_grad", False) or loss.numel() != 1:
-        raise RuntimeError("tt.diagnose needs a scalar tracer that requires grad (the loss), or a function that returns "
-                           "one: make a leaf it depends on require grad (tt.tracer(..., requires_grad=True) or "
+        raise RuntimeError("tt.diagnose needs a scalar tracer that requires grad (the loss), or a function that "
+                           "returns one: make a leaf it depends on require grad (tt.tracer(..., requires_grad=True) or "
                            "tt.port(model))")
     return loss._tt_node if loss._tt_node is not None else leaf_accumulator(loss)
 

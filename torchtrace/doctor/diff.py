@@ -17,7 +17,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 
 from torchtrace.autograd.plain import plain_torch
-from torchtrace.doctor.recording import Pass, RuleStep, record_pass
+from torchtrace.doctor.recording import Pass, record_pass
 
 
 @dataclass

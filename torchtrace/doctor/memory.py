@@ -6,9 +6,10 @@
 Bytes are counted per saved tensor, as torch's `saved_tensors_hooks` see them (a tensor saved by two rules
 counts twice; `unique_bytes` counts each storage once). The peak simulates the backward: at each rule, the
 tensors still saved (by rules that have not run yet, or that a checkpoint recomputed) plus the gradients on
-their way to rules that have not run (what reaches a leaf goes into its `.grad`, which outlives the backward); a rule's saved tensors are freed once it has run. With
-`torch.utils.checkpoint`, a block keeps only its inputs in forward and recomputes its own saved tensors during
-backward: the total falls and the recomputed block appears in the peak.
+their way to rules that have not run (what reaches a leaf goes into its `.grad`, which outlives the backward);
+a rule's saved tensors are freed once it has run. With `torch.utils.checkpoint`, a block keeps only its inputs in
+forward and recomputes its own saved tensors during backward: the total falls and the recomputed block appears in
+the peak.
 """
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple

@@ -113,7 +113,7 @@ class TrainingDoctor:
             with plain_torch():
                 x = out.detach().double()
                 dim = unit_dim(x.shape)
-                dead = float((x == 0).movedim(dim, 0).flatten(1).all(dim=1).double().mean()) if dim is not None else None
+                dead = None if dim is None else float((x == 0).movedim(dim, 0).flatten(1).all(dim=1).double().mean())
                 self._activations[name] = LayerStep(act_mean=float(x.mean()), act_std=float(x.std()) if x.numel() > 1
                                                     else 0.0, dead_share=dead)
         return hook
