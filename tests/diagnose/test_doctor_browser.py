@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from doctor_models import WrongTanh
 
 import torchtrace as tt
-from doctor_models import WrongTanh
 
 _spec = importlib.util.spec_from_file_location(
     "explore_browser", Path(__file__).resolve().parents[1] / "inspect" / "test_explore_browser.py")
@@ -63,6 +63,7 @@ def test_a_diff_opens_side_by_side_at_the_first_divergence(browser, tmp_path):
     bar = browser.find_element(By.CSS_SELECTOR, ".tt-pair-bar")
     assert f"pair {both.first + 1} / {len(both.pairs)}" in bar.text and "highlighted pair" in bar.text
     titles = [p.find_element(By.TAG_NAME, "h3").text for p in browser.find_elements(By.CSS_SELECTOR, ".tt-panel")]
-    assert titles[0].split(": ")[1].startswith("WrongTanhBackward") and titles[1].split(": ")[1].startswith("TanhBackward")
+    assert titles[0].split(": ")[1].startswith("WrongTanhBackward")
+    assert titles[1].split(": ")[1].startswith("TanhBackward")
     assert "diverges" in browser.find_elements(By.CSS_SELECTOR, ".tt-panel")[0].text
     assert not console_errors(browser)
