@@ -28,7 +28,7 @@ class Divergence:
     module: str
     line: str
     error: float
-    incoming_error: float  # the error of the gradient that reached the step (0: it arrived equal)
+    incoming_error: float  # the error of the gradient that reached the step (0: it arrived equal, within rtol)
     index: int  # the step's place in pass a's backward order (-1 for a leaf)
     rule_b: str = ""  # the rule of pass b, where it is a different one
     leaf: str = ""  # the leaf's name, for a leaf gradient
@@ -95,8 +95,9 @@ class DiffReport:
             sa, sb = a.steps[i], b.steps[j]
             error = _errors(sa.sent, sb.sent, atol)
             if error > rtol:
+                incoming = _errors(sa.incoming, sb.incoming, atol)
                 self.divergences.append(Divergence(sa.rule, sa.module, sa.line, error,
-                                                   _errors(sa.incoming, sb.incoming, atol), i,
+                                                   incoming if incoming > rtol else 0.0, i,
                                                    sb.rule if sb.rule != sa.rule else ""))
         self.forward_pairs = _aligned(a.forward, b.forward)
         self.forward_divergences = []
