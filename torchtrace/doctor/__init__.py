@@ -1,7 +1,7 @@
 """The gradient doctor: tt.diagnose (what is wrong with a backward, by rule and line; .training for a loop) and
 tt.diff (two backward passes aligned rule by rule)."""
-from torchtrace.doctor.diagnose import diagnose
-from torchtrace.doctor.diff import diff
+from torchtrace.doctor.comparison import diff
+from torchtrace.doctor.diagnosis import diagnose
 from torchtrace.doctor.memory import memory
 from torchtrace.doctor.training import training
 

@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Set, Tuple
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from torchtrace.autograd.state import observing
-from torchtrace.doctor.diagnose import diagnose_watched
+from torchtrace.doctor.diagnosis import diagnose_watched
 from torchtrace.doctor.findings import Finding
 from torchtrace.doctor.paths import CutWatcher, ModulesRan
 from torchtrace.doctor.watch import Watch

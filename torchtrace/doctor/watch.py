@@ -3,7 +3,7 @@
 `Watch.on_record` keeps each op's source line and the first op that made an Inf from finite inputs or a
 NaN from inputs without one; `Watch.on_backward` keeps the first rule whose gradient stopped being finite
 while the gradient it received was finite, the rules that killed or saturated most of their gradient, and
-the gradient each leaf received. The findings are assembled by `diagnose.py` once both passes are done.
+the gradient each leaf received. The findings are assembled by `diagnosis.py` once both passes are done.
 """
 import math
 from typing import Any, Dict, List, Optional, Tuple
