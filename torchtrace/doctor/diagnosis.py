@@ -98,12 +98,22 @@ def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_le
         findings += watch.forward_findings(_root_node(loss))
         if watch.backward_first is not None and loss_finite:
             findings.append(watch.backward_first)
+        if not findings:
+            findings.append(_from_outside(forward))
     findings += list(watch.gated.values())
     findings += _zero_by_construction(order, watch)
     params = _parameters(models, arg_leaves)
     findings += _no_path(order, params, models, cuts, ran, watch.names)
     checked = {"forward": forward, "recorded": watch.recorded, "ran": watch.ran, "params": len(params)}
     return Diagnosis(findings, checked)
+
+
+def _from_outside(forward: bool) -> Finding:
+    """A NaN or Inf that no recorded op made: it entered the graph as an input, a buffer or a constant."""
+    where = "no recorded op made it" if forward else "the forward was not watched (tt.diagnose(fn, *args) watches it)"
+    return Finding("nonfinite", "forward", "", "", "", "", f"the loss or a gradient is not finite, and {where}: a "
+                   "value that was already NaN or Inf entered the graph (an input, a buffer, a constant)",
+                   "check what goes in: torch.isfinite(t).all() for the inputs and the model's buffers")
 
 
 def _zero_by_construction(order: List[Any], watch: Watch) -> List[Finding]:
