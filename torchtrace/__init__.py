@@ -41,6 +41,8 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module("torchtrace.compiler").compile
     if name in _INSPECT:
         return getattr(importlib.import_module(f"torchtrace.inspect.{_INSPECT[name]}"), name)
+    if name in ("diagnose", "diff"):  # the gradient doctor
+        return getattr(importlib.import_module("torchtrace.doctor"), name)
     raise AttributeError(f"module 'torchtrace' has no attribute '{name}'")
 
 
@@ -56,6 +58,6 @@ __all__ = [
     "linspace", "eye", "from_numpy", "backward", "grad", "Function", "register", "supported_ops",
     "no_grad", "enable_grad", "is_grad_enabled", "check", "gradcheck", "GradientMismatch",
     "UnsupportedOperationError", "nn", "optim", "draw", "recording", "flow", "trace", "show",
-    "detect_anomaly", "AnomalyError", "port", "compile", "explore",
+    "detect_anomaly", "AnomalyError", "port", "compile", "explore", "diagnose", "diff",
     "jvp", "jacobian",
 ]

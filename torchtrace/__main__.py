@@ -1,4 +1,5 @@
-"""python -m torchtrace {demo, ops} [options]: a short tour, or the torch callables that have gradient rules.
+"""python -m torchtrace {demo, ops, diagnose} [options]: a short tour, the torch callables that have gradient rules,
+or a training script run with the gradient doctor watching.
 
 Each subcommand has its own --help: `python -m torchtrace ops --help`.
 """
@@ -38,11 +39,19 @@ def _ops(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+def _diagnose(args: argparse.Namespace) -> None:
+    from torchtrace.doctor.script import run_script
+
+    session = run_script(args.script, args.args, steps=args.steps)
+    if any(f.kind != "zero_by_construction" for _, f in session.findings):
+        raise SystemExit(1)
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line: one subcommand per tool, each with its own options and --help."""
     main_parser = argparse.ArgumentParser(prog="python -m torchtrace", description=__doc__,
                                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = main_parser.add_subparsers(dest="command", required=True, metavar="{demo,ops}")
+    commands = main_parser.add_subparsers(dest="command", required=True, metavar="{demo,ops,diagnose}")
     demo = commands.add_parser("demo", help="train a small CNN on the digits, with the trace, drawing and checks",
                                description="A short tour on scikit-learn's bundled digits (nothing downloaded).")
     demo.add_argument("--epochs", type=int, default=6, help="training epochs (default 6)")
@@ -57,6 +66,15 @@ def parser() -> argparse.ArgumentParser:
     ops.add_argument("--samples", type=int, default=3, help="with --coverage: samples per op without --full")
     ops.add_argument("--only", nargs="+", help="with --coverage: judge only these ops (name or name.variant)")
     ops.set_defaults(run=_ops)
+    diagnose = commands.add_parser("diagnose", help="run a training script with the gradient doctor watching",
+                                   description="Run SCRIPT as python would, diagnosing its first backward passes "
+                                               "(tt.diagnose on each loss.backward()): non-finite values, dead or "
+                                               "saturated layers, parameters without a path to the loss. Exits 1 when "
+                                               "it found a problem.")
+    diagnose.add_argument("script", help="the Python script to run")
+    diagnose.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed on to the script")
+    diagnose.add_argument("--steps", type=int, default=20, help="backward passes to diagnose (default 20)")
+    diagnose.set_defaults(run=_diagnose)
     return main_parser
 
 

@@ -557,3 +557,120 @@ def step_without_guards(fn: Callable, reference: Callable, model: torch.nn.Modul
         return _wrong("the compiled replay differs from the original's values", hint)
     print(f"right: the original's values and gradients at {len(targets)} targets (the branch point and a zero loss "
           "included), and code without a guard whose replay takes both branches")
+
+
+# ------------------------------------------------------------------------- 08 · debugging gradients
+# These checkers ask tt.diagnose and tt.diff (the gradient doctor) rather than compare numbers: the doctor's
+# finding is the answer, and for a rule, tt.diff points at the first step where yours departs from torch's.
+
+
+def first_wrong_step(yours: Callable, reference: Callable, *inputs: Any) -> str:
+    """Where two functions' backward passes first part (tt.diff): the rule, its line, and whether what it received
+    was already different — what a checker prints under a wrong rule."""
+    report = tt.diff(yours, reference, *inputs, titles=("yours", "the reference"))
+    first = report.first
+    if first is None:
+        return "tt.diff finds no step where the two backward passes differ"
+    received = "it received the right gradient, so this step is wrong" if first.incoming_error == 0 else \
+        "the gradient it received was already wrong"
+    return f"the first wrong step (tt.diff): {first.rule} at {first.line or 'your code'} — {received}"
+
+
+def _doctor_says(loss: Callable, model: Optional[torch.nn.Module] = None) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tt.diagnose(loss, model=model)
+
+
+def found_the_nan(rule: Any, loss: Callable) -> None:
+    """Is `rule` (a rule's name, such as "Exp") the op that made the first non-finite value of loss()?"""
+    hint = "print(tt.diagnose(loss)): the first finding names the rule (the first word after the brackets)"
+    if rule is None:
+        return print("not done yet: fill in the exercise above")
+    if not isinstance(rule, str):
+        return _wrong(f"answer is a {type(rule).__name__}; give the rule's name as a string", hint)
+    first = _doctor_says(loss).first_nonfinite
+    print("right" if first is not None and rule == first.rule else
+          f"wrong: {rule} is not where the first non-finite value appears\nhint: {hint}")
+
+
+def dead_layer(answer: Any, network: torch.nn.Sequential, loss: Callable) -> None:
+    """Is `answer` the index in `network` of the ReLU that passes no gradient?"""
+    hint = "tt.diagnose(loss) reports the killed ReLU by module: its name in the Sequential is its index"
+    if answer is None:
+        return print("not done yet: fill in the exercise above")
+    if isinstance(answer, bool) or not isinstance(answer, int):
+        return _wrong(f"answer is a {type(answer).__name__}; give the index of a layer, an int", hint)
+    killed = [f.module for f in _doctor_says(loss).of_kind("killed")]
+    print("right" if str(answer) in killed else f"wrong: network[{answer}] is not the dead layer\nhint: {hint}")
+
+
+def detached_branch(forward: Callable, model: torch.nn.Module, x: torch.Tensor) -> None:
+    """Does the repaired forward(x) reach every parameter of model, with torch autograd's gradients?"""
+    hint = "tt.diagnose(lambda: forward(x)) names the line that cuts the path: use the tensor itself there"
+    try:
+        diagnosis = _doctor_says(lambda: forward(x), model)
+    except NotImplementedError:
+        return print("not done yet: fill in the exercise above")
+    except Exception as error:
+        return _wrong(_explain(error), hint)
+    cut = diagnosis.of_kind("no_path")
+    if cut:
+        return _wrong(cut[0].message, hint)
+    names = [name for name, _ in model.named_parameters()]
+    owners = [model.get_submodule(name.rpartition(".")[0]) for name in names]
+    kept = [p for _, p in model.named_parameters()]
+
+    def with_parameters(inputs: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        """forward with the parameters as arguments, so tt.check compares their gradients with torch autograd."""
+        for owner, name, p in zip(owners, names, params):
+            owner._parameters[name.rpartition(".")[2]] = p
+        try:
+            return forward(inputs)
+        finally:
+            for owner, name, p in zip(owners, names, kept):
+                owner._parameters[name.rpartition(".")[2]] = p
+
+    check_rule(with_parameters, (_plain(x), *(_plain(p).clone() for p in kept)), hint)
+
+
+def learning_rate(lr: Any, train: Callable) -> None:
+    """Does `lr` train without a flag of the training doctor and lower the loss? train(lr) -> (doctor, losses)."""
+    hint = "train under tt.diagnose.training and read doc.table(): the update/weight ratios should sit near 1e-3"
+    if lr is None:
+        return print("not done yet: fill in the exercise above")
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
+        return _wrong(f"lr = {lr!r}: give a positive number", hint)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        doctor, losses = train(float(lr))
+    flags = [f.message.split(":")[0] + f" in layer {f.module}" for f in doctor.findings]
+    if flags:
+        return _wrong(f"the training doctor flags {', '.join(sorted(set(flags)))}", hint)
+    if not losses[-1] < losses[0]:
+        return _wrong("no flag, but the loss did not go down: the learning rate is too small to learn", hint)
+    print("right: no flag, and the loss went down")
+
+
+def bf16_step(rule: Any, float32: Callable, bfloat16: Callable, rtol: float) -> None:
+    """Is `rule` the first rule whose gradient differs by more than rtol between float32 and bfloat16 autocast?"""
+    hint = "tt.diff(float32, bfloat16, rtol=RTOL).first names it"
+    if rule is None:
+        return print("not done yet: fill in the exercise above")
+    first = tt.diff(float32, bfloat16, rtol=rtol).first
+    print("right" if first is not None and rule == first.rule else
+          f"wrong: {rule!r} is not the first step beyond rtol={rtol:g}\nhint: {hint}")
+
+
+@_takes_rule
+def repaired_rule(rule: type) -> None:
+    """The student's GELU-with-tanh rule against torch's F.gelu(approximate='tanh'); when wrong, tt.diff's first
+    wrong step."""
+    x, w = torch.randn(6, 5, generator=torch.Generator().manual_seed(1)), torch.randn(5, 3) / 3
+    if check_rule(lambda a: rule.apply(a @ w), (x,), "d/dx [x Φ(x)] = Φ(x) + x Φ'(x): product rule"):
+        return
+    try:
+        reference = lambda a: F.gelu(a @ w, approximate="tanh").pow(2).sum()  # noqa: E731
+        print(first_wrong_step(lambda a: rule.apply(a @ w).pow(2).sum(), reference, tt.tracer(x, requires_grad=True)))
+    except NotImplementedError:
+        pass

@@ -16,6 +16,7 @@ import torch
 
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, leaf_accumulator
+from torchtrace.doctor.construction import zero_leaves
 from torchtrace.inspect.names import Names, Params, Path, place_nodes
 from torchtrace.inspect.values import VALUE_LIMIT, Summary, norm_of, number, recording, summary, text, watch
 
@@ -94,6 +95,7 @@ class _Builder:
         self.ids: Dict[Any, str] = {}
         self.counter = itertools.count()
         self.drawn: Set[str] = set()  # what the legend may mention: colours, "flagged", "edge grads", ...
+        self.by_construction: Set[int] = set()  # ids of leaves whose gradient is zero by construction
 
     def box_of(self, path: Path) -> Optional[Path]:
         if self.depth is not None and path and len(path) >= self.depth:
@@ -234,7 +236,8 @@ def draw(
       torch.nn.Module, a dict name -> tensor, or (name, tensor) pairs; a named intermediate result
       names its op's output too), else "parameter"/"input", and their shape. Colours: blue
       parameters, grey inputs, white ops, green the output, orange saved tensors, lavender collapsed
-      modules. A red border marks |grad| below 1e-7 or above 1e3.
+      modules. A red border marks |grad| below 1e-7 or above 1e3; a grey dashed one a gradient that is zero
+      by construction (a bias right before a batch norm: the normalisation removes any constant per channel).
     - values=True draws micrograd's "name | data | grad" boxes: each tensor's value and, after a
       backward, its gradient (tensors of more than 4 elements by their norm, `|grad| 0.336`). The
       default (None) does so when every tensor of the graph has at most 4 elements. Leaves and the
@@ -281,6 +284,8 @@ def draw(
     if show_values and params is None:
         names.adopt(sys._getframe(1).f_locals, order)
     builder = _Builder(names, place_nodes(order, names), depth, gradient_view, show_values)
+    if gradient_view:
+        builder.by_construction = set(zero_leaves(order))
     given = {(t._tt_node, t._tt_nr): t for t in outputs if getattr(t, "_tt_node", None) is not None}
     _add_nodes(builder, order, set(roots), shapes, given, show_saved)
     _add_edges(builder, order)
@@ -318,6 +323,9 @@ def _legend(builder: _Builder) -> str:
     colours = [meaning for kind, meaning in _MEANINGS.items() if kind in drawn]
     if "flagged" in drawn:
         colours.append(f"red border: |grad| < {VANISHING:g} or > {EXPLODING:g}")
+    if "by construction" in drawn:
+        colours.append("grey dashed border: gradient zero by construction (a bias right before a batch norm, which "
+                       "removes it), not vanishing")
     lines.append("   ".join(colours))
     if "values" in drawn:
         lines.append("data: the tensor's value   grad: the gradient of the output with respect to it"
@@ -373,7 +381,10 @@ def _add_nodes(builder: _Builder, order: List[Any], roots: Set[Any], shapes: Dic
             continue
         builder.drawn.add(kind)
         attrs = {"shape": "Mrecord"} if builder.values else {}
-        if _flagged(grad_norm):
+        if leaf and id(node.variable) in builder.by_construction:
+            attrs.update(color="grey40", penwidth="2", style="filled,rounded,dashed")
+            builder.drawn.add("by construction")
+        elif _flagged(grad_norm):
             attrs.update(color="red", penwidth="2")
             builder.drawn.add("flagged")
         label = _label(builder, header, shape, value, grad, uses.get(node, 0))

@@ -5,7 +5,10 @@
     report.plot("grad_flow.png")     # max and mean |grad| per layer, log scale
 
 Flags: "no grad" (no backward reached it), "non-finite" (nan or inf), "zero", "vanishing" (gradient
-norm below `vanishing`), "exploding" (gradient norm above `exploding`).
+norm below `vanishing`), "exploding" (gradient norm above `exploding`). Given the loss (`tt.flow(model, loss)`),
+a gradient that is zero or tiny *by construction* — a bias right before a batch norm, which subtracts the
+per-channel mean and so removes it — is flagged "zero by construction" instead: nothing to fix in training,
+the bias is useless (bias=False).
 """
 import functools
 import html
@@ -16,11 +19,14 @@ from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence, T
 
 import torch
 
+from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.plain import plain_torch
+from torchtrace.doctor.construction import zero_leaves
 
 Named = Union[torch.nn.Module, Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]], Iterable[torch.Tensor]]
 FLAG_COLOURS = {"vanishing": "#fde2e2", "zero": "#fde2e2", "exploding": "#ffe8c2", "non-finite": "#ffd0d0",
-                "no grad": "#eeeeee"}
+                "no grad": "#eeeeee", "zero by construction": "#e8eef8"}
+BY_CONSTRUCTION = "zero by construction"
 
 
 @dataclass
@@ -214,12 +220,21 @@ class Flow:
         return figure
 
 
-def flow(params: Named, vanishing: float = 1e-7, exploding: float = 1e3) -> Flow:
+def flow(params: Named, output: Optional[torch.Tensor] = None, vanishing: float = 1e-7,
+         exploding: float = 1e3) -> Flow:
     """Per-parameter gradient statistics after a backward: |grad| (2-norm), mean |grad|, max |grad|,
     |grad| / |weight|, and a flag ("no grad", "non-finite", "zero", "vanishing", "exploding").
 
     `params`: a torch.nn.Module (its named_parameters), a dict name -> tensor, (name, tensor) pairs,
     or plain tensors (named param0, param1, ...). The flags compare the gradient norm with
-    `vanishing` and `exploding`.
+    `vanishing` and `exploding`. `output` (the loss the backward ran from) lets the table tell a gradient
+    that is zero by construction (a bias before a batch norm) from a vanishing one.
     """
-    return Flow([_row(name, p, vanishing, exploding) for name, p in _named(params)], vanishing, exploding)
+    rows = [_row(name, p, vanishing, exploding) for name, p in _named(params)]
+    if output is not None and getattr(output, "_tt_node", None) is not None:
+        structural = zero_leaves(topological_order([output._tt_node]))
+        ids = {name: id(p) for name, p in _named(params)}
+        for row in rows:
+            if row.flag in ("zero", "vanishing") and ids[row.name] in structural:
+                row.flag = BY_CONSTRUCTION
+    return Flow(rows, vanishing, exploding)

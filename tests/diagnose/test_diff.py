@@ -1,0 +1,116 @@
+"""tt.diff: two backward passes aligned rule by rule; the first divergence, the largest ones, and the player."""
+import torch
+from doctor_models import WrongTanh, batch, build, line_of, loss_fn
+
+import torchtrace as tt
+
+
+def mlp(act="tanh"):
+    torch.manual_seed(0)
+    model = tt.port(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)))
+    return model, tt.randn(16, 4)
+
+
+def test_identical_functions_do_not_diverge_and_gradients_are_left_as_they_were():
+    model, x = mlp()
+    report = tt.diff(lambda: model(x).pow(2).mean(), lambda: model(x).pow(2).mean())
+    assert report.same and report.first is None and report.top() == []
+    assert "no divergence" in str(report)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_students_rule_is_the_first_divergence_and_what_it_received_was_equal():
+    model, x = mlp()
+
+    def student():
+        return model[2](WrongTanh.apply(model[0](x))).pow(2).mean()  # the student's tanh
+
+    report = tt.diff(student, lambda: model(x).pow(2).mean())
+    first = report.first
+    assert (first.rule, first.rule_b, first.incoming_error) == ("WrongTanh", "Tanh", 0.0)
+    assert first.line.startswith("test_diff.py:") and first.error > 0.1
+    # the divergence propagates: the first Linear's step and both first-layer gradients differ too
+    top = report.top(10)
+    assert {d.leaf for d in top if d.leaf} == {"0.weight", "0.bias"}
+    assert top == sorted(top, key=lambda d: -d.error)
+    assert "first: WrongTanh (b: Tanh)" in str(report)
+    assert report.first_forward is None and "forward: the same values" in str(report)
+
+
+def test_a_wrong_rule_in_the_gpt2_shaped_model_is_named_at_its_line_with_autocast_on_neither_side():
+    model = build("gpt2")
+    inputs, target = batch("gpt2")
+
+    def run(fault):
+        def loss():
+            model.fault = fault
+            return loss_fn(model, "gpt2", inputs, target)
+        return loss
+
+    report = tt.diff(run("wrong rule"), run(None))
+    assert (report.first.rule, report.first.module, report.first.line) == ("WrongTanh", "h.1.act",
+                                                                            line_of("fault: gpt2 gelu"))
+
+
+def test_float32_against_bfloat16_autocast_aligns_the_extra_casts_and_finds_the_first_rounded_step():
+    model, x = mlp()
+
+    def bf16():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x).float().pow(2).mean()
+
+    report = tt.diff(lambda: model(x).pow(2).mean(), bf16, rtol=1e-3, titles=("float32", "bfloat16"))
+    assert len(report.b.steps) > len(report.a.steps)  # autocast adds casts, which the alignment skips
+    assert len(report.pairs) == len(report.a.steps)
+    first = report.first
+    assert first is not None and 1e-3 < first.error < 0.1  # rounding, not a wrong rule
+    assert "float32 vs bfloat16" in str(report)
+
+
+def test_eager_against_tt_compile_compares_the_leaf_gradients():
+    model, x = mlp()
+
+    def loss(inp):
+        return model(inp).pow(2).mean()
+
+    compiled = tt.compile(loss, (x,))
+    report = tt.diff(loss, compiled, x)
+    assert report.first is None, str(report)
+    assert report.a.leaf_grads.keys() == report.b.leaf_grads.keys()
+
+
+def test_before_and_after_a_change_of_the_model_code():
+    model, x = mlp()
+    before = lambda: model(x).pow(2).mean()  # noqa: E731
+    after = lambda: model[2](torch.nn.functional.hardtanh(model[0](x))).pow(2).mean()  # noqa: E731
+    report = tt.diff(before, after)
+    assert (report.first_forward.rule, report.first_forward.rule_b) == ("Tanh", "Hardtanh")
+    assert report.first.rule == "Pow"  # the backward starts at the loss, whose inputs already differ
+
+
+def test_input_arguments_get_their_own_copies_in_each_pass():
+    w = tt.randn(3, requires_grad=True)
+    report = tt.diff(lambda v: (v * w).sum(), lambda v: (v * w * 2).sum(), tt.ones(3, requires_grad=True))
+    names = {d.leaf for d in report.leaf_divergences}
+    assert "argument 0" in names and len(names) == 2  # v (a copy per pass) and w (the same tensor in both)
+    torch.testing.assert_close(report.b.leaf_grads[("argument", 0)], 2 * report.a.leaf_grads[("argument", 0)])
+    assert w.grad is None
+
+
+def test_explore_shows_both_passes_side_by_side_opened_at_the_first_divergence(tmp_path):
+    model, x = mlp()
+
+    def student():
+        return model[2](WrongTanh.apply(model[0](x))).pow(2).mean()
+
+    report = tt.diff(student, lambda: model(x).pow(2).mean(), titles=("student", "reference"))
+    both = report.explore()
+    data = both.data()
+    assert data["titles"] == ["student", "reference"]
+    a_step, b_step = data["pairs"][data["first"]]
+    assert data["players"][0]["steps"][a_step]["name"] == "WrongTanhBackward"
+    assert data["players"][1]["steps"][b_step]["name"] == "TanhBackward"
+    marked = {f["node"] for f in data["players"][0]["findings"] if f["kind"] == "diverges"}
+    assert data["players"][0]["steps"][a_step]["node"] in marked
+    assert both.save(tmp_path / "diff.html").endswith("diff.html")
+    assert all(p.grad is None for p in model.parameters())

@@ -1,0 +1,72 @@
+"""tt.diagnose.training: the per-layer table over a loop, the plot (matplotlib, Agg) and the flags' thresholds."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import torchtrace as tt  # noqa: E402
+from torchtrace.doctor import training  # noqa: E402
+
+
+def train(lr, steps=8, dead=False, optimizer=tt.optim.SGD):
+    torch.manual_seed(0)
+    model = tt.port(torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)))
+    if dead:
+        with torch.no_grad():
+            model[0].bias.fill_(-100.0)
+    x, y = tt.randn(32, 4), tt.randn(32, 2)
+    opt = optimizer(model.parameters(), lr=lr)
+    with tt.diagnose.training(model, opt) as doc:
+        for _ in range(steps):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    return model, doc
+
+
+def test_the_table_has_one_row_per_layer_with_the_columns_over_the_run():
+    model, doc = train(0.05)
+    assert list(doc.history) == ["0", "1", "2"]
+    assert all(len(h.steps) == 8 for h in doc.history.values())
+    first = doc.history["0"].steps[0]
+    # the update/weight ratio is what SGD did: lr * |grad| / |w| at the first step
+    assert first.update_ratio == pytest.approx(0.05 * first.grad_norm / first.weight_norm, rel=1e-5)
+    assert doc.history["1"].steps[0].grad_norm is None  # ReLU has no parameters: activations only
+    assert 0 <= doc.history["1"].steps[-1].dead_share <= 1
+    text = doc.table()
+    assert text.splitlines()[0].split()[:3] == ["layer", "|grad|", "first"] and "8 optimizer steps" in text
+    assert doc.findings == []
+
+
+def test_a_learning_rate_1000_times_too_large_is_flagged():
+    _, doc = train(0.05 * 1e3)
+    flags = {(f.module, f.message.split(":")[0]) for f in doc.findings}
+    assert ("0", "large updates") in flags and ("2", "large updates") in flags
+    assert any(f.kind == "nonfinite" for f in doc.findings) or any("growing" in f.message for f in doc.findings)
+
+
+def test_a_dead_layer_is_flagged_at_its_activation():
+    _, doc = train(0.05, dead=True)
+    assert [(f.kind, f.module) for f in doc.findings] == [("killed", "1")]
+    assert doc.history["1"].steps[-1].dead_share == 1.0
+
+
+def test_the_plot_draws_four_panels_and_saves(tmp_path):
+    _, doc = train(0.05, steps=3)
+    figure = doc.plot(tmp_path / "health.png")
+    assert len(figure.axes) == 4 and (tmp_path / "health.png").stat().st_size > 0
+    assert [ax.get_title() for ax in figure.axes] == ["|grad|", "update / weight", "activation std", "dead-unit share"]
+
+
+def test_hooks_are_removed_when_the_block_ends():
+    torch.manual_seed(0)
+    model = tt.port(torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU()))
+    opt = tt.optim.SGD(model.parameters(), lr=0.1)
+    before = [len(m._forward_hooks) for m in model.modules()]
+    with tt.diagnose.training(model, opt):
+        assert [len(m._forward_hooks) for m in model.modules()] == [before[0], before[1] + 1, before[2] + 1]
+    assert [len(m._forward_hooks) for m in model.modules()] == before
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+    assert training is tt.diagnose.training

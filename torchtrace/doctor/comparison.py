@@ -1,0 +1,181 @@
+"""tt.diff: two backward passes of the same model aligned rule by rule; where they first part, and by how much.
+
+    r = tt.diff(fn_a, fn_b, *args)   # e.g. a student's rule vs the reference, fp32 vs bf16, eager vs tt.compile
+    r.first                          # the first rule (in backward order) whose gradient differs beyond `rtol`
+    r.top(5)                         # the largest differences
+    print(r)
+
+Steps are aligned by (rule, module) with difflib's sequence matching, so an extra cast or a renamed rule
+does not shift everything after it; a replaced rule is paired with the one in its place. When the two
+passes have no steps in common (a compiled replay runs as one node), the leaf gradients are compared.
+The error of a pair is max |a - b| / max(max |a|, max |b|, atol): relative to the larger of the two.
+"""
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+
+from torchtrace.autograd.plain import plain_torch
+from torchtrace.doctor.recording import Pass, record_pass
+
+
+@dataclass
+class Divergence:
+    """Where the two passes differ: a rule step (or a leaf gradient) and the relative error there."""
+
+    rule: str  # the rule of pass a ('' for a leaf)
+    module: str
+    line: str
+    error: float
+    incoming_error: float  # the error of the gradient that reached the step (0: it arrived equal, within rtol)
+    index: int  # the step's place in pass a's backward order (-1 for a leaf)
+    rule_b: str = ""  # the rule of pass b, where it is a different one
+    leaf: str = ""  # the leaf's name, for a leaf gradient
+    phase: str = "backward"  # "forward" for an op whose value differs
+
+    def __str__(self) -> str:
+        what = f"leaf {self.leaf}" if self.leaf else self.rule + (f" (b: {self.rule_b})" if self.rule_b else "")
+        where = " ".join(p for p in (f"in {self.module}" if self.module else "", f"at {self.line}" if self.line
+                                     else "") if p)
+        arrived = "" if self.leaf or self.phase == "forward" else (
+            f", the gradient it received already differed by {self.incoming_error:.2e}"
+                                        if self.incoming_error > 0 else ", the gradient it received was equal")
+        return f"{what} {where}".rstrip() + f": error {self.error:.2e}{arrived}"
+
+
+def relative_error(a: Optional[torch.Tensor], b: Optional[torch.Tensor], atol: float) -> float:
+    """max |a - b| / max(max |a|, max |b|, atol); inf when only one is None or the shapes differ."""
+    if a is None or b is None:
+        return 0.0 if a is None and b is None else float("inf")
+    if a.shape != b.shape:
+        return float("inf")
+    with plain_torch():
+        a64, b64 = a.double(), b.double()
+        if a64.numel() == 0:
+            return 0.0
+        both_nan = torch.isnan(a64) & torch.isnan(b64)
+        if not bool(torch.isfinite(a64[~both_nan]).all()) or not bool(torch.isfinite(b64[~both_nan]).all()):
+            same = bool(((a64 == b64) | both_nan).all())
+            return 0.0 if same else float("inf")
+        a64, b64 = a64[~both_nan], b64[~both_nan]
+        if a64.numel() == 0:
+            return 0.0
+        scale = max(float(a64.abs().max()), float(b64.abs().max()), atol)
+        return float((a64 - b64).abs().max()) / scale
+
+
+def _errors(xs: List[Optional[torch.Tensor]], ys: List[Optional[torch.Tensor]], atol: float) -> float:
+    if len(xs) != len(ys):
+        return float("inf")
+    return max((relative_error(x, y, atol) for x, y in zip(xs, ys)), default=0.0)
+
+
+def _aligned(a: List[Any], b: List[Any]) -> List[Tuple[int, int]]:
+    """Index pairs of steps (or forward ops) of a and b that correspond: equal (rule, module) runs, and replaced runs
+    of equal length."""
+    matcher = difflib.SequenceMatcher(a=[s.key for s in a], b=[s.key for s in b], autojunk=False)
+    pairs = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
+            pairs += list(zip(range(i1, i2), range(j1, j2)))
+    return pairs
+
+
+class DiffReport:
+    """Two passes aligned: `first` (the first divergence beyond rtol, or None), `top(k)`, `divergences`."""
+
+    def __init__(self, a: Pass, b: Pass, rtol: float, atol: float, titles: Tuple[str, str],
+                 rerun: Optional[Callable[[bool], Tuple[Pass, Pass]]] = None) -> None:
+        self.a, self.b, self.rtol, self.atol, self.titles = a, b, rtol, atol, titles
+        self._rerun = rerun
+        self.pairs = _aligned(a.steps, b.steps)
+        self.divergences: List[Divergence] = []
+        for i, j in self.pairs:
+            sa, sb = a.steps[i], b.steps[j]
+            error = _errors(sa.sent, sb.sent, atol)
+            if error > rtol:
+                incoming = _errors(sa.incoming, sb.incoming, atol)
+                self.divergences.append(Divergence(sa.rule, sa.module, sa.line, error,
+                                                   incoming if incoming > rtol else 0.0, i,
+                                                   sb.rule if sb.rule != sa.rule else ""))
+        self.forward_pairs = _aligned(a.forward, b.forward)
+        self.forward_divergences = []
+        for i, j in self.forward_pairs:
+            fa, fb = a.forward[i], b.forward[j]
+            error = relative_error(fa.value, fb.value, atol)
+            if error > rtol:
+                self.forward_divergences.append(Divergence(fa.rule, fa.module, fa.line, error, 0.0, i,
+                                                           fb.rule if fb.rule != fa.rule else "", phase="forward"))
+        self.leaf_divergences = [
+            Divergence("", "", "", error, 0.0, -1, leaf=self._leaf_name(key)) for key, error in
+            ((key, relative_error(a.leaf_grads.get(key), b.leaf_grads.get(key), atol)) for key in a.leaf_order)
+            if error > rtol]
+
+    def _leaf_name(self, key: Any) -> str:
+        """The fuller of the two passes' names (a pass that called a submodule directly knows less of the model)."""
+        return max((self.a.leaf_names.get(key, ""), self.b.leaf_names.get(key, "")), key=lambda n: n.count("."))
+
+    @property
+    def first(self) -> Optional[Divergence]:
+        """The first rule, in backward order, whose gradient differs; a leaf when no aligned rule does."""
+        if self.divergences:
+            return self.divergences[0]
+        return self.leaf_divergences[0] if self.leaf_divergences else None
+
+    @property
+    def first_forward(self) -> Optional[Divergence]:
+        """The first op of the forward whose value differs (None when both forwards computed the same values): a
+        change of the model shows here; a wrong backward rule does not."""
+        return self.forward_divergences[0] if self.forward_divergences else None
+
+    @property
+    def same(self) -> bool:
+        return self.first is None
+
+    def top(self, k: int = 5) -> List[Divergence]:
+        """The k largest divergences (rule steps and leaves), largest first."""
+        return sorted(self.divergences + self.leaf_divergences, key=lambda d: -d.error)[:k]
+
+    def __str__(self) -> str:
+        a, b = self.titles
+        head = (f"tt.diff {a} vs {b}: loss {self.a.loss:.6g} vs {self.b.loss:.6g}; {len(self.pairs)} of "
+                f"{len(self.a.steps)}/{len(self.b.steps)} rule steps aligned, {len(self.divergences)} differ and "
+                f"{len(self.leaf_divergences)} of {len(self.a.leaf_order)} leaf gradients differ beyond {self.rtol:g}")
+        forward = self.first_forward
+        forward_line = (f"forward: the values first differ at {forward}" if forward is not None else
+                        "forward: the same values (what differs is the backward)")
+        if self.first is None:
+            return f"{head}\n{forward_line}\nno divergence"
+        lines = [head, forward_line, f"first: {self.first}"]
+        if self.first.line and self.first.index >= 0:
+            step = self.a.steps[self.first.index]
+            lines += [f"    {label}: {text}" for label, text in (("code", step.code), ("rule", step.math)) if text]
+        lines.append("largest:")
+        lines += [f"  {d}" for d in self.top(5)]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def rerun(self, explore: bool = False) -> Tuple[Pass, Pass]:
+        """Both passes once more (with `explore`, each backward through tt.explore)."""
+        if self._rerun is None:
+            raise RuntimeError("this report cannot run its functions again: make it with tt.diff(fn_a, fn_b, *args)")
+        return self._rerun(explore)
+
+    def explore(self, first: Optional[int] = None) -> Any:
+        """Both passes in the player, side by side, stepping through the aligned rules; every divergent step is
+        marked, and the page opens at the first one (or at pair `first`). The functions run once more."""
+        from torchtrace.doctor.player import diff_in_player
+
+        return diff_in_player(self, first)
+
+
+def diff(fn_a: Any, fn_b: Any, *args: Any, rtol: float = 1e-4, atol: float = 1e-12,
+         titles: Tuple[str, str] = ("a", "b"), **kwargs: Any) -> DiffReport:
+    """Run fn_a(*args) and fn_b(*args) and the backward of each scalar result; align their rule steps and report
+    where their gradients first differ by more than rtol (relative to the larger of the two)."""
+    def rerun(explore: bool) -> Tuple[Pass, Pass]:
+        return record_pass(fn_a, args, kwargs, explore), record_pass(fn_b, args, kwargs, explore)
+
+    return DiffReport(*rerun(False), rtol, atol, titles, rerun)

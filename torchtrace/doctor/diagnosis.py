@@ -1,0 +1,155 @@
+"""tt.diagnose: run (or take) a forward, run its backward while watching, and say what is wrong and where.
+
+    d = tt.diagnose(fn, *args)   # fn(*args) runs watched: source lines, cuts of the graph, modules that ran
+    d = tt.diagnose(loss)        # a graph already built: its backward and the paths to the leaves
+    print(d)                     # the first non-finite value first, each finding with what to change
+
+Like `loss.backward()`, it fills `.grad`. Watching costs only while it runs: the observers, the torch
+function mode and the module hook are registered for the duration of the call and removed after.
+"""
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
+
+from torchtrace.autograd.engine import topological_order
+from torchtrace.autograd.node import AccumulateGrad, leaf_accumulator
+from torchtrace.autograd.state import observing
+from torchtrace.check import flatten
+from torchtrace.doctor.construction import by_construction, looks_zero
+from torchtrace.doctor.findings import Diagnosis, Finding
+from torchtrace.doctor.paths import CutWatcher, ModulesRan, no_path_reasons
+from torchtrace.doctor.recording import record_pass
+from torchtrace.doctor.values import all_finite
+from torchtrace.doctor.watch import Watch
+from torchtrace.inspect.scope import module_names, module_scope
+
+
+def _names(models: List[torch.nn.Module]) -> Dict[int, str]:
+    names: Dict[int, str] = {}
+    for model in models:
+        names.update(module_names(model))
+    return names
+
+
+def _root_node(loss: Any) -> Any:
+    if not getattr(loss, "_tt_requires_grad", False) or loss.numel() != 1:
+        raise RuntimeError("tt.diagnose needs a scalar tracer that requires grad (the loss), or a function that "
+                           "returns one: make a leaf it depends on require grad (tt.tracer(..., requires_grad=True) or "
+                           "tt.port(model))")
+    return loss._tt_node if loss._tt_node is not None else leaf_accumulator(loss)
+
+
+def _scalar(output: Any) -> Any:
+    leaves, _ = flatten(output)
+    found = [t for t in leaves if isinstance(t, torch.Tensor) and t.numel() == 1]
+    if not found:
+        raise RuntimeError("tt.diagnose(fn, *args): fn must return the scalar loss (or a tuple starting with it)")
+    return found[0]
+
+
+def diagnose(fn_or_loss: Any, *args: Any, model: Optional[torch.nn.Module] = None, **kwargs: Any) -> Diagnosis:
+    """Run fn(*args, **kwargs) and the backward of its scalar result (or the backward of a loss already built),
+    watching both; return the findings. `model` names modules and parameters (found from the forward otherwise)."""
+    if isinstance(fn_or_loss, torch.Tensor):
+        return _diagnose_graph(fn_or_loss, model)
+    cuts, ran = CutWatcher(), ModulesRan()
+    handle = register_module_forward_pre_hook(ran)
+    watch = Watch({})
+    try:
+        with module_scope(), observing(on_record=watch.on_record), cuts:
+            output = fn_or_loss(*args, **kwargs)
+    finally:
+        handle.remove()
+    models = [model] if model is not None else ran.roots()
+    watch.names = _names(models)
+    loss = _scalar(output)
+    arg_leaves = [t for t in flatten(list(args))[0] if getattr(t, "_tt_requires_grad", False) and t._tt_node is None]
+    diagnosis = _run_backward(loss, watch, models, arg_leaves, cuts.cut_leaves, ran.ran, forward=True)
+    return Diagnosis(diagnosis.findings, diagnosis.checked, list(watch.lines),
+                     lambda: record_pass(fn_or_loss, args, kwargs, explore=True))
+
+
+def _diagnose_graph(loss: torch.Tensor, model: Optional[torch.nn.Module]) -> Diagnosis:
+    order = topological_order([_root_node(loss)])
+    models = [model] if model is not None else ([next(n.module_path[0] for n in order if n.module_path)]
+                                                if any(n.module_path for n in order) else [])
+    watch = Watch(_names(models))
+    ran = {id(m): m for n in order for m in n.module_path}
+    return _run_backward(loss, watch, models, [], {}, ran, forward=False)
+
+
+def diagnose_watched(loss: Any, watch: Watch, cuts: CutWatcher, ran: ModulesRan) -> Diagnosis:
+    """The backward of `loss`, whose forward ran under `watch`, `cuts` and `ran` (a script run by the CLI)."""
+    models = ran.roots()
+    watch.names = _names(models)
+    return _run_backward(loss, watch, models, [], cuts.cut_leaves, ran.ran, forward=True)
+
+
+def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_leaves: List[torch.Tensor],
+                  cuts: Dict[int, Any], ran: Dict[int, torch.nn.Module], forward: bool) -> Diagnosis:
+    order = topological_order([_root_node(loss)])
+    loss_finite = all_finite(loss)
+    with observing(on_backward=watch.on_backward):
+        loss.backward()
+    findings: List[Finding] = []
+    grads_finite = all(all_finite(g) for g in watch.leaf_grads.values())
+    if not loss_finite or not grads_finite or watch.backward_first is not None:
+        findings += watch.forward_findings(_root_node(loss))
+        if watch.backward_first is not None and loss_finite:
+            findings.append(watch.backward_first)
+        if not findings:
+            findings.append(_from_outside(forward))
+    findings += list(watch.gated.values())
+    findings += _zero_by_construction(order, watch)
+    params = _parameters(models, arg_leaves)
+    findings += _no_path(order, params, models, cuts, ran, watch.names)
+    checked = {"forward": forward, "recorded": watch.recorded, "ran": watch.ran, "params": len(params)}
+    return Diagnosis(findings, checked)
+
+
+def _from_outside(forward: bool) -> Finding:
+    """A NaN or Inf that no recorded op made: it entered the graph as an input, a buffer or a constant."""
+    where = "no recorded op made it" if forward else "the forward was not watched (tt.diagnose(fn, *args) watches it)"
+    return Finding("nonfinite", "forward", "", "", "", "", f"the loss or a gradient is not finite, and {where}: a "
+                   "value that was already NaN or Inf entered the graph (an input, a buffer, a constant)",
+                   "check what goes in: torch.isfinite(t).all() for the inputs and the model's buffers")
+
+
+def _zero_by_construction(order: List[Any], watch: Watch) -> List[Finding]:
+    found = []
+    for leaf_id, why in by_construction(order).items():
+        reference = watch.leaf_grads.get(id(why.reference)) if why.reference is not None else None
+        grad = watch.leaf_grads.get(leaf_id)
+        if looks_zero(grad, reference):
+            size = float(grad.abs().max().as_subclass(torch.Tensor)) if grad.numel() else 0.0
+            found.append(watch.finding(why.user, "zero_by_construction", "backward",
+                                       f"the gradient of this layer's bias is {size:.1e}: {why.reason}", why.advice))
+    return found
+
+
+def _parameters(models: List[torch.nn.Module], arg_leaves: List[torch.Tensor]) -> List[Tuple[str, torch.Tensor]]:
+    params: List[Tuple[str, torch.Tensor]] = []
+    seen = set()
+    for model in models:
+        for name, p in model.named_parameters():
+            if id(p) not in seen and (getattr(p, "_tt_requires_grad", False) or p.requires_grad):
+                seen.add(id(p))
+                params.append((name, p))
+    params += [(f"argument {i}", t) for i, t in enumerate(arg_leaves) if id(t) not in seen]
+    return params
+
+
+def _no_path(order: List[Any], params: List[Tuple[str, torch.Tensor]], models: List[torch.nn.Module],
+             cuts: Dict[int, Any], ran: Dict[int, torch.nn.Module], names: Dict[int, str]) -> List[Finding]:
+    reached = {id(n.variable) for n in order if isinstance(n, AccumulateGrad)}
+    module_of = {id(p): (names.get(id(m), type(m).__name__), m)
+                 for model in models for m in model.modules() for p in m.parameters(recurse=False)}
+    found = []
+    for why, line, code, module, group in no_path_reasons(params, reached, cuts, module_of, ran):
+        shown = ", ".join(group[:6]) + (f" and {len(group) - 6} more" if len(group) > 6 else "")
+        advice = ("use the tensor itself where its gradient should flow" if line else
+                  "call the module in forward, or remove it (or pass its parameters to no optimizer)")
+        found.append(Finding("no_path", "graph", "", "", module, line, f"no gradient reaches {shown}: {why}",
+                             advice, code=code))
+    return found

@@ -1,0 +1,83 @@
+"""python -m torchtrace diagnose script.py: run a training script with the doctor watching its first backward passes.
+
+The script runs as `python script.py` would (its own `__name__ == "__main__"` block, sys.argv). While it runs,
+every op records its source line, the calls that cut the graph are noted, and each `loss.backward()` of a scalar
+tracer (up to `steps` of them) runs as tt.diagnose(loss): a finding is printed the first time it is seen, with
+the backward pass it appeared in. The patch on `backward` and the watchers are removed when the script ends.
+"""
+import runpy
+import sys
+from typing import Any, List, Optional, Set, Tuple
+
+from torch.nn.modules.module import register_module_forward_pre_hook
+
+from torchtrace.autograd.state import observing
+from torchtrace.doctor.diagnosis import diagnose_watched
+from torchtrace.doctor.findings import Finding
+from torchtrace.doctor.paths import CutWatcher, ModulesRan
+from torchtrace.doctor.watch import Watch
+from torchtrace.inspect.scope import module_scope
+from torchtrace.tracer import tracer
+
+
+class Session:
+    """The watchers of one script run, renewed after each diagnosed backward."""
+
+    def __init__(self, steps: int, out: Any) -> None:
+        self.steps, self.out = steps, out
+        self.diagnosed = 0
+        self.busy = False
+        self.seen: Set[Tuple[str, str, str, str]] = set()
+        self.findings: List[Tuple[int, Finding]] = []
+        self.watch, self.cuts, self.ran = Watch({}), CutWatcher(), ModulesRan()
+
+    def on_record(self, *call: Any) -> None:
+        if self.diagnosed < self.steps:
+            self.watch.on_record(*call)
+
+    def backward(self, original: Any) -> Any:
+        def backward(loss: Any, gradient: Optional[Any] = None, retain_graph: Optional[bool] = None,
+                     create_graph: bool = False, show: bool = False) -> None:
+            if (self.busy or self.diagnosed >= self.steps or gradient is not None or create_graph or show
+                    or loss.numel() != 1):
+                return original(loss, gradient, retain_graph, create_graph, show)
+            self.diagnosed += 1
+            self.busy = True  # the diagnosis runs this very backward: it must reach the original
+            try:
+                with self.cuts.paused():
+                    diagnosis = diagnose_watched(loss, self.watch, self.cuts, self.ran)
+            finally:
+                self.busy = False
+            for finding in diagnosis.findings:
+                key = (finding.kind, finding.rule, finding.module, finding.line)
+                if key not in self.seen:
+                    self.seen.add(key)
+                    self.findings.append((self.diagnosed, finding))
+                    print(f"tt.diagnose, backward {self.diagnosed}: {finding}", file=self.out)
+            self.watch, self.cuts.cut_leaves = Watch({}), {}
+        return backward
+
+
+def run_script(path: str, argv: List[str], steps: int = 20, out: Any = None) -> Session:
+    """Run the script at `path` with `argv`, diagnosing its first `steps` backward passes; the session's findings."""
+    session = Session(steps, out or sys.stdout)
+    had_own = "backward" in tracer.__dict__
+    original = tracer.backward
+    handle = register_module_forward_pre_hook(session.ran)
+    saved_argv = sys.argv
+    sys.argv = [path, *argv]
+    tracer.backward = session.backward(original)
+    try:
+        with module_scope(), observing(on_record=session.on_record), session.cuts:
+            runpy.run_path(path, run_name="__main__")
+    finally:
+        sys.argv = saved_argv
+        handle.remove()
+        if had_own:
+            tracer.backward = original
+        else:
+            del tracer.backward
+    found = len(session.findings)
+    print(f"tt.diagnose: {session.diagnosed} backward passes diagnosed, {found} distinct finding"
+          f"{'' if found == 1 else 's'}", file=session.out)
+    return session

@@ -1,0 +1,125 @@
+"""The doctor's observers: what it notes while the forward records ops and while the backward runs rules.
+
+`Watch.on_record` keeps each op's source line and the first op that made an Inf from finite inputs or a
+NaN from inputs without one; `Watch.on_backward` keeps the first rule whose gradient stopped being finite
+while the gradient it received was finite, the rules that killed or saturated most of their gradient, and
+the gradient each leaf received. The findings are assembled by `diagnosis.py` once both passes are done.
+"""
+import math
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from torchtrace.autograd.node import AccumulateGrad, Node, edge_gradient
+from torchtrace.autograd.plain import plain_torch
+from torchtrace.doctor import gates
+from torchtrace.doctor.findings import Finding
+from torchtrace.doctor.nonfinite import backward_cause, forward_cause
+from torchtrace.doctor.values import all_finite, has_inf, has_nan, tensors_in
+from torchtrace.doctor.where import user_line
+from torchtrace.inspect.scope import path_name
+
+
+def math_line(node: Node) -> str:
+    """The rule's math: the first paragraph of its docstring, on one line."""
+    paragraph = (node.rule.__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(part.strip() for part in paragraph.splitlines())
+
+
+def _numbers_finite(args: tuple, kwargs: dict) -> bool:
+    numbers = [a for a in (*args, *kwargs.values()) if isinstance(a, float)]
+    return all(math.isfinite(a) for a in numbers)
+
+
+class Watch:
+    """Observers for one diagnosis; `names` maps id(module) -> its dotted name (filled in once the models are
+    known: findings name modules when they are made, after both passes)."""
+
+    def __init__(self, names: Dict[int, str]) -> None:
+        self.names = names
+        self.lines: Dict[Node, Tuple[str, str]] = {}
+        self.recorded = 0
+        self.nonfinite: Dict[Node, int] = {}  # ops whose result had a NaN or Inf -> their place in the recording
+        self.origins: Dict[Node, Tuple[bool, Tuple[str, str]]] = {}  # those whose inputs had none: (NaN?, cause)
+        self.backward_first: Optional[Finding] = None
+        self.gated: Dict[Tuple[str, str, str], Finding] = {}
+        self.leaf_grads: Dict[int, torch.Tensor] = {}
+        self.ran = 0
+
+    def finding(self, node: Node, kind: str, phase: str, message: str, advice: str,
+                share: Optional[float] = None) -> Finding:
+        line, code = self.lines.get(node, ("", ""))
+        return Finding(kind, phase, node.rule.__name__, math_line(node), path_name(node.module_path, self.names),
+                       line, message, advice, share, code, node)
+
+    # ---------------------------------------------------------------------------------------- forward
+
+    def on_record(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
+        self.recorded += 1
+        self.lines[node] = user_line()
+        nan_out, inf_out = has_nan(result), has_inf(result)
+        if not (nan_out or inf_out):
+            return
+        self.nonfinite[node] = self.recorded
+        inputs = [*args, *kwargs.values()]
+        if (nan_out and not has_nan(inputs)) or (inf_out and all_finite(inputs) and _numbers_finite(args, kwargs)):
+            self.origins[node] = (nan_out, forward_cause(node.rule.__name__, args, result))
+
+    def forward_findings(self, root: Any) -> List[Finding]:
+        """The ops that made a NaN or Inf out of values without one, on a chain of non-finite results that reaches
+        `root` (an Inf absorbed on the way, as a -inf mask is by softmax, is not a cause): the first Inf and the
+        first NaN, in the order they were recorded."""
+        reached, stack, seen = [], [root], {root}
+        while stack:
+            node = stack.pop()
+            if node in self.origins:
+                reached.append(node)
+            for edge in node.edges:
+                if edge.node in self.nonfinite and edge.node not in seen:
+                    seen.add(edge.node)
+                    stack.append(edge.node)
+        reached.sort(key=self.nonfinite.__getitem__)
+        first_inf = next((n for n in reached if not self.origins[n][0]), None)
+        first_nan = next((n for n in reached if self.origins[n][0]), None)
+        chosen = sorted({n for n in (first_inf, first_nan) if n is not None}, key=self.nonfinite.__getitem__)
+        return [self.finding(n, "nonfinite", "forward", *self.origins[n][1]) for n in chosen]
+
+    # --------------------------------------------------------------------------------------- backward
+
+    def on_backward(self, node: Node, grads: List[Any], result: tuple) -> None:
+        self.ran += 1
+        for edge in node.edges:
+            if type(edge.node) is AccumulateGrad:
+                g = edge_gradient(edge, result)
+                if g is not None:
+                    key = id(edge.node.variable)
+                    with plain_torch():
+                        self.leaf_grads[key] = g if key not in self.leaf_grads else self.leaf_grads[key] + g
+        incoming_finite = all_finite(list(grads))
+        if not incoming_finite:
+            return
+        if self.backward_first is None and not all_finite(list(result)):
+            message, advice = backward_cause(node.rule.__name__, list(node.saved))
+            self.backward_first = self.finding(node, "nonfinite", "backward", message, advice)
+            return
+        self._gate(node, grads, result)
+
+    def _gate(self, node: Node, grads: List[Any], result: tuple) -> None:
+        name = node.rule.__name__
+        known = gates.KILLING.get(name) or gates.SATURATING.get(name)
+        if known is None or not result or not isinstance(result[0], torch.Tensor) or not tensors_in(grads[:1]):
+            return
+        killed, saturated, units = gates.gate_shares(grads[0], result[0])
+        why, advice = known
+        saturated += killed  # tanh' and sigmoid' round to exactly 0 far from 0
+        if name in gates.KILLING and killed >= gates.KILLED_SHARE:
+            finding = self.finding(node, "killed", "backward", f"{killed:.0%} of the gradient's elements stop here "
+                                   f"({units:.0%} of the units pass nothing for any example): {why}", advice, killed)
+        elif name in gates.SATURATING and saturated >= gates.SATURATED_SHARE:
+            finding = self.finding(node, "saturated", "backward", f"{saturated:.0%} of the gradient's elements "
+                                   f"leave shrunk below 1% of what arrived: {why}", advice, saturated)
+        else:
+            return
+        key = (name, finding.module, finding.line)
+        if key not in self.gated or (finding.share or 0) > (self.gated[key].share or 0):
+            self.gated[key] = finding

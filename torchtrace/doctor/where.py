@@ -1,0 +1,23 @@
+"""Where an op was written: the user's source line (the innermost frame outside torchtrace and torch)."""
+import linecache
+import os
+import sys
+from typing import Tuple
+
+import torch
+
+_LIBRARIES = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+              os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+_SKIPPED_FILES = ("contextlib.py", "<frozen")
+
+
+def user_line() -> Tuple[str, str]:
+    """("file.py:123", "the code on that line") of the innermost frame that is the user's code."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_LIBRARIES) and not any(skip in filename for skip in _SKIPPED_FILES):
+            code = linecache.getline(filename, frame.f_lineno).strip()
+            return f"{os.path.basename(filename)}:{frame.f_lineno}", code
+        frame = frame.f_back
+    return "<unknown>", ""
