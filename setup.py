@@ -1,7 +1,7 @@
 """torchtrace: an educational autograd engine built on a torch.Tensor subclass."""
 from setuptools import find_packages, setup
 
-VIZ = ["graphviz", "matplotlib"]
+VIZ = ["matplotlib"]  # tt.flow's plot; tt.draw's graphviz package is a core dependency (its `dot` program is optional)
 EXAMPLES = VIZ + ["tqdm", "scikit-learn", "gymnasium"]
 # pip install -e ".[notebooks]" && jupyter lab examples/notebooks (anywidget: tt.explore's player in Jupyter)
 NOTEBOOKS = EXAMPLES + ["jupyterlab", "ipykernel", "anywidget"]
@@ -36,7 +36,8 @@ setup(
         "Topic :: Education",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
-    install_requires=["torch", "numpy"],  # torch's version is pinned in constraints.txt (pip install -c ...)
+    # torch's version is pinned in constraints.txt (pip install -c ...)
+    install_requires=["torch", "numpy", "graphviz"],
     extras_require={"viz": VIZ, "examples": EXAMPLES, "notebooks": NOTEBOOKS, "bench": BENCH, "test": TEST,
                     "docs": DOCS},
     entry_points={"console_scripts": ["torchtrace=torchtrace.__main__:main"]},

@@ -18,6 +18,7 @@ from torchtrace.inspect.explore.local import Check, estimates, rule_jacobians
 from torchtrace.inspect.explore.shown import plain, shape_text, tensor_text
 from torchtrace.inspect.explore.steps import Sent, Step
 from torchtrace.inspect.names import Names, Params, place_nodes
+from torchtrace.inspect.recorded import require_tracers
 
 CHECKED_NODES = 64  # graphs up to this many nodes get local derivatives and finite-difference checks
 
@@ -69,6 +70,7 @@ class Collector:
     """Runs the backward and builds the steps and the drawing's nodes and edges."""
 
     def __init__(self, output: torch.Tensor, params: Params, local_names: Mapping[str, Any]) -> None:
+        require_tracers("tt.explore", [output])
         if not getattr(output, "_tt_requires_grad", False):
             raise RuntimeError("tt.explore needs a tracer that requires grad: make a leaf it depends on require grad "
                                "(tt.tracer(..., requires_grad=True))")
