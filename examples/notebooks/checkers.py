@@ -36,8 +36,8 @@ ALREADY_THE_OUTPUT = "the tensor you saved is already the output: write the slop
                      "applying the function to it a second time"
 INPUT_FOR_OUTPUT = "the slope written through the output needs the output, but you used the input: save the output " \
                    "in forward (or compute it from the saved input)"
-OVERFLOW = "your gradient is right for moderate inputs but not finite at the extreme ones: write the slope in a form " \
-           "that stays finite when the function saturates (through the output, or a stable function torch provides)"
+NOT_FINITE = "your gradient is right at ordinary points but not a number (inf or NaN) at some edge points: avoid " \
+             "dividing by what can be zero, and exponentials that overflow where the function saturates"
 
 
 def _wrong(what: str, hint: str) -> None:
@@ -127,7 +127,7 @@ def rule_hint(fn: Callable, reference: Callable, shapes: Sequence[Tuple[int, ...
               mistakes: Sequence[Mistake] = (), edges: Sequence[Inputs] = (), edge_hint: Optional[str] = None) -> str:
     """The hint for a rule that fails: the student's gradients of fn at random inputs of these shapes (with an
     upstream gradient that is not all ones) against the reference's, explained by the first common mistake that
-    gives them. Right there but wrong at `edges`: OVERFLOW when not finite there, else `edge_hint` (a kink's
+    gives them. Right there but wrong at `edges`: NOT_FINITE when not finite there, else `edge_hint` (a kink's
     convention). Its random numbers come from a generator of its own: the checks' draws stay as they were."""
     generator = torch.Generator().manual_seed(0)
     probe = [torch.randn(shape, dtype=torch.float64, generator=generator) for shape in shapes]  # edges keep float32
@@ -145,7 +145,7 @@ def rule_hint(fn: Callable, reference: Callable, shapes: Sequence[Tuple[int, ...
                 return general
             if not _all_close(at_edge, _gradients(reference, points, None, torch_autograd=True)):
                 finite = all(g is None or bool(torch.isfinite(g).all()) for g in at_edge)
-                return (edge_hint or general) if finite else OVERFLOW
+                return (edge_hint or general) if finite else NOT_FINITE
         return general
     common = [(lambda: _gradients(reference, probe, None, torch_autograd=True), UPSTREAM),
               (lambda: [None if e is None else -e for e in expected], SIGN)]
@@ -301,9 +301,10 @@ def cube(rule: type) -> None:
 
 def prediction(predict: Callable) -> None:
     """The student's predicted x.grad for (y * y.detach()).sum() with y = x * x, without printing the answer."""
-    hint = "y.detach() is a constant c: d/dx (y c) = c dy/dx, and only one of the two factors carries a gradient"
-    mistakes = [(lambda x: 4 * x ** 3, "y.detach() is a constant: only the other factor y carries a gradient, so "
-                                       "the product rule has one term, not two"),
+    hint = "the detached copy of y is a constant c: d/dx (y c) = c dy/dx, and only one of the two factors carries a " \
+           "gradient"
+    mistakes = [(lambda x: 4 * x ** 3, "the detached copy of y is a constant: only the other factor carries a "
+                                       "gradient, so the product rule has one term, not two"),
                 (lambda x: x ** 2, "z reaches x through y = x^2: the chain rule multiplies by y's own slope"),
                 (lambda x: 2 * x, "the detached factor still multiplies the gradient: it is a constant, not 1"),
                 (lambda x: -2 * x ** 3, SIGN),
@@ -591,19 +592,23 @@ def value_pow_exp(Value: type) -> None:
               "product to its input's gradient"
 
     def diagnose(label: str, problem: str) -> str:
+        p = 1.5  # each op alone, its output scaled by 2 so that a forgotten output gradient shows
+        upstream = "the output's gradient (2 here) must multiply the local derivative: the chain rule"
+        power = [(3 * p ** 2, upstream), (2 * p ** 2, "the power rule brings the exponent down as a factor"),
+                 (6 * p ** 3, "the power rule lowers the power by one"), (-6 * p ** 2, SIGN)]
+        probes = [(lambda a: a ** 3 * 2, 6 * p ** 2, power),
+                  (lambda a: a.exp() * 2, 2 * math.exp(p), [(math.exp(p), upstream),
+                                                            (2 * p, "the slope of e^x is e^x itself, the output's "
+                                                                    "value, not the input's"),
+                                                            (-2 * math.exp(p), SIGN)])]
+        for expression, right, known in probes:
+            got = _value_gradient(Value, expression, p)
+            if got is None or abs(got - right) > 1e-9:
+                return next((text for value, text in known if got is not None and abs(got - value) < 1e-9), general)
         if "twice" in label:  # each op alone is right
             return "a value used twice receives a gradient from each use: the contributions must add up (the " \
                    "multivariable chain rule), not replace one another"
-        p = 1.5  # probes scaled by 2, so that a forgotten output gradient shows
-        power = [(3 * p ** 2, "the output's gradient (2 here) must multiply the local derivative: the chain rule"),
-                 (2 * p ** 2, "the power rule brings the exponent down as a factor"),
-                 (6 * p ** 3, "the power rule lowers the power by one"), (-6 * p ** 2, SIGN)]
-        exp = [(math.exp(p), "the output's gradient (2 here) must multiply the local derivative: the chain rule"),
-               (2 * p, "the slope of e^x is e^x itself, the output's value, not the input's"),
-               (-2 * math.exp(p), SIGN)]
-        expression, known = (lambda a: a.exp() * 2, exp) if "exp" in label else (lambda a: a ** 3 * 2, power)
-        got = _value_gradient(Value, expression, p)
-        return next((text for value, text in known if got is not None and abs(got - value) < 1e-9), general)
+        return general
 
     _check_values(Value, cases, diagnose, general)
 
