@@ -6,7 +6,7 @@ EXAMPLES = VIZ + ["tqdm", "scikit-learn", "gymnasium"]
 # pip install -e ".[notebooks]" && jupyter lab examples/notebooks (anywidget: tt.explore's player in Jupyter)
 NOTEBOOKS = EXAMPLES + ["jupyterlab", "ipykernel", "anywidget"]
 BENCH = ["micrograd"]  # bench/vs_micrograd.py
-DOCS = ["mkdocs", "mkdocs-material", "mkdocstrings[python]", "mkdocs-jupyter", "mkdocs-gen-files",
+DOCS = ["mkdocs", "mkdocs-material", "pymdown-extensions", "mkdocstrings[python]", "mkdocs-jupyter", "mkdocs-gen-files",
         "mkdocs-literate-nav"]  # pip install -e ".[docs]" && mkdocs serve
 # the tests also build the docs site strictly, run tt.explore's widget and drive its page in headless Chromium
 TEST = EXAMPLES + DOCS + ["pytest", "hypothesis", "ruff", "nbclient", "nbformat", "ipykernel", "expecttest",

@@ -8,18 +8,13 @@ import functools
 import http.server
 import os
 import re
-import shutil
-import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 from docs_site import needs_docs_extra
+from headless import chromium
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1280,900"]
 pytestmark = needs_docs_extra
 
 # The home page (the README) and every notebook's page (forward mode, 00a, 01a and 07 showed raw TeX before).
@@ -57,22 +52,8 @@ def served(docs_site):
 
 @pytest.fixture(scope="module")
 def browser():
-    if CHROMIUM is None or DRIVER is None:
-        pytest.skip("Chromium and chromedriver are not installed (Debian: apt-get install -y chromium chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="tt-chromium-")
-    for flag in FLAGS + [f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
-    driver.implicitly_wait(5)
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+    with chromium(window="1280,900") as driver:
+        yield driver
 
 
 def open_page(browser, url: str) -> None:
