@@ -1,12 +1,12 @@
 """torchtrace: an educational autograd engine built on a torch.Tensor subclass."""
 from setuptools import find_packages, setup
 
-VIZ = ["graphviz", "matplotlib"]
+VIZ = ["matplotlib"]  # tt.flow's plot; tt.draw's graphviz package is a core dependency (its `dot` program is optional)
 EXAMPLES = VIZ + ["tqdm", "scikit-learn", "gymnasium"]
 # pip install -e ".[notebooks]" && jupyter lab examples/notebooks (anywidget: tt.explore's player in Jupyter)
 NOTEBOOKS = EXAMPLES + ["jupyterlab", "ipykernel", "anywidget"]
 BENCH = ["micrograd"]  # bench/vs_micrograd.py
-DOCS = ["mkdocs", "mkdocs-material", "mkdocstrings[python]", "mkdocs-jupyter", "mkdocs-gen-files",
+DOCS = ["mkdocs", "mkdocs-material", "pymdown-extensions", "mkdocstrings[python]", "mkdocs-jupyter", "mkdocs-gen-files",
         "mkdocs-literate-nav"]  # pip install -e ".[docs]" && mkdocs serve
 # the tests also build the docs site strictly, run tt.explore's widget and drive its page in headless Chromium
 TEST = EXAMPLES + DOCS + ["pytest", "hypothesis", "ruff", "nbclient", "nbformat", "ipykernel", "expecttest",
@@ -36,7 +36,8 @@ setup(
         "Topic :: Education",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
-    install_requires=["torch", "numpy"],  # torch's version is pinned in constraints.txt (pip install -c ...)
+    # torch's version is pinned in constraints.txt (pip install -c ...)
+    install_requires=["torch", "numpy", "graphviz"],
     extras_require={"viz": VIZ, "examples": EXAMPLES, "notebooks": NOTEBOOKS, "bench": BENCH, "test": TEST,
                     "docs": DOCS},
     entry_points={"console_scripts": ["torchtrace=torchtrace.__main__:main"]},

@@ -1,6 +1,7 @@
 import os
 import sys
 
+import pytest
 import torch
 from hypothesis import settings
 
@@ -20,3 +21,11 @@ def pytest_addoption(parser):
     parser.addoption("--full", action="store_true", help="test_opinfo: run every OpInfo sample, not the first two")
     parser.addoption("--long", action="store_true", help="fuzz: run for --minutes")
     parser.addoption("--minutes", type=float, default=5.0, help="fuzz --long: how long")
+
+
+@pytest.fixture(scope="session")
+def docs_site(tmp_path_factory):
+    """The documentation site, built once for every test that reads it (tests/docs_site.py)."""
+    from docs_site import build
+
+    return build(tmp_path_factory.mktemp("site"))

@@ -1,5 +1,7 @@
 """python -m torchtrace demo / ops: the tour runs, learns, and its numbers agree with torch autograd."""
+import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -20,6 +22,20 @@ def test_demo_tour(tmp_path, capsys):
     assert svg.count(">|grad| ") >= 8  # ...so the arrows carry the gradients that flowed
     width = float(re.search(r'<svg width="([\d.]+)pt"', svg).group(1))
     assert width < 800, f"{width} pt: a graph drawn before backward is a wide staircase"
+
+
+def test_without_dot_the_demo_says_what_to_install_and_leaves_nothing_where_it_runs(tmp_path, monkeypatch, capsys):
+    here = tmp_path / "clone"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-programs"))  # Graphviz's `dot` is not on PATH
+    run(epochs=1)
+    printed = capsys.readouterr().out
+    assert "Graphviz's `dot` program was not found" in printed and "apt-get install graphviz" in printed
+    source = re.search(r"The DOT source was written to (\S+)\.\n", printed).group(1)
+    assert os.path.isfile(source) and not source.startswith(str(here)), source  # a temporary folder, named
+    shutil.rmtree(os.path.dirname(source))
+    assert list(here.iterdir()) == []
 
 
 def test_ops_listing_groups_rules_by_family():

@@ -1,35 +1,22 @@
 """The documentation site builds with `mkdocs build --strict` (any warning fails), shows every notebook, every public
 name and every rule, and loads nothing from the network."""
 import html
-import importlib.util
-import os
 import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
+from docs_site import ROOT, needs_docs_extra
 
 import torchtrace as tt
 from torchtrace.autograd.function import RULES
 from torchtrace.ops.listing import families, supported_ops
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-MISSING = [name for name in ("mkdocs", "material", "mkdocstrings_handlers.python", "mkdocs_jupyter", "mkdocs_gen_files",
-                             "mkdocs_literate_nav") if importlib.util.find_spec(name.split(".")[0]) is None]
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"the docs extra is not installed (missing {MISSING}): "
-                                                      "pip install -c constraints.txt -e '.[docs]'")
+pytestmark = needs_docs_extra
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> pathlib.Path:
-    out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "DISABLE_MKDOCS_2_WARNING": "true", "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out
+def site(docs_site) -> pathlib.Path:
+    return docs_site
 
 
 def text(page: pathlib.Path) -> str:

@@ -3,6 +3,7 @@ a wrong number of gradients) are called wrong with the full tt.check message and
 checker prints the values it expects."""
 import importlib.util
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -517,3 +518,280 @@ def test_step_without_guards(capsys, mlp):
     assert verdict(capsys, checkers.step_without_guards, not_yet, scaled_loss, model, x).startswith("not done yet")
     for wrong_type in (None, lambda x: x, lambda x, target: mse(x, target).item()):
         assert_wrong(capsys, checkers.step_without_guards, wrong_type, scaled_loss, model, x)
+
+
+# ------------------------------------------------------------------ hints: one per mistake, never the solution
+
+
+SOLUTIONS = sorted((_path.parent / "solutions").glob("*.ipynb"))
+
+
+def solution_lines() -> set:
+    """The worked solutions' code, whitespace removed and comments cut: every line (but the trivial ones), and every
+    expression that a line assigns or returns (`p -= lr * v` gives `lr*v`...), where it looks like code."""
+    import nbformat
+
+    pieces = set()
+    for path in SOLUTIONS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            for line in cell.source.splitlines() if cell.cell_type == "code" else ():
+                code = line.split("  #", 1)[0]
+                squeezed = "".join(code.split())
+                if len(squeezed) >= 12 and not squeezed.startswith(("def", "class", "@", "import", "from", "checkers")):
+                    pieces.add(squeezed)
+                for expression in re.split(r"\breturn\b|[-+*/]?=(?!=)", code)[1:]:
+                    squeezed = "".join(expression.split())
+                    if len(squeezed) >= 6 and re.search(r"[-+*/(\[]", squeezed):
+                        pieces.add(squeezed)
+    return pieces
+
+
+# Code in a hint: an assignment or in-place update, a method call, the rule's ctx, an attribute .grad
+CODE = re.compile(r"\w\s*[-+*/]=|\w+\.\w+\(|\bctx\.|\.grad\b")
+
+
+def hint_of(capsys, check, *args) -> str:
+    printed = assert_wrong(capsys, check, *args)
+    return printed.split("\nhint: ", 1)[1].strip()
+
+
+def backward_of(forward, slope, saved_is_output=False):
+    """A rule whose backward returns slope(saved, grad), saving the output (or the input) of forward."""
+    def save(ctx, x):
+        y = forward(x)
+        ctx.save_for_backward(y if saved_is_output else x)
+        return y
+
+    return rule(save, lambda ctx, g: slope(ctx.saved_tensors[0], g))
+
+
+def cube_like(k):
+    forward = lambda x: x ** k  # noqa: E731
+    return {"upstream dropped": backward_of(forward, lambda x, g: k * x ** (k - 1)),
+            "sign": backward_of(forward, lambda x, g: -g * k * x ** (k - 1)),
+            "exponent not brought down": backward_of(forward, lambda x, g: g * x ** (k - 1)),
+            "power not lowered": backward_of(forward, lambda x, g: g * k * x ** k),
+            "not finite at zero": backward_of(forward, lambda x, g: g * k * x ** k / x),
+            "two gradients": backward_of(forward, lambda x, g: (g * k * x ** (k - 1), g))}
+
+
+def output_slope(function, slope_of_output):
+    return {"upstream dropped": backward_of(function, lambda y, g: slope_of_output(y), True),
+            "sign": backward_of(function, lambda y, g: -g * slope_of_output(y), True),
+            "function applied to the output again": backward_of(function, lambda y, g: g * slope_of_output(function(y)),
+                                                                True),
+            "input used as the output": backward_of(function, lambda x, g: g * slope_of_output(x)),
+            "twice the slope": backward_of(function, lambda y, g: 2 * g * slope_of_output(y), True)}
+
+
+def leaky_rule(slope):
+    def forward(ctx, x, s):
+        ctx.save_for_backward(x)
+        return torch.where(x > 0, x, s * x)
+
+    return rule(forward, lambda ctx, g: slope(ctx.saved_tensors[0], g))
+
+
+def mse_rule(gradients):
+    def forward(ctx, p, t):
+        ctx.save_for_backward(p, t)
+        return ((p - t) ** 2).mean()
+
+    return rule(forward, lambda ctx, g: gradients(*ctx.saved_tensors, g))
+
+
+def value_with(pow_backward, exp_backward):
+    """The shared test Value with these closures, made when the checker is about to run (it is one class)."""
+    return lambda: with_pow_exp(pow_backward, exp_backward)
+
+
+def right_exp(self, out):
+    self.grad += out.data * out.grad
+
+
+def right_pow(self, k, out):
+    self.grad += k * self.data ** (k - 1) * out.grad
+
+
+def value_sub(sub):
+    with_pow_exp(right_pow, right_exp)
+    Value.__sub__ = sub
+    Value.__truediv__ = lambda self, other: self * other ** -1
+    return Value
+
+
+def momentum_update(body):
+    def update(params, velocities, lr, momentum):
+        for p, v in zip(params, velocities):
+            body(p, v, lr, momentum)
+    return update
+
+
+def decay_update(body):
+    def update(params, lr, weight_decay):
+        for p in params:
+            body(p, lr, weight_decay)
+    return update
+
+
+def wrong_answers(mlp_model, mlp_x):
+    """checker -> (the arguments after the answer, {mistake: a wrong answer that makes it})."""
+    sig = torch.sigmoid
+    i0, i1 = torch.special.modified_bessel_i0, torch.special.modified_bessel_i1
+    x0 = torch.tensor([1.0, -2.0, 0.5])
+    diag = torch.diag(12 * x0 ** 2)
+    a, b = 3.0, -2.0
+    da, db = 2 * a * b + b * math.cos(a * b), a ** 2 + a * math.cos(a * b)
+    model = mlp_model
+
+    def mse_of(x, target):
+        return torch.nn.functional.mse_loss(model(x), target)
+
+    def scaled_loss(x, target):
+        loss = mse_of(x, target)
+        return loss * 0.5 if loss.item() > 1 else loss
+
+    def compiled_step(choose):
+        return lambda x, target: choose(mse_of(x, target))
+
+    return {
+        "tanh": (checkers.tanh, (), output_slope(torch.tanh, lambda y: 1 - y ** 2)),
+        "sigmoid": (checkers.sigmoid, (8,), output_slope(torch.sigmoid, lambda y: y * (1 - y))),
+        "cube": (checkers.cube, (), {**cube_like(3), "special case at zero": backward_of(
+            lambda x: x ** 3, lambda x, g: g * (3 * x ** 2 + (x == 0)))}),
+        "quartic": (checkers.quartic, (), cube_like(4)),
+        "softplus": (checkers.softplus, (), {
+            "only the inner exponential": backward_of(torch.nn.functional.softplus, lambda x, g: g * torch.exp(x)),
+            "exponent's sign": backward_of(torch.nn.functional.softplus, lambda x, g: g * sig(-x)),
+            "upstream dropped": backward_of(torch.nn.functional.softplus, lambda x, g: sig(x)),
+            "sign": backward_of(torch.nn.functional.softplus, lambda x, g: -g * sig(x))}),
+        "leaky": (checkers.leaky, (), {
+            "slope 1 on both sides": leaky_rule(lambda x, g: (g, None)),
+            "slopes swapped": leaky_rule(lambda x, g: (torch.where(x > 0, 0.1 * g, g), None)),
+            "flat negative side": leaky_rule(lambda x, g: (torch.where(x > 0, g, 0 * g), None)),
+            "slope 1 at the kink": leaky_rule(lambda x, g: (torch.where(x >= 0, g, 0.1 * g), None)),
+            "no None for the number": leaky_rule(lambda x, g: torch.where(x > 0, g, 0.1 * g))}),
+        "mse": (checkers.mse, (), {
+            "no mean": mse_rule(lambda p, t, g: (g * 2 * (p - t), -g * 2 * (p - t))),
+            "off by the batch size": mse_rule(lambda p, t, g: (g * 2 * (p - t) / len(p), -g * 2 * (p - t) / len(p))),
+            "no 2": mse_rule(lambda p, t, g: (g * (p - t) / p.numel(), -g * (p - t) / p.numel())),
+            "t with p's sign": mse_rule(lambda p, t, g: (g * 2 * (p - t) / p.numel(),) * 2),
+            "no gradient for t": mse_rule(lambda p, t, g: (g * 2 * (p - t) / p.numel(), None)),
+            "upstream dropped": mse_rule(lambda p, t, g: (2 * (p - t) / p.numel(), -2 * (p - t) / p.numel())),
+            "sign": mse_rule(lambda p, t, g: (-g * 2 * (p - t) / p.numel(), g * 2 * (p - t) / p.numel()))}),
+        "swish": (checkers.swish, (), {
+            "only the term of x": backward_of(lambda x: x * sig(x), lambda x, g: g * sig(x)),
+            "only the term of the sigmoid": backward_of(lambda x: x * sig(x),
+                                                        lambda x, g: g * x * sig(x) * (1 - sig(x))),
+            "upstream dropped": backward_of(lambda x: x * sig(x), lambda x, g: sig(x) + x * sig(x) * (1 - sig(x))),
+            "sign": backward_of(lambda x: x * sig(x), lambda x, g: -g * (sig(x) + x * sig(x) * (1 - sig(x))))}),
+        "bessel_i0": (checkers.bessel_i0, (), {
+            "I0 for I1": backward_of(i0, lambda x, g: g * i0(x)).apply,
+            "I1 made even": backward_of(i0, lambda x, g: g * i1(x.abs())).apply,
+            "upstream dropped": backward_of(i0, lambda x, g: i1(x)).apply,
+            "sign": backward_of(i0, lambda x, g: -g * i1(x)).apply}),
+        "quartic_second_derivative": (checkers.quartic_second_derivative, (), {
+            "detached": backward_of(lambda x: x ** 4, lambda x, g: g * 4 * x.detach() ** 3),
+            "half recorded": backward_of(lambda x: x ** 4, lambda x, g: g * 4 * x * x.detach() ** 2),
+            "first derivative wrong": backward_of(lambda x: x ** 4, lambda x, g: g * x ** 3)}),
+        "hessian": (checkers.hessian, (x0,), {
+            "cross term missing": lambda x: diag.clone(), "nothing recorded": lambda x: torch.zeros(3, 3),
+            "the gradient": lambda x: 4 * x ** 3, "first derivatives": lambda x: torch.diag(4 * x ** 3) + torch.tensor(
+                [[0.0, 1, 0], [1, 0, 0], [0, 0, 0]])}),
+        "by_hand_numbers": (checkers.by_hand_numbers, None, {
+            "only the path through a^2 b": (a, b, 2 * a * b, a ** 2), "only the sine's path": (
+                a, b, b * math.cos(a * b), a * math.cos(a * b)),
+            "sine for cosine": (a, b, 2 * a * b + b * math.sin(a * b), a ** 2 + a * math.sin(a * b)),
+            "minus cosine": (a, b, 2 * a * b - b * math.cos(a * b), a ** 2 - a * math.cos(a * b)),
+            "inner factor dropped": (a, b, 2 * a * b + math.cos(a * b), a ** 2 + math.cos(a * b)),
+            "swapped": (a, b, db, da)}),
+        "central_slope": (checkers.central_slope, (), {
+            "one-sided": lambda f, x, h: (f(x + h) - f(x)) / h,
+            "the 2 forgotten": lambda f, x, h: (f(x + h) - f(x - h)) / h,
+            "sign": lambda f, x, h: (f(x - h) - f(x + h)) / (2 * h),
+            "a step of its own": lambda f, x, h: (f(x + 1e-5) - f(x - 1e-5)) / 2e-5}),
+        "prediction": (checkers.prediction, (), {
+            "both factors": lambda x: 4 * x ** 3, "chain rule dropped": lambda x: x ** 2,
+            "constant dropped": lambda x: 2 * x, "sign": lambda x: -2 * x ** 3, "even": lambda x: 2 * x.abs() ** 3}),
+        "value_pow_exp": (checkers.value_pow_exp, (), {
+            "assigning": value_with(right_pow, lambda self, out: setattr(self, "grad", out.data * out.grad)),
+            "power not lowered": value_with(lambda self, k, out: setattr(
+                self, "grad", self.grad + k * self.data ** k * out.grad), right_exp),
+            "exponent not brought down": value_with(lambda self, k, out: setattr(
+                self, "grad", self.grad + self.data ** (k - 1) * out.grad), right_exp),
+            "upstream dropped": value_with(lambda self, k, out: setattr(
+                self, "grad", self.grad + k * self.data ** (k - 1)), right_exp),
+            "input's value for e^x": value_with(right_pow, lambda self, out: setattr(
+                self, "grad", self.grad + self.data * out.grad))}),
+        "value_sub_div": (checkers.value_sub_div, (), {
+            "no graph": lambda: value_sub(lambda self, other: Value(self.data - other.data)),
+            "wrong value": lambda: value_sub(lambda self, other: self + other)}),
+        "momentum_step": (checkers.momentum_step, (), {
+            "velocity not kept": momentum_update(lambda p, v, lr, m: p.sub_(lr * (m * v + p.grad))),
+            "velocity does not fade": momentum_update(lambda p, v, lr, m: (v.add_(p.grad), p.sub_(lr * v))),
+            "averaged": momentum_update(lambda p, v, lr, m: (v.mul_(m).add_((1 - m) * p.grad), p.sub_(lr * v))),
+            "uphill": momentum_update(lambda p, v, lr, m: (v.mul_(m).add_(p.grad), p.add_(lr * v))),
+            "stale velocity": momentum_update(lambda p, v, lr, m: (p.sub_(lr * v), v.mul_(m).add_(p.grad))),
+            "nothing moves": momentum_update(lambda p, v, lr, m: v.mul_(m).add_(p.grad))}),
+        "weight_decay_step": (checkers.weight_decay_step, (), {
+            "shrunk after the step": decay_update(lambda p, lr, wd: (p.sub_(lr * p.grad), p.mul_(1 - wd))),
+            "decoupled": decay_update(lambda p, lr, wd: (p.sub_(lr * p.grad), p.mul_(1 - lr * wd))),
+            "no decay": decay_update(lambda p, lr, wd: p.sub_(lr * p.grad)),
+            "away from zero": decay_update(lambda p, lr, wd: p.sub_(lr * (p.grad - wd * p))),
+            "decay not scaled": decay_update(lambda p, lr, wd: p.sub_(lr * p.grad + wd * p)),
+            "nothing moves": decay_update(lambda p, lr, wd: None)}),
+        "jvp_by_hand": (checkers.jvp_by_hand, (), {
+            "transposed": lambda f, x, v: torch.func.vjp(f, x)[1](v)[0],
+            "tangent ignored": lambda f, x, v: torch.func.vjp(f, x)[1](torch.ones_like(f(x)))[0],
+            "nothing recorded": lambda f, x, v: torch.zeros_like(f(x))}),
+        "hvp_forward_over_reverse": (checkers.hvp_forward_over_reverse, (), {
+            "the gradient": lambda f, x, v: torch.func.grad(f)(x), "nothing recorded": lambda f, x, v: 0 * x,
+            "f's own directional derivative": lambda f, x, v: torch.func.jvp(f, (x,), (v,))[1]}),
+        "softplus_in_code": (checkers.softplus_in_code, (), {
+            "only the inner exponential": softplus_rule(lambda x, g: g * torch.exp(x)),
+            "exponent's sign": softplus_rule(lambda x, g: g * torch.sigmoid(-x)),
+            "frozen into the code": softplus_rule(lambda x, g: g * torch.tensor(torch.sigmoid(x).tolist()))}),
+        "step_without_guards": (checkers.step_without_guards, (scaled_loss, model, mlp_x), {
+            "still guarded": scaled_loss,
+            "not strict": compiled_step(lambda loss: torch.where(loss >= 1, loss * 0.5, loss)),
+            "detached": compiled_step(lambda loss: torch.where(loss > 1, loss.detach() * 0.5, loss)),
+            "other values": compiled_step(lambda loss: torch.where(loss > 1, loss * 2, loss))}),
+    }
+
+
+CHECKED = ["tanh", "sigmoid", "cube", "quartic", "softplus", "leaky", "mse", "swish", "bessel_i0",
+           "quartic_second_derivative", "hessian", "by_hand_numbers", "central_slope", "prediction", "value_pow_exp",
+           "value_sub_div", "momentum_step", "weight_decay_step", "jvp_by_hand", "hvp_forward_over_reverse",
+           "softplus_in_code", "step_without_guards"]
+
+
+def test_every_checker_of_the_notebooks_is_fed_mistakes():
+    import nbformat
+
+    used = {name for path in sorted(_path.parent.glob("*.ipynb")) for cell in nbformat.read(path, 4).cells
+            for name in re.findall(r"checkers\.(\w+)\(", cell.source)}
+    assert used - {"vanishing_layer"} <= set(CHECKED), used - set(CHECKED)
+
+
+@pytest.mark.parametrize("name", CHECKED)
+def test_each_mistake_gets_its_own_hint_and_no_hint_gives_the_solution(capsys, mlp, name):
+    check, rest, answers = wrong_answers(*mlp)[name]
+    forbidden = solution_lines()
+    assert len(forbidden) > 50
+    hints = {}
+    for mistake, answer in answers.items():
+        answer = answer() if name.startswith("value_") else answer  # the one Value class, set up for this answer
+        args = answer if rest is None else (answer, *rest)
+        hint = hint_of(capsys, check, *args)
+        squeezed = "".join(hint.split())
+        leaked = [piece for piece in forbidden if piece in squeezed]
+        assert not leaked, f"{name}, {mistake}: the hint gives the solution's code {leaked[0]!r}: {hint}"
+        assert not CODE.search(hint), f"{name}, {mistake}: the hint writes code: {hint}"
+        hints[mistake] = hint
+    same = [(m, n) for m in hints for n in hints if m < n and hints[m] == hints[n]]
+    assert not same, f"{name}: {same[0]} get the same hint: {hints[same[0][0]]}"
+
+
+def test_vanishing_layer_hints_tell_the_side(capsys, broken):
+    hints = {hint_of(capsys, checkers.vanishing_layer, answer, broken) for answer in (4, 8, 7, "6")}
+    assert len(hints) == 4

@@ -70,6 +70,9 @@ def test_the_wheel_holds_every_file_of_the_package(source, wheel):
         metadata = next(archive.read(name).decode() for name in archive.namelist() if name.endswith("/METADATA"))
     assert files - packed == set()
     assert "Requires-Python: >=3.10" in metadata and "Provides-Extra: docs" in metadata
+    core = {line.split(":", 1)[1].strip() for line in metadata.splitlines()
+            if line.startswith("Requires-Dist:") and "extra ==" not in line}
+    assert core == {"torch", "numpy", "graphviz"}  # tt.draw's package is core; its `dot` program stays optional
 
 
 @pytest.mark.parametrize("how", ["wheel", "source directory"])

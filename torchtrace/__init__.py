@@ -32,7 +32,7 @@ from torchtrace.port import port
 from torchtrace.tracer import as_tracer, tracer
 
 # The tools that walk the graph load on first use, so the engine never imports them.
-_INSPECT = {"AnomalyError": "anomaly", "detect_anomaly": "anomaly", "draw": "dot", "recording": "dot",
+_INSPECT = {"AnomalyError": "anomaly", "detect_anomaly": "anomaly", "draw": "dot", "recording": "values",
             "flow": "flow", "trace": "graph", "show": "trace", "explore": "explore"}
 
 

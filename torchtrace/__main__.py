@@ -55,7 +55,8 @@ def parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="train a small CNN on the digits, with the trace, drawing and checks",
                                description="A short tour on scikit-learn's bundled digits (nothing downloaded).")
     demo.add_argument("--epochs", type=int, default=6, help="training epochs (default 6)")
-    demo.add_argument("--out-dir", default=".", help="where the graph SVG is written (default: here)")
+    demo.add_argument("--out-dir", default=None,
+                      help="where the graph's SVG is written (default: a new temporary folder, printed)")
     demo.set_defaults(run=_demo)
     ops = commands.add_parser("ops", help="list the torch callables that have gradient rules",
                               description="The public names of the torch callables with gradient rules, by family; "

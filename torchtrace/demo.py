@@ -1,7 +1,8 @@
 """python -m torchtrace demo: a short tour on scikit-learn's bundled digits (8x8 images, nothing downloaded)."""
 import os
+import tempfile
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -72,8 +73,9 @@ def check_against_torch(model: torch.nn.Module, images: torch.Tensor, labels: to
     return tt.check(loss_of, images, *plain, rtol=1e-4, atol=1e-6)
 
 
-def run(epochs: int = 6, out_dir: str = ".") -> Dict[str, float]:
-    """The tour; returns the numbers it printed (used by the tests)."""
+def run(epochs: int = 6, out_dir: Optional[str] = None) -> Dict[str, float]:
+    """The tour; returns the numbers it printed (used by the tests). The graph's SVG (or, without Graphviz's `dot`,
+    its DOT source) goes to `out_dir`, by default a new temporary folder: the tour leaves nothing where it runs."""
     from tqdm import tqdm
 
     torch.manual_seed(0)
@@ -86,7 +88,7 @@ def run(epochs: int = 6, out_dir: str = ".") -> Dict[str, float]:
         loss = F.cross_entropy(model(train_x[:32]), train_y[:32])
         loss.backward(show=True)
     drawing = tt.draw(loss, params=model)
-    path = os.path.join(out_dir, "torchtrace-demo-graph")
+    path = os.path.join(out_dir or tempfile.mkdtemp(prefix="torchtrace-demo-"), "torchtrace-demo-graph")
     try:
         print(f"   graph drawn to {drawing.render(path, format='svg', cleanup=True)}")
     except DotNotFound as missing:

@@ -45,8 +45,21 @@ def ported_mlp() -> Explorer:
     return tt.explore(torch.nn.functional.cross_entropy(model(x), y))
 
 
+# Each page opens with a way back to the site (relative links: they work from a server and from the files alike).
+BACK = ('<nav class="torchtrace-docs-link" style="font: 14px sans-serif; margin: 8px 12px">'
+        '<a href="index.html">&larr; Step through a backward</a> &middot; <a href="../index.html">torchtrace docs</a>'
+        '</nav>')
+
+
+def with_link_back(page: str) -> str:
+    """The saved player page with the site's links right after <body>."""
+    head, body, rest = page.partition("<body>")
+    assert body, "a saved player page has a <body>"
+    return f"{head}{body}\n{BACK}{rest}"
+
+
 for name, make in {"micrograd": micrograd_expression, "mlp": ported_mlp, "residual": residual_mlp}.items():
     with tempfile.TemporaryDirectory() as folder:
         saved = make().save(pathlib.Path(folder) / f"{name}.html")
         with mkdocs_gen_files.open(f"player/{name}.html", "w") as out:
-            out.write(pathlib.Path(saved).read_text(encoding="utf-8"))
+            out.write(with_link_back(pathlib.Path(saved).read_text(encoding="utf-8")))

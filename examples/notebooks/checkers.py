@@ -1,15 +1,19 @@
 """The exercise checkers of the teaching notebooks (`import checkers` in a notebook of this folder).
 
 Each prints `right`, `not done yet`, or `wrong` with what went wrong: tt.check's whole message (which gradient
-differs and the first diverging node, named after your rule) and a hint for the exercise. They test the points
-where rules usually fail on purpose (kinks, zeros, saturation), never print the values they expect, and treat
-an exception in your code (a wrong type, a wrong number of gradients) as a wrong answer, not a crash.
+differs and the first diverging node, named after your rule) and a hint. They test the points where rules usually
+fail on purpose (kinks, zeros, saturation), never print the values they expect, and treat an exception in your code
+(a wrong type, a wrong number of gradients) as a wrong answer, not a crash.
+
+The hint depends on the mistake: each checker compares a wrong answer with what the exercise's common mistakes
+(a flipped sign, a forgotten upstream gradient or factor, `=` where `+=` accumulates, a state that is not kept, ...)
+would give, and names the idea behind the first one that explains it; never the code to write.
 """
 import functools
 import math
 import numbers
 import warnings
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +21,23 @@ import torch.nn.functional as F
 import torchtrace as tt
 
 Inputs = Sequence[torch.Tensor]
+Gradients = Sequence[Optional[torch.Tensor]]
+# A common mistake: the gradients (or values) it would give, computed from what the checker probes with, and its hint.
+Mistake = Tuple[Callable[..., Any], str]
+
+UPSTREAM = "the chain rule multiplies your local derivative by the gradient that arrives from above (the backward's " \
+           "argument): your gradient is the local slope alone"
+SIGN = "your gradient has the opposite sign everywhere: where the function rises its slope is positive"
+FACTOR = "your gradient has the right shape but is off by the same factor everywhere: a constant of the derivative " \
+         "is missing or extra"
+COUNT = "backward returns one gradient for each argument of forward, in the same order (None for an argument " \
+        "that is not a tensor)"
+ALREADY_THE_OUTPUT = "the tensor you saved is already the output: write the slope with it directly, without " \
+                     "applying the function to it a second time"
+INPUT_FOR_OUTPUT = "the slope written through the output needs the output, but you used the input: save the output " \
+                   "in forward (or compute it from the saved input)"
+NOT_FINITE = "your gradient is right at ordinary points but not a number (inf or NaN) at some edge points: avoid " \
+             "dividing by what can be zero, and exponentials that overflow where the function saturates"
 
 
 def _wrong(what: str, hint: str) -> None:
@@ -58,10 +79,85 @@ def _same_gradients(fn: Callable, reference: Callable, inputs: Inputs, rtol: flo
             raise tt.GradientMismatch(f"gradient of input {i} differs from torch's convention at x = {where}")
 
 
-def check_rule(fn: Callable, inputs: Inputs, hint: str, edges: Sequence[Inputs] = (),
+def _close(a: Any, b: Any) -> bool:
+    """Same shape and values (float64, NaN never equal); False for anything that is not a tensor of numbers."""
+    try:
+        a, b = _plain(torch.as_tensor(a)).double(), _plain(torch.as_tensor(b)).double()
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    return a.shape == b.shape and bool(torch.isfinite(a).all()) and torch.allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def _all_close(got: Gradients, expected: Gradients) -> bool:
+    return len(got) == len(expected) and all(
+        (g is None) == (e is None) and (g is None or _close(g, e)) for g, e in zip(got, expected))
+
+
+def _matching(got: Any, mistakes: Sequence[Mistake], *probe: Any) -> Optional[str]:
+    """The hint of the first mistake whose result at `probe` equals `got` (None: no known mistake explains it)."""
+    for result, hint in mistakes:
+        try:
+            if _all_close(got, result(*probe)):
+                return hint
+        except Exception:  # a mistake that cannot even be computed at this probe explains nothing
+            continue
+    return None
+
+
+def _gradients(fn: Callable, inputs: Inputs, weight: Optional[torch.Tensor], torch_autograd: bool) -> list:
+    """d (fn(*inputs) * weight).sum() / d inputs: torchtrace's through tracers, or torch autograd's."""
+    leaves = [x.detach().clone().requires_grad_() if torch_autograd else tt.tracer(x.detach(), requires_grad=True)
+              for x in inputs]
+    out = fn(*leaves)
+    (out * (weight if weight is not None else torch.ones(()))).sum().backward()
+    return [None if x.grad is None else _plain(x.grad) for x in leaves]
+
+
+def _factor(got: Gradients, expected: Gradients) -> bool:
+    """Whether got = c * expected for one constant c other than 1 and -1."""
+    pairs = [(_plain(g).double(), _plain(e).double()) for g, e in zip(got, expected) if g is not None and e is not None]
+    ratios = torch.cat([(g / e)[e.abs() > 1e-6].flatten() for g, e in pairs]) if pairs else torch.zeros(0)
+    if not len(ratios) or not torch.isfinite(ratios).all():
+        return False
+    c = ratios[0]
+    return bool(torch.allclose(ratios, c.expand_as(ratios), rtol=1e-4)) and abs(abs(c.item()) - 1) > 1e-3 and c != 0
+
+
+def rule_hint(fn: Callable, reference: Callable, shapes: Sequence[Tuple[int, ...]], general: str,
+              mistakes: Sequence[Mistake] = (), edges: Sequence[Inputs] = (), edge_hint: Optional[str] = None) -> str:
+    """The hint for a rule that fails: the student's gradients of fn at random inputs of these shapes (with an
+    upstream gradient that is not all ones) against the reference's, explained by the first common mistake that
+    gives them. Right there but wrong at `edges`: NOT_FINITE when not finite there, else `edge_hint` (a kink's
+    convention). Its random numbers come from a generator of its own: the checks' draws stay as they were."""
+    generator = torch.Generator().manual_seed(0)
+    probe = [torch.randn(shape, dtype=torch.float64, generator=generator) for shape in shapes]  # edges keep float32
+    weight = 0.5 + torch.rand(reference(*probe).shape, dtype=torch.float64, generator=generator)
+    try:
+        got = _gradients(fn, probe, weight, torch_autograd=False)
+    except Exception as error:
+        return COUNT if "number of gradients" in str(error) else general
+    expected = _gradients(reference, probe, weight, torch_autograd=True)
+    if _all_close(got, expected):
+        for points in edges:
+            try:
+                at_edge = _gradients(fn, points, None, torch_autograd=False)
+            except Exception:
+                return general
+            if not _all_close(at_edge, _gradients(reference, points, None, torch_autograd=True)):
+                finite = all(g is None or bool(torch.isfinite(g).all()) for g in at_edge)
+                return (edge_hint or general) if finite else NOT_FINITE
+        return general
+    common = [(lambda: _gradients(reference, probe, None, torch_autograd=True), UPSTREAM),
+              (lambda: [None if e is None else -e for e in expected], SIGN)]
+    return (_matching(got, common) or _matching(got, mistakes, *probe, weight)
+            or (FACTOR if _factor(got, expected) else general))
+
+
+def check_rule(fn: Callable, inputs: Inputs, hint: Union[str, Callable[[], str]], edges: Sequence[Inputs] = (),
                reference: Optional[Callable] = None) -> bool:
     """tt.check of fn at `inputs` and at every tuple of `edges`; `reference`: the same math in torch, whose gradient
-    fixes the convention at kinks (tt.check alone compares your backward with your own forward). True when right."""
+    fixes the convention at kinks (tt.check alone compares your backward with your own forward). `hint`: a text,
+    or a function that finds the one for this mistake (called only when the answer is wrong). True when right."""
     try:
         report = tt.check(fn, *inputs, check_inputs=list(edges))
         for points in edges if reference is not None else ():
@@ -69,7 +165,7 @@ def check_rule(fn: Callable, inputs: Inputs, hint: str, edges: Sequence[Inputs] 
     except NotImplementedError:
         print("not done yet: fill in the exercise above")
     except Exception as error:
-        _wrong(_explain(error), hint)
+        _wrong(_explain(error), hint() if callable(hint) else hint)
     else:
         print(f"right: the gradients match torch autograd ({report.n_gradients} gradients, "
               f"{1 + len(edges)} sets of points including the edge cases)")
@@ -77,7 +173,8 @@ def check_rule(fn: Callable, inputs: Inputs, hint: str, edges: Sequence[Inputs] 
     return False
 
 
-def check_by_finite_differences(fn: Callable, inputs: Inputs, hint: str, edges: Sequence[Inputs] = ()) -> None:
+def check_by_finite_differences(fn: Callable, inputs: Inputs, hint: Union[str, Callable[[], str]],
+                                edges: Sequence[Inputs] = ()) -> None:
     """For an op torch cannot differentiate: tt.gradcheck (central differences, float64) at inputs and edges."""
     try:
         for points in [inputs, *edges]:
@@ -85,12 +182,26 @@ def check_by_finite_differences(fn: Callable, inputs: Inputs, hint: str, edges: 
     except NotImplementedError:
         print("not done yet: fill in the exercise above")
     except Exception as error:
-        _wrong(_explain(error), hint)
+        _wrong(_explain(error), hint() if callable(hint) else hint)
     else:
         print(f"right: the gradients match finite differences ({1 + len(edges)} sets of points including the edges)")
 
 
 # ------------------------------------------------------------------------- 00 · backprop by hand
+
+
+def _by_hand_mistakes(a: float, b: float) -> list:
+    """(dq/da, dq/db) that the usual slips give for q = a^2 b + sin(a b), each with its hint."""
+    c, s = math.cos(a * b), math.sin(a * b)
+    return [((2 * a * b, a * a), "each variable reaches q along two paths, through a^2 b and through sin(a b): you "
+                                 "kept only the path through a^2 b; add the other one"),
+            ((b * c, a * c), "each variable reaches q along two paths: you kept only the path through the sine; add "
+                             "the one through a^2 b"),
+            ((2 * a * b + b * s, a * a + a * s), "the slope of the sine is the cosine"),
+            ((2 * a * b - b * c, a * a - a * c), "the sine's slope is the cosine with a plus sign (the cosine's own "
+                                                 "slope is the one with a minus)"),
+            ((2 * a * b + c, a * a + c), "the chain rule through sin(w) with w = a b multiplies by w's own slope with "
+                                         "respect to a (or b)")]
 
 
 def by_hand_numbers(a_val: float, b_val: float, dq_da: Any, dq_db: Any) -> None:
@@ -103,33 +214,65 @@ def by_hand_numbers(a_val: float, b_val: float, dq_da: Any, dq_db: Any) -> None:
         return _wrong("give both gradients as numbers (int or float)", hint)
     a, b = (torch.tensor(float(v), dtype=torch.float64, requires_grad=True) for v in (a_val, b_val))
     (a ** 2 * b + torch.sin(a * b)).backward()
-    off = [name for name, got, t in (("dq/da", dq_da, a), ("dq/db", dq_db, b))
-           if not abs(got - t.grad.item()) <= 1e-4 * max(1.0, abs(t.grad.item()))]  # `not <=`: NaN is wrong
-    print("right" if not off else f"wrong: {' and '.join(off)} differ from the chain rule's\nhint: {hint}")
+    right = (a.grad.item(), b.grad.item())
+
+    def near(got: float, value: float) -> bool:
+        return abs(got - value) <= 1e-4 * max(1.0, abs(value))  # False for NaN
+
+    off = [name for name, got, value in zip(("dq/da", "dq/db"), (dq_da, dq_db), right) if not near(got, value)]
+    if not off:
+        return print("right")
+    if near(dq_da, right[1]) and near(dq_db, right[0]):
+        hint = "your two answers are swapped: the first is the slope with respect to a"
+    else:
+        hint = next((text for wrong, text in _by_hand_mistakes(float(a_val), float(b_val))
+                     if all(near(got, w) or near(got, r) for got, w, r in zip((dq_da, dq_db), wrong, right))), hint)
+    _wrong(f"{' and '.join(off)} differ from the chain rule's", hint)
+
+
+def _output_slope_hint(rule: type, function: Callable, slope_of_output: Callable, general: str,
+                       edge: torch.Tensor) -> Callable[[], str]:
+    """The hint finder for a rule whose slope is best written through its output y (tanh: 1 - y^2)."""
+    return lambda: rule_hint(rule.apply, function, [(8,)], general, edges=[(edge,)], mistakes=[
+        (lambda x, g: [g * slope_of_output(function(function(x)))], ALREADY_THE_OUTPUT),
+        (lambda x, g: [g * slope_of_output(x)], INPUT_FOR_OUTPUT)])
 
 
 @_takes_rule
 def tanh(rule: type) -> None:
+    edge = torch.tensor([-20.0, 0.0, 20.0])
     check_rule(lambda x, w, b: rule.apply(x @ w + b), (torch.randn(4, 3), torch.randn(3), torch.randn(())),
-               hint="save the output y = tanh(x) in forward; the slope is 1 - y^2, times the incoming gradient",
-               edges=[(torch.tensor([[-20.0], [0.0], [20.0]]), torch.ones(1), torch.zeros(()))],
+               hint=_output_slope_hint(rule, torch.tanh, lambda y: 1 - y ** 2, "tanh's slope can be written with its "
+                                       "output alone (differentiate sinh / cosh and simplify): save the output in "
+                                       "forward", edge),
+               edges=[(edge.view(3, 1), torch.ones(1), torch.zeros(()))],
                reference=lambda x, w, b: torch.tanh(x @ w + b))
 
 
 def central_slope(slope: Callable) -> None:
     """(f(x + h) - f(x - h)) / 2h: at least 100 times closer than the one-sided slope for x^3 at 2, exact for x^2 at
     0, and the formula itself for e^x at 1 with h = 0.1 (where it differs from the exact derivative e)."""
-    hint = "evaluate f on both sides of x: (f(x + h) - f(x - h)) / (2 h)"
+    hint = "evaluate f at the same distance h on both sides of x, and divide the rise by the run between them"
     try:
         central = abs(slope(lambda x: x ** 3, 2.0, 1e-2) - 12)
         at_zero = abs(slope(lambda x: x ** 2, 0.0, 1e-2))
-        formula = abs(slope(math.exp, 1.0, 0.1) - (math.exp(1.1) - math.exp(0.9)) / 0.2)
+        got = slope(math.exp, 1.0, 0.1)
+        formula = abs(got - (math.exp(1.1) - math.exp(0.9)) / 0.2)
     except NotImplementedError:
         return print("not done yet: fill in the exercise above")
     except Exception as error:
         return _wrong(_explain(error), hint)
     one_sided = abs(((2.0 + 1e-2) ** 3 - 2.0 ** 3) / 1e-2 - 12)
     if not (central * 100 < one_sided and at_zero < 1e-12 and formula < 1e-9):
+        e, leaning = math.exp, "that is a one-sided difference, which leans towards one side of x: take points on both"
+        mistakes = [(lambda: [(e(1.1) - e(1.0)) / 0.1], leaning), (lambda: [(e(1.0) - e(0.9)) / 0.1], leaning),
+                    (lambda: [(e(1.1) - e(0.9)) / 0.1], "the two points where you evaluate f are 2h apart: divide by "
+                                                        "that distance"),
+                    (lambda: [(e(0.9) - e(1.1)) / 0.2], "the rise must be taken in the direction of increasing x")]
+        if isinstance(got, numbers.Real) and abs(got - e(1.0)) < 1e-4:  # the exact slope: a step of its own
+            hint = "your slope is closer to the exact derivative than this formula can be with the step h you are " \
+                   "given: use that h, not one of your own"
+        hint = _matching([got], mistakes) or hint
         return _wrong("your slope is not the central difference (tried on x^3 at 2, x^2 at 0 and e^x at 1)", hint)
     print(f"right: one-sided error {one_sided:.2e}, central error {central:.2e}")
 
@@ -137,17 +280,35 @@ def central_slope(slope: Callable) -> None:
 # ------------------------------------------------------------------------- 01 · tracer basics
 
 
+def _power_hint(rule: type, k: int, edge: torch.Tensor) -> Callable[[], str]:
+    """The hint finder for the rule of x^k."""
+    return lambda: rule_hint(rule.apply, lambda x: x ** k, [(8,)], edges=[(edge,)],
+                             general="the power rule: the exponent comes down as a factor and the power drops by one; "
+                                     "then the chain rule with the incoming gradient",
+                             edge_hint="your gradient is right except at x = 0: the power rule holds there too, "
+                                       "no special case is needed",
+                             mistakes=[(lambda x, g: [g * x ** (k - 1)], "the power rule brings the exponent down "
+                                                                         "as a factor in front"),
+                                       (lambda x, g: [g * k * x ** k], "the power rule lowers the power by one")])
+
+
 @_takes_rule
 def cube(rule: type) -> None:
-    check_rule(lambda x, w: rule.apply(x * w).sum(), (torch.randn(5), torch.randn(5)),
-               hint="dy/dx = 3 x^2, times the incoming gradient",
-               edges=[(torch.tensor([0.0, -1.0, 2.0]), torch.ones(3))],
-               reference=lambda x, w: ((x * w) ** 3).sum())
+    edge = torch.tensor([0.0, -1.0, 2.0])
+    check_rule(lambda x, w: rule.apply(x * w).sum(), (torch.randn(5), torch.randn(5)), hint=_power_hint(rule, 3, edge),
+               edges=[(edge, torch.ones(3))], reference=lambda x, w: ((x * w) ** 3).sum())
 
 
 def prediction(predict: Callable) -> None:
     """The student's predicted x.grad for (y * y.detach()).sum() with y = x * x, without printing the answer."""
-    hint = "y.detach() is a constant c: d/dx (y c) = c dy/dx, and only one of the two factors carries a gradient"
+    hint = "the detached copy of y is a constant c: d/dx (y c) = c dy/dx, and only one of the two factors carries a " \
+           "gradient"
+    mistakes = [(lambda x: 4 * x ** 3, "the detached copy of y is a constant: only the other factor carries a "
+                                       "gradient, so the product rule has one term, not two"),
+                (lambda x: x ** 2, "z reaches x through y = x^2: the chain rule multiplies by y's own slope"),
+                (lambda x: 2 * x, "the detached factor still multiplies the gradient: it is a constant, not 1"),
+                (lambda x: -2 * x ** 3, SIGN),
+                (lambda x: 2 * x.abs() ** 3, "an odd power keeps the sign of x: check your answer at negative x")]
     x = tt.tracer([-1.0, 0.0, 1.0, 2.0, 3.0], requires_grad=True)
     y = x * x
     (y * y.detach()).sum().backward()
@@ -161,48 +322,97 @@ def prediction(predict: Callable) -> None:
         return _wrong(f"your prediction has shape {tuple(guess.shape)}, x has {tuple(x.shape)}", hint)
     off = [f"{v:g}" for v, ok in zip(x.tolist(), torch.isclose(_plain(guess).float(), _plain(x.grad)).tolist())
            if not ok]
-    print("right" if not off else f"wrong at x = {', '.join(off)}\nhint: {hint}")
+    if not off:
+        return print("right")
+    hint = _matching([guess], [(lambda x, f=f: [f(x)], text) for f, text in mistakes], _plain(x).double()) or hint
+    print(f"wrong at x = {', '.join(off)}\nhint: {hint}")
 
 
 # ------------------------------------------------------------------------- 02 · writing gradient rules
 
 
+def _softplus_hint(rule: type, edge: torch.Tensor) -> Callable[[], str]:
+    return lambda: rule_hint(rule.apply, F.softplus, [(8,)], edges=[(edge,)],
+                             general="differentiate log(1 + e^x) with the chain rule and simplify: the result is a "
+                                     "function you know from logistic regression",
+                             edge_hint="right for moderate inputs, wrong where softplus saturates: use a form of the "
+                                       "slope that torch computes stably for large |x|",
+                             mistakes=[(lambda x, g: [g * torch.exp(x)], "softplus is log(1 + e^x): the chain rule "
+                                        "goes through the log as well as through e^x"),
+                                       (lambda x, g: [g * torch.sigmoid(-x)], "the slope of softplus rises from 0 to 1 "
+                                        "as x grows; yours falls: look at the sign of the exponent")])
+
+
 @_takes_rule
 def softplus(rule: type) -> None:
-    check_rule(lambda x, w: rule.apply(x @ w), (torch.randn(4, 3), torch.randn(3, 2)),
-               hint="the derivative of log(1 + e^x) is a function you know from logistic regression; torch has it, "
-                    "computed without overflow for large |x|",
-               edges=[(torch.tensor([[-30.0], [-2.0], [0.0], [2.0], [30.0]]), torch.ones(1, 1))],
-               reference=lambda x, w: F.softplus(x @ w))
+    edge = torch.tensor([-30.0, -2.0, 0.0, 2.0, 30.0])
+    check_rule(lambda x, w: rule.apply(x @ w), (torch.randn(4, 3), torch.randn(3, 2)), hint=_softplus_hint(rule, edge),
+               edges=[(edge.view(5, 1), torch.ones(1, 1))], reference=lambda x, w: F.softplus(x @ w))
 
 
 @_takes_rule
 def leaky(rule: type) -> None:
-    check_rule(lambda x: rule.apply(x, 0.1) * (x + 1), (torch.randn(10),),
-               hint="at x = 0 the slope is s (torch's leaky_relu: slope 1 only for x > 0); backward returns one "
-                    "gradient per forward argument, None for the number s",
-               edges=[(torch.tensor([-2.0, -0.5, 0.0, 0.0, 1.5]),)],
+    edge = torch.tensor([-2.0, -0.5, 0.0, 0.0, 1.5])
+    hint = functools.partial(
+        rule_hint, lambda x: rule.apply(x, 0.1), lambda x: F.leaky_relu(x, 0.1), [(10,)], edges=[(edge,)],
+        general="each piece of the function is a straight line, so its slope is that line's slope; backward returns "
+                "one gradient per forward argument",
+        edge_hint="right everywhere but at x = 0 itself: at the kink torch takes the slope of the negative piece "
+                  "(slope 1 belongs to x > 0 only)",
+        mistakes=[(lambda x, g: [g], "the negative side is scaled by s in forward, so its slope is s, not 1"),
+                  (lambda x, g: [torch.where(x > 0, 0.1 * g, g)], "the two slopes are swapped: 1 belongs to the "
+                                                                  "positive side"),
+                  (lambda x, g: [torch.where(x > 0, g, 0 * g)], "the negative side is not flat: forward scales it by "
+                                                                "s (that is what makes it leaky)")])
+    check_rule(lambda x: rule.apply(x, 0.1) * (x + 1), (torch.randn(10),), hint=hint, edges=[(edge,)],
                reference=lambda x: F.leaky_relu(x, 0.1) * (x + 1))
 
 
 # ------------------------------------------------------------------------- 03 · layers and training
 
 
+def _mse_mistakes() -> list:
+    """What the usual slips in the gradient of mean((p - t)^2) give, at (p, t) with upstream gradient g."""
+    def residual(p: torch.Tensor, t: torch.Tensor, g: torch.Tensor, divide: float) -> torch.Tensor:
+        return g * 2 * (p - t) / divide
+
+    return [(lambda p, t, g: [residual(p, t, g, 1), -residual(p, t, g, 1)],
+             "the loss is a mean: each element's share of the sum is divided by how many elements there are"),
+            (lambda p, t, g: [residual(p, t, g, len(p)), -residual(p, t, g, len(p))],
+             "off by the batch size: the mean runs over every element, not only over the rows of the batch"),
+            (lambda p, t, g: [residual(p, t, g, 2 * p.numel()), -residual(p, t, g, 2 * p.numel())],
+             "the derivative of a square brings down a factor 2"),
+            (lambda p, t, g: [residual(p, t, g, p.numel())] * 2,
+             "t enters the residual p - t with a minus sign, so its gradient is the opposite of p's"),
+            (lambda p, t, g: [residual(p, t, g, p.numel()), None],
+             "the loss depends on t as much as on p: both inputs get a gradient")]
+
+
 @_takes_rule
 def mse(rule: type) -> None:
     x, w = torch.randn(8, 4), torch.randn(4, 3)
-    check_rule(lambda x, w, t: rule.apply(x @ w, t), (x, w, torch.randn(8, 3)),
-               hint="two inputs, two gradients; the mean divides by the number of elements, and t enters with the "
-                    "opposite sign of p; grad (the upstream gradient) multiplies both",
+    hint = functools.partial(rule_hint, rule.apply, F.mse_loss, [(8, 3), (8, 3)],
+                             "differentiate the mean of the squared residuals with respect to p and to t: the chain "
+                             "rule through the square and through the residual", _mse_mistakes())
+    check_rule(lambda x, w, t: rule.apply(x @ w, t), (x, w, torch.randn(8, 3)), hint=hint,
                edges=[(x, w, (x @ w).detach())])  # p == t: the residual is zero
 
 
 @_takes_rule
 def swish(rule: type) -> None:
+    edge = torch.tensor([-20.0, -1.0, 0.0, 1.0, 20.0])
+    product = "x sigmoid(x) is a product of two factors that both depend on x: the product rule adds two terms, and "
+    hint = functools.partial(
+        rule_hint, rule.apply, F.silu, [(12,)], edges=[(edge,)],
+        general="the product rule on x times sigmoid(x), with the sigmoid's own slope written through the sigmoid",
+        edge_hint="right for moderate inputs, wrong where the sigmoid saturates: compute the sigmoid with torch, "
+                  "which stays exact there",
+        mistakes=[(lambda x, g: [g * torch.sigmoid(x)], product + "you kept only the one where x is differentiated"),
+                  (lambda x, g: [g * x * torch.sigmoid(x) * (1 - torch.sigmoid(x))],
+                   product + "you kept only the one where the sigmoid is differentiated")])
     check_rule(lambda x, w1, w2: rule.apply(x @ w1) @ w2,
-               (torch.randn(16, 64), torch.randn(64, 32) / 8, torch.randn(32, 10)),
-               hint="product rule on x * sigmoid(x), with sigmoid' = sigmoid (1 - sigmoid)",
-               edges=[(torch.tensor([[-20.0, -1.0, 0.0, 1.0, 20.0]]), torch.eye(5), torch.ones(5, 1))],
+               (torch.randn(16, 64), torch.randn(64, 32) / 8, torch.randn(32, 10)), hint=hint,
+               edges=[(edge.view(1, 5), torch.eye(5), torch.ones(5, 1))],
                reference=lambda x, w1, w2: F.silu(x @ w1) @ w2)
 
 
@@ -220,27 +430,55 @@ def vanishing_layer(answer: Any, network: torch.nn.Sequential) -> None:
         return _wrong(f"answer is a {type(answer).__name__}; give the index of a layer, an int", hint)
     if answer not in linear:
         return _wrong(f"broken[{answer}] is not a linear layer (they sit at {linear[0]}, {linear[1]}, ..., "
-                      f"{linear[-1]})", hint)
+                      f"{linear[-1]})", "only the linear layers have weights that could have been scaled down: "
+                                        "count the layers of the Sequential from 0, activations included")
     smallest = min(linear, key=lambda i: network[i].weight.abs().mean().item())
-    print("right" if answer == smallest else "wrong: that layer's gradients are healthy\nhint: " + hint)
+    if answer == smallest:
+        return print("right")
+    if answer < smallest:
+        return _wrong("that layer's own weights are healthy", "that layer sits before the bad one, on the input side: "
+                      "its gradient is small only because it had to pass through the bad layer's tiny weights")
+    _wrong("that layer's gradients are healthy", "the gradient is still healthy there, on the output side of the bad "
+           "layer: the bad one is where, coming from the output, the norms collapse")
 
 
 @_takes_rule
 def sigmoid(rule: type, width: int) -> None:
+    edge = torch.tensor([-40.0, -5.0, 0.0, 5.0, 40.0])
     check_rule(lambda a, w: rule.apply(a @ w), (torch.randn(8, width), torch.randn(width, width)),
-               hint="save the output y in forward, not the input: the slope is y (1 - y)",
-               edges=[(torch.tensor([[-40.0, -5.0, 0.0, 5.0, 40.0]]), torch.eye(5))],
-               reference=lambda a, w: torch.sigmoid(a @ w))
+               hint=_output_slope_hint(rule, torch.sigmoid, lambda y: y * (1 - y), "the logistic function's slope can "
+                                       "be written with its output alone: save the output in forward", edge),
+               edges=[(edge.view(1, 5), torch.eye(5))], reference=lambda a, w: torch.sigmoid(a @ w))
 
 
 # ------------------------------------------------------------------------- 05 · porting torch models
 
 
+class _BesselI0(torch.autograd.Function):
+    """I0 with its derivative I1, for torch autograd: the reference the hints compare with (torch has no derivative
+    of modified_bessel_i0)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return torch.special.modified_bessel_i0(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * torch.special.modified_bessel_i1(x)
+
+
 def bessel_i0(layer: Callable) -> None:
     """The registered rule for torch.special.modified_bessel_i0 (torch has no derivative: finite differences)."""
-    check_by_finite_differences(lambda x: layer(x * 2), (torch.randn(12),),
-                                hint="the derivative of I0 is I1 (torch.special.modified_bessel_i1), an odd function "
-                                     "of x; multiply it by the incoming gradient",
+    i0, i1 = torch.special.modified_bessel_i0, torch.special.modified_bessel_i1
+    hint = functools.partial(
+        rule_hint, layer, _BesselI0.apply, [(12,)],
+        "look up the derivative of the modified Bessel function I0: it is the next one of the family, I1, which "
+        "torch.special provides; then the chain rule with the incoming gradient",
+        [(lambda x, g: [g * i0(x)], "the derivative of I0 is another Bessel function of the family, not I0 itself"),
+         (lambda x, g: [g * i1(x.abs())], "I1 is odd: it is negative where x is negative")])
+    check_by_finite_differences(lambda x: layer(x * 2), (torch.randn(12),), hint=hint,
                                 edges=[(torch.tensor([-2.5, -1.0, 0.0, 0.0, 1.0, 2.5]),)])
 
 
@@ -249,16 +487,16 @@ def bessel_i0(layer: Callable) -> None:
 
 @_takes_rule
 def quartic(rule: type) -> None:
-    check_rule(lambda x: rule.apply(x) * 2, (torch.randn(6),),
-               hint="dy/dx = 4 x^3, times the incoming gradient", edges=[(torch.tensor([-2.0, 0.0, 0.5, 3.0]),)],
+    edge = torch.tensor([-2.0, 0.0, 0.5, 3.0])
+    check_rule(lambda x: rule.apply(x) * 2, (torch.randn(6),), hint=_power_hint(rule, 4, edge), edges=[(edge,)],
                reference=lambda x: x ** 4 * 2)
 
 
 @_takes_rule
 def quartic_second_derivative(rule: type) -> None:
     x = tt.tracer([-1.0, 0.0, 0.5, 2.0], requires_grad=True)
-    hint = "compute backward with torch ops on the saved tracer (no .detach(), .item() or numpy), so that " \
-           "create_graph=True records it"
+    hint = "the second derivative differentiates your backward itself: it must stay a graph, computed with torch " \
+           "operations on the tensors the rule saved (nothing that turns them into numbers or detached tensors)"
     try:
         (g,) = tt.grad(rule.apply(x).sum(), x, create_graph=True)
         (h,) = tt.grad(g.sum(), x)
@@ -268,14 +506,19 @@ def quartic_second_derivative(rule: type) -> None:
         return _wrong(_explain(error), hint)
     wrong_at = [f"{v:g}" for v, ok in zip(x.tolist(), torch.isclose(_plain(h), 12 * _plain(x) ** 2).tolist())
                 if not ok]
+    if wrong_at and not torch.allclose(_plain(g), 4 * _plain(x) ** 3):
+        hint = "the first derivative is wrong already: make the rule right (the check above) first"
+    elif wrong_at:
+        hint = "part of your backward is recorded and part is not: every factor that depends on x must come from " \
+               "torch operations on the saved tensor, or its own slope is missing from the second derivative"
     print("second derivative: right" if not wrong_at else
           f"second derivative: wrong at x = {', '.join(wrong_at)}\nhint: {hint}")
 
 
 def hessian(build: Callable, x0: torch.Tensor) -> None:
     """H of f(x) = sum x_i^4 + x_1 x_2 at x0, built by the student from Hessian-vector products."""
-    hint = "row i of H is the Hessian-vector product with e_i: g = tt.grad(f(x), x, create_graph=True)[0], then " \
-           "tt.grad(g @ e_i, x, retain_graph=True)"
+    hint = "row i of H is how the gradient changes along the i-th coordinate: a Hessian-vector product with the i-th " \
+           "basis vector, i.e. the gradient of (gradient · e_i)"
     try:
         H = torch.as_tensor(build(x0))
     except NotImplementedError:
@@ -283,11 +526,19 @@ def hessian(build: Callable, x0: torch.Tensor) -> None:
     except Exception as error:
         return _wrong(_explain(error), hint)
     if H.shape != (3, 3):
-        return _wrong(f"expected a (3, 3) tensor, got shape {tuple(H.shape)}", hint)
-    expected = torch.diag(12 * x0 ** 2) + torch.tensor([[0.0, 1, 0], [1, 0, 0], [0, 0, 0]])
+        return _wrong(f"expected a (3, 3) tensor, got shape {tuple(H.shape)}",
+                      "a Hessian has one row per coordinate of x: one Hessian-vector product per basis vector, stacked")
+    cross = torch.tensor([[0.0, 1, 0], [1, 0, 0], [0, 0, 0]])
+    expected = torch.diag(12 * x0 ** 2) + cross
     bad = [(i, j) for i in range(3) for j in range(3) if not torch.isclose(_plain(H)[i, j].float(), expected[i, j])]
     if bad:
-        return _wrong(f"entries {', '.join(map(str, bad))} differ", hint)
+        mistakes = [(lambda: [torch.diag(12 * x0 ** 2)], "the cross term x_1 x_2 couples two coordinates: it puts "
+                                                         "entries off the diagonal"),
+                    (lambda: [torch.zeros(3, 3)], "all zeros: the second differentiation needs the gradient as a "
+                                                  "graph, so ask the first one to record itself"),
+                    (lambda: [torch.diag(4 * x0 ** 3) + cross], "those are first derivatives on the diagonal: each "
+                                                               "entry differentiates the gradient once more")]
+        return _wrong(f"entries {', '.join(map(str, bad))} differ", _matching([H], mistakes) or hint)
     print("right")
 
 
@@ -307,18 +558,29 @@ def _value_case(Value: type, expression: Callable, points: Sequence[float]) -> O
     return ", ".join(bad) + " differ" if bad else None
 
 
-def _check_values(Value: type, cases: Sequence[Any], hint: str) -> None:
+def _check_values(Value: type, cases: Sequence[Any], diagnose: Callable[[str, str], str], general: str) -> None:
+    """Each case against torch autograd; a wrong one gets diagnose(label, problem) as its hint."""
     try:
         for label, expression, points in cases:
             problem = _value_case(Value, expression, points)
             if problem:
                 where = ", ".join(f"{name} = {p:g}" for name, p in zip("abcd", points))
-                return _wrong(f"{label} at {where}: {problem}", hint)
+                return _wrong(f"{label} at {where}: {problem}", diagnose(label, problem))
     except NotImplementedError:
         return print("not done yet: fill in the exercise above")
     except Exception as error:
-        return _wrong(_explain(error), hint)
+        return _wrong(_explain(error), general)
     print(f"right: your Value's gradients match torch autograd ({len(cases)} expressions, kinks and zeros included)")
+
+
+def _value_gradient(Value: type, expression: Callable, point: float) -> Optional[float]:
+    """a.grad after backward of expression(a) on the student's Value (None where it raises)."""
+    try:
+        a = Value(point)
+        expression(a).backward()
+        return float(a.grad)
+    except Exception:
+        return None
 
 
 def value_pow_exp(Value: type) -> None:
@@ -326,8 +588,29 @@ def value_pow_exp(Value: type) -> None:
     cases += [("a ** -1", lambda a: a ** -1, (p,)) for p in (-0.5, 3.0)]
     cases += [("a.exp()", lambda a: a.exp(), (p,)) for p in (-2.0, 0.0, 1.0)]
     cases += [("a ** 2 * a.exp()  (a used twice)", lambda a: a ** 2 * a.exp(), (p,)) for p in (-1.0, 0.0, 0.5)]
-    _check_values(Value, cases, "d(x^k)/dx = k x^(k-1) and d(e^x)/dx = e^x, each times out.grad, added (+=) into "
-                                "self.grad")
+    general = "each closure multiplies its op's local derivative by the gradient of the op's output, and adds the " \
+              "product to its input's gradient"
+
+    def diagnose(label: str, problem: str) -> str:
+        p = 1.5  # each op alone, its output scaled by 2 so that a forgotten output gradient shows
+        upstream = "the output's gradient (2 here) must multiply the local derivative: the chain rule"
+        power = [(3 * p ** 2, upstream), (2 * p ** 2, "the power rule brings the exponent down as a factor"),
+                 (6 * p ** 3, "the power rule lowers the power by one"), (-6 * p ** 2, SIGN)]
+        probes = [(lambda a: a ** 3 * 2, 6 * p ** 2, power),
+                  (lambda a: a.exp() * 2, 2 * math.exp(p), [(math.exp(p), upstream),
+                                                            (2 * p, "the slope of e^x is e^x itself, the output's "
+                                                                    "value, not the input's"),
+                                                            (-2 * math.exp(p), SIGN)])]
+        for expression, right, known in probes:
+            got = _value_gradient(Value, expression, p)
+            if got is None or abs(got - right) > 1e-9:
+                return next((text for value, text in known if got is not None and abs(got - value) < 1e-9), general)
+        if "twice" in label:  # each op alone is right
+            return "a value used twice receives a gradient from each use: the contributions must add up (the " \
+                   "multivariable chain rule), not replace one another"
+        return general
+
+    _check_values(Value, cases, diagnose, general)
 
 
 def value_sub_div(Value: type) -> None:
@@ -335,45 +618,88 @@ def value_sub_div(Value: type) -> None:
              ("a / b", lambda a, b: a / b, (3.0, -2.0)), ("a / b", lambda a, b: a / b, (0.0, 4.0)),
              ("(a - b) / (a * b)", lambda a, b: (a - b) / (a * b), (2.0, 2.0)),
              ("(a - b) / (a * b)", lambda a, b: (a - b) / (a * b), (-1.0, 3.0))]
-    _check_values(Value, cases, "a - b = a + (-1) * b and a / b = a * b ** -1: built from ops that already have "
-                                "_backward closures, they need none of their own")
+    general = "subtraction is adding a multiple of b, and division is multiplying by a power of b: built from ops " \
+              "that already have _backward closures, they need none of their own"
+
+    def diagnose(label: str, problem: str) -> str:
+        if "value" in problem:
+            return "the value itself is wrong: check which multiple of b subtraction adds, and which power of b " \
+                   "division multiplies by"
+        probe = (lambda a: a / Value(2.0)) if "/" in label else (lambda a: a - Value(1.0))
+        if _value_gradient(Value, probe, 2.0) == 0.0:
+            return "your result is a new Value that does not remember its inputs, so backward cannot reach a and b: " \
+                   "build it from operations that record them"
+        return general
+
+    _check_values(Value, cases, diagnose, general)
 
 
 # ------------------------------------------------------------------------- 01a · training by hand
 
 
-def _trajectories(step: Callable, reference: Callable, steps: int = 5) -> Optional[int]:
-    """The first step after which the student's update and tt.optim.SGD's disagree (None: they agree)."""
+Step = Callable[[list, dict], None]  # one update of a list of parameters (their .grad filled), with its own state
+
+
+def _trajectory(step: Step, steps: int = 5) -> list:
+    """The parameters of a small MLP after each of `steps` updates by `step` (the same data and start every time)."""
     torch.manual_seed(0)
-    ours = tt.nn.Sequential(tt.nn.Linear(3, 4), tt.nn.Tanh(), tt.nn.Linear(4, 1))
-    theirs = tt.nn.Sequential(tt.nn.Linear(3, 4), tt.nn.Tanh(), tt.nn.Linear(4, 1))
-    theirs.load_state_dict(ours.state_dict())
-    optimizer = reference(theirs.parameters())
+    model = tt.nn.Sequential(tt.nn.Linear(3, 4), tt.nn.Tanh(), tt.nn.Linear(4, 1))
     x, y = torch.randn(16, 3), torch.randn(16, 1)
     state: dict = {}
-    for k in range(steps):
-        for model in (ours, theirs):
-            model.zero_grad()
-            F.mse_loss(model(x), y).backward()
+    after = []
+    for _ in range(steps):
+        model.zero_grad()
+        F.mse_loss(model(x), y).backward()
         with tt.no_grad():
-            step(list(ours.parameters()), state)
-        optimizer.step()
-        if not all(torch.allclose(_plain(p), _plain(q), rtol=1e-5, atol=1e-7)
-                   for p, q in zip(ours.parameters(), theirs.parameters())):
-            return k + 1
-    return None
+            step(list(model.parameters()), state)
+        after.append([_plain(p).clone() for p in model.parameters()])
+    return after
 
 
-def _check_update(step: Callable, reference: Callable, what: str, hint: str) -> None:
+def _optimizer_step(make: Callable) -> Step:
+    """A Step that runs an optimizer made by make(params) on the first call."""
+    def step(params: list, state: dict) -> None:
+        state.setdefault("optimizer", make(params)).step()
+    return step
+
+
+def _same_steps(a: list, b: list) -> bool:
+    return all(torch.allclose(p, q, rtol=1e-5, atol=1e-7) for ps, qs in zip(a, b) for p, q in zip(ps, qs))
+
+
+NOT_MOVED = "the parameters did not change: the update must change the tensors you were given, in place"
+
+
+def _check_update(step: Step, reference: Step, what: str, mistakes: Sequence[Tuple[Step, str]], general: str) -> None:
+    """The student's update against the reference over 5 steps; a difference is explained by the first common
+    mistake (an update of the same shape) whose 5 steps it repeats."""
     try:
-        differs = _trajectories(step, reference)
+        ours = _trajectory(step)
     except NotImplementedError:
         return print("not done yet: fill in the exercise above")
     except Exception as error:
-        return _wrong(_explain(error), hint)
-    if differs:
-        return _wrong(f"after step {differs} your parameters differ from {what}'s", hint)
-    print(f"right: 5 steps of your update equal {what}'s")
+        return _wrong(_explain(error), general)
+    expected = _trajectory(reference)
+    differs = next((k + 1 for k, (p, q) in enumerate(zip(ours, expected)) if not _same_steps([p], [q])), None)
+    if differs is None:
+        return print(f"right: 5 steps of your update equal {what}'s")
+    start = _trajectory(lambda params, state: None)
+    hint = NOT_MOVED if _same_steps(ours, start) else next(
+        (text for mistake, text in mistakes if _same_steps(ours, _trajectory(mistake))), general)
+    _wrong(f"after step {differs} your parameters differ from {what}'s", hint)
+
+
+def _momentum(decay: float, add: float, sign: float = 1.0, step_first: bool = False) -> Step:
+    """A momentum update v <- decay v + add g; p <- p - sign lr v (with the old v when step_first)."""
+    def step(params: list, state: dict) -> None:
+        velocities = state.setdefault("v", [torch.zeros_like(_plain(p)) for p in params])
+        for p, v in zip(params, velocities):
+            if step_first:
+                p -= sign * 0.1 * v
+            v.mul_(decay).add_(add * _plain(p.grad))
+            if not step_first:
+                p -= sign * 0.1 * v
+    return step
 
 
 def momentum_step(update: Callable) -> None:
@@ -382,16 +708,47 @@ def momentum_step(update: Callable) -> None:
         velocities = state.setdefault("v", [torch.zeros_like(_plain(p)) for p in params])
         update(params, velocities, 0.1, 0.9)
 
-    _check_update(step, lambda ps: tt.optim.SGD(ps, lr=0.1, momentum=0.9), "tt.optim.SGD(lr=0.1, momentum=0.9)",
-                  "v = momentum * v + p.grad, then p -= lr * v; update both in place (v.mul_(...).add_(...)), "
-                  "so the velocities persist from one step to the next")
+    mistakes = [(_momentum(0.0, 1.0), "your update forgets the velocity between steps: it is the update's memory, "
+                                      "so it must live on in the tensors you were given (a new local name is lost "
+                                      "when the step ends)"),
+                (_momentum(1.0, 1.0), "the old velocity fades by the momentum factor at every step before the new "
+                                      "gradient joins it"),
+                (_momentum(0.9, 0.1), "torch's momentum adds the whole gradient to the faded velocity: it does not "
+                                      "average the two"),
+                (_momentum(0.9, 1.0, sign=-1.0), "a step goes against the gradient, downhill"),
+                (_momentum(0.9, 1.0, step_first=True), "the step follows the velocity after this step's gradient "
+                                                       "joined it, not the previous step's")]
+    _check_update(step, _optimizer_step(lambda ps: tt.optim.SGD(ps, lr=0.1, momentum=0.9)),
+                  "tt.optim.SGD(lr=0.1, momentum=0.9)", mistakes,
+                  "momentum keeps a velocity per parameter that gathers the gradients, fading by the momentum factor "
+                  "at each step; the parameter then moves along the velocity")
+
+
+def _decay(into_gradient: float, after_step: float, sign: float = 1.0) -> Step:
+    """p <- p - lr (g + sign into_gradient p), then p <- p (1 - after_step)."""
+    def step(params: list, state: dict) -> None:
+        for p in params:
+            p -= 0.1 * (_plain(p.grad) + sign * into_gradient * _plain(p))
+            p *= 1 - after_step
+    return step
 
 
 def weight_decay_step(update: Callable) -> None:
     """update(params, lr, weight_decay) on a list of tensors."""
+    mistakes = [(_decay(0.0, 0.01), "you shrink the weights after the step: torch's SGD adds the decay to the "
+                                    "gradient (the gradient of an L2 penalty), before the step"),
+                (_decay(0.0, 0.001), "that is decoupled weight decay (AdamW's way, shrinking the weights apart from "
+                                     "the gradient): torch's SGD adds the decay to the gradient instead"),
+                (_decay(0.0, 0.0), "your update is plain SGD: the decay adds a multiple of each weight to its "
+                                   "gradient"),
+                (_decay(0.01, 0.0, sign=-1.0), "the decay pulls every weight towards zero, so it adds to the gradient "
+                                               "a multiple of the weight with the weight's own sign"),
+                (_decay(0.1, 0.0), "the decay is part of the gradient, so the learning rate scales it too")]
     _check_update(lambda params, state: update(params, 0.1, 0.01),
-                  lambda ps: tt.optim.SGD(ps, lr=0.1, weight_decay=0.01), "tt.optim.SGD(lr=0.1, weight_decay=0.01)",
-                  "the decay adds weight_decay * p to the gradient before the step: p -= lr * (p.grad + wd * p)")
+                  _optimizer_step(lambda ps: tt.optim.SGD(ps, lr=0.1, weight_decay=0.01)),
+                  "tt.optim.SGD(lr=0.1, weight_decay=0.01)", mistakes,
+                  "weight decay is the gradient of a penalty on the weights' size: it joins the gradient before the "
+                  "step")
 
 
 # ------------------------------------------------------------------------- 06a · forward and reverse mode
@@ -403,7 +760,9 @@ def _functions() -> list:
             ("tanh(w @ x).sum()", lambda x: torch.tanh(w @ x).sum()), ("x.cumsum(0)", lambda x: x.cumsum(0))]
 
 
-def _check_products(compute: Callable, reference: Callable, hint: str) -> None:
+def _check_products(compute: Callable, reference: Callable, mistakes: Callable, general: str) -> None:
+    """compute(f, x, v) against reference(f, x, v) for every function, point and tangent; a difference is explained
+    by the first of mistakes(f, x, v) (what the usual slips compute there) that gives the same result."""
     points = [torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64), torch.zeros(3, dtype=torch.float64)]
     tangents = [torch.tensor([1.0, 0.5, -2.0], dtype=torch.float64), torch.zeros(3, dtype=torch.float64)]
     try:
@@ -416,19 +775,30 @@ def _check_products(compute: Callable, reference: Callable, hint: str) -> None:
                         where = "x = 0" if not x.any() else "x = (0.5, -1, 2)"
                         along = "v = 0" if not v.any() else "v = (1, 0.5, -2)"
                         shape = f" (shape {tuple(got.shape)})" if got.shape != expected.shape else ""
-                        return _wrong(f"for f(x) = {label} at {where} along {along}{shape}", hint)
+                        hint = _matching([got], mistakes(f, x, v)) if v.any() else None
+                        return _wrong(f"for f(x) = {label} at {where} along {along}{shape}", hint or general)
     except NotImplementedError:
         return print("not done yet: fill in the exercise above")
     except Exception as error:
-        return _wrong(_explain(error), hint)
+        return _wrong(_explain(error), general)
     print("right: your products equal torch.func's (4 functions, zero points and zero tangents included)")
+
+
+def _jvp_mistakes(f: Callable, x: torch.Tensor, v: torch.Tensor) -> list:
+    y, pullback = torch.func.vjp(f, x)
+    return [(lambda: [pullback(v.expand_as(y))[0]], "that is J^T v, the vector-Jacobian product one reverse pass "
+                                                    "gives; J v comes from differentiating J^T u with respect to u"),
+            (lambda: [pullback(torch.ones_like(y))[0]], "that is the gradient of the sum of f's outputs (one reverse "
+                                                        "pass with a vector of ones): the tangent v never entered"),
+            (lambda: [torch.zeros_like(y)], "your product is zero: the first reverse pass must be recorded as a graph "
+                                            "in u, or the second has nothing to differentiate")]
 
 
 def jvp_by_hand(jvp: Callable) -> None:
     """jvp(f, x, v) -> J v, from two reverse passes."""
-    _check_products(jvp, lambda f, x, v: torch.func.jvp(f, (x,), (v,))[1],
-                    "u = tt.zeros(shape of f(x), requires_grad=True); g = tt.grad(y, x, u, create_graph=True)[0] "
-                    "is J^T u; then tt.grad(g, u, v) is J v (allow_unused=True when a part does not depend on x)")
+    _check_products(jvp, lambda f, x, v: torch.func.jvp(f, (x,), (v,))[1], _jvp_mistakes,
+                    "J^T u, what a reverse pass computes, is linear in u: its inner product with v, differentiated "
+                    "with respect to u, is J v")
 
 
 def hvp_forward_over_reverse(hvp: Callable) -> None:
@@ -436,9 +806,19 @@ def hvp_forward_over_reverse(hvp: Callable) -> None:
     def reference(f: Callable, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return torch.func.jvp(torch.func.grad(lambda t: f(t).sum()), (x,), (v,))[1]
 
-    _check_products(lambda f, x, v: hvp(lambda t: f(t).sum(), x, v), reference,
-                    "H v is the forward-mode derivative of the gradient along v: tt.jvp(grad_f, (x,), (v,)) where "
-                    "grad_f(t) = tt.grad(f(t), t, create_graph=True)[0]")
+    def mistakes(f: Callable, x: torch.Tensor, v: torch.Tensor) -> list:
+        gradient = torch.func.grad(lambda t: f(t).sum())
+        return [(lambda: [gradient(x)], "that is the gradient itself: H v is how the gradient changes when x moves "
+                                        "along v"),
+                (lambda: [torch.zeros_like(x)], "your product is zero: the gradient must be recorded as a graph so "
+                                                "that forward mode can differentiate it again"),
+                (lambda: [torch.func.jvp(lambda t: f(t).sum(), (x,), (v,))[1]],
+                 "that is the directional derivative of f itself (a number): H v differentiates the gradient, a "
+                 "vector")]
+
+    _check_products(lambda f, x, v: hvp(lambda t: f(t).sum(), x, v), reference, mistakes,
+                    "forward mode over reverse mode: the forward-mode derivative, along v, of the function that "
+                    "returns the gradient")
 
 
 # ------------------------------------------------------------------------- 07 · backward as code
@@ -468,31 +848,39 @@ def _generated_gradient(code: str, w: torch.Tensor) -> torch.Tensor:
 def softplus_in_code(rule: type) -> None:
     """The Softplus rule through tt.check (saturation and zero included), then in the code tt.compile generates: its
     block is printed, and the code, run without torchtrace at new points, must give torch autograd's gradient."""
-    hint = "save x in forward and return grad * torch.sigmoid(x), with torch ops only (no .item(), numpy or Python " \
-           "numbers from the data): the code replays exactly the torch calls your backward made"
+    torch_only = "the generated code replays exactly the torch calls your backward made: compute the slope with " \
+                 "torch operations on the saved tensor only"
 
     def loss(w: torch.Tensor) -> torch.Tensor:
         return rule.apply(w * 2).sum()
 
     edges = torch.tensor([-20.0, -0.5, 0.0, 0.5, 20.0])
-    if not check_rule(loss, (torch.randn(5),), hint, edges=[(edges,)], reference=lambda w: F.softplus(w * 2).sum()):
+    if not check_rule(loss, (torch.randn(5),), _softplus_hint(rule, edges), edges=[(edges,)],
+                      reference=lambda w: F.softplus(w * 2).sum()):
         return
     try:
         example = tt.randn(5, requires_grad=True)
         compiled = tt.compile(loss, (example,))
         if compiled.eager_reason:
-            return _wrong(f"tt.compile runs your rule eagerly: {compiled.eager_reason}", hint)
+            return _wrong(f"tt.compile runs your rule eagerly: {compiled.eager_reason}",
+                          "something in your rule keeps tt.compile from replaying it (the reason is above): " +
+                          torch_only)
         block = _rule_block(tt.trace(loss, example).to_code(), rule.__name__)
         generated = _generated_gradient(compiled.code, edges.clone())
     except Exception as error:
-        return _wrong(_explain(error), hint)
+        return _wrong(_explain(error), "your backward read values out of the tensors (as Python numbers, lists or "
+                                       "NumPy arrays): the code checks them at every call and fails when they change; "
+                                       + torch_only)
     w = edges.clone().requires_grad_()
     F.softplus(w * 2).sum().backward()
     if block is None:
-        return _wrong(f"the generated backward has no block headed '# {rule.__name__}'", hint)
+        return _wrong(f"the generated backward has no block headed '# {rule.__name__}'",
+                      "the code names each rule's block after the rule's class: pass the class your Softplus rule is")
     if generated.shape != w.shape or not torch.allclose(generated, w.grad, rtol=1e-5, atol=1e-6):
         return _wrong("the generated backward, run at new points (saturation and zero), differs from torch autograd: "
-                      "something computed from the example's values was frozen into the code", hint)
+                      "something computed from the example's values was frozen into the code",
+                      "a value your backward computed outside torch was written into the code as a constant: " +
+                      torch_only)
     print(f"your rule's lines in the generated backward:\n{block}\n"
           "right: run without torchtrace at new points (saturation and zero), the code gives torch autograd's gradient")
 
@@ -529,8 +917,14 @@ def step_without_guards(fn: Callable, reference: Callable, model: torch.nn.Modul
     """fn(x, target) must equal reference(x, target), value and parameter gradients, on both sides of the original's
     branch, exactly at it (a loss of 1) and at a zero loss; and tt.compile(fn) must make code without a guard whose
     replay takes either branch."""
-    hint = "compute both results as tensors and let torch.where(loss > 1, ...) pick one (strictly greater, as the " \
-           "original); no .item(), bool(), if or comparison that Python reads"
+    hint = "compute both candidate results as tensors and let a torch operation choose between them by the " \
+           "condition; nothing that Python reads from a tensor (no if, bool or item on it)"
+    hints = {"branch point": "at the branch point itself the original keeps the unscaled loss: your comparison must be "
+                             "as strict as the original's",
+             "value": "the values differ from the original's: both candidate results, and which side of 1 takes which, "
+                      "must be the original's",
+             "gradients": "the values are right but a gradient is lost: both candidate results must stay connected "
+                          "to the model (nothing detached)"}
     try:
         y = _plain(model(x))
         targets = {"a loss of 9": y - 3, "a loss of exactly 1 (the branch point)": _target_at_loss_one(y),
@@ -538,12 +932,15 @@ def step_without_guards(fn: Callable, reference: Callable, model: torch.nn.Modul
         for label, target in targets.items():
             problem = _step_difference(fn, reference, model, x, target)
             if problem:
-                return _wrong(f"at {label}: {problem}", hint)
+                kind = "branch point" if "branch point" in label else "gradients" if "gradients" in problem else "value"
+                return _wrong(f"at {label}: {problem}", hints[kind])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a re-trace warns; the guard it comes from is reported below
             compiled = tt.compile(fn, (x, targets["a loss of 9"]))
             if compiled.eager_reason:
-                return _wrong(f"tt.compile runs your step eagerly: {compiled.eager_reason}", hint)
+                return _wrong(f"tt.compile runs your step eagerly: {compiled.eager_reason}",
+                              "something in your step keeps tt.compile from replaying it (the reason is above): keep "
+                              "it to torch operations on tensors")
             guards = [line.strip() for line in compiled.code.splitlines() if "raise GuardFailed" in line]
             replayed = [_plain(compiled(x, targets[label])) for label in ("a loss of 0.25", "a loss of 9")]
     except NotImplementedError:
@@ -551,10 +948,13 @@ def step_without_guards(fn: Callable, reference: Callable, model: torch.nn.Modul
     except Exception as error:
         return _wrong(_explain(error), hint)
     if guards:
-        return _wrong(f"the generated code still has {len(guards)} guard(s): {guards[0]}", hint)
+        return _wrong(f"the generated code still has {len(guards)} guard(s): {guards[0]}",
+                      "Python still reads the loss's value to decide which branch to take, so the code must check it "
+                      "on every call: let torch make the choice, between two tensors")
     expected = [_plain(reference(x, targets[label])) for label in ("a loss of 0.25", "a loss of 9")]
     if not all(torch.allclose(a, b) for a, b in zip(replayed, expected)):
-        return _wrong("the compiled replay differs from the original's values", hint)
+        return _wrong("the compiled replay differs from the original's values", "the code replays one path for every "
+                      "call: both branches must be computed on every call, and the choice made by a torch operation")
     print(f"right: the original's values and gradients at {len(targets)} targets (the branch point and a zero loss "
           "included), and code without a guard whose replay takes both branches")
 

@@ -5,41 +5,22 @@ TORCHTRACE_DOCS=1 also writes the README's screenshot, docs/explore_player.png.
 """
 import os
 import re
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from headless import chromium
 
 import torchtrace as tt
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1280,800"]
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 @pytest.fixture(scope="module")
 def browser():
-    if CHROMIUM is None or DRIVER is None:
-        pytest.skip("Chromium and chromedriver are not installed (Debian: apt-get install -y chromium chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="tt-chromium-")
-    for flag in FLAGS + [f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
-    driver.implicitly_wait(5)
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+    with chromium() as driver:
+        yield driver
 
 
 def numbers(text: str) -> torch.Tensor:

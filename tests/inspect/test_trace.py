@@ -1,4 +1,7 @@
 """The backprop trace: the original torchtrace's exact format for chains, merges and branches for DAGs."""
+import re
+
+import pytest
 import torch
 from helpers import ORIGINAL_SNIPPET_C_TRACE, load_example
 
@@ -57,7 +60,36 @@ def test_shapes_and_norms(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "↘︎ Sum()  grad shape ()  |grad| 1"
     assert lines[2] == "↘︎ Mul()  grad shape (1, 2)  |grad| 1.414"
-    assert x.grad.tolist() == [[2.0, 2.0]]  # norms=True ran the backward
+
+
+def test_norms_leave_the_graph_and_every_grad_to_the_user(capsys):
+    torch.manual_seed(0)
+    model = tt.nn.Sequential(tt.nn.Linear(3, 4), tt.nn.Tanh(), tt.nn.Linear(4, 2))
+    x = tt.randn(5, 3, requires_grad=True)
+    model(x).pow(2).mean().backward()  # gradients already accumulated: show must not add to them
+    before = [p.grad.clone() for p in model.parameters()]
+    loss = torch.nn.functional.cross_entropy(model(x), torch.tensor([0, 1, 1, 0, 1]))
+    tt.show(loss, norms=True)
+    assert "|grad|" in capsys.readouterr().out
+    assert all(torch.equal(p.grad, b) for p, b in zip(model.parameters(), before))
+    loss.backward()  # the student's own backward still has its graph
+
+    torch_model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    torch_model.load_state_dict({k: v.as_subclass(torch.Tensor) for k, v in model.state_dict().items()})
+    tx = x.detach().as_subclass(torch.Tensor).requires_grad_()
+    torch_model(tx).pow(2).mean().backward()
+    torch.nn.functional.cross_entropy(torch_model(tx), torch.tensor([0, 1, 1, 0, 1])).backward()
+    for ours, theirs in zip(model.parameters(), torch_model.parameters()):
+        torch.testing.assert_close(ours.grad, theirs.grad)  # one accumulation each, as torch autograd
+    torch.testing.assert_close(x.grad, tx.grad)
+
+
+def test_norms_of_a_freed_graph_say_so():
+    x = tt.tracer([1.0, 2.0], requires_grad=True)
+    y = (x * x).sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        tt.show(y, norms=True)
 
 
 def test_ops_inside_layers_can_be_listed_one_by_one():
@@ -99,7 +131,8 @@ def test_norms_of_a_leaf_that_sums_gradients(capsys):
     x = tt.tracer([1.0, 2.0], requires_grad=True)
     tt.show((x * x + x).sum(), norms=True)
     leaf = capsys.readouterr().out.splitlines()[4]
-    assert leaf.startswith(f"↘︎ [3] leaf, shape (2,) -> .grad  |grad| {x.grad.norm().item():.4g}  ⊕ sums 3 gradients")
+    summed = (2 * x.detach() + 1).norm().item()  # d/dx (x^2 + x) = 2x + 1: the three gradients summed
+    assert leaf.startswith(f"↘︎ [3] leaf, shape (2,) -> .grad  |grad| {summed:.4g}  ⊕ sums 3 gradients")
 
 
 def test_every_leaf_of_a_ported_lstm_is_listed_by_its_name():
@@ -143,3 +176,48 @@ def test_every_glyph_of_the_trace_exists_in_dejavu_sans_mono():
     variation_selectors = range(0xFE00, 0xFE10)  # select the text form of ↘; they draw nothing themselves
     missing = {c for c in text if ord(c) > 127 and ord(c) not in glyphs and ord(c) not in variation_selectors}
     assert not missing, f"characters DejaVu Sans Mono cannot draw: {sorted(missing)}"
+
+
+def _families(nn):
+    """The same networks built from tt.nn or from torch.nn, with an input and the scalar each one traces."""
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.act, self.fc2 = nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc2(x + self.act(self.fc1(x)))
+
+    return {
+        "cnn": (lambda: nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Flatten(), nn.Linear(16, 3)), (2, 1, 4, 4), lambda m, x: m(x).sum()),
+        "mlp, input needs its gradient": (lambda: nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.GELU(),
+                                                                nn.Linear(8, 3)), (5, 4), lambda m, x: m(x).sum()),
+        "residual": (Residual, (3, 4), lambda m, x: m(x).pow(2).mean()),
+        "lstm": (lambda: nn.LSTM(4, 3, batch_first=True), (2, 3, 4), lambda m, x: m(x)[0].sum()),
+        "attention": (lambda: nn.MultiheadAttention(4, 2, batch_first=True), (2, 3, 4),
+                      lambda m, x: m(x, x, x)[0].sum()),
+    }
+
+
+def _structure(line: str) -> str:
+    """A trace line with a layer's description cut to its class name (`Linear layer (3 X 2)` and
+    `Linear(in_features=3, ...)` both `Linear`): the numbering, leaf names, sums and branches stay."""
+    number, text, links = re.match(r"↘︎ (\[\d+\] )?(.*?)((?:  (?:⊕|⇉|gathers).*)?)$", line).groups()
+    return f"{number or ''}{text if text.startswith('leaf') else re.match(r'[A-Za-z0-9_]*', text).group(0)}{links}"
+
+
+@pytest.mark.parametrize("family", list(_families(torch.nn)))
+def test_a_tt_nn_network_traces_like_the_same_network_ported_from_torch(family):
+    traces = []
+    for nn in (tt.nn, torch.nn):
+        build, shape, scalar = _families(nn)[family]
+        torch.manual_seed(0)
+        model = build() if nn is tt.nn else tt.port(build())
+        x = torch.randn(shape)
+        x = tt.tracer(x, requires_grad=True) if "input" in family or family == "residual" else x
+        traces.append([_structure(line) for line in backprop_lines(scalar(model, x))[1:]])
+    native, ported = traces
+    assert native == ported
+    if any(line.startswith("[") for line in native):  # a graph that is not a chain: parameters are named
+        assert any(re.match(r"\[\d+\] leaf \w", line) for line in native), native

@@ -18,6 +18,7 @@ from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, leaf_accumulator
 from torchtrace.doctor.construction import zero_leaves
 from torchtrace.inspect.names import Names, Params, Path, place_nodes
+from torchtrace.inspect.recorded import require_tracers
 from torchtrace.inspect.values import VALUE_LIMIT, Summary, norm_of, number, recording, summary, text, watch
 
 __all__ = ["draw", "recording", "Drawing", "DotNotFound"]
@@ -267,6 +268,7 @@ def draw(
     if depth is not None and depth < 1:
         raise ValueError(f"depth must be a positive module depth (1 = top-level modules), not {depth}")
     outputs = [output] if isinstance(output, torch.Tensor) else list(output)
+    require_tracers("tt.draw", outputs)
     names = Names(params)
     roots = _roots(outputs)
     order = topological_order(roots)

@@ -10,11 +10,12 @@ from typing import Any, Dict, List, NamedTuple, Optional, Set
 
 import torch
 
-from torchtrace.autograd.engine import topological_order
+from torchtrace.autograd.engine import grad, topological_order
 from torchtrace.autograd.node import AccumulateGrad, Node
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.inspect.names import Names, Params
+from torchtrace.inspect.recorded import require_tracers
 
 
 def _layer(node: Any) -> Optional[torch.nn.Module]:
@@ -212,20 +213,30 @@ def show(output: torch.Tensor, shapes: bool = False, norms: bool = False, module
     """Print the backprop trace of `output`.
 
     params names the leaves: a model (its parameters' dotted names) or a dict such as {"w": w, "b": b}.
-    norms=True runs `output.backward()` itself (it needs the gradients) and prints the norm of the
-    gradient arriving at each line; modules=False prints one line per op, with the module it ran in.
+    norms=True prints the norm of the gradient arriving at each line. To measure it, show runs a backward of its
+    own, as tt.grad does: the graph is kept and no `.grad` changes, so your own `output.backward()` afterwards
+    works and fills `.grad` exactly as it would have without show. modules=False prints one line per op, with the
+    module it ran in.
     """
-    measured: Optional[Dict[Node, float]] = None
-    if norms:
-        measured = {}
-
-        def measure(node: Node, grads: Any, result: Any) -> None:
-            measured[node] = float(sum(g.double().norm() ** 2 for g in grads if g is not None) ** 0.5)
-
-        with observing(on_backward=measure):
-            output.backward()
-        for node in topological_order([output.grad_fn] if output.grad_fn is not None else []):
-            if isinstance(node, AccumulateGrad) and node.variable.grad is not None:
-                with plain_torch():
-                    measured[node] = node.variable.grad.detach().double().norm().item()  # what reached .grad
+    require_tracers("tt.show", [output])
+    measured = _gradient_norms(output) if norms else None
     print("\n".join(backprop_lines(output, shapes, measured, modules, params)))
+
+
+def _gradient_norms(output: torch.Tensor) -> Dict[Any, float]:
+    """node -> |gradient| reaching it in a backward of `output` that keeps the graph and leaves every .grad alone."""
+    measured: Dict[Any, float] = {}
+    if output.grad_fn is None:
+        return measured
+
+    def measure(node: Node, grads: Any, result: Any) -> None:
+        measured[node] = float(sum(g.double().norm() ** 2 for g in grads if g is not None) ** 0.5)
+
+    leaves = [node for node in topological_order([output.grad_fn]) if isinstance(node, AccumulateGrad)]
+    with observing(on_backward=measure):
+        reached = grad(output, [leaf.variable for leaf in leaves], retain_graph=True, allow_unused=True)
+    for leaf, gradient in zip(leaves, reached):
+        if gradient is not None:
+            with plain_torch():
+                measured[leaf] = gradient.detach().double().norm().item()  # what a backward adds to .grad
+    return measured

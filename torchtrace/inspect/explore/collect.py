@@ -25,6 +25,7 @@ from torchtrace.inspect.explore.saved import position_text, saved_label
 from torchtrace.inspect.explore.shown import number, plain, shape_text, tensor_text
 from torchtrace.inspect.explore.steps import Sent, Step
 from torchtrace.inspect.names import Names, Params, place_nodes
+from torchtrace.inspect.recorded import require_tracers
 
 Matrix = List[List[float]]
 
@@ -83,6 +84,7 @@ class Collector:
 
     def __init__(self, output: torch.Tensor, params: Params, local_names: Mapping[str, Any],
                  calls: Optional[Mapping[Any, tuple]] = None) -> None:
+        require_tracers("tt.explore", [output])
         if not getattr(output, "_tt_requires_grad", False):
             raise RuntimeError("tt.explore needs a tracer that requires grad: make a leaf it depends on require grad "
                                "(tt.tracer(..., requires_grad=True))")
