@@ -16,12 +16,12 @@ from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, leaf_accumulator
 from torchtrace.autograd.state import observing
 from torchtrace.check import flatten
-from torchtrace.doctor.construction import by_construction, looks_zero
 from torchtrace.doctor.findings import Diagnosis, Finding
 from torchtrace.doctor.paths import CutWatcher, ModulesRan, no_path_reasons
 from torchtrace.doctor.recording import record_pass
 from torchtrace.doctor.values import all_finite
 from torchtrace.doctor.watch import Watch
+from torchtrace.inspect.construction import by_construction, looks_zero
 from torchtrace.inspect.scope import module_names, module_scope
 
 

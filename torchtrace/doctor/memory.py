@@ -19,8 +19,7 @@ import torch
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, Node, edge_gradient
 from torchtrace.autograd.state import observing
-from torchtrace.doctor.watch import math_line
-from torchtrace.doctor.where import user_line
+from torchtrace.doctor.where import math_line, user_line
 from torchtrace.inspect.scope import module_names, module_scope, path_name
 
 

@@ -16,8 +16,7 @@ from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.check import flatten
 from torchtrace.doctor.paths import ModulesRan
-from torchtrace.doctor.watch import math_line
-from torchtrace.doctor.where import user_line
+from torchtrace.doctor.where import math_line, user_line
 from torchtrace.inspect.scope import module_names, module_scope, path_name
 
 

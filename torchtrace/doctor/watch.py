@@ -16,14 +16,8 @@ from torchtrace.doctor import gates
 from torchtrace.doctor.findings import Finding
 from torchtrace.doctor.nonfinite import backward_cause, forward_cause
 from torchtrace.doctor.values import all_finite, has_inf, has_nan, tensors_in
-from torchtrace.doctor.where import user_line
+from torchtrace.doctor.where import math_line, user_line
 from torchtrace.inspect.scope import path_name
-
-
-def math_line(node: Node) -> str:
-    """The rule's math: the first paragraph of its docstring, on one line."""
-    paragraph = (node.rule.__doc__ or "").strip().split("\n\n")[0]
-    return " ".join(part.strip() for part in paragraph.splitlines())
 
 
 def _numbers_finite(args: tuple, kwargs: dict) -> bool:

@@ -1,8 +1,9 @@
-"""Where an op was written: the user's source line (the innermost frame outside torchtrace and torch)."""
+"""Where an op was written (the user's source line: the innermost frame outside torchtrace and torch) and the math
+of the rule that recorded it."""
 import linecache
 import os
 import sys
-from typing import Tuple
+from typing import Any, Tuple
 
 import torch
 
@@ -21,3 +22,9 @@ def user_line() -> Tuple[str, str]:
             return f"{os.path.basename(filename)}:{frame.f_lineno}", code
         frame = frame.f_back
     return "<unknown>", ""
+
+
+def math_line(node: Any) -> str:
+    """The rule's math: the first paragraph of its docstring, on one line."""
+    paragraph = (node.rule.__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(part.strip() for part in paragraph.splitlines())

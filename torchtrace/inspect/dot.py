@@ -16,7 +16,7 @@ import torch
 
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, leaf_accumulator
-from torchtrace.doctor.construction import zero_leaves
+from torchtrace.inspect.construction import zero_leaves
 from torchtrace.inspect.names import Names, Params, Path, place_nodes
 from torchtrace.inspect.recorded import require_tracers
 from torchtrace.inspect.values import VALUE_LIMIT, Summary, norm_of, number, recording, summary, text, watch

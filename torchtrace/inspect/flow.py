@@ -21,7 +21,7 @@ import torch
 
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.plain import plain_torch
-from torchtrace.doctor.construction import zero_leaves
+from torchtrace.inspect.construction import zero_leaves
 
 Named = Union[torch.nn.Module, Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]], Iterable[torch.Tensor]]
 FLAG_COLOURS = {"vanishing": "#fde2e2", "zero": "#fde2e2", "exploding": "#ffe8c2", "non-finite": "#ffd0d0",
