@@ -9,6 +9,8 @@ from torchtrace.autograd.plain import plain_torch
 
 _POSITIONAL: Dict[Callable, tuple] = {}  # keyed by registered torch callables only: it owns no user object
 _NUMPY_NAMES = (("axis", "dim"), ("keepdims", "keepdim"))
+# torch's argument parser also takes these names for a builtin's `input` and `other` (torch.mul(x1=a, x2=b))
+_PARSER_ALIASES = {"x": "input", "a": "input", "x1": "input", "x2": "other"}
 
 
 def _signature_parameters(target: Callable) -> tuple:
@@ -91,6 +93,8 @@ def keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kwa
             kwargs = {name if k == alias else k: v for k, v in kwargs.items()}
     params, exact = _positional_parameters(func) if func is not None else _forward_parameters(rule)
     names = [name for name, _ in params]
+    if not exact and any(k not in names for k in kwargs):
+        kwargs = _parser_names(kwargs, names)
     movable = [k for k, v in kwargs.items()
                if k in names and (exact or _holds_tensor(v) or _must_move(rule, k, names.index(k)))]
     last = max((names.index(k) for k in movable), default=-1)
@@ -102,6 +106,20 @@ def keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kwa
         return args, kwargs
     rest = {k: v for k, v in kwargs.items() if k not in {name for name, _ in moved}}
     return tuple(args) + tuple(filled), rest
+
+
+def _parser_names(kwargs: dict, names: list) -> dict:
+    """Keywords of a builtin under the names of its approximate signature: torch's parser calls the first two
+    tensors `input` and `other` (also x / a / x1 and x2) where torch.overrides may say `self`, or `x` and `y`."""
+    renamed = {}
+    for key, value in kwargs.items():
+        if key not in names:
+            key = _PARSER_ALIASES.get(key, key)
+            position = {"input": 0, "other": 1}.get(key)
+            if key not in names and position is not None and position < len(names):
+                key = names[position]
+        renamed[key] = value
+    return renamed
 
 
 def wants_gradient(value: Any) -> bool:

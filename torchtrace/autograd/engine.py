@@ -27,7 +27,7 @@ def grad(outputs: Tensors, inputs: Tensors, grad_outputs: Optional[Tensors] = No
     inputs = _as_list(inputs)
     targets = [_edge_of(t, f"input {i}") for i, t in enumerate(inputs)]
     captured: Dict[Tuple[Any, int], Any] = {edge: None for edge in targets}
-    roots, tracer_type = _roots(outputs, grad_outputs, create_graph)
+    roots, tracer_type = _roots(outputs, grad_outputs, create_graph, "grad_outputs")
     _walk(roots, create_graph if retain_graph is None else retain_graph, create_graph, captured, tracer_type)
     result = tuple(captured[edge] for edge in targets)
     if not allow_unused and any(g is None for g in result):
@@ -50,7 +50,8 @@ def _edge_of(t: Any, what: str) -> Tuple[Any, int]:
                        "require grad (tt.tracer(..., requires_grad=True) or x.requires_grad_()).")
 
 
-def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool) -> Tuple[List[Tuple[Any, int, Any]], type]:
+def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool,
+           grads_name: str = "gradient") -> Tuple[List[Tuple[Any, int, Any]], type]:
     tensors = _as_list(tensors)
     grads = [None] * len(tensors) if grads is None else _as_list(grads)
     tracer_type = next((t._tt_type for t in tensors if hasattr(type(t), "_tt_type")), None)
@@ -64,8 +65,8 @@ def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool) -> Tu
             if g is None:
                 if t.numel() != 1:
                     raise RuntimeError(f"grad can be implicitly created only for scalar outputs, but this output has "
-                                       f"shape {tuple(t.shape)}: pass gradient= (a tensor of that shape), or reduce it "
-                                       "(e.g. .sum()).")
+                                       f"shape {tuple(t.shape)}: pass {grads_name}= (a tensor of that shape), or "
+                                       "reduce it (e.g. .sum()).")
                 g = torch.ones_like(t)
             elif g.shape != t.shape or g.is_complex():
                 raise RuntimeError(f"gradient has shape {tuple(g.shape)} and dtype {g.dtype}, but the output has shape "
