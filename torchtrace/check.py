@@ -15,7 +15,8 @@ from torchtrace.tracer import as_tracer
 
 
 def flatten(tree: Any) -> Tuple[List[Any], Callable[[List[Any]], Any]]:
-    """Leaves of nested tuples / lists / dicts, and a function that rebuilds the tree from new leaves."""
+    """Leaves of nested tuples / lists / named tuples / dicts, and a function that rebuilds the tree (the same
+    container types) from new leaves."""
     if isinstance(tree, (list, tuple)):
         parts = [flatten(item) for item in tree]
         sizes = [len(leaves) for leaves, _ in parts]
@@ -31,7 +32,13 @@ def flatten(tree: Any) -> Tuple[List[Any], Callable[[List[Any]], Any]]:
     if isinstance(tree, dict):
         keys = list(tree)
         leaves, rebuild_values = flatten([tree[k] for k in keys])
-        return leaves, lambda new: dict(zip(keys, rebuild_values(new)))
+
+        def rebuild_dict(new: List[Any]) -> Any:
+            rebuilt = tree.copy()  # the same kind of dict (OrderedDict, defaultdict)
+            rebuilt.update(zip(keys, rebuild_values(new)))
+            return rebuilt
+
+        return leaves, rebuild_dict
     return [tree], lambda new: new[0]
 
 

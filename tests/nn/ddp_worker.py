@@ -9,7 +9,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from ddp_torch_cases import run_both
+from ddp_torch_cases import TwoHeads, run_both
 
 import torchtrace as tt
 from torchtrace.nn.parallel import DistributedDataParallel
@@ -34,15 +34,6 @@ class WithBranch(tt.nn.Module):
     def forward(self, x, use_extra):
         out = self.body(x)
         return out + self.extra(x) if use_extra else out
-
-
-class TwoHeads(tt.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.first, self.second = tt.nn.Linear(5, 1), tt.nn.Linear(5, 1)
-
-    def forward(self, x):
-        return self.first(x), self.second(x)
 
 
 def data(seed: int, n: int = 16):
@@ -126,7 +117,7 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
     out = ddp(tt.tracer(x))
     mse(out, y).backward(retain_graph=True)
     result["second_backward"] = error_of(lambda: mse(out, y).backward())
-    heads = DistributedDataParallel(TwoHeads())
+    heads = DistributedDataParallel(tt.port(TwoHeads()))
     heads(tt.tracer(x.float()))[0].sum().backward()  # the second head's parameters get no gradient
     result["after_partial_backward"] = error_of(lambda: heads(tt.tracer(x.float())))
     result["plain_parameters"] = error_of(lambda: DistributedDataParallel(torch.nn.Linear(2, 2)))

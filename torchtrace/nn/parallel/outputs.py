@@ -3,18 +3,20 @@
 `find_tensors` lists the tensors inside an output (tensors, lists, tuples, dicts, dataclasses), from which the
 reducer finds the parameters a forward did not use. With find_unused_parameters=True the outputs also pass through
 a sink: one node that every path from the loss into the model crosses, so its backward runs before any gradient of
-the model and knows which outputs the loss used (a `Reached` node in front of each output marks it). Parameters
-only the unused outputs reach then count as unused, and those outputs' part of the graph gets no gradient, so
-their parameters keep `.grad` as it was (torch's DDPSink lets them receive an undefined gradient for that).
+the model and knows which outputs the loss used (an `OutputReached` node in front of each output marks it).
+Parameters only the unused outputs reach then count as unused, and those outputs' part of the graph gets no
+gradient, so their parameters keep `.grad` as it was (torch's DDPSink lets them receive an undefined gradient for
+that).
 Like torch's, the sink goes through lists, tuples, named tuples and dicts; a dataclass output is searched for
 tensors but not rebuilt.
 """
 import dataclasses
-from typing import Any, Callable, List, Tuple
+from typing import Any, List, Tuple
 
 import torch
 
 from torchtrace.autograd.function import Function
+from torchtrace.check import flatten
 from torchtrace.nn.parallel.reducer import Reducer, reachable_leaves
 
 
@@ -31,33 +33,6 @@ def find_tensors(value: Any) -> List[torch.Tensor]:
     return []
 
 
-def _flatten(value: Any) -> Tuple[List[Any], Callable[[List[Any]], Any]]:
-    """The leaves of a nest of lists, tuples, named tuples and dicts, and how to rebuild it from new leaves."""
-    if isinstance(value, dict):
-        keys = list(value)
-        leaves, rebuild = _flatten([value[k] for k in keys])
-
-        def rebuild_dict(new: List[Any]) -> Any:
-            result = value.copy()  # the same kind of dict (OrderedDict, defaultdict)
-            result.update(zip(keys, rebuild(new)))
-            return result
-
-        return leaves, rebuild_dict
-    if isinstance(value, (list, tuple)):
-        parts = [_flatten(item) for item in value]
-        counts = [len(leaves) for leaves, _ in parts]
-
-        def rebuild(new: List[Any]) -> Any:
-            items, start = [], 0
-            for (_, inner), count in zip(parts, counts):
-                items.append(inner(new[start:start + count]))
-                start += count
-            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-
-        return [leaf for leaves, _ in parts for leaf in leaves], rebuild
-    return [value], lambda new: new[0]
-
-
 class _Iteration:
     """One synchronised forward's outputs, as the sink sees them: their graph roots and which ones the loss used."""
 
@@ -67,7 +42,7 @@ class _Iteration:
         self.reached = [False] * len(outputs)
 
 
-class Sink(Function):
+class DDPSink(Function):
     """Identity on the outputs: its backward tells the reducer which parameters this backward reaches (from the
     outputs the loss used), and sends no gradient into the outputs it did not use."""
 
@@ -84,7 +59,7 @@ class Sink(Function):
         return (None, *[g if reached else None for g, reached in zip(grads, iteration.reached)])
 
 
-class Reached(Function):
+class OutputReached(Function):
     """Identity on one output: its backward runs only if the loss used that output, and marks it."""
 
     @staticmethod
@@ -99,13 +74,14 @@ class Reached(Function):
 
 
 def through_sink(output: Any, reducer: Reducer) -> Any:
-    """The forward's output with every tensor that has a graph passed through one Sink (and its own Reached)."""
-    leaves, rebuild = _flatten(output)
+    """The forward's output with every tensor that has a graph passed through one DDPSink (and then its own
+    OutputReached)."""
+    leaves, rebuild = flatten(output)
     places = [k for k, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.grad_fn is not None]
     if not places:
         return output
     iteration = _Iteration(reducer, [leaves[k] for k in places])
-    sunk = Sink.apply(iteration, *[leaves[k] for k in places])
+    sunk = DDPSink.apply(iteration, *[leaves[k] for k in places])
     for n, (k, t) in enumerate(zip(places, sunk)):
-        leaves[k] = Reached.apply(iteration, n, t)
+        leaves[k] = OutputReached.apply(iteration, n, t)
     return rebuild(leaves)
