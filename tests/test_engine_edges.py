@@ -28,6 +28,7 @@ SPELLINGS = [  # (name, torch callable, keyword arguments)
     ("diagonal_copy(input=, offset=)", torch.diagonal_copy, lambda a, b: {"input": a, "offset": 1}),
     ("diagonal_copy(a=)", torch.diagonal_copy, lambda a, b: {"a": a}),
     ("detach(input=)", torch.detach, lambda a, b: {"input": a * b}),
+    ("fill(input=, value=)", torch.fill, lambda a, b: {"input": a, "value": 2.5}),  # torch.overrides lacks fill
 ]
 
 
@@ -161,3 +162,60 @@ def test_a_detached_tt_parameter_is_not_a_parameter():
     module = torch.nn.Module()
     module.value = detached  # a plain attribute, as torch's p.detach() would be
     assert list(module.parameters()) == []
+
+
+def _builtins_with_rules() -> dict:
+    """OpInfo ops with a rule whose torch callable is a builtin (torch's parser reads its keywords) and whose
+    first sample has one or two positional operands (beyond two, the parser's names differ by op), with that
+    sample."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    from torchtrace.arguments import _signature_parameters
+    from torchtrace.autograd.function import RULES
+
+    found = {}
+    for op in op_db:
+        if op.supports_autograd and op.op in RULES and not op.name.startswith("__") \
+                and not _signature_parameters(op.op)[1]:
+            sample = next(iter(op.sample_inputs("cpu", torch.float64, requires_grad=False)))
+            if len([sample.input, *sample.args]) <= 2 and isinstance(sample.input, torch.Tensor):
+                found.setdefault(op.name + ("." + op.variant_test_name if op.variant_test_name else ""), (op, sample))
+    return found
+
+
+BUILTINS = _builtins_with_rules()
+
+
+def _spelled_call(op, kwargs, make):
+    """op(**kwargs) on `make` copies of its floating tensors, the sum of its floating outputs backward: (outputs,
+    gradients), or torch's error."""
+    made = {k: make(v) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in kwargs.items()}
+    try:
+        out = op.op(**made)
+    except (TypeError, RuntimeError) as error:
+        return f"{type(error).__name__}: {error}".replace("tracer", "Tensor")
+    outputs = [o for o in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(o, torch.Tensor)]
+    floating = [o for o in outputs if o.is_floating_point() and o.requires_grad]
+    if floating:
+        sum(o.sum() for o in floating).backward()
+    leaves = [v for v in made.values() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    return [o.detach().as_subclass(torch.Tensor) for o in outputs] + [v.grad for v in leaves]
+
+
+@pytest.mark.parametrize("name", sorted(BUILTINS))
+def test_parser_names_of_every_builtin_with_a_rule_behave_as_torch(name):
+    """input= / other= and torch's numpy names for them (x1= / x2=, x=): torch's value and gradients wherever
+    torch accepts the spelling."""
+    op, sample = BUILTINS[name]
+    operands = [sample.input, *sample.args]
+    for names in (("input", "other"), ("x1", "x2"), ("x", "other")):
+        kwargs = {**dict(zip(names, operands)), **sample.kwargs}
+        theirs = _spelled_call(op, kwargs, lambda v: v.clone().requires_grad_(True))
+        if isinstance(theirs, str):
+            continue  # torch refuses this spelling (its parser raises before any tensor is looked at)
+        ours = _spelled_call(op, kwargs, lambda v: tt.tracer(v, requires_grad=True))
+        assert not isinstance(ours, str), f"{names}: {ours}"
+        for got, expected in zip(ours, theirs):
+            assert (got is None) == (expected is None), names
+            if expected is not None:
+                torch.testing.assert_close(got.as_subclass(torch.Tensor), expected, equal_nan=True, msg=str(names))

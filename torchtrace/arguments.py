@@ -92,6 +92,8 @@ def keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kwa
         if alias in kwargs and name not in kwargs:
             kwargs = {name if k == alias else k: v for k, v in kwargs.items()}
     params, exact = _positional_parameters(func) if func is not None else _forward_parameters(rule)
+    if not params and func is not None:  # a builtin torch.overrides does not describe: the rule's own names
+        params, exact = _forward_parameters(rule)[0], False
     names = [name for name, _ in params]
     if not exact and any(k not in names for k in kwargs):
         kwargs = _parser_names(kwargs, names)
