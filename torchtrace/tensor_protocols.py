@@ -86,6 +86,8 @@ class TensorProtocols:
         with plain_torch():
             copy = torch.Tensor.clone(self).as_subclass(type(self))
         copy._tt_requires_grad = self._tt_requires_grad
+        if "_is_param" in self.__dict__:  # torch.nn.Parameter(t) made it a parameter, or detach() a non-parameter
+            copy._is_param = self._is_param
         memo[id(self)] = copy
         return copy
 
