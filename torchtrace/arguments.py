@@ -96,7 +96,7 @@ def keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kwa
         params, exact = _forward_parameters(rule)[0], False
     names = [name for name, _ in params]
     if not exact and any(k not in names for k in kwargs):
-        kwargs = _parser_names(kwargs, names)
+        kwargs = _parser_names(kwargs, names, _rule_parameters(rule)[0])
     movable = [k for k, v in kwargs.items()
                if k in names and (exact or _holds_tensor(v) or _must_move(rule, k, names.index(k)))]
     last = max((names.index(k) for k in movable), default=-1)
@@ -110,15 +110,16 @@ def keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kwa
     return tuple(args) + tuple(filled), rest
 
 
-def _parser_names(kwargs: dict, names: list) -> dict:
+def _parser_names(kwargs: dict, names: list, accepted: frozenset) -> dict:
     """Keywords of a builtin under the names of its approximate signature: torch's parser calls the first two
-    tensors `input` and `other` (also x / a / x1 and x2) where torch.overrides may say `self`, or `x` and `y`."""
+    tensors `input` and `other` (also x / a / x1 and x2) where torch.overrides may say `self`, or `x` and `y`.
+    `input` / `other` stay as they are where the rule's forward takes them by those names (torch.where)."""
     renamed = {}
     for key, value in kwargs.items():
         if key not in names:
             key = _PARSER_ALIASES.get(key, key)
             position = {"input": 0, "other": 1}.get(key)
-            if key not in names and position is not None and position < len(names):
+            if key not in names and key not in accepted and position is not None and position < len(names):
                 key = names[position]
         renamed[key] = value
     return renamed
