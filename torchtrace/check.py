@@ -14,7 +14,8 @@ from torchtrace.tracer import as_tracer
 
 
 def flatten(tree: Any) -> Tuple[List[Any], Callable[[List[Any]], Any]]:
-    """Leaves of nested tuples / lists / dicts, and a function that rebuilds the tree from new leaves."""
+    """Leaves of nested tuples / lists / named tuples / dicts, and a function that rebuilds the tree (the same
+    container types) from new leaves."""
     if isinstance(tree, (list, tuple)):
         parts = [flatten(item) for item in tree]
         sizes = [len(leaves) for leaves, _ in parts]
@@ -30,7 +31,13 @@ def flatten(tree: Any) -> Tuple[List[Any], Callable[[List[Any]], Any]]:
     if isinstance(tree, dict):
         keys = list(tree)
         leaves, rebuild_values = flatten([tree[k] for k in keys])
-        return leaves, lambda new: dict(zip(keys, rebuild_values(new)))
+
+        def rebuild_dict(new: List[Any]) -> Any:
+            rebuilt = tree.copy()  # the same kind of dict (OrderedDict, defaultdict)
+            rebuilt.update(zip(keys, rebuild_values(new)))
+            return rebuilt
+
+        return leaves, rebuild_dict
     return [tree], lambda new: new[0]
 
 
@@ -90,6 +97,21 @@ def _compare(what: str, ours: Any, theirs: Any, rtol: float, atol: float) -> flo
     return diff.max().item() if diff.numel() else 0.0
 
 
+class RandomState:
+    """torch's random generators (CPU, and CUDA once initialised) as they are now, to replay: every run of the
+    checked function then draws the same numbers (dropout masks), as its first run did."""
+
+    def __init__(self) -> None:
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() \
+            else None
+
+    def replay(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
 def _keep_call(node: Node, args: tuple, kwargs: dict, result: Any) -> None:
     """Remember each node's arguments, so its rule can be re-checked alone if gradients disagree."""
     node.note(call=(args, kwargs))
@@ -106,8 +128,10 @@ def _check_once(fn: Callable, inputs: Sequence[Any], rtol: float, atol: float) -
         _keep_call(node, args, kwargs, result)
         recorded.append(node)
 
+    random_state = RandomState()
     with observing(keep_call, lambda node, grads, result: observed.append((node, grads, result))):
         out_ours, _ = flatten(fn(*rebuild(ours)))
+        random_state.replay()  # the reference run draws what ours drew
         with PlainCopies() as reference_run:  # torch autograd alone: parameters and captured tracers as plain copies
             out_theirs, _ = flatten(fn(*rebuild(theirs)))
         weights = _weights(out_ours)
@@ -133,7 +157,8 @@ def _check_once(fn: Callable, inputs: Sequence[Any], rtol: float, atol: float) -
             except (RuntimeError, NotImplementedError) as error:
                 reason = f"torch autograd cannot differentiate it ({str(error).splitlines()[0]})"
     if reason is not None:
-        return _check_by_finite_differences(fn, leaves, rebuild, ours, weights, reason, len(out_ours), len(observed))
+        return _check_by_finite_differences(fn, leaves, rebuild, ours, weights, reason, len(out_ours), len(observed),
+                                            random_state)
     n_grads = 0
     try:
         for i, (a, b) in enumerate(zip(ours, theirs)):
@@ -168,14 +193,18 @@ def _why_not_torch(recorded: List[Node], out_ours: List[Any], out_theirs: List[A
 
 def _check_by_finite_differences(fn: Callable, leaves: List[Any], rebuild: Callable, ours: List[Any],
                                  weights: List[Optional[torch.Tensor]], reason: str, n_outputs: int,
-                                 n_nodes: int) -> CheckReport:
-    """Compare the inputs' gradients with central finite differences (float64), saying why torch was not used."""
+                                 n_nodes: int, random_state: RandomState) -> CheckReport:
+    """Compare the inputs' gradients with central finite differences (float64), saying why torch was not used.
+    Every evaluation draws the random numbers of the first run."""
+    after_one_run = RandomState()
 
     def projected(values: List[Any]) -> float:
+        random_state.replay()
         outs, _ = flatten(fn(*rebuild(values)))
         return sum(float((o.double() * w.double()).sum()) for o, w in zip(outs, weights) if w is not None)
 
     numeric = finite_differences(projected, leaves)
+    after_one_run.replay()
     worst = 0.0
     for k, expected in numeric.items():
         got = ours[k].grad if ours[k].grad is not None else torch.zeros_like(expected)

@@ -60,9 +60,15 @@ class TensorProtocols:
         return _rebuild, (type(self), plain, self._tt_requires_grad if self._tt_node is None else False)
 
     def __deepcopy__(self, memo: dict) -> "TensorProtocols":
+        if self._tt_node is not None:  # as torch: a copy could neither share the graph nor silently leave it
+            raise RuntimeError("Only tracers created explicitly by the user (graph leaves) support the deepcopy "
+                               "protocol, as in torch: deepcopy its .detach() (a leaf), or copy the leaves and "
+                               "compute it again")
         with plain_torch():
             copy = torch.Tensor.clone(self).as_subclass(type(self))
-        copy._tt_requires_grad = self._tt_requires_grad and self._tt_node is None
+        copy._tt_requires_grad = self._tt_requires_grad
+        if "_is_param" in self.__dict__:  # torch.nn.Parameter(t) made it a parameter, or detach() a non-parameter
+            copy._is_param = self._is_param
         memo[id(self)] = copy
         return copy
 

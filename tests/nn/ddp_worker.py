@@ -9,6 +9,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from ddp_torch_cases import TwoHeads, run_both
 
 import torchtrace as tt
 from torchtrace.nn.parallel import DistributedDataParallel
@@ -35,15 +36,6 @@ class WithBranch(tt.nn.Module):
         return out + self.extra(x) if use_extra else out
 
 
-class TwoHeads(tt.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.first, self.second = tt.nn.Linear(5, 1), tt.nn.Linear(5, 1)
-
-    def forward(self, x):
-        return self.first(x), self.second(x)
-
-
 def data(seed: int, n: int = 16):
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(n, 5, generator=gen, dtype=torch.float64), torch.randn(n, 3, generator=gen, dtype=torch.float64)
@@ -64,7 +56,7 @@ def plain_params(model: torch.nn.Module) -> dict:
 def error_of(fn) -> str:
     try:
         fn()
-    except (RuntimeError, TypeError) as error:
+    except (RuntimeError, TypeError, NotImplementedError) as error:
         return str(error)
     return ""
 
@@ -103,7 +95,7 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
         optimizer.step()
     result["trained"] = plain_params(model)
 
-    branch = DistributedDataParallel(WithBranch().double())
+    branch = DistributedDataParallel(WithBranch().double(), find_unused_parameters=True)
     result["branch_initial"] = plain_params(branch.module)
     xb, yb = shard(data(4), rank, world)
     mse(branch(tt.tracer(xb), use_extra=rank == 1), yb).backward()
@@ -115,20 +107,25 @@ def main(rank: int, world: int, port: int, out_dir: str) -> None:
     result["branch_accumulated_grads"] = grads(branch.module)
 
     norm = DistributedDataParallel(tt.nn.BatchNorm1d(5).double())
+    norm(tt.tracer(x + rank))  # a synchronised forward: each rank's running statistics move toward its own data
+    result["norm_before"] = [b.clone() for b in norm.module.buffers()]
+    norm.eval()
     with tt.no_grad():
-        norm(tt.tracer(x + rank))  # each rank's running statistics move toward its own data
-        result["norm_before"] = [b.clone() for b in norm.module.buffers()]
-        norm.eval()
         norm(tt.tracer(x))  # broadcasts rank 0's statistics first; in eval mode they do not move
-        result["norm_after"] = [b.clone() for b in norm.module.buffers()]
+    result["norm_after"] = [b.clone() for b in norm.module.buffers()]
 
     out = ddp(tt.tracer(x))
     mse(out, y).backward(retain_graph=True)
     result["second_backward"] = error_of(lambda: mse(out, y).backward())
-    heads = DistributedDataParallel(TwoHeads())
+    heads = DistributedDataParallel(tt.port(TwoHeads()))
     heads(tt.tracer(x.float()))[0].sum().backward()  # the second head's parameters get no gradient
     result["after_partial_backward"] = error_of(lambda: heads(tt.tracer(x.float())))
     result["plain_parameters"] = error_of(lambda: DistributedDataParallel(torch.nn.Linear(2, 2)))
+    result["refused_option"] = error_of(lambda: DistributedDataParallel(model, mixed_precision=object()))
+    changing = DistributedDataParallel(WithBranch().double(), static_graph=True)
+    mse(changing(tt.tracer(xb), use_extra=False), yb).backward()
+    result["static_graph_changed"] = error_of(lambda: mse(changing(tt.tracer(xb), use_extra=True), yb).backward())
+    result["torch_cases"] = run_both(rank)
     torch.save(result, f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()
 

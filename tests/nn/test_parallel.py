@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from ddp_torch_cases import CASES
 from ddp_worker import BUCKET_CAP_MB, data, make_model, shard
 
 import torchtrace as tt
@@ -143,7 +144,7 @@ def test_a_gradient_accumulated_on_one_rank_is_averaged_on_every_rank_even_if_th
                     {k: v.grad for k, v in p.items() if not k.startswith("unused")})
 
 
-def test_buffers_are_broadcast_from_rank_0_at_each_forward(ranks):
+def test_buffers_are_broadcast_from_rank_0_at_the_forward_after_a_synchronised_one(ranks):
     assert not torch.equal(ranks[0]["norm_before"][0], ranks[1]["norm_before"][0])  # the ranks' statistics differed
     for result in ranks:
         for after, rank0 in zip(result["norm_after"], ranks[0]["norm_before"]):
@@ -165,8 +166,10 @@ def test_the_backprop_trace_shows_each_bucket_all_reduce_where_it_starts(ranks):
 
 @pytest.mark.parametrize("key, message", [
     ("second_backward", "received a gradient after its forward's gradients were averaged"),
-    ("after_partial_backward", r"did not reach every parameter its forward used \(second.weight, second.bias\)"),
+    ("after_partial_backward", r"did not reach every parameter .*\(second.weight, second.bias got no gradient\)"),
     ("plain_parameters", "needs tracer parameters, but weight, bias are plain torch tensors"),
+    ("refused_option", r"does not support mixed_precision= \(communicating gradients in another dtype\)"),
+    ("static_graph_changed", r"static_graph=True\): the training graph changed .*extra.weight, extra.bias"),
 ])
 def test_misuse_raises_instead_of_leaving_gradients_unaveraged(ranks, key, message):
     for result in ranks:
@@ -198,3 +201,43 @@ def test_the_docs_page_shows_the_trace_this_run_printed(ranks):
     page = (ROOT / "docs" / "ddp.md").read_text(encoding="utf-8")
     shown = re.search(r"```text\n(BackProp:.*?)```", page, re.S).group(1)
     assert shown == ranks[0]["trace"]
+
+
+def _same_observations(torch_run, ours, where: str) -> None:
+    """Everything a case observed under torch's DDP equals what it observed under ours (an error on both or on
+    neither)."""
+    if isinstance(torch_run, dict):
+        assert torch_run.keys() == ours.keys(), where
+        for key in torch_run:
+            _same_observations(torch_run[key], ours[key], f"{where}/{key}")
+    elif isinstance(torch_run, str):
+        assert bool(torch_run) == bool(ours), f"{where}: torch raised {torch_run!r}, ours {ours!r}"
+    elif torch_run is None or ours is None:
+        assert torch_run is None and ours is None, f"{where}: torch {torch_run}, ours {ours}"
+    else:
+        torch.testing.assert_close(ours, torch_run, rtol=1e-10, atol=1e-12, msg=where)
+
+
+@pytest.mark.parametrize("case", [case.__name__ for case in CASES])
+def test_each_case_matches_torchs_distributed_data_parallel(ranks, case):
+    for rank, result in enumerate(ranks):
+        runs = result["torch_cases"][case]
+        assert "crashed" not in runs["torch"], runs["torch"]
+        assert "crashed" not in runs["ours"], runs["ours"]
+        _same_observations(runs["torch"], runs["ours"], f"rank {rank}: {case}")
+
+
+def test_the_cases_observe_what_they_are_about(ranks):
+    """The comparisons above are not vacuous: unused parameters keep None, buffers differ across ranks where torch
+    does not copy them, the error is raised, and gradients are bucket views."""
+    for rank, result in enumerate(ranks):
+        cases = {case: runs["ours"] for case, runs in result["torch_cases"].items()}
+        zeroed = cases["unused_head_after_zero_grad"]
+        assert zeroed["grads1"]["head.weight"] is None and zeroed["grads0"]["head.weight"] is not None
+        assert cases["partial_outputs"]["grads1"]["second.weight"] is None
+        assert "find_unused_parameters=True" in cases["unused_head_without_find_unused"]["error"]
+        assert cases["gradient_as_bucket_view"]["is_view1"] and cases["gradient_as_bucket_view"]["kept2"]
+        assert cases["structured_outputs"]["dataclassTrue"]["unused.weight"] is None
+    means = [result["torch_cases"]["batchnorm_accumulation"]["ours"]["values0"]["1.running_mean"]
+             for result in ranks]
+    assert not torch.equal(means[0], means[1])  # the forward after no_sync() copied nothing

@@ -79,7 +79,5 @@ def test_norm_wrappers_train_like_torch(wrap, make):
     assert _two_steps_match(wrap, make)
 
 
-@pytest.mark.xfail(strict=True, reason="core: torch.nn.Parameter(tt.nn.Parameter) raises (detach() returns a tracer, "
-                                       "not the same type), so parametrize cannot re-wrap a tt parameter")
 def test_parametrized_weight_norm_trains_like_torch():
     assert _two_steps_match(parametrized_weight_norm, MAKERS[0])

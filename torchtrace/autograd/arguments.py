@@ -13,6 +13,8 @@ _POSITIONAL: Dict[Callable, tuple] = {}  # keyed by registered torch callables o
 # which depends on those names only. dispatch.run_rule applies it without calling keywords_to_positions again.
 KEYWORD_PLANS: Dict[tuple, Tuple[tuple, tuple]] = {}
 _NUMPY_NAMES = (("axis", "dim"), ("keepdims", "keepdim"))
+# torch's argument parser also takes these names for a builtin's `input` and `other` (torch.mul(x1=a, x2=b))
+_PARSER_ALIASES = {"x": "input", "a": "input", "x1": "input", "x2": "other"}
 
 
 def _signature_parameters(target: Callable) -> tuple:
@@ -96,7 +98,11 @@ def keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kwa
             kwargs = {name if k == alias else k: v for k, v in kwargs.items()}
     as_written = key[2:] == tuple(kwargs)  # no keyword dropped or renamed
     params, exact = _positional_parameters(func) if func is not None else _forward_parameters(rule)
+    if not params and func is not None:  # a builtin torch.overrides does not describe: the rule's own names
+        params, exact = _forward_parameters(rule)[0], False
     names = [name for name, _ in params]
+    if not exact and any(k not in names for k in kwargs):
+        kwargs = _parser_names(kwargs, names, _rule_parameters(rule)[0])
     movable = [k for k, v in kwargs.items()
                if k in names and (exact or _holds_tensor(v) or _must_move(rule, k, names.index(k)))]
     last = max((names.index(k) for k in movable), default=-1)
@@ -108,6 +114,21 @@ def keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kwa
     if exact and func is not None and as_written and "out" not in kwargs:
         KEYWORD_PLANS[key] = (tuple(moved), tuple(rest))  # the keyword names decide it all
     return tuple(args) + tuple(filled), rest
+
+
+def _parser_names(kwargs: dict, names: list, accepted: frozenset) -> dict:
+    """Keywords of a builtin under the names of its approximate signature: torch's parser calls the first two
+    tensors `input` and `other` (also x / a / x1 and x2) where torch.overrides may say `self`, or `x` and `y`.
+    `input` / `other` stay as they are where the rule's forward takes them by those names (torch.where)."""
+    renamed = {}
+    for key, value in kwargs.items():
+        if key not in names:
+            key = _PARSER_ALIASES.get(key, key)
+            position = {"input": 0, "other": 1}.get(key)
+            if key not in names and key not in accepted and position is not None and position < len(names):
+                key = names[position]
+        renamed[key] = value
+    return renamed
 
 
 def wants_gradient(value: Any) -> bool:

@@ -54,7 +54,7 @@ def grad(outputs: Tensors, inputs: Tensors, grad_outputs: Optional[Tensors] = No
     inputs = _as_list(inputs)
     targets = [_edge_of(t, f"input {i}") for i, t in enumerate(inputs)]
     captured: Dict[Tuple[Any, int], Any] = {edge: None for edge in targets}
-    roots, tracer_type = _roots(outputs, grad_outputs, create_graph)
+    roots, tracer_type = _roots(outputs, grad_outputs, create_graph, "grad_outputs")
     _walk(roots, create_graph if retain_graph is None else retain_graph, create_graph, captured, tracer_type)
     result = tuple(captured[edge] for edge in targets)
     if not allow_unused and any(g is None for g in result):
@@ -77,8 +77,10 @@ def _edge_of(t: Any, what: str) -> Tuple[Any, int]:
                        "require grad (tt.tracer(..., requires_grad=True) or x.requires_grad_()).")
 
 
-def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool) -> Tuple[List[Tuple[Any, int, Any]], type]:
-    """(node, output nr, gradient) for each output: ones for a scalar without one; the output's dtype."""
+def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool,
+           grads_name: str = "gradient") -> Tuple[List[Tuple[Any, int, Any]], type]:
+    """(node, output nr, gradient) for each output: ones for a scalar without one; the output's dtype. `grads_name`
+    is what the caller calls the gradients (backward's gradient=, tt.grad's grad_outputs=), for the message."""
     tensors = _as_list(tensors)
     grads = [None] * len(tensors) if grads is None else _as_list(grads)
     tracer_type = next((t._tt_type for t in tensors if hasattr(type(t), "_tt_type")), None)
@@ -87,15 +89,16 @@ def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool) -> Tu
                            "(for plain tensors use torch's own .backward())")
     with plain_torch():
         return [(*_edge_of(t, f"element {i} of the tensors passed to backward"), _root_gradient(t, g, create_graph,
-                 tracer_type)) for i, (t, g) in enumerate(zip(tensors, grads))], tracer_type
+                 tracer_type, grads_name)) for i, (t, g) in enumerate(zip(tensors, grads))], tracer_type
 
 
-def _root_gradient(t: torch.Tensor, g: Optional[torch.Tensor], create_graph: bool, tracer_type: type) -> Any:
+def _root_gradient(t: torch.Tensor, g: Optional[torch.Tensor], create_graph: bool, tracer_type: type,
+                   grads_name: str) -> Any:
     """The gradient backward starts from: ones for a scalar output; else g, which must have the output's shape; in
     the output's dtype (as torch); recorded too with create_graph."""
     if (g is None and t.numel() != 1) or (g is not None and (g.shape != t.shape or g.is_complex())):
         raise RuntimeError(f"grad can be implicitly created only for scalar outputs, but this output has shape "
-                           f"{tuple(t.shape)}: pass gradient= (a tensor of that shape), or reduce it (e.g. .sum())."
+                           f"{tuple(t.shape)}: pass {grads_name}= (a tensor of that shape), or reduce it (e.g. .sum())."
                            if g is None else f"gradient has shape {tuple(g.shape)} and dtype {g.dtype}, but the "
                            f"output has shape {tuple(t.shape)} and dtype {t.dtype}: pass a real gradient of the "
                            "output's shape")

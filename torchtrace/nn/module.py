@@ -39,13 +39,24 @@ class Parameter(tracer):
             param = torch.Tensor.detach(data).as_subclass(cls)
         return param.requires_grad_(requires_grad)
 
+    def detach(self) -> "Parameter":
+        """A tracer sharing the data that is not a parameter (as torch's Parameter.detach() is a plain tensor), of
+        this class only so that `torch.nn.Parameter(p)` accepts it (torch requires detach() to keep the class of a
+        tensor subclass: parametrizations such as weight_norm re-wrap a parameter that way)."""
+        with plain_torch():
+            detached = torch.Tensor.detach(self).as_subclass(type(self))
+        detached._is_param = False
+        return detached
+
     def __repr__(self, **kwargs: Any) -> str:
         with plain_torch():
             data = torch.Tensor.detach(self).as_subclass(tracer)
         data._tt_requires_grad = self._tt_requires_grad
-        return "Parameter containing:\n" + data.__repr__(**kwargs)
+        return ("Parameter containing:\n" if self._is_param else "") + data.__repr__(**kwargs)
 
     def __reduce_ex__(self, protocol: int) -> Any:
+        if not self._is_param:
+            return tracer.__reduce_ex__(self, protocol)
         with plain_torch():
             plain = torch.Tensor.detach(self).as_subclass(torch.Tensor)
         return Parameter, (plain, self._tt_requires_grad)

@@ -8,5 +8,6 @@ T = torch.Tensor
 NON_DIFFERENTIABLE.update([
     torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like, torch.randn_like,
     torch.randint_like, T.new_zeros, T.new_ones, T.new_empty, T.new_full, T.new_tensor, T.detach,
+    torch.detach,
     T.data.__get__, T.__deepcopy__, T.__reduce_ex__, torch.Tensor.__array__,
 ])

@@ -16,52 +16,78 @@ import torch
 import torch.distributed as dist
 
 from torchtrace.autograd.plain import plain_torch
+from torchtrace.nn.parallel.outputs import find_tensors, through_sink
 from torchtrace.nn.parallel.reducer import GradientReady, Reducer
 
-
-def _tensors(value: Any) -> List[torch.Tensor]:
-    """The tensors inside a forward's output (a tensor, or nested tuples / lists / dicts of them)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in _tensors(item)]
-    return []
+# torch's arguments this implementation does not follow, and why (each refused only when set)
+_REFUSED = {
+    "delay_all_reduce_named_params": "averaging some parameters only when another one's gradient is ready",
+    "param_to_hook_all_reduce": "averaging some parameters only when another one's gradient is ready",
+    "mixed_precision": "communicating gradients in another dtype",
+    "device_mesh": "device meshes",
+    "skip_all_reduce_unused_params": "skipping the all-reduce of unused parameters",
+    "bucket_cap_mb_list": "a size per bucket",
+}
 
 
 class DistributedDataParallel(torch.nn.Module):
     """Wrap `module` so that each backward averages its parameters' gradients across the ranks of `process_group`.
 
     Needs `torch.distributed.init_process_group(...)` first (e.g. "gloo" under `torchrun`; "nccl" for CUDA
-    tensors). Parameters must be tracers (a `tt.nn` model, or `tt.port(torch_model)`). Buckets hold at most
-    `bucket_cap_mb` MiB of gradients each. `broadcast_buffers=True` copies rank 0's buffers (BatchNorm statistics)
-    to every rank at each forward, as torch does. Parameters a forward's outputs do not reach count as ready at
-    once (torch's find_unused_parameters=True behaviour, always on; the argument is accepted for ported code).
-    `device_ids` / `output_device` are accepted for ported code: the module is not moved.
+    tensors). Parameters must be tracers (a `tt.nn` model, or `tt.port(torch_model)`). The arguments mean what they
+    mean for torch's DistributedDataParallel:
+
+    - `bucket_cap_mb`: buckets hold at most this many MiB of gradients each (25 by default).
+    - `find_unused_parameters`: parameters the forward does not use, or that only outputs the loss leaves out
+      reach, are averaged without a gradient of this rank, and keep `.grad` untouched where no rank used them.
+      Without it every parameter must receive a gradient in each synchronised backward.
+    - `static_graph`: the same parameters are used in every iteration; unused ones are then allowed as with
+      find_unused_parameters, and an iteration that uses another set raises.
+    - `gradient_as_bucket_view`: after the first averaging each `.grad` is a view of its communication bucket (no
+      copy between them; `.grad.detach_()` is then refused, as in torch).
+    - `forward_sync_buffers` (or the older `broadcast_buffers`): rank 0's buffers (BatchNorm statistics) are copied
+      to every rank at the start of a forward that follows a synchronised forward with gradients (not after one
+      under no_sync() or torch.no_grad()). `init_sync=False` skips copying parameters and buffers at construction.
+    - `device_ids` / `output_device` / `dim` / `check_reduction` / `batched_grad_copy` are accepted for ported code:
+      the module is not moved and the values are the same.
     """
 
     def __init__(self, module: torch.nn.Module, device_ids: Optional[Sequence[Any]] = None,
-                 output_device: Optional[Any] = None, dim: int = 0, broadcast_buffers: bool = True,
-                 process_group: Optional[Any] = None, bucket_cap_mb: float = 25.0,
-                 find_unused_parameters: bool = False):
+                 output_device: Optional[Any] = None, dim: int = 0, broadcast_buffers: Optional[bool] = None,
+                 init_sync: bool = True, process_group: Optional[Any] = None, bucket_cap_mb: Optional[float] = None,
+                 find_unused_parameters: bool = False, check_reduction: bool = False,
+                 gradient_as_bucket_view: bool = False, static_graph: bool = False, *,
+                 forward_sync_buffers: Optional[bool] = None, batched_grad_copy: bool = False, **unsupported: Any):
         super().__init__()
+        _refuse(unsupported)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("DistributedDataParallel needs torch.distributed: call "
                                "torch.distributed.init_process_group('gloo') first (torchrun sets the environment)")
         self.module = module
         self.process_group = process_group if process_group is not None else dist.group.WORLD
-        self.broadcast_buffers = broadcast_buffers
+        self.forward_sync_buffers = (forward_sync_buffers if forward_sync_buffers is not None
+                                     else broadcast_buffers is not False)
+        self.broadcast_buffers = self.forward_sync_buffers
+        self.find_unused_parameters = find_unused_parameters or static_graph
+        self.static_graph, self.gradient_as_bucket_view = static_graph, gradient_as_bucket_view
         self.require_backward_grad_sync = True
+        self.require_forward_param_sync = True  # the last forward synchronised: the next one copies rank 0's buffers
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise RuntimeError("DistributedDataParallel is not needed when a module has no parameter that requires "
+                               "a gradient")
         refused = [name for name, p in named if not hasattr(type(p), "_tt_node")]
         if refused:
             raise TypeError(f"torchtrace's DistributedDataParallel needs tracer parameters, but {', '.join(refused)} "
                             "are plain torch tensors: wrap tt.port(model) (or use torch.nn.parallel's DDP for torch "
                             "autograd)")
-        self._broadcast([p for p in module.parameters()] + list(module.buffers()))
+        if init_sync:
+            self._broadcast(list(module.parameters()) + (list(module.buffers()) if broadcast_buffers is not False
+                                                         else []))
         params = [p for _, p in named]
-        self.reducer = Reducer(params, [name for name, _ in named], self.process_group, int(bucket_cap_mb * 2**20))
+        cap = 25.0 if bucket_cap_mb is None else bucket_cap_mb
+        self.reducer = Reducer(params, [name for name, _ in named], self.process_group, int(cap * 2**20),
+                               self.find_unused_parameters, gradient_as_bucket_view, static_graph)
         self._handles = [p.register_post_accumulate_grad_hook(GradientReady(self.reducer, i))
                          for i, p in enumerate(params)]
 
@@ -72,11 +98,18 @@ class DistributedDataParallel(torch.nn.Module):
                 dist.broadcast(t.detach().as_subclass(torch.Tensor), src=0, group=self.process_group)
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        if self.broadcast_buffers and dist.get_world_size(self.process_group) > 1:
-            self._broadcast(list(self.module.buffers()))
+        grad_enabled = torch.is_grad_enabled()
+        if grad_enabled:
+            self.reducer.check_prior_reduction()
+        buffers = list(self.module.buffers())
+        if self.require_forward_param_sync and self.forward_sync_buffers and buffers:
+            self._broadcast(buffers)
         output = self.module(*inputs, **kwargs)
-        if torch.is_grad_enabled():
-            self.reducer.prepare(_tensors(output), sync=self.require_backward_grad_sync)
+        self.require_forward_param_sync = grad_enabled and self.require_backward_grad_sync
+        if grad_enabled:
+            self.reducer.prepare(find_tensors(output), sync=self.require_backward_grad_sync)
+            if self.require_backward_grad_sync and self.find_unused_parameters:
+                output = through_sink(output, self.reducer)
         return output
 
     @contextlib.contextmanager
@@ -88,3 +121,13 @@ class DistributedDataParallel(torch.nn.Module):
             yield
         finally:
             self.require_backward_grad_sync = previous
+
+
+def _refuse(arguments: dict) -> None:
+    """torch's arguments set to something this implementation does not do: say which and why."""
+    for name, value in arguments.items():
+        if name not in _REFUSED:
+            raise TypeError(f"DistributedDataParallel got an unexpected keyword argument '{name}'")
+        if value not in (None, False):
+            raise NotImplementedError(f"torchtrace's DistributedDataParallel does not support {name}= "
+                                      f"({_REFUSED[name]}): leave it unset")
