@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 
 import torchtrace as tt
-from torchtrace.check import flatten
+from torchtrace.nested import flatten
 
 
 def as_double(inputs: Any) -> list:

@@ -9,7 +9,7 @@ import torch
 import torchtrace as tt
 from torchtrace.autograd.arguments import _signature_parameters
 from torchtrace.autograd.function import RULES
-from torchtrace.check import flatten
+from torchtrace.nested import flatten
 
 
 def _ops_with_rules() -> dict:

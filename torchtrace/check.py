@@ -9,36 +9,9 @@ from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.errors import GradientMismatch
 from torchtrace.naming import callable_name
+from torchtrace.nested import flatten
 from torchtrace.reference import PlainCopies, finite_differences
 from torchtrace.tracer import as_tracer
-
-
-def flatten(tree: Any) -> Tuple[List[Any], Callable[[List[Any]], Any]]:
-    """Leaves of nested tuples / lists / named tuples / dicts, and a function that rebuilds the tree (the same
-    container types) from new leaves."""
-    if isinstance(tree, (list, tuple)):
-        parts = [flatten(item) for item in tree]
-        sizes = [len(leaves) for leaves, _ in parts]
-
-        def rebuild_sequence(leaves: List[Any]) -> Any:
-            items, start = [], 0
-            for (_, rebuild), size in zip(parts, sizes):
-                items.append(rebuild(leaves[start:start + size]))
-                start += size
-            return type(tree)(items) if type(tree) in (list, tuple) else type(tree)(*items)
-
-        return [leaf for leaves, _ in parts for leaf in leaves], rebuild_sequence
-    if isinstance(tree, dict):
-        keys = list(tree)
-        leaves, rebuild_values = flatten([tree[k] for k in keys])
-
-        def rebuild_dict(new: List[Any]) -> Any:
-            rebuilt = tree.copy()  # the same kind of dict (OrderedDict, defaultdict)
-            rebuilt.update(zip(keys, rebuild_values(new)))
-            return rebuilt
-
-        return leaves, rebuild_dict
-    return [tree], lambda new: new[0]
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:

@@ -30,8 +30,8 @@ import torch
 
 from torchtrace.autograd.engine import grad as tt_grad
 from torchtrace.autograd.plain import plain_torch
-from torchtrace.check import flatten
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.nested import flatten
 from torchtrace.tracer import as_tracer
 
 PASS, UNSUPPORTED, WRONG, SKIPPED = "PASS", "unsupported", "WRONG", "skipped"

@@ -8,7 +8,7 @@ import torch
 from helpers import opinfos
 
 import torchtrace as tt
-from torchtrace.check import flatten
+from torchtrace.nested import flatten
 
 OPS = """acos asin atan acosh asinh atanh sinh cosh sinc deg2rad rad2deg hypot copysign logaddexp logaddexp2 logit xlogy
 special.xlog1py special.entr lgamma digamma polygamma mvlgamma erfinv i0 special.i0e special.i1 special.i1e special.ndtr

@@ -95,8 +95,3 @@ def _note_inplace_forms(func: Callable, rule: type) -> None:
         names = []
     if "inplace" in names:
         INPLACE_FLAG[func] = names.index("inplace")
-
-
-def supported_ops() -> List[Callable]:
-    """Every torch callable that has a gradient rule (function, method and operator forms)."""
-    return list(RULES)

@@ -15,7 +15,6 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, leaf_accumulator
 from torchtrace.autograd.state import observing
-from torchtrace.check import flatten
 from torchtrace.doctor.findings import Diagnosis, Finding
 from torchtrace.doctor.paths import CutWatcher, ModulesRan, no_path_reasons
 from torchtrace.doctor.recording import record_pass
@@ -23,6 +22,7 @@ from torchtrace.doctor.values import all_finite
 from torchtrace.doctor.watch import Watch
 from torchtrace.inspect.construction import by_construction, looks_zero
 from torchtrace.inspect.scope import module_names, module_scope
+from torchtrace.nested import flatten
 
 
 def _names(models: List[torch.nn.Module]) -> Dict[int, str]:

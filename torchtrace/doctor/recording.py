@@ -14,10 +14,10 @@ from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, Node, edge_gradient
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
-from torchtrace.check import flatten
 from torchtrace.doctor.paths import ModulesRan
 from torchtrace.doctor.where import math_line, user_line
 from torchtrace.inspect.scope import module_names, module_scope, path_name
+from torchtrace.nested import flatten
 
 
 def _plain(t: Any) -> Optional[torch.Tensor]:

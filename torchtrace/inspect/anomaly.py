@@ -12,9 +12,9 @@ import torch
 from torchtrace.autograd.node import Node
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
-from torchtrace.check import flatten
 from torchtrace.inspect.scope import module_names, module_scope, path_name
 from torchtrace.naming import callable_name
+from torchtrace.nested import flatten
 
 _LIBRARIES = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
 

@@ -7,9 +7,9 @@ import torch
 
 from torchtrace.autograd.node import AccumulateGrad, Node
 from torchtrace.autograd.state import observing
-from torchtrace.check import flatten
 from torchtrace.inspect.scope import module_names, module_scope, path_name
 from torchtrace.naming import callable_name
+from torchtrace.nested import flatten
 
 
 class Graph:

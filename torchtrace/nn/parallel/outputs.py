@@ -16,7 +16,7 @@ from typing import Any, List, Tuple
 import torch
 
 from torchtrace.autograd.function import Function
-from torchtrace.check import flatten
+from torchtrace.nested import flatten
 from torchtrace.nn.parallel.reducer import Reducer, reachable_leaves
 
 
