@@ -1,0 +1,160 @@
+"""The recorded program as objects: a Statement per recorded torch call, Blocks of them in a trie, one Program.
+
+A Statement says what one torch call that records a gradient was: the callable, its structural arguments by
+value (shapes, dims, dtypes, flags: `key`; a Python float is a number slot, read on every call), where each
+tensor argument came from (`sources`: value j, made by an earlier statement, or leaf slot L, any other tensor,
+bound to an object on each call), which of them required a gradient, and the shape and dtype of each result.
+Values are numbered along a path of the trie in the order statements make them; leaf slots in the order they
+are first read. A Block is a straight run of statements; where a later call went another way (a branch of
+the user's Python, a new shape), the block ends and its `children` start with the differing statements.
+"""
+import math
+import types
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+
+REPLAY, PASS, EAGER = "replay", "pass", "eager"  # the kinds of statement (see Statement)
+TENSOR = object()  # a tensor argument's place in a key
+NUMBER = object()  # a Python float's place in a key: a number slot, read on every call
+
+
+def describe(args: tuple, kwargs: dict) -> Tuple[tuple, List[torch.Tensor], List[Any]]:
+    """(key, tensors, numbers) of a call's arguments: tensors and floats are slots, the rest is kept by value."""
+    key: List[Any] = []
+    tensors: List[torch.Tensor] = []
+    numbers: List[Any] = []
+    for value in args:
+        _describe(value, key, tensors, numbers)
+    for name, value in kwargs.items():
+        key.append(name)
+        _describe(value, key, tensors, numbers)
+    return tuple(key), tensors, numbers
+
+
+def _describe(value: Any, key: list, tensors: list, numbers: list) -> None:
+    kind = type(value)
+    if isinstance(value, torch.Tensor):
+        key.append(TENSOR)
+        tensors.append(value)
+    elif kind is float:
+        key.append(NUMBER)
+        numbers.append(value)
+    elif kind is bool or kind is int or value is None or kind is str:
+        key.append((kind, value))
+    elif kind is list or kind is tuple:
+        key.append((kind, len(value)))
+        for item in value:
+            _describe(item, key, tensors, numbers)
+    elif kind is slice:
+        key.append(slice)
+        for part in (value.start, value.stop, value.step):
+            _describe(part, key, tensors, numbers)
+    elif isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)) \
+            or value is Ellipsis:
+        key.append(value)
+    else:  # another object (a generator, an enum): its type is the structure, the object itself is read each call
+        key.append(kind)
+
+
+class Statement:
+    """One recorded torch call (see the module docstring).
+
+    kind: REPLAY (a rule's forward, run on plain tensors inside the program's node), PASS (a call that hands back
+    its input: x.contiguous() of a contiguous x) or EAGER (an in-place change, a Function.apply, a call that records
+    more than one node: run by the eager engine, its results read by later statements as values).
+    """
+
+    __slots__ = ("func", "kind", "rule", "key", "sources", "needs", "mask", "torch_leaf", "edges", "results",
+                 "first_value", "new_slots", "numbers", "module", "line", "slot_names", "example")
+
+    def __init__(self, func: Callable, kind: str, key: tuple, sources: tuple, needs: tuple):
+        self.func, self.kind, self.key, self.sources, self.needs = func, kind, key, sources, needs
+        self.rule: Optional[type] = None
+        self.mask = 0  # bit i: argument i needs a gradient (the rule's ctx.needs_input_grad)
+        self.torch_leaf = False  # an argument is a plain tensor with torch's requires_grad (torch's grad mode goes off)
+        self.edges: tuple = ()  # node.edges as recorded: (position, source, shape, dtype) per argument needing a gradient
+        self.results: tuple = ()  # (shape, dtype) of each tensor result
+        self.first_value = 0  # the number of the first value this statement makes
+        self.new_slots: tuple = ()  # leaf slots first read here: (slot, shape, dtype, requires_grad)
+        self.numbers: tuple = ()  # the floats of the recording call (what the teaching form writes)
+        self.module = ""  # dotted path of the module it ran in ("" outside modules)
+        self.line = ""  # 'file.py:12  h = x @ w' of the user's code
+        self.slot_names: dict = {}  # slot -> a name for new leaf slots (an argument's or a parameter's name)
+        self.example: Any = None  # for rendering: (args, kwargs, out) of the recording call, plain and detached
+
+    def same_call(self, func: Callable, key: tuple) -> bool:
+        return self.func is func and self.key == key
+
+    def describe(self) -> str:
+        name = getattr(self.func, "__qualname__", getattr(self.func, "__name__", repr(self.func)))
+        return f"{name}" + (f" [{self.module}]" if self.module else "") + (f" at {self.line}" if self.line else "")
+
+
+class Block:
+    """A straight run of statements, then the blocks a later call took instead of going on (a trie node)."""
+
+    __slots__ = ("statements", "children", "ended")
+
+    def __init__(self, statements: Optional[List[Statement]] = None):
+        self.statements: List[Statement] = statements or []
+        self.children: List["Block"] = []
+        self.ended = False  # a call ended after this block's last statement
+
+    def split(self, at: int) -> None:
+        """Statements from `at` on (and the children) move into one child: a new branch can start at `at`."""
+        rest = Block(self.statements[at:])
+        rest.children, rest.ended = self.children, self.ended
+        self.statements, self.children, self.ended = self.statements[:at], [rest], False
+
+
+class Program:
+    """The trie of every path the compiled function's calls took."""
+
+    def __init__(self, title: str):
+        self.title = title
+        self.root = Block()
+
+    def blocks(self) -> List[Block]:
+        found, stack = [], [self.root]
+        while stack:
+            block = stack.pop()
+            found.append(block)
+            stack.extend(reversed(block.children))
+        return found
+
+    def paths(self) -> List[List[Statement]]:
+        """Every root-to-end path, as statements (the straight-line programs of the trie)."""
+        out: List[List[Statement]] = []
+        stack: List[Tuple[Block, List[Statement]]] = [(self.root, [])]
+        while stack:
+            block, before = stack.pop()
+            here = before + block.statements
+            if block.ended or not block.children:
+                out.append(here)
+            stack.extend((child, here) for child in reversed(block.children))
+        return out
+
+    def attach(self, block: Block, at: int, statements: List[Statement]) -> None:
+        """A call left the trie at (block, at) and went on with `statements`: they become a branch there."""
+        if block is self.root and not block.statements and not block.children:
+            block.statements.extend(statements)
+            block.ended = True
+            return
+        if at < len(block.statements):
+            block.split(at)
+        if statements:
+            child = Block(statements)
+            child.ended = True
+            block.children.append(child)
+        else:
+            block.ended = True
+
+
+def number_text(value: float) -> str:
+    return repr(value) if math.isfinite(value) else f"float('{value}')"
+
+
+def is_function_apply(func: Callable) -> bool:
+    owner = getattr(func, "__self__", None)
+    return isinstance(owner, type) and getattr(func, "__name__", "") == "apply" and isinstance(func, types.MethodType)
