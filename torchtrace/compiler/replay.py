@@ -144,9 +144,9 @@ class Run:
             if st is None:
                 return None
             self.path.append(st)
-            if st.kind == EAGER:
-                return (self._eager(st, func, args, kwargs),)
-            return (self._rule(st, func, rule, pargs, pkwargs),)
+            if st.kind != EAGER:
+                return (self._rule(st, func, rule, pargs, pkwargs),)
+        return (self._eager(st, func, args, kwargs),)  # through the tracer's dispatch: outside plain_torch
 
     def _match(self, func: Callable, key: tuple, tensors: List[torch.Tensor]) -> Optional[Statement]:
         block, at = self.block, self.at
