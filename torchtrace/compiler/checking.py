@@ -5,7 +5,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchtrace.autograd.engine import backward
-from torchtrace.errors import GradientMismatch
+from torchtrace.autograd.state import observing
+from torchtrace.errors import GradientMismatch, UnsupportedOperationError
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:
@@ -35,13 +36,18 @@ def _leaves(compiled: Any, args: tuple) -> List[Tuple[str, torch.Tensor]]:
     return leaves
 
 
-def _run(fn: Any, args: tuple, leaves: List[Tuple[str, torch.Tensor]], rng: torch.Tensor) -> Tuple[list, list]:
-    """Outputs and leaf gradients of one run (the leaves' .grad is left as it was)."""
+def _run(fn: Any, args: tuple, leaves: List[Tuple[str, torch.Tensor]], rng: torch.Tensor,
+         inside: Optional[list] = None) -> Tuple[list, list]:
+    """Outputs and leaf gradients of one run (the leaves' .grad is left as it was); `inside` collects the backward
+    passes fn ran itself."""
     kept = [t.grad for _, t in leaves]
     for _, t in leaves:
         t.grad = None
     torch.set_rng_state(rng)
     outputs = _outputs(fn(*args))
+    if inside:
+        inside.append("fn ran a backward pass itself")
+        return [], []
     weighted = [(o * torch.linspace(0.5, 1.5, o.numel(), dtype=o.dtype).reshape(o.shape)).sum()
                 for o in outputs if o.requires_grad]
     if weighted:
@@ -53,26 +59,43 @@ def _run(fn: Any, args: tuple, leaves: List[Tuple[str, torch.Tensor]], rng: torc
 
 
 class Snapshots(TorchFunctionMode):
-    """Keeps a copy of every tensor a call reads that does not require grad (running statistics, say), as it was
-    when first read, so that `restore` can undo what the call wrote into them."""
+    """Keeps a copy of every tensor a call reads (and of a leaf's .grad), as it was when first read, so that
+    `restore` can undo what the call wrote: running statistics, or a training step's update."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.kept: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+        self.kept: Dict[int, tuple] = {}
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         for a in (*args, *(kwargs or {}).values()):
             if isinstance(a, torch.Tensor) and id(a) not in self.kept:
                 with torch._C.DisableTorchFunction():
-                    if not a.requires_grad and not getattr(a, "_tt_requires_grad", False):
-                        self.kept[id(a)] = (a, a.detach().clone())
+                    grad = _grad_of(a)
+                    self.kept[id(a)] = (a, a.detach().clone(), grad, None if grad is None else grad.detach().clone())
         return func(*args, **(kwargs or {}))
 
     def restore(self) -> None:
         with torch._C.DisableTorchFunction(), torch.no_grad():
-            for t, data in self.kept.values():
-                if t.shape == data.shape:
+            for t, data, grad, grad_data in self.kept.values():
+                if t.shape == data.shape and not torch.equal(t, data):
                     t.copy_(data)
+                if grad is not None and grad.shape == grad_data.shape and not torch.equal(grad, grad_data):
+                    grad.copy_(grad_data)
+                if grad is not None or _grad_of(t) is not None:
+                    _set_grad(t, grad)
+
+
+def _grad_of(t: torch.Tensor) -> Optional[torch.Tensor]:
+    if hasattr(type(t), "_tt_grad"):
+        return t._tt_grad
+    return t.grad if t.is_leaf else None
+
+
+def _set_grad(t: torch.Tensor, grad: Optional[torch.Tensor]) -> None:
+    if hasattr(type(t), "_tt_grad"):
+        t._tt_grad = grad
+    elif t.is_leaf:
+        t.grad = grad
 
 
 def compare_with_eager(compiled: Any, args: tuple, tolerance: float) -> None:
@@ -80,9 +103,15 @@ def compare_with_eager(compiled: Any, args: tuple, tolerance: float) -> None:
     leaves = _leaves(compiled, args)
     rng = torch.get_rng_state()
     snapshots = Snapshots()
-    with snapshots:
-        eager_out, eager_grads = _run(compiled.fn, args, leaves, rng)
-    snapshots.restore()  # both runs start from the same running statistics, and the check leaves them as they were
+    passes: List[Any] = []
+    with observing(on_backward=lambda *_: passes.append(1)), snapshots:
+        eager_out, eager_grads = _run(compiled.fn, args, leaves, rng, inside=passes)
+    snapshots.restore()  # both runs start from the same state, and the check leaves it as it was
+    if "fn ran a backward pass itself" in passes:
+        raise UnsupportedOperationError(
+            "tt.compile: check_inputs / verify cannot compare a training step with eager (running both would "
+            "update the parameters twice; the parameters and .grad are put back, but an optimizer may have filled "
+            "its state) — compare it by training a copy of the model eagerly on the same batches")
     code_out, code_grads = _run(compiled._run_plain, args, leaves, rng)
     snapshots.restore()
     torch.set_rng_state(rng)
