@@ -392,7 +392,8 @@ def test_verify_compares_compiled_and_eager_on_the_first_calls(monkeypatch):
     for _ in range(3):
         compiled(ONES)
     assert len(runs) == 2 * 3 + 1  # each verified call ran f eagerly and compiled before its own run
-    broken = tt.compile(f, (ONES,), verify=1)
+    broken = tt.compile(f, (ONES,))
+    broken(tt.ones(3, requires_grad=True))  # records the program the check then replays
     from torchtrace.compiler import segment
 
     monkeypatch.setattr(segment.Segment, "backward", lambda self, grads: tuple(None for _ in self.node.edges))
