@@ -1,4 +1,5 @@
 """check_inputs / verify: the compiled function and eager torchtrace on the same inputs, compared output by output."""
+import inspect
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -23,11 +24,32 @@ def _outputs(value: Any) -> List[torch.Tensor]:
     return []
 
 
+def flat_tensors(value: Any, name: str, found: List[Tuple[str, torch.Tensor]]) -> None:
+    """(name, tensor) for every tensor in nested tuples, lists and dicts: x, batch_0, batch_1, inputs_mask."""
+    if isinstance(value, torch.Tensor):
+        found.append((name, value))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            flat_tensors(item, f"{name}_{i}", found)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            flat_tensors(item, f"{name}_{key}", found)
+
+
+def argument_names(fn: Callable, n: int) -> List[str]:
+    """The names of fn's first n positional parameters (input0, input1, ... where it has none)."""
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        names = [p.name for p in inspect.signature(target).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        names = []
+    return [names[i] if i < len(names) else f"input{i}" for i in range(n)]
+
+
 def _leaves(compiled: Any, args: tuple) -> List[Tuple[str, torch.Tensor]]:
     """Named leaves whose gradient is compared: the inputs that require grad, then a module's parameters."""
     found: List[Tuple[str, torch.Tensor]] = []
-    from torchtrace.compiler.compiled import argument_names, flat_tensors
-
     for name, value in zip(argument_names(compiled.fn, len(args)), args):
         flat_tensors(value, name, found)
     leaves = [(f"gradient of input {name}", t) for name, t in found if t.requires_grad and t.is_leaf]

@@ -1,5 +1,4 @@
 """tt.compile: the user's Python runs on every call; its gradient-recording torch calls are checked and replayed."""
-import inspect
 import threading
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -7,35 +6,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from torchtrace.autograd.state import STATE, observing
-from torchtrace.compiler.checking import compare_with_eager
+from torchtrace.compiler.checking import argument_names, compare_with_eager, flat_tensors
 from torchtrace.compiler.ir import Program, Statement
 from torchtrace.compiler.render import render_path, render_tree
 from torchtrace.compiler.replay import ReplayMode, Run
 
 MAX_BLOCKS = 64  # a trie this large stops growing: calls that leave it run eagerly from there, unrecorded
 _DEPTH = threading.local()
-
-
-def flat_tensors(value: Any, name: str, found: List[Tuple[str, torch.Tensor]]) -> None:
-    """(name, tensor) for every tensor in nested tuples, lists and dicts: x, batch_0, batch_1, inputs_mask."""
-    if isinstance(value, torch.Tensor):
-        found.append((name, value))
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            flat_tensors(item, f"{name}_{i}", found)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            flat_tensors(item, f"{name}_{key}", found)
-
-
-def argument_names(fn: Callable, n: int) -> List[str]:
-    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
-    try:
-        names = [p.name for p in inspect.signature(target).parameters.values()
-                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        names = []
-    return [names[i] if i < len(names) else f"input{i}" for i in range(n)]
 
 
 class Compiled:
@@ -79,12 +56,12 @@ class Compiled:
         self.replayed += run.replaying
         with self.lock:
             full = len(self.program.blocks()) >= MAX_BLOCKS
-            if run.finish(full) is False and full and not run.replaying and not self.warned:
+            if run.finish(out, full) is False and full and not run.replaying and not self.warned:
                 self.warned = True
                 warnings.warn(f"tt.compile: {self.program.title} has taken {MAX_BLOCKS} different paths; new ones "
                               "run eagerly from where they leave the recorded program, and are not recorded",
                               stacklevel=3)
-        self.last_path = run.path
+        self.last_path, self.last_outputs = run.path, run.outputs
         return out
 
     def _names(self, args: tuple, kwargs: dict) -> Dict[int, str]:
@@ -92,7 +69,8 @@ class Compiled:
         names: Dict[int, str] = {}
         if isinstance(self.fn, torch.nn.Module):
             for name, module in self.fn.named_modules():
-                names[id(module)] = name or type(module).__name__
+                if name:
+                    names[id(module)] = name
             for name, t in (*self.fn.named_buffers(), *self.fn.named_parameters()):
                 names[id(t)] = name
         found: List[Tuple[str, torch.Tensor]] = []
@@ -100,7 +78,13 @@ class Compiled:
             flat_tensors(value, name, found)
         for name, value in kwargs.items():
             flat_tensors(value, name, found)
-        names.update({id(t): name for name, t in found})
+        names.update({id(t): (name, "input") for name, t in found})
+        code = getattr(self.fn, "__code__", None)
+        if code is not None:  # tensors of closure cells and globals keep their Python names
+            cells = zip(code.co_freevars, self.fn.__closure__ or ())
+            named = [*((n, c.cell_contents) for n, c in cells if _filled(c)),
+                     *((n, self.fn.__globals__.get(n)) for n in code.co_names)]
+            names.update({id(v): (n, "param") for n, v in named if isinstance(v, torch.Tensor) and id(v) not in names})
         return names
 
     @property
@@ -109,7 +93,7 @@ class Compiled:
         the first call, the function runs once on example_inputs to record it."""
         if not self.calls:
             self(*self.example_inputs)
-        return render_path(self.program, self.last_path, teaching=False)
+        return render_path(self.program, self.last_path, self.last_outputs, teaching=False)
 
     def to_code(self) -> str:
         """The teaching form: the chain rule, names from the model, and every branch the calls took."""
@@ -125,6 +109,14 @@ class Compiled:
     def check(self, *args: Any, tolerance: float = 1e-5) -> None:
         """Run eager torchtrace and the compiled function on `args`; raise GradientMismatch at the first difference."""
         compare_with_eager(self, args, tolerance)
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
 
 
 def _as_args(example_inputs: Any) -> tuple:

@@ -9,7 +9,6 @@ are first read. A Block is a straight run of statements; where a later call went
 the user's Python, a new shape), the block ends and its `children` start with the differing statements.
 """
 import math
-import types
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
@@ -94,18 +93,19 @@ class Statement:
 class Block:
     """A straight run of statements, then the blocks a later call took instead of going on (a trie node)."""
 
-    __slots__ = ("statements", "children", "ended")
+    __slots__ = ("statements", "children", "ended", "outputs")
 
     def __init__(self, statements: Optional[List[Statement]] = None):
         self.statements: List[Statement] = statements or []
         self.children: List["Block"] = []
         self.ended = False  # a call ended after this block's last statement
+        self.outputs: List[int] = []  # the values the call that ended here returned
 
     def split(self, at: int) -> None:
         """Statements from `at` on (and the children) move into one child: a new branch can start at `at`."""
         rest = Block(self.statements[at:])
-        rest.children, rest.ended = self.children, self.ended
-        self.statements, self.children, self.ended = self.statements[:at], [rest], False
+        rest.children, rest.ended, rest.outputs = self.children, self.ended, self.outputs
+        self.statements, self.children, self.ended, self.outputs = self.statements[:at], [rest], False, []
 
 
 class Program:
@@ -125,36 +125,71 @@ class Program:
 
     def paths(self) -> List[List[Statement]]:
         """Every root-to-end path, as statements (the straight-line programs of the trie)."""
-        out: List[List[Statement]] = []
+        return [path for path, _ in self.paths_with_outputs()]
+
+    def paths_with_outputs(self) -> List[Tuple[List[Statement], List[int]]]:
+        out: List[Tuple[List[Statement], List[int]]] = []
         stack: List[Tuple[Block, List[Statement]]] = [(self.root, [])]
         while stack:
             block, before = stack.pop()
             here = before + block.statements
             if block.ended or not block.children:
-                out.append(here)
+                out.append((here, block.outputs))
             stack.extend((child, here) for child in reversed(block.children))
         return out
 
-    def attach(self, block: Block, at: int, statements: List[Statement]) -> None:
+    def attach(self, block: Block, at: int, statements: List[Statement], outputs: List[int]) -> None:
         """A call left the trie at (block, at) and went on with `statements`: they become a branch there."""
         if block is self.root and not block.statements and not block.children:
             block.statements.extend(statements)
-            block.ended = True
+            block.ended, block.outputs = True, outputs
             return
         if at < len(block.statements):
             block.split(at)
         if statements:
             child = Block(statements)
-            child.ended = True
+            child.ended, child.outputs = True, outputs
             block.children.append(child)
         else:
-            block.ended = True
+            block.ended, block.outputs = True, outputs
 
 
 def number_text(value: float) -> str:
     return repr(value) if math.isfinite(value) else f"float('{value}')"
 
 
-def is_function_apply(func: Callable) -> bool:
-    owner = getattr(func, "__self__", None)
-    return isinstance(owner, type) and getattr(func, "__name__", "") == "apply" and isinstance(func, types.MethodType)
+class Value:
+    """A tensor of the generated code: named by the naming pass (`h_fc1`, `d_fc1_weight`, `t3`) from its hint."""
+
+    __slots__ = ("hint", "name", "kind")
+
+    def __init__(self, hint: str = "", kind: str = "t"):
+        self.hint, self.kind = hint, kind  # kind: "t" forward value, "g" gradient, "input", "param", "grad_out"
+        self.name = hint
+
+
+class Op:
+    """One line of generated code: `targets = func(*args, **kwargs)` (tensors in args stand for their Values),
+    or a comment (func None)."""
+
+    __slots__ = ("targets", "func", "args", "kwargs", "comment", "unpack")
+
+    def __init__(self, targets: List[Optional[Value]], func: Optional[Callable], args: tuple = (),
+                 kwargs: Optional[dict] = None, comment: str = "", unpack: bool = False):
+        self.targets, self.func, self.args, self.kwargs, self.comment = targets, func, args, kwargs or {}, comment
+        self.unpack = unpack  # the call returns a sequence: `a, b = ...` (`a, = ...` for one)
+
+
+class Listing:
+    """One path of the program lowered to code: forward and backward lines over Values."""
+
+    def __init__(self) -> None:
+        self.inputs: List[Value] = []  # the function's tensor arguments, in order
+        self.params: List[Value] = []  # other leaves read: parameters, buffers, captured tensors
+        self.forward: List[Op] = []
+        self.backward: List[Op] = []
+        self.outputs: List[Value] = []
+        self.saved: List[Value] = []  # forward values the backward reads
+        self.grad_outputs: List[Value] = []
+        self.gradients: List[Tuple[Value, Optional[Value]]] = []  # (leaf, its gradient) for inputs, then params
+        self.of: dict = {}  # id(plain tensor) -> Value, for rendering the tensors held by the ops

@@ -297,19 +297,21 @@ class Run:
                     slot = self.slot_of[id(t)] = len(self.slots)
                     self.slots.append(t)
                     new_slots[slot] = (t.shape, t.dtype)
-                    if id(t) in self.names:
-                        names[slot] = self.names[id(t)]
+                    names[slot] = self._leaf_name(t)
                 sources.append(~slot)
         self.nodes = []
         try:
             out = func(*args, **kwargs)
         finally:
             nodes, self.nodes = self.nodes, None
+        if rule is None and len(nodes) == 1:  # Function.apply, an in-place twin: rendered as that one rule
+            rule = nodes[0].rule
         inplace = _is_inplace(func, pargs, pkwargs)
         first = pargs[0] if pargs else None
-        if rule is not None and not inplace and len(nodes) == 1 and nodes[0].func is func and nodes[0].autocast is None:
+        if RULES.get(func) is not None and not inplace and len(nodes) == 1 and nodes[0].func is func and \
+                nodes[0].autocast is None:
             kind = REPLAY
-        elif rule is not None and not inplace and not nodes and out is first:
+        elif RULES.get(func) is not None and not inplace and not nodes and out is first:
             kind = PASS
         else:
             kind = EAGER
@@ -318,7 +320,7 @@ class Run:
         st.line = user_line()
         stack = STATE.module_stack
         st.module = self._module_name(stack[-1]) if stack else ""
-        if kind == REPLAY:
+        if kind == REPLAY or (kind == EAGER and len(nodes) == 1):
             node = nodes[0]
             st.rule, st.mask = rule, node.ctx._mask or 0
             st.torch_leaf = any(type(t) is torch.Tensor and t.requires_grad for t in tensors)
@@ -345,20 +347,49 @@ class Run:
         self.n_values += 1
         self.keep.append(t)
 
-    def _module_name(self, module: Any) -> str:
-        return self.names.get(id(module), type(module).__name__)
+    def _leaf_name(self, t: torch.Tensor) -> Tuple[str, str]:
+        """(name, kind) of a new leaf: an argument ("input"), a parameter or buffer of the running model, or a
+        closure cell or global of the function ("param"; "" when it has no name)."""
+        found = self.names.get(id(t))
+        if found is None and STATE.module_stack:  # a model the function calls: its parameters by dotted name
+            root = STATE.module_stack[0]
+            for name, module in root.named_modules():
+                self.names.setdefault(id(module), name)
+            for name, p in (*root.named_buffers(), *root.named_parameters()):
+                self.names.setdefault(id(p), name)
+            found = self.names.get(id(t))
+        if found is None:
+            return "", "param"
+        return found if isinstance(found, tuple) else (found, "param")
 
-    def finish(self, limit_reached: bool) -> bool:
+    def _module_name(self, module: Any) -> str:
+        """'fc1: Linear' (its path in the compiled module), or 'Linear' for a module of unknown place."""
+        path = self.names.get(id(module))
+        return f"{path}: {type(module).__name__}" if isinstance(path, str) and path else type(module).__name__
+
+    def finish(self, returned: Any, limit_reached: bool) -> bool:
         """The call returned: a new branch joins the trie (unless the trie is full). True if one was added."""
         self.segment = None
+        self.outputs = [self.values[id(t)] for t in _tensors_in(returned) if id(t) in self.values]
         block, at = self.branch_at if not self.replaying else (self.block, self.at)
         if self.replaying and at == len(block.statements) and (block.ended or not block.children):
-            block.ended = True
+            block.ended, block.outputs = True, block.outputs or self.outputs
             return False
         if limit_reached:
             return False
-        self.program.attach(block, at, [] if self.replaying else self.recorded)
+        self.program.attach(block, at, [] if self.replaying else self.recorded, self.outputs)
         return True
+
+
+def _tensors_in(value: Any) -> List[torch.Tensor]:
+    """The tensors of a returned value: in tuples, lists, dicts and objects' attributes."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_in(v)]
+    return []
 
 
 def _plain_copy(value: Any) -> Any:
