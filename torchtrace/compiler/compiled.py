@@ -84,7 +84,8 @@ class Compiled:
             cells = zip(code.co_freevars, self.fn.__closure__ or ())
             named = [*((n, c.cell_contents) for n, c in cells if _filled(c)),
                      *((n, self.fn.__globals__.get(n)) for n in code.co_names)]
-            names.update({id(v): (n, "param") for n, v in named if isinstance(v, torch.Tensor) and id(v) not in names})
+            names.update({id(v): (n, "param" if isinstance(v, torch.Tensor) else "module") for n, v in named
+                          if isinstance(v, (torch.Tensor, torch.nn.Module)) and id(v) not in names})
         return names
 
     @property

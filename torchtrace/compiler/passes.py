@@ -26,9 +26,16 @@ def name(listing: Listing) -> None:
     for v in listing.inputs:
         v.name = identifier(v.hint)
         taken.add(v.name)
+    labels = set()
     for v in listing.params:  # a closure cell or global keeps its Python name; a parameter its dotted one
-        plain = v.hint.isidentifier() and not keyword.iskeyword(v.hint) and not RESERVED.match(v.hint)
-        v.name = v.hint if plain and v.hint not in taken else f'params["{v.hint}"]'
+        label, count = v.hint, 1
+        while label in labels:  # two leaves never share a label
+            count += 1
+            label = f"{v.hint}_{count}"
+        labels.add(label)
+        v.hint = label
+        plain = label.isidentifier() and not keyword.iskeyword(label) and not RESERVED.match(label)
+        v.name = label if plain and label not in taken else f'params["{label}"]'
         taken.add(v.name)
     for leaf, g in listing.gradients:
         if g is not None and g.kind == "g" and not g.hint:

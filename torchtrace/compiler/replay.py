@@ -351,12 +351,16 @@ class Run:
         """(name, kind) of a new leaf: an argument ("input"), a parameter or buffer of the running model, or a
         closure cell or global of the function ("param"; "" when it has no name)."""
         found = self.names.get(id(t))
-        if found is None and STATE.module_stack:  # a model the function calls: its parameters by dotted name
-            root = STATE.module_stack[0]
+        if found is None and STATE.module_stack:  # a model the function calls: its parameters by dotted name,
+            root = STATE.module_stack[0]  # prefixed by the model's Python name where another model took the name
+            owner = self.names.get(id(root))
+            prefix = f"{owner[0] if isinstance(owner, tuple) else type(root).__name__}."
+            taken = {v if isinstance(v, str) else v[0] for v in self.names.values()}
             for name, module in root.named_modules():
-                self.names.setdefault(id(module), name)
+                if name:
+                    self.names.setdefault(id(module), name)
             for name, p in (*root.named_buffers(), *root.named_parameters()):
-                self.names.setdefault(id(p), name)
+                self.names.setdefault(id(p), name if name not in taken else prefix + name)
             found = self.names.get(id(t))
         if found is None:
             return "", "param"
