@@ -6,7 +6,6 @@ These are the reads a list of guards could not enumerate: class attributes, prop
 generators, default arguments, filled containers, torch's global flags, unnamed modules, `.data`, slices.
 """
 import collections
-import copy
 import io
 import threading
 import types

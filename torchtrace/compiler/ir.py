@@ -72,7 +72,7 @@ class Statement:
         self.rule: Optional[type] = None
         self.mask = 0  # bit i: argument i needs a gradient (the rule's ctx.needs_input_grad)
         self.torch_leaf = False  # an argument is a plain tensor with torch's requires_grad (torch's grad mode goes off)
-        self.edges: tuple = ()  # node.edges as recorded: (position, source, shape, dtype) per argument needing a gradient
+        self.edges: tuple = ()  # (Edge(position, shape, dtype), source) per argument needing a gradient
         self.results: tuple = ()  # (shape, dtype) of each tensor result
         self.first_value = 0  # the number of the first value this statement makes
         self.new_slots: tuple = ()  # leaf slots first read here: (slot, shape, dtype, requires_grad)

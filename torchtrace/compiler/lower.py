@@ -11,10 +11,12 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 from torch.overrides import TorchFunctionMode
 
-from torchtrace.autograd.function import Context, Function
+from torchtrace.autograd.function import INPLACE_FLAG, Context, Function
 from torchtrace.autograd.node import edge_gradient
 from torchtrace.compiler.ir import EAGER, PASS, Listing, Op, Statement, Value, describe
+from torchtrace.compiler.replay import is_inplace
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.naming import callable_name
 
 
 class Writer(TorchFunctionMode):
@@ -100,7 +102,10 @@ def _forward(path: List[Statement], listing: Listing, restore: list) -> Dict[int
             writer.keep.append(t)
         if st.kind == PASS:
             continue
-        listing.forward.append(Op([], None, comment=f"{st.rule.__name__}" + (f"  [{st.module}]" if st.module else "")))
+        note = "" if st.kind != EAGER or not is_inplace(st.func, args, kwargs) else f"  ({callable_name(st.func)}" + (
+            "(inplace=True)" if st.func in INPLACE_FLAG else "") + ": in place, recorded as its out-of-place twin)"
+        listing.forward.append(Op([], None, comment=f"{st.rule.__name__}" + (f"  [{st.module}]" if st.module else "")
+                                  + note))
         ctx = Context(st.rule, (), st.mask)
         with writer:
             out = st.rule.forward(ctx, *args, **kwargs)

@@ -68,7 +68,7 @@ def _wants_gradient(args: tuple, kwargs: dict) -> bool:
     return bool(kwargs) and _wants_gradient(tuple(kwargs.values()), {})
 
 
-def _is_inplace(func: Callable, args: tuple, kwargs: dict) -> bool:
+def is_inplace(func: Callable, args: tuple, kwargs: dict) -> bool:
     if func in INPLACE or func is T.__setitem__:
         return True
     if func in INPLACE_FLAG and inplace_requested(INPLACE_FLAG[func], args, kwargs):
@@ -306,7 +306,7 @@ class Run:
             nodes, self.nodes = self.nodes, None
         if rule is None and len(nodes) == 1:  # Function.apply, an in-place twin: rendered as that one rule
             rule = nodes[0].rule
-        inplace = _is_inplace(func, pargs, pkwargs)
+        inplace = is_inplace(func, pargs, pkwargs)
         first = pargs[0] if pargs else None
         if RULES.get(func) is not None and not inplace and len(nodes) == 1 and nodes[0].func is func and \
                 nodes[0].autocast is None:
