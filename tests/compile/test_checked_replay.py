@@ -653,3 +653,18 @@ def test_an_ensemble_of_unnamed_modules_called_from_a_function():
     compiled = tt.compile(lambda v: sum(m(v).sum() for m in ensemble), (x,))
     compiled(x)
     assert torch.equal(plain(compiled(x)), plain(sum(m(x).sum() for m in ensemble)))
+
+
+def test_a_call_that_once_handed_back_its_input_and_now_makes_a_tensor():
+    """Dropout with p=0 hands back its input; with p=0.3 it draws a mask: each call follows its own, as eager."""
+    def build():
+        w = leaf(4, 5)
+        drop = nn.Dropout(0.0)
+
+        def between(i):
+            drop.p = [0.0, 0.3, 0.3, 0.0, 0.5, 0.3][i]
+
+        return (lambda x: (drop(x @ w) ** 2).sum()), [w], between
+
+    compiled = twins(build, [X[i % 5] for i in range(6)])
+    assert len(compiled.program.paths()) == 2

@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from torchtrace.arguments import keywords_to_positions
 from torchtrace.autograd.dispatch import _grad_edges, _link_outputs, _rebuild
-from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Context
+from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Context, Function
 from torchtrace.autograd.inplace import inplace_requested, remember_base
 from torchtrace.autograd.node import Edge, Node, link_output
 from torchtrace.autograd.plain import plain_torch
@@ -66,6 +66,14 @@ def _wants_gradient(args: tuple, kwargs: dict) -> bool:
         elif isinstance(a, (list, tuple)) and any(isinstance(e, torch.Tensor) and _requires_grad(e) for e in a):
             return True
     return bool(kwargs) and _wants_gradient(tuple(kwargs.values()), {})
+
+
+def _may_record(func: Callable, args: tuple, kwargs: dict) -> bool:
+    """Can this call record a node: a rule's callable, an in-place form, or a Function's apply?"""
+    if func in RULES or func in INPLACE:
+        return True
+    owner = getattr(func, "__self__", None)
+    return (isinstance(owner, type) and issubclass(owner, Function)) or is_inplace(func, args, kwargs)
 
 
 def is_inplace(func: Callable, args: tuple, kwargs: dict) -> bool:
@@ -122,6 +130,8 @@ class Run:
         self._names = names  # () -> {id(tensor or module): a name}, built when a call is first recorded
         self._named: Optional[Dict[int, str]] = None
         self.path: List[Statement] = []  # the statements this call matched or recorded, in order
+        self.siblings: List[Tuple[Block, Statement]] = []  # other statements for the call matched last
+        self.before: Tuple[Block, int] = (program.root, 0)
 
     @property
     def names(self) -> Dict[int, str]:
@@ -156,8 +166,23 @@ class Run:
             options = [(child, child.statements[0]) for child in block.children]
         for owner, st in options:
             if st.same_call(func, key) and self._bind(st, tensors):
+                self.before = (block, at)  # where a call that ran but then did not fit leaves the trie
                 self.block, self.at = owner, (at + 1 if owner is block else 1)
+                self.siblings = [(o, s) for o, s in options if s is not st and s.same_call(func, key)
+                                 and s.sources == st.sources and s.needs == st.needs]
                 return st
+        return None
+
+    def _refit(self, st: Statement, out: Any, raw: List[torch.Tensor], first: Any) -> Optional[Statement]:
+        """The call ran as `st` but its results fit a sibling statement (the same call that once handed back its
+        input, or once made a new tensor): go on as that one."""
+        for owner, other in self.siblings:
+            fits = (other.kind == PASS and out is first) or (other.kind == REPLAY and out is not first and len(
+                raw) == len(other.results) and all((r.shape, r.dtype) == m for r, m in zip(raw, other.results)))
+            if fits:
+                self.block, self.at = owner, (self.at if owner is self.block else 1)
+                self.path[-1] = other
+                return other
         return None
 
     def _bind(self, st: Statement, tensors: List[torch.Tensor]) -> bool:
@@ -202,9 +227,14 @@ class Run:
         if st.kind == PASS and out is args[0]:
             return out
         raw = _tensor_results(out)
-        if st.kind == PASS or len(raw) != len(st.results) or any(
+        if st.kind == PASS or out is args[0] or len(raw) != len(st.results) or any(
                 (r.shape, r.dtype) != meta for r, meta in zip(raw, st.results)):
-            return self._diverge_after(st, func, rule, ctx, args, kwargs, out)
+            other = self._refit(st, out, raw, args[0])
+            if other is None:
+                return self._diverge_after(st, func, rule, ctx, args, kwargs, out)
+            if other.kind == PASS:
+                return out
+            st = other
         segment = self.segment
         if segment is None:
             segment = self.segment = Segment()
@@ -236,18 +266,25 @@ class Run:
                        out: Any) -> Any:
         """The statement ran, but its results differ from the program's (a shape that follows from values): they
         become an eager node built from what it computed, and the call goes on eagerly from here."""
+        self.block, self.at = self.before
         self._diverge()
         self.path.pop()
+        result_edges: list = []
         if out is args[0]:
             result = out
         else:
             edges, _, _ = _grad_edges(tracer, rule, args, kwargs)
+            result_edges = edges
             ctx._edges = edges
             node = Node(rule, ctx, edges, func, tuple(STATE.module_stack))
             result = _link_outputs(out, node, tracer, args)
         again = Statement(func, REPLAY if out is not args[0] else PASS, st.key, st.sources, st.needs)
-        again.rule, again.mask, again.torch_leaf, again.edges, again.new_slots = (
-            st.rule, st.mask, st.torch_leaf, st.edges, st.new_slots)
+        again.rule, again.mask, again.torch_leaf, again.new_slots = st.rule, st.mask, st.torch_leaf, st.new_slots
+        if out is not args[0]:  # its edges, from the node just built (a PASS statement has none)
+            _, tensors, _ = describe(args, kwargs)
+            by_id = {id(t): source for t, source in zip(tensors, st.sources)}
+            again.edges = tuple((_new_edge(Edge, (e.position, None, 0, e.shape, e.dtype)),
+                                 by_id[id(_argument_at(args, kwargs, rule, e.position))]) for e in result_edges)
         again.module, again.line, again.slot_names = st.module, st.line, st.slot_names
         self._finish_statement(again, result, args, kwargs)
         return result
@@ -261,6 +298,7 @@ class Run:
             same = len(results) == len(st.results) and all(
                 (r.shape, r.dtype) == meta for r, meta in zip(results, st.results))
         if not same:
+            self.block, self.at = self.before
             self._diverge()
             self.path.pop()
             again = Statement(func, EAGER, st.key, st.sources, st.needs)
@@ -320,6 +358,9 @@ class Run:
         st.line = user_line()
         stack = STATE.module_stack
         st.module = self._module_name(stack[-1]) if stack else ""
+        if kind == PASS:  # which arguments need a gradient, should a later call's forward give a new tensor
+            with plain_torch():
+                st.mask = _grad_edges(tracer, rule, pargs, pkwargs)[2]
         if kind == REPLAY or (kind == EAGER and len(nodes) == 1):
             node = nodes[0]
             st.rule, st.mask = rule, node.ctx._mask or 0
@@ -421,8 +462,8 @@ class ReplayMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in METADATA:
             return _disabled(func, types, args, kwargs)
-        if not _grad_enabled() or not _wants_gradient(args, kwargs):
-            return func(*args, **kwargs)
+        if not _grad_enabled() or not _may_record(func, args, kwargs) or not _wants_gradient(args, kwargs):
+            return func(*args, **kwargs)  # records nothing (x > 0, .item(), no_grad): it simply runs
         run = self.run
         if run.replaying:
             found = run.replay(func, args, kwargs)
