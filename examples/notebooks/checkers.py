@@ -8,7 +8,6 @@ an exception in your code (a wrong type, a wrong number of gradients) as a wrong
 import functools
 import math
 import numbers
-import warnings
 from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
@@ -480,8 +479,6 @@ def softplus_in_code(rule: type) -> None:
     try:
         example = tt.randn(5, requires_grad=True)
         compiled = tt.compile(loss, (example,))
-        if compiled.eager_reason:
-            return _wrong(f"tt.compile runs your rule eagerly: {compiled.eager_reason}", hint)
         block = _rule_block(tt.trace(loss, example).to_code(), rule.__name__)
         generated = _generated_gradient(compiled.code, edges.clone())
     except Exception as error:
@@ -525,10 +522,10 @@ def _step_difference(fn: Callable, reference: Callable, model: torch.nn.Module, 
     return None
 
 
-def step_without_guards(fn: Callable, reference: Callable, model: torch.nn.Module, x: torch.Tensor) -> None:
+def step_with_one_path(fn: Callable, reference: Callable, model: torch.nn.Module, x: torch.Tensor) -> None:
     """fn(x, target) must equal reference(x, target), value and parameter gradients, on both sides of the original's
-    branch, exactly at it (a loss of 1) and at a zero loss; and tt.compile(fn) must make code without a guard whose
-    replay takes either branch."""
+    branch, exactly at it (a loss of 1) and at a zero loss; and tt.compile(fn), called on both sides of the branch,
+    must record one path (a program without a branch) and give the original's values."""
     hint = "compute both results as tensors and let torch.where(loss > 1, ...) pick one (strictly greater, as the " \
            "original); no .item(), bool(), if or comparison that Python reads"
     try:
@@ -539,21 +536,17 @@ def step_without_guards(fn: Callable, reference: Callable, model: torch.nn.Modul
             problem = _step_difference(fn, reference, model, x, target)
             if problem:
                 return _wrong(f"at {label}: {problem}", hint)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a re-trace warns; the guard it comes from is reported below
-            compiled = tt.compile(fn, (x, targets["a loss of 9"]))
-            if compiled.eager_reason:
-                return _wrong(f"tt.compile runs your step eagerly: {compiled.eager_reason}", hint)
-            guards = [line.strip() for line in compiled.code.splitlines() if "raise GuardFailed" in line]
-            replayed = [_plain(compiled(x, targets[label])) for label in ("a loss of 0.25", "a loss of 9")]
+        compiled = tt.compile(fn, (x, targets["a loss of 9"]))
+        replayed = [_plain(compiled(x, targets[label])) for label in ("a loss of 9", "a loss of 0.25", "a loss of 9")]
+        paths = len(compiled.program.paths())
     except NotImplementedError:
         return print("not done yet: fill in the exercise above")
     except Exception as error:
         return _wrong(_explain(error), hint)
-    if guards:
-        return _wrong(f"the generated code still has {len(guards)} guard(s): {guards[0]}", hint)
-    expected = [_plain(reference(x, targets[label])) for label in ("a loss of 0.25", "a loss of 9")]
+    if paths != 1:
+        return _wrong(f"the compiled step took {paths} paths: Python still decides which torch calls run", hint)
+    expected = [_plain(reference(x, targets[label])) for label in ("a loss of 9", "a loss of 0.25", "a loss of 9")]
     if not all(torch.allclose(a, b) for a, b in zip(replayed, expected)):
-        return _wrong("the compiled replay differs from the original's values", hint)
+        return _wrong("the compiled calls differ from the original's values", hint)
     print(f"right: the original's values and gradients at {len(targets)} targets (the branch point and a zero loss "
-          "included), and code without a guard whose replay takes both branches")
+          "included), and one recorded path for both sides of the branch")

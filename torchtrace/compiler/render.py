@@ -91,8 +91,9 @@ def render_tree(program: Program) -> str:
         first = next((i for i, (a, b) in enumerate(zip(path, found[0][0])) if a is not b), min(len(path),
                                                                                           len(found[0][0])))
         where: Optional[Statement] = path[first] if first < len(path) else None
-        parts.append(f"# path {k} shares the first {first} statements of path 1, then "
-                     + (f"goes another way at {where.line or where.describe()}" if where else "ends"))
+        shared = f"after {path[first - 1].line or path[first - 1].describe()}" if first else "from the start"
+        parts.append(f"# path {k} leaves path 1 {shared} — "
+                     + (f"its next torch call is {where.line or where.describe()}" if where else "it ends there"))
     for k, (path, outputs) in enumerate(found, start=1):
         parts += ["", "", render_listing(lower(path, outputs), f"{program.title}, path {k}", True, f"_{k}",
                                          header=False)]
