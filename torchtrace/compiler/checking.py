@@ -7,21 +7,12 @@ from torch.overrides import TorchFunctionMode
 
 from torchtrace.autograd.engine import backward
 from torchtrace.autograd.state import observing
+from torchtrace.compiler.replay import tensors_in
 from torchtrace.errors import GradientMismatch, UnsupportedOperationError
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:
     return torch.Tensor.detach(t).as_subclass(torch.Tensor)
-
-
-def _outputs(value: Any) -> List[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _outputs(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _outputs(v)]
-    return []
 
 
 def flat_tensors(value: Any, name: str, found: List[Tuple[str, torch.Tensor]]) -> None:
@@ -66,7 +57,7 @@ def _run(fn: Any, args: tuple, leaves: List[Tuple[str, torch.Tensor]], rng: torc
     for _, t in leaves:
         t.grad = None
     torch.set_rng_state(rng)
-    outputs = _outputs(fn(*args))
+    outputs = tensors_in(fn(*args))
     if inside:
         inside.append("fn ran a backward pass itself")
         return [], []

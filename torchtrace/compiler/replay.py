@@ -415,7 +415,7 @@ class Run:
     def finish(self, returned: Any, limit_reached: bool) -> bool:
         """The call returned: a new branch joins the trie (unless the trie is full). True if one was added."""
         self.segment = None
-        self.outputs = [self.values[id(t)] for t in _tensors_in(returned) if id(t) in self.values]
+        self.outputs = [self.values[id(t)] for t in tensors_in(returned) if id(t) in self.values]
         block, at = self.branch_at if not self.replaying else (self.block, self.at)
         if self.replaying and at == len(block.statements) and (block.ended or not block.children):
             block.ended, block.outputs = True, block.outputs or self.outputs
@@ -426,14 +426,14 @@ class Run:
         return True
 
 
-def _tensors_in(value: Any) -> List[torch.Tensor]:
+def tensors_in(value: Any) -> List[torch.Tensor]:
     """The tensors of a returned value: in tuples, lists, dicts and objects' attributes."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors_in(v)]
+        return [t for v in value for t in tensors_in(v)]
     if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors_in(v)]
+        return [t for v in value.values() for t in tensors_in(v)]
     return []
 
 
