@@ -668,3 +668,36 @@ def test_a_call_that_once_handed_back_its_input_and_now_makes_a_tensor():
 
     compiled = twins(build, [X[i % 5] for i in range(6)])
     assert len(compiled.program.paths()) == 2
+
+
+def test_calls_under_autocast_run_as_eager_with_their_backward_in_autocast():
+    w = tt.as_tracer(torch.randn(4, 3), requires_grad=True)
+    compiled = tt.compile(lambda x: (x @ w).float().sum(), (torch.randn(2, 4),))
+    x = torch.randn(2, 4)
+    compiled(x)  # records outside autocast
+    results = []
+    for fn in (compiled, lambda v: (v @ w).float().sum()):
+        w.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fn(x)
+        out.backward()
+        results.append((plain(out), plain(w.grad)))
+    same(results[0], results[1])
+
+
+def test_many_threads_calling_one_compiled_function_get_eagers_results():
+    model = mlp(0)
+    step = tt.compile(lambda x: model(x).square().sum(), (batches(1)[0][0],))
+    data = [x for x, _ in batches(12)]
+    expected = [plain(model(x).square().sum()) for x in data]
+    got = [None] * len(data)
+
+    def work(i):
+        got[i] = plain(step(data[i] * (1 if i % 2 else -1) * (1 if i % 2 else -1)))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(data))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    same(got, expected)

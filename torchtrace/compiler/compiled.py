@@ -26,14 +26,15 @@ class Compiled:
         self.verify_left, self.tolerance = verify, check_tolerance
         self.calls = self.replayed = 0  # calls, and calls whose every recorded torch call matched the program
         self.last_path: List[Statement] = []
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # one call at a time: a call reads the trie another may grow
         self.warned = False
         for inputs in check_inputs or ():
             self.check(*_as_args(inputs), tolerance=check_tolerance)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_DEPTH, "value", 0) or STATE.on_record:  # inside another compiled call, or a tool watching
-            return self.fn(*args, **kwargs)  # every op: it runs eagerly, and the outer run sees each call
+        if getattr(_DEPTH, "value", 0) or STATE.on_record or torch._C._is_any_autocast_enabled():
+            return self.fn(*args, **kwargs)  # inside another compiled call, under a tool that watches every op, or
+            # under autocast (whose backward casts as forward did): eager, and an outer run sees each call
         if self.verify_left > 0 and not kwargs:
             self.verify_left -= 1
             self.check(*args, tolerance=self.tolerance)
@@ -44,6 +45,10 @@ class Compiled:
         return self._run(args, kwargs)
 
     def _run(self, args: tuple, kwargs: dict) -> Any:
+        with self.lock:
+            return self._run_locked(args, kwargs)
+
+    def _run_locked(self, args: tuple, kwargs: dict) -> Any:
         run = Run(self.program, lambda: self._names(args, kwargs))
         _DEPTH.value = 1
         try:
@@ -54,13 +59,11 @@ class Compiled:
             run.segment = None
         self.calls += 1
         self.replayed += run.replaying
-        with self.lock:
-            full = len(self.program.blocks()) >= MAX_BLOCKS
-            if run.finish(out, full) is False and full and not run.replaying and not self.warned:
-                self.warned = True
-                warnings.warn(f"tt.compile: {self.program.title} has taken {MAX_BLOCKS} different paths; new ones "
-                              "run eagerly from where they leave the recorded program, and are not recorded",
-                              stacklevel=3)
+        full = len(self.program.blocks()) >= MAX_BLOCKS
+        if run.finish(out, full) is False and full and not run.replaying and not self.warned:
+            self.warned = True
+            warnings.warn(f"tt.compile: {self.program.title} has taken {MAX_BLOCKS} different paths; new ones run "
+                          "eagerly from where they leave the recorded program, and are not recorded", stacklevel=4)
         self.last_path, self.last_outputs = run.path, run.outputs
         return out
 
@@ -141,7 +144,9 @@ def compile(fn: Callable, example_inputs: Any, check_inputs: Optional[Sequence[A
     new path joins the recorded program as a branch — nothing runs twice. In-place changes, `Function.apply`
     and calls that record several nodes run eagerly inside a matched program. Not supported through the
     compiled node: `create_graph=True`, and a hook, `retain_grad()` or `tt.grad` input on a value the call
-    itself reads again (both raise, naming what to do).
+    itself reads again (both raise, naming what to do). A call under `torch.autocast`, inside another compiled
+    call or while a tool watches every op (`tt.recording()`, `tt.detect_anomaly`) runs eagerly. Calls of one
+    compiled function from several threads run one at a time.
 
     `example_inputs` are what `.code` and `.to_code()` record on when no call has run yet. `check_inputs`
     compares compiled and eager on each given input now; `verify=N` does so before each of the first N calls

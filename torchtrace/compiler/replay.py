@@ -30,6 +30,7 @@ from torchtrace.tracer import tracer
 
 _grad_enabled = torch.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
+_any_autocast = torch._C._is_any_autocast_enabled
 _disabled = torch._C._disabled_torch_function_impl
 _new_edge = tuple.__new__
 T = torch.Tensor
@@ -465,7 +466,7 @@ class ReplayMode(TorchFunctionMode):
         if not _grad_enabled() or not _may_record(func, args, kwargs) or not _wants_gradient(args, kwargs):
             return func(*args, **kwargs)  # records nothing (x > 0, .item(), no_grad): it simply runs
         run = self.run
-        if run.replaying:
+        if run.replaying and not _any_autocast():  # under autocast every call runs eagerly (its backward casts)
             found = run.replay(func, args, kwargs)
             if found is not None:
                 return found[0]
