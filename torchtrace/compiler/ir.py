@@ -8,7 +8,6 @@ Values are numbered along a path of the trie in the order statements make them; 
 are first read. A Block is a straight run of statements; where a later call went another way (a branch of
 the user's Python, a new shape), the block ends and its `children` start with the differing statements.
 """
-import math
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
@@ -18,37 +17,36 @@ TENSOR = object()  # a tensor argument's place in a key
 NUMBER = object()  # a Python float's place in a key: a number slot, read on every call
 
 
-def describe(args: tuple, kwargs: dict) -> Tuple[tuple, List[torch.Tensor], List[Any]]:
-    """(key, tensors, numbers) of a call's arguments: tensors and floats are slots, the rest is kept by value."""
+def describe(args: tuple, kwargs: dict) -> Tuple[tuple, List[torch.Tensor]]:
+    """(key, tensors) of a call's arguments: tensors and floats are slots (a float is read on every call), the rest
+    is kept by value."""
     key: List[Any] = []
     tensors: List[torch.Tensor] = []
-    numbers: List[Any] = []
     for value in args:
-        _describe(value, key, tensors, numbers)
+        _describe(value, key, tensors)
     for name, value in kwargs.items():
         key.append(name)
-        _describe(value, key, tensors, numbers)
-    return tuple(key), tensors, numbers
+        _describe(value, key, tensors)
+    return tuple(key), tensors
 
 
-def _describe(value: Any, key: list, tensors: list, numbers: list) -> None:
+def _describe(value: Any, key: list, tensors: list) -> None:
     kind = type(value)
     if isinstance(value, torch.Tensor):
         key.append(TENSOR)
         tensors.append(value)
     elif kind is float:
         key.append(NUMBER)
-        numbers.append(value)
     elif kind is bool or kind is int or value is None or kind is str:
         key.append((kind, value))
     elif kind is list or kind is tuple:
         key.append((kind, len(value)))
         for item in value:
-            _describe(item, key, tensors, numbers)
+            _describe(item, key, tensors)
     elif kind is slice:
         key.append(slice)
         for part in (value.start, value.stop, value.step):
-            _describe(part, key, tensors, numbers)
+            _describe(part, key, tensors)
     elif isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)) \
             or value is Ellipsis:
         key.append(value)
@@ -65,7 +63,7 @@ class Statement:
     """
 
     __slots__ = ("func", "kind", "rule", "key", "sources", "needs", "mask", "torch_leaf", "edges", "results",
-                 "first_value", "new_slots", "numbers", "module", "line", "slot_names", "example")
+                 "first_value", "new_slots", "module", "line", "slot_names", "example")
 
     def __init__(self, func: Callable, kind: str, key: tuple, sources: tuple, needs: tuple):
         self.func, self.kind, self.key, self.sources, self.needs = func, kind, key, sources, needs
@@ -76,7 +74,6 @@ class Statement:
         self.results: tuple = ()  # (shape, dtype) of each tensor result
         self.first_value = 0  # the number of the first value this statement makes
         self.new_slots: tuple = ()  # leaf slots first read here: (slot, shape, dtype, requires_grad)
-        self.numbers: tuple = ()  # the floats of the recording call (what the teaching form writes)
         self.module = ""  # dotted path of the module it ran in ("" outside modules)
         self.line = ""  # 'file.py:12  h = x @ w' of the user's code
         self.slot_names: dict = {}  # slot -> a name for new leaf slots (an argument's or a parameter's name)
@@ -154,10 +151,6 @@ class Program:
             block.ended, block.outputs = True, outputs
 
 
-def number_text(value: float) -> str:
-    return repr(value) if math.isfinite(value) else f"float('{value}')"
-
-
 class Value:
     """A tensor of the generated code: named by the naming pass (`h_fc1`, `d_fc1_weight`, `t3`) from its hint."""
 
@@ -193,3 +186,5 @@ class Listing:
         self.grad_outputs: List[Value] = []
         self.gradients: List[Tuple[Value, Optional[Value]]] = []  # (leaf, its gradient) for inputs, then params
         self.of: dict = {}  # id(plain tensor) -> Value, for rendering the tensors held by the ops
+        self.values: dict = {}  # value number of the path -> its Value
+        self.slots: dict = {}  # leaf slot of the path -> its Value

@@ -86,7 +86,7 @@ def _forward(path: List[Statement], listing: Listing, restore: list) -> Dict[int
                 "Function.apply or a call that records several nodes), so straight-line code cannot show its "
                 "gradient — write it out of place to see it as code")
         args, kwargs, results = st.example
-        _, tensors, _ = describe(args, kwargs)
+        _, tensors = describe(args, kwargs)
         writer = Writer(listing, "t")
         for t, source in zip(tensors, st.sources):
             if source >= 0:
@@ -118,7 +118,7 @@ def _forward(path: List[Statement], listing: Listing, restore: list) -> Dict[int
             values[st.first_value + n] = v
         edge_tensors = [(edge, _at(args, kwargs, st.rule, edge.position), source) for edge, source in st.edges]
         contexts[index] = (ctx, edge_tensors, [values[st.first_value + n] for n in range(len(raw))], raw, writer)
-    listing.values, listing.slots = values, slots  # type: ignore[attr-defined]
+    listing.values, listing.slots = values, slots
     return contexts
 
 
@@ -129,7 +129,7 @@ def _at(args: tuple, kwargs: dict, rule: type, position: Any) -> torch.Tensor:
 
 
 def _backward(path: List[Statement], listing: Listing, contexts: Dict[int, Any], outputs: List[int]) -> None:
-    values: Dict[int, Value] = listing.values  # type: ignore[attr-defined]
+    values: Dict[int, Value] = listing.values
     writer = Writer(listing, "g")
     buffers: Dict[Any, torch.Tensor] = {}
     tensor_of = {}  # value number -> a plain tensor standing for it
@@ -163,7 +163,7 @@ def _backward(path: List[Statement], listing: Listing, contexts: Dict[int, Any],
                 key = source if source >= 0 else ("slot", ~source)
                 buffers[key] = g if key not in buffers else torch.add(buffers[key], g)
     listing.backward = writer.ops
-    slot_of = {id(v): slot for slot, v in listing.slots.items()}  # type: ignore[attr-defined]
+    slot_of = {id(v): slot for slot, v in listing.slots.items()}
     for leaf in (*listing.inputs, *listing.params):
         g = buffers.get(("slot", slot_of[id(leaf)]))
         listing.gradients.append((leaf, None if g is None else writer.value(g)))

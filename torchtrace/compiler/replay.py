@@ -150,7 +150,7 @@ class Run:
         """Run the call as the program's next statement; None when it does not match (nothing has run then)."""
         with plain_torch():
             rule, pargs, pkwargs = _normalise(func, args, kwargs)
-            key, tensors, _ = describe(pargs, pkwargs)
+            key, tensors = describe(pargs, pkwargs)
             st = self._match(func, key, tensors)
             if st is None:
                 return None
@@ -282,7 +282,7 @@ class Run:
         again = Statement(func, REPLAY if out is not args[0] else PASS, st.key, st.sources, st.needs)
         again.rule, again.mask, again.torch_leaf, again.new_slots = st.rule, st.mask, st.torch_leaf, st.new_slots
         if out is not args[0]:  # its edges, from the node just built (a PASS statement has none)
-            _, tensors, _ = describe(args, kwargs)
+            _, tensors = describe(args, kwargs)
             by_id = {id(t): source for t, source in zip(tensors, st.sources)}
             again.edges = tuple((_new_edge(Edge, (e.position, None, 0, e.shape, e.dtype)),
                                  by_id[id(_argument_at(args, kwargs, rule, e.position))]) for e in result_edges)
@@ -323,7 +323,7 @@ class Run:
         self._diverge()
         with plain_torch():
             rule, pargs, pkwargs = _normalise(func, args, kwargs)
-            key, tensors, numbers = describe(pargs, pkwargs)
+            key, tensors = describe(pargs, pkwargs)
             sources, needs, new_slots, names = [], [], {}, {}
             for t in tensors:
                 needs.append(_requires_grad(t))
@@ -355,7 +355,7 @@ class Run:
         else:
             kind = EAGER
         st = Statement(func, kind, key, tuple(sources), tuple(needs))
-        st.new_slots, st.slot_names, st.numbers = new_slots, names, tuple(numbers)
+        st.new_slots, st.slot_names = new_slots, names
         st.line = user_line()
         stack = STATE.module_stack
         st.module = self._module_name(stack[-1]) if stack else ""
