@@ -9,20 +9,17 @@ after another inside each repeat, so drifts in machine load hit all alike. Cases
     forward, backward and the update in one generated function);
   * LeNet-5 on 64 1x28x28 images, cross-entropy, Adam step (the model of bench/models.py);
   * the 2-layer GPT of bench/models.py, batch 16 x 32 tokens, Adam step.
-Prints ms per step for each contender and the ratios to torch autograd, then the one-time compile cost.
-`--lines N` also times every line of the generated forward and backward (thread CPU time, median over the
-repeats) and prints the N costliest lines and the time per rule: where the compiled step spends its time.
+Prints ms per step for each contender and the ratios to torch autograd: the whole step, and its forward and
+backward parts apart (where checked replay spends its time: the forward runs the user's Python and matches each
+call, the backward runs the statements' rules behind one node).
 """
 import argparse
-import ast
-import builtins
-import collections
 import copy
 import pathlib
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, List, Tuple
 
 import torch
 
@@ -71,17 +68,20 @@ def sides(case: Callable, optimizer: str, device: str) -> Tuple[list, Callable, 
         optimizer_step = make_optimizer(model, torch_side)
         params = list(model.parameters())
 
-        def step() -> float:
-            """Runs one step; returns the seconds of its forward + backward part."""
+        def step() -> Tuple[float, float]:
+            """Runs one step; returns the seconds of its forward and of its backward."""
             for p in params:
                 p.grad = None
             sync(device)
             start = time.perf_counter()
-            loss(x, target).backward()
+            value = loss(x, target)
             sync(device)
             middle = time.perf_counter()
+            value.backward()
+            sync(device)
+            end = time.perf_counter()
             optimizer_step()
-            return middle - start
+            return middle - start, end - middle
         return step
 
     contenders = [("torch autograd", stepper(theirs, loss_of(theirs), True)),
@@ -94,7 +94,7 @@ def sides(case: Callable, optimizer: str, device: str) -> Tuple[list, Callable, 
 
 def whole_step(model: torch.nn.Module, loss_fn: Callable, x: torch.Tensor, target: torch.Tensor,
                device: str) -> Callable:
-    """tt.compile of zero_grad + forward + backward + SGD step: one generated function (its fwd+bwd is the step)."""
+    """tt.compile of zero_grad + forward + backward + SGD step: one compiled call (its forward is the whole step)."""
     optimizer = tt.optim.SGD(model.parameters(), lr=1e-3)
 
     def train_step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -106,80 +106,38 @@ def whole_step(model: torch.nn.Module, loss_fn: Callable, x: torch.Tensor, targe
 
     compiled = tt.compile(train_step, (x, target))
 
-    def step() -> float:
+    def step() -> Tuple[float, float]:
         sync(device)
         start = time.perf_counter()
         compiled(x, target)
         sync(device)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, 0.0
     return step
 
 
-def run(name: str, case: Callable, optimizer: str, repeats: int, device: str, lines: int = 0) -> None:
+def run(name: str, case: Callable, optimizer: str, repeats: int, device: str) -> None:
     contenders, compile_s, models = sides(case, optimizer, device)
-    for _ in range(3):  # warm-up
+    for _ in range(3):  # warm-up (the compiled function's first call records its program)
         for _, step in contenders:
             step()
-    times: List[List[Tuple[float, float]]] = [[] for _ in contenders]
+    times: List[List[Tuple[float, float, float]]] = [[] for _ in contenders]
     for _ in range(repeats):  # interleaved, so drifts in machine load hit all contenders alike
         for i, (_, step) in enumerate(contenders):
             sync(device)
             start = time.perf_counter()
-            forward_backward = step()
+            forward, backward = step()
             sync(device)
-            times[i].append((time.perf_counter() - start, forward_backward))
-    whole = [statistics.median(t for t, _ in ts) for ts in times]
-    fwd_bwd = [statistics.median(f for _, f in ts) for ts in times]
+            times[i].append((time.perf_counter() - start, forward, backward))
+    medians = [[statistics.median(t[k] for t in ts) for k in range(3)] for ts in times]
     drift = max((a - b).abs().max().item() for a, b in zip(models[0].parameters(), models[2].parameters()))
-    print(f"{name}   (compile once: {compile_s * 1e3:.0f} ms, traces in all: {models[3].traces}; "
-          f"max |param diff| compiled vs torch {drift:.1e})")
-    for (label, _), w, f in zip(contenders, whole, fwd_bwd):
-        print(f"    {label:<20} fwd+bwd {f * 1e3:8.3f} ms ({f / fwd_bwd[0]:4.2f}x)   whole step {w * 1e3:8.3f} ms "
-              f"({w / whole[0]:4.2f}x)")
-    if lines:
-        torch.manual_seed(0)
-        _, x, target, _ = case(device)
-        profile_lines(models[3], x, target, repeats, lines)
-
-
-def profile_lines(compiled: Callable, x: torch.Tensor, target: torch.Tensor, repeats: int, top: int) -> None:
-    """Run the generated forward + backward with each line timed; print the costliest lines and rules."""
-    spec = compiled.latest
-    label, labels = "", {}
-    for number, line in enumerate(spec.source.splitlines(), 1):  # the rule a line belongs to: its block's comment
-        text = line.strip()
-        if text.startswith("# ") and text[2:3].isupper() and ("[" in text or ":" in text):
-            label = text[2:].split(":")[0].split("  [")[0]
-        labels[number] = label
-    tree, texts = ast.parse(spec.source), []
-    for function in tree.body:
-        if isinstance(function, ast.FunctionDef) and function.name in ("forward", "backward"):
-            body = []
-            for statement in function.body:
-                if isinstance(statement, (ast.Return, ast.Expr)):
-                    body.append(statement)
-                    continue
-                texts.append((function.name, ast.unparse(statement), labels.get(statement.lineno, "")))
-                body += ast.parse("_start = _clock()").body + [statement]
-                body += ast.parse(f"_times[{len(texts) - 1}].append(_clock() - _start)").body
-            function.body = body
-    namespace = {"_clock": time.thread_time, "_times": [[] for _ in texts]}
-    exec(builtins.compile(ast.fix_missing_locations(tree), "<generated>", "exec"), namespace)
-    params = {name: torch.Tensor.as_subclass(t, torch.Tensor).detach() for name, t in spec.captured_named}
-    for i in range(repeats + 3):
-        if i == 3:
-            for t in namespace["_times"]:
-                t.clear()
-        outputs, saved = namespace["forward"](x, target, params)
-        namespace["backward"](params, saved, torch.ones_like(outputs[0]))
-    cost = [statistics.median(t) for t in namespace["_times"]]
-    per_rule: Dict[str, float] = collections.Counter()
-    for (section, _, rule), c in zip(texts, cost):
-        per_rule[f"{section} {rule}"] += c
-    print(f"    generated lines, thread CPU time, median of {repeats}:")
-    for i in sorted(range(len(texts)), key=lambda i: -cost[i])[:top]:
-        print(f"      {cost[i] * 1e6:8.1f} us  {texts[i][0]:<8} {texts[i][1][:100]}")
-    print("    per rule: " + ", ".join(f"{name} {c * 1e3:.2f} ms" for name, c in per_rule.most_common(top)))
+    compiled = models[3]
+    print(f"{name}   (tt.compile: {compile_s * 1e3:.1f} ms, {compiled.calls} calls, {compiled.replayed} replayed to "
+          f"the end, {len(compiled.program.paths())} path(s); max |param diff| compiled vs torch {drift:.1e})")
+    base = medians[0]
+    for (label, _), (whole, forward, backward) in zip(contenders, medians):
+        parts = f"fwd {forward * 1e3:8.3f} ms ({forward / base[1]:4.2f}x)" + (
+            f"   bwd {backward * 1e3:8.3f} ms ({backward / base[2]:4.2f}x)" if backward else "")
+        print(f"    {label:<20} {parts}   whole step {whole * 1e3:8.3f} ms ({whole / base[0]:4.2f}x)")
 
 
 def sync(device: str) -> None:
@@ -193,7 +151,6 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--only", default="", help="comma-separated subset: chain,mlp,lenet,gpt")
-    parser.add_argument("--lines", type=int, default=0, help="also time each generated line; print the N costliest")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}; "
@@ -202,7 +159,7 @@ def main() -> None:
              "lenet": ("LeNet-5 b64 + Adam", lenet_case, "adam"), "gpt": ("GPT 2x64 16x32 + Adam", gpt_case, "adam")}
     for key in (args.only.split(",") if args.only else cases):
         name, case, optimizer = cases[key]
-        run(name, case, optimizer, args.repeats, args.device, args.lines)
+        run(name, case, optimizer, args.repeats, args.device)
 
 
 if __name__ == "__main__":

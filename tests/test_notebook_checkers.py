@@ -470,7 +470,7 @@ def test_softplus_in_code(capsys):
     saturates_early = softplus_rule(lambda x, g: g * torch.sigmoid(x).clamp(max=0.99))  # wrong for large x only
     assert_wrong(capsys, checkers.softplus_in_code, saturates_early, naming="SoftplusBackward")
     frozen = softplus_rule(lambda x, g: g * torch.tensor(torch.sigmoid(x).tolist()))  # right here, frozen in the code
-    assert "GuardFailed" in assert_wrong(capsys, checkers.softplus_in_code, frozen)
+    assert "frozen into the code" in assert_wrong(capsys, checkers.softplus_in_code, frozen)
     two_gradients = softplus_rule(lambda x, g: (g * torch.sigmoid(x), g))
     assert "incorrect number of gradients" in assert_wrong(capsys, checkers.softplus_in_code, two_gradients)
     not_yet = softplus_rule(lambda x, g: not_done(None))
@@ -484,7 +484,7 @@ def mlp():
     return model, torch.randn(4, 2)
 
 
-def test_step_without_guards(capsys, mlp):
+def test_step_with_one_path(capsys, mlp):
     model, x = mlp
 
     def mse(x, target):
@@ -509,15 +509,15 @@ def test_step_without_guards(capsys, mlp):
     def not_yet(x, target):
         raise NotImplementedError
 
-    assert_right(capsys, checkers.step_without_guards, right, scaled_loss, model, x)
-    printed = assert_wrong(capsys, checkers.step_without_guards, scaled_loss, scaled_loss, model, x)
-    assert "guard" in printed and "return loss * 0.5 if" in printed  # names the line that reads the loss
-    assert "exactly 1" in assert_wrong(capsys, checkers.step_without_guards, scaled_from_one_on, scaled_loss, model, x)
-    printed = assert_wrong(capsys, checkers.step_without_guards, scale_without_its_gradient, scaled_loss, model, x)
+    assert_right(capsys, checkers.step_with_one_path, right, scaled_loss, model, x)
+    printed = assert_wrong(capsys, checkers.step_with_one_path, scaled_loss, scaled_loss, model, x)
+    assert "took 2 paths" in printed  # Python still picks the torch calls
+    assert "exactly 1" in assert_wrong(capsys, checkers.step_with_one_path, scaled_from_one_on, scaled_loss, model, x)
+    printed = assert_wrong(capsys, checkers.step_with_one_path, scale_without_its_gradient, scaled_loss, model, x)
     assert "gradients of the model's parameters differ" in printed
-    assert verdict(capsys, checkers.step_without_guards, not_yet, scaled_loss, model, x).startswith("not done yet")
+    assert verdict(capsys, checkers.step_with_one_path, not_yet, scaled_loss, model, x).startswith("not done yet")
     for wrong_type in (None, lambda x: x, lambda x, target: mse(x, target).item()):
-        assert_wrong(capsys, checkers.step_without_guards, wrong_type, scaled_loss, model, x)
+        assert_wrong(capsys, checkers.step_with_one_path, wrong_type, scaled_loss, model, x)
 
 
 # ------------------------------------------------------------------ hints: one per mistake, never the solution
@@ -751,7 +751,7 @@ def wrong_answers(mlp_model, mlp_x):
             "only the inner exponential": softplus_rule(lambda x, g: g * torch.exp(x)),
             "exponent's sign": softplus_rule(lambda x, g: g * torch.sigmoid(-x)),
             "frozen into the code": softplus_rule(lambda x, g: g * torch.tensor(torch.sigmoid(x).tolist()))}),
-        "step_without_guards": (checkers.step_without_guards, (scaled_loss, model, mlp_x), {
+        "step_with_one_path": (checkers.step_with_one_path, (scaled_loss, model, mlp_x), {
             "still guarded": scaled_loss,
             "not strict": compiled_step(lambda loss: torch.where(loss >= 1, loss * 0.5, loss)),
             "detached": compiled_step(lambda loss: torch.where(loss > 1, loss.detach() * 0.5, loss)),
@@ -762,7 +762,7 @@ def wrong_answers(mlp_model, mlp_x):
 CHECKED = ["tanh", "sigmoid", "cube", "quartic", "softplus", "leaky", "mse", "swish", "bessel_i0",
            "quartic_second_derivative", "hessian", "by_hand_numbers", "central_slope", "prediction", "value_pow_exp",
            "value_sub_div", "momentum_step", "weight_decay_step", "jvp_by_hand", "hvp_forward_over_reverse",
-           "softplus_in_code", "step_without_guards"]
+           "softplus_in_code", "step_with_one_path"]
 
 
 def test_every_checker_of_the_notebooks_is_fed_mistakes():

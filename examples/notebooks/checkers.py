@@ -861,10 +861,6 @@ def softplus_in_code(rule: type) -> None:
     try:
         example = tt.randn(5, requires_grad=True)
         compiled = tt.compile(loss, (example,))
-        if compiled.eager_reason:
-            return _wrong(f"tt.compile runs your rule eagerly: {compiled.eager_reason}",
-                          "something in your rule keeps tt.compile from replaying it (the reason is above): " +
-                          torch_only)
         block = _rule_block(tt.trace(loss, example).to_code(), rule.__name__)
         generated = _generated_gradient(compiled.code, edges.clone())
     except Exception as error:
@@ -913,10 +909,10 @@ def _step_difference(fn: Callable, reference: Callable, model: torch.nn.Module, 
     return None
 
 
-def step_without_guards(fn: Callable, reference: Callable, model: torch.nn.Module, x: torch.Tensor) -> None:
+def step_with_one_path(fn: Callable, reference: Callable, model: torch.nn.Module, x: torch.Tensor) -> None:
     """fn(x, target) must equal reference(x, target), value and parameter gradients, on both sides of the original's
-    branch, exactly at it (a loss of 1) and at a zero loss; and tt.compile(fn) must make code without a guard whose
-    replay takes either branch."""
+    branch, exactly at it (a loss of 1) and at a zero loss; and tt.compile(fn), called on both sides of the branch,
+    must record one path (a program without a branch) and give the original's values."""
     hint = "compute both candidate results as tensors and let a torch operation choose between them by the " \
            "condition; nothing that Python reads from a tensor (no if, bool or item on it)"
     hints = {"branch point": "at the branch point itself the original keeps the unscaled loss: your comparison must be "
@@ -934,29 +930,22 @@ def step_without_guards(fn: Callable, reference: Callable, model: torch.nn.Modul
             if problem:
                 kind = "branch point" if "branch point" in label else "gradients" if "gradients" in problem else "value"
                 return _wrong(f"at {label}: {problem}", hints[kind])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a re-trace warns; the guard it comes from is reported below
-            compiled = tt.compile(fn, (x, targets["a loss of 9"]))
-            if compiled.eager_reason:
-                return _wrong(f"tt.compile runs your step eagerly: {compiled.eager_reason}",
-                              "something in your step keeps tt.compile from replaying it (the reason is above): keep "
-                              "it to torch operations on tensors")
-            guards = [line.strip() for line in compiled.code.splitlines() if "raise GuardFailed" in line]
-            replayed = [_plain(compiled(x, targets[label])) for label in ("a loss of 0.25", "a loss of 9")]
+        compiled = tt.compile(fn, (x, targets["a loss of 9"]))
+        replayed = [_plain(compiled(x, targets[label])) for label in ("a loss of 9", "a loss of 0.25", "a loss of 9")]
+        paths = len(compiled.program.paths())
     except NotImplementedError:
         return print("not done yet: fill in the exercise above")
     except Exception as error:
         return _wrong(_explain(error), hint)
-    if guards:
-        return _wrong(f"the generated code still has {len(guards)} guard(s): {guards[0]}",
-                      "Python still reads the loss's value to decide which branch to take, so the code must check it "
-                      "on every call: let torch make the choice, between two tensors")
-    expected = [_plain(reference(x, targets[label])) for label in ("a loss of 0.25", "a loss of 9")]
+    if paths != 1:
+        return _wrong(f"the compiled step took {paths} paths: Python still decides which torch calls run",
+                      "Python still reads the loss's value to decide which branch to take, so each side of the branch "
+                      "is a different program: let torch make the choice, between two tensors")
+    expected = [_plain(reference(x, targets[label])) for label in ("a loss of 9", "a loss of 0.25", "a loss of 9")]
     if not all(torch.allclose(a, b) for a, b in zip(replayed, expected)):
-        return _wrong("the compiled replay differs from the original's values", "the code replays one path for every "
-                      "call: both branches must be computed on every call, and the choice made by a torch operation")
+        return _wrong("the compiled calls differ from the original's values", hint)
     print(f"right: the original's values and gradients at {len(targets)} targets (the branch point and a zero loss "
-          "included), and code without a guard whose replay takes both branches")
+          "included), and one recorded path for both sides of the branch")
 
 
 # ------------------------------------------------------------------------- 08 · debugging gradients

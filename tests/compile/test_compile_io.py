@@ -1,4 +1,4 @@
-"""Nested inputs and outputs, factories that stay calls, random ops as eager, in-place ops, refusals, check_inputs."""
+"""Nested inputs and outputs, factories and random ops as eager, in-place ops, Python state, check_inputs."""
 import pytest
 import torch
 
@@ -15,7 +15,7 @@ def test_dict_tuple_and_list_inputs_and_outputs():
 
     example = ({"x": torch.randn(3)}, (torch.randn(3), torch.randn(2)))
     compiled = tt.compile(f, example)
-    assert "def forward(batch_x, pair_0, pair_1, params):" in compiled.code
+    assert "def forward(batch_x, pair_0, params):" in compiled.code  # the inputs the recorded calls read
     got = compiled(*example)
     assert set(got) == {"out", "stats"} and isinstance(got["stats"][1], list)
     got["stats"][0].backward()
@@ -27,17 +27,20 @@ def test_dict_tuple_and_list_inputs_and_outputs():
     assert not got["stats"][1][0].requires_grad  # it did not depend on w
 
 
-def test_factories_stay_calls_and_bake_no_device():
+def test_factories_run_on_every_call():
+    w = tt.randn(4, requires_grad=True)
+
     def f(x):
         n = x.shape[0]
-        return x * torch.arange(n) + torch.randn(n) + torch.zeros(n, device=x.device)
+        return x * w * torch.arange(n) + torch.randn(n) + torch.zeros(n, device=x.device)
 
     compiled = tt.compile(f, (torch.ones(4),))
-    code = compiled.code
-    assert "torch.arange(4)" in code and "torch.randn(4)" in code and "device=x.device" in code
-    assert "torch.device(" not in code
     first, second = compiled(torch.ones(4)), compiled(torch.ones(4))
-    assert not torch.equal(first, second)  # randn is drawn on every call, not frozen at trace time
+    assert not torch.equal(first, second)  # randn is drawn on every call, never frozen
+    torch.manual_seed(3)
+    got = compiled(torch.ones(4))
+    torch.manual_seed(3)
+    assert torch.equal(got, f(torch.ones(4)))
 
 
 def test_random_ops_give_eager_values_under_the_same_seed():
@@ -79,10 +82,12 @@ def test_in_place_ops_appear_as_their_out_of_place_twins():
     torch.testing.assert_close(gw, w.grad)
 
 
-def test_unsupported_ops_refuse_at_compile_time():
+def test_a_round_trip_through_numpy_is_simply_python():
     w = tt.randn(3, requires_grad=True)
-    with pytest.raises(tt.UnsupportedOperationError, match="torch.Tensor.numpy: tt.compile cannot record it"):
-        tt.compile(lambda x: torch.from_numpy((x * w).detach().numpy()), (torch.randn(3),))
+    f = tt.compile(lambda x: torch.from_numpy((x * w).detach().numpy()) * w, (torch.randn(3),))
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(f(x), (x * w).detach() * w, rtol=0, atol=0)
 
 
 SCALE = {"value": 1.0}
@@ -100,7 +105,7 @@ class Scaled(tt.Function):
         return g * SCALE["value"]
 
 
-def test_check_inputs_names_the_first_difference():
+def test_a_rule_reading_python_state_in_backward_reads_it_on_every_backward():
     def f(x):
         return Scaled.apply(x).sum()
 
@@ -108,23 +113,24 @@ def test_check_inputs_names_the_first_difference():
     compiled = tt.compile(f, (x,), check_inputs=[(tt.randn(3, requires_grad=True),)])  # agrees: no error
     SCALE["value"] = 2.0
     try:
-        with pytest.raises(tt.GradientMismatch, match="gradient of input x differs between compiled and eager"):
-            compiled.check(tt.randn(3, requires_grad=True))
+        compiled.check(tt.randn(3, requires_grad=True))  # the rule's backward runs as written: still agrees
+        compiled(x).backward()
+        torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
     finally:
         SCALE["value"] = 1.0
 
 
-def test_a_function_that_changes_python_state_runs_eagerly():
+def test_a_function_that_changes_python_state_counts_on_every_call():
     state = {"n": 0}
+    w = tt.ones(2, requires_grad=True)
 
     def f(x):
         state["n"] += 1
-        return x * state["n"]  # a Python counter: replayed code would bake one value and never count
+        return x * w * state["n"]  # a Python counter: the function runs, so it counts
 
-    with pytest.warns(UserWarning, match="runs eagerly: it changes state in the closure of"):
-        compiled = tt.compile(f, (torch.ones(2),))
-    torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 2.0))
-    torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 3.0))
+    compiled = tt.compile(f, (torch.ones(2),))
+    for n in (1, 2, 3):
+        torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), float(n)))
 
 
 def test_an_input_returned_as_an_output_still_gets_its_gradient():
@@ -142,7 +148,7 @@ def test_compiled_under_no_grad_is_plain_inference_code():
     with tt.no_grad():
         f = tt.compile(model, (x,))
         out = f(x)
-    assert "# 1: ReLU" in f.code and "return (h_1,), ()" in f.code
+    assert f.program.paths() == [[]]  # nothing records a gradient: nothing to check, the calls simply run
     torch.testing.assert_close(out, model(x).detach())
 
 
@@ -159,7 +165,7 @@ def test_multi_output_ops_views_and_item_assignment():
 
     x = torch.randn(4, 3)
     compiled = tt.compile(f, (x,))
-    assert "t15[0] = True" in compiled.code or "[0] = 5.0" in compiled.code
+    assert "(torch.Tensor.__setitem__: in place, recorded as its out-of-place twin)" in compiled.code
     loss, indices = compiled(x)
     loss.backward()
     got = w.grad.clone()
@@ -171,15 +177,19 @@ def test_multi_output_ops_views_and_item_assignment():
     assert torch.equal(indices, expected_indices)
 
 
-def test_changing_an_input_that_needs_a_gradient_in_place_is_refused():
+def test_changing_an_input_that_needs_a_gradient_in_place_changes_it_as_eager():
     w = tt.randn(3, requires_grad=True)
 
     def f(x):
         x.mul_(2)
         return x.sum()
 
-    with pytest.raises(tt.UnsupportedOperationError, match=r"torch.Tensor.mul_: tt.compile cannot change an input"):
-        tt.compile(f, (w * 1,))
+    compiled = tt.compile(f, (w * 1,))
+    for _ in range(2):
+        x = w * 1
+        compiled(x).backward()
+        assert torch.equal(x, w * 2)
+    torch.testing.assert_close(w.grad, torch.full((3,), 4.0))
 
 
 def test_a_buffer_changed_in_place_without_gradient_is_changed_by_every_call():
@@ -191,20 +201,26 @@ def test_a_buffer_changed_in_place_without_gradient_is_changed_by_every_call():
 
     compiled = tt.compile(f, (tt.randn(2, requires_grad=True),))
     compiled(tt.randn(2, requires_grad=True))
-    assert counter.item() == 2.0 and "add_(_1)" in compiled.code  # the number 1 as a constant made once
+    compiled(tt.randn(2, requires_grad=True))
+    assert counter.item() == 2.0
 
 
 @pytest.mark.parametrize("program", ["view_then_base_changed", "view_changed"])
-def test_recorded_in_place_changes_shared_with_a_view_are_refused(program):
+def test_recorded_in_place_changes_shared_with_a_view_give_eagers_gradient(program):
     def f(x):
         y = x * 1
         v = y[1:]
         (y if program == "view_then_base_changed" else v).mul_(x[0])
         return (v * v).sum()
 
-    with pytest.raises(tt.UnsupportedOperationError, match=r"torch.Tensor.mul_: tt.compile records in-place ops out "
-                                                           r"of place, so a change made through a view"):
-        tt.compile(f, (tt.randn(3, requires_grad=True),))
+    compiled = tt.compile(f, (tt.randn(3, requires_grad=True),))
+    for seed in range(3):
+        x = tt.as_tracer(torch.randn(3, generator=torch.Generator().manual_seed(seed)), requires_grad=True)
+        compiled(x).backward()
+        got = x.grad.clone()
+        x.grad = None
+        f(x).backward()
+        torch.testing.assert_close(got, x.grad, rtol=0, atol=0)
 
 
 def test_a_view_of_a_buffer_changed_without_gradient_keeps_sharing_its_memory():

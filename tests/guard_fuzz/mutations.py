@@ -1,4 +1,4 @@
-"""Changes made between calls of a guard-fuzzer program, each applied to both copies alike.
+"""Changes made between calls of a fuzzer program, each applied to both copies alike.
 
 Each mutation takes (compiled-side program, eager-side program, rng, call inputs) and returns the inputs of
 the next call (most leave them as they are).
@@ -10,7 +10,7 @@ import torch
 
 import torchtrace as tt
 
-from .programs import SHIFT, Program
+from .programs import CONFIG, SHIFT, Program
 
 
 def _both(fn: Callable[[Program], None]) -> Callable:
@@ -94,7 +94,41 @@ def _global(a: Program, b: Program, rng: random.Random, x: torch.Tensor) -> torc
     return x
 
 
+def _data(a: Program, b: Program, rng: random.Random, x: torch.Tensor) -> torch.Tensor:
+    new = torch.randn_like(a.second.weight.detach().as_subclass(torch.Tensor))
+    for m in (a, b):
+        m.second.weight.data = new.clone()
+    return x
+
+
+def _anomaly(a: Program, b: Program, rng: random.Random, x: torch.Tensor) -> torch.Tensor:
+    torch.set_anomaly_enabled(not torch.is_anomaly_enabled())
+    return x
+
+
+def _class_attribute(a: Program, b: Program, rng: random.Random, x: torch.Tensor) -> torch.Tensor:
+    Program.factor = rng.choice([1.0, -0.5, 2.0])
+    return x
+
+
+def _config(a: Program, b: Program, rng: random.Random, x: torch.Tensor) -> torch.Tensor:
+    CONFIG.SCALE = rng.choice([1.0, -2.0, 0.25])
+    return x
+
+
+def _slice(a: Program, b: Program, rng: random.Random, x: torch.Tensor) -> torch.Tensor:
+    end = rng.randint(1, x.shape[1])
+    columns = slice(rng.randint(0, end - 1), end)
+    a.columns, b.columns = columns, columns
+    return x
+
+
 MUTATIONS: Dict[str, Callable] = {
+    "weight.data assigned": _data,
+    "anomaly mode toggled": _anomaly,
+    "class attribute (property)": _class_attribute,
+    "config object": _config,
+    "slice": _slice,
     "replace parameter": _replace_parameter,
     "update parameter in place": _update_parameter,
     "attribute scale": _set("scale", lambda rng, m: rng.choice([1.0, 2.0, -1.5, 0.5])),

@@ -1,11 +1,15 @@
-"""Random programs for the guard fuzzer: a small model whose forward reads what tt.compile must guard.
+"""Random programs for the replay fuzzer: a small model whose forward reads Python state in every way we know.
 
-A program is a module (linear layers, an activation, optional dropout and batch norm) whose forward reads
-its own plain attributes (`scale`, `flip`), a global, a closure cell, and takes a branch on a value read from
-tensor data through one of several APIs. Two copies are built from one seed: one is called compiled, the
-other eagerly, and every mutation is applied to both.
+A program is a module (linear layers, an activation, optional dropout and batch norm, three unnamed heads in a
+list) whose forward reads its own plain attributes (`scale`, `flip`), a class attribute through a property that
+reads a global, a config object, a closure cell, a generator, a mutable default argument, torch's anomaly flag and
+a slice, fills a log list and prints, and takes a branch on a value read from tensor data through one of several
+APIs (after a dropout draw: a divergence mid-call). Two copies are built from one seed: one is called compiled,
+the other eagerly, and every mutation is applied to both.
 """
+import itertools
 import random
+import types
 from typing import Callable, List, Tuple
 
 import torch
@@ -13,6 +17,7 @@ import torch
 import torchtrace as tt
 
 SHIFT = {"value": 0.5}  # a global the programs read (mutations change it)
+CONFIG = types.SimpleNamespace(SCALE=1.0)  # a config object (mutations change it)
 _READS: List[Callable[[torch.Tensor], bool]] = [
     lambda h: bool(h.sum() > 0),
     lambda h: h.sum().item() > 0,
@@ -29,6 +34,12 @@ READ_NAMES = ["bool", "item", "torch.equal", "allclose", "float", "repr", "len(w
 class Program(tt.nn.Module):
     """features -> hidden -> branch on a read -> hidden -> 1, with attributes, a global and a closure."""
 
+    factor = 1.0  # a class attribute (mutations change it on the class)
+
+    @property
+    def gain(self) -> float:  # a property reading the class attribute and a global
+        return self.factor * (1.0 + SHIFT["value"])
+
     def __init__(self, rng: random.Random, width: int):
         super().__init__()
         self.first = tt.nn.Linear(width, width)
@@ -40,15 +51,27 @@ class Program(tt.nn.Module):
         self.flip = rng.random() < 0.5
         self.read = rng.randrange(len(_READS))
         self.closure_value, self.closure = _cell(rng.choice([0.25, 1.0]))
+        self.holder = torch.nn.ModuleList([tt.nn.Linear(width, 1) for _ in range(3)])  # registers the parameters
+        self.heads = list(self.holder)  # same class, called from a plain list
+        self.counter = itertools.count(1)  # a generator the forward steps
+        self.columns = slice(0, width)
+        self.log: List[float] = []
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, seen: list = []) -> torch.Tensor:  # noqa: B006 (a default list, on purpose)
+        seen.append(1)
         h = self.activation(self.norm(self.first(x))) * self.scale + SHIFT["value"] * self.closure()
-        h = -h if self.flip else h
+        h = (-h if self.flip else h) * self.gain * CONFIG.SCALE + next(self.counter) % 3 * 0.1
+        if torch.is_anomaly_enabled():
+            h = h * 0.5
+        h = self.drop(h)  # a random draw before the branch: a divergence mid-call draws once, as eager
         if _READS[self.read](h):
-            h = self.drop(h) * 2
+            h = h * 2 + h[:, self.columns].sum(dim=1, keepdim=True)
         else:
-            h = h.exp() - 1
-        return self.second(h)
+            h = h.tanh().exp() - 1  # bounded: a diverging step would amplify rounding into the comparison
+        out = self.second(h) + sum(head(h) for head in self.heads) * 0.1
+        self.log.append(float(out.sum()))
+        print(len(self.log))
+        return out
 
 
 def _cell(value: float) -> Tuple[Callable[[float], None], Callable[[], float]]:

@@ -1,4 +1,7 @@
-"""Run guard-fuzzer programs: random mutations between calls, each compiled call compared with eager torchtrace."""
+"""Run fuzzer programs: random mutations between calls, each compiled call compared with eager torchtrace, its
+outputs, gradients, parameters and side effects (the log it fills, what it prints)."""
+import contextlib
+import io
 import random
 import time
 import traceback
@@ -11,7 +14,7 @@ import torch
 import torchtrace as tt
 
 from .mutations import MUTATIONS
-from .programs import READ_NAMES, SHIFT, build
+from .programs import CONFIG, READ_NAMES, SHIFT, Program, build
 
 CI_SEED, CI_PROGRAMS, CALLS = 9000, 24, 12
 
@@ -20,12 +23,12 @@ CI_SEED, CI_PROGRAMS, CALLS = 9000, 24, 12
 class Tally:
     programs: int = 0
     calls: int = 0
-    replays: int = 0  # calls that ran generated code (not a trace, not eager)
+    replays: int = 0  # calls that matched the recorded program to their end
     refused: int = 0
     failures: List[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        return (f"{self.programs} programs, {self.calls} compiled calls ({self.replays} replays of generated code), "
+        return (f"{self.programs} programs, {self.calls} compiled calls ({self.replays} replayed to the end), "
                 f"{self.refused} refused, {len(self.failures)} differences from eager")
 
 
@@ -49,7 +52,7 @@ def _run(side, model, x: torch.Tensor, seed: int) -> Tuple[torch.Tensor, list]:
 
 def _step_of(model, x: torch.Tensor):
     """A training step over `model`: zero_grad, forward, weighted loss, backward, SGD with momentum."""
-    optimizer = tt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = tt.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
 
     def step(inputs: torch.Tensor) -> torch.Tensor:
         optimizer.zero_grad()
@@ -81,7 +84,8 @@ def _close(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
 
 def run_program(seed: int, calls: int, tally: Tally) -> None:
     """Compile one program, then `calls` times: mutate both copies, call compiled and eager, compare."""
-    SHIFT["value"] = 0.5
+    SHIFT["value"], CONFIG.SCALE, Program.factor = 0.5, 1.0, 1.0
+    torch.set_anomaly_enabled(False)
     rng = random.Random(seed)
     a, b, width = build(seed)
     x = torch.randn(4, width, dtype=torch.float64)
@@ -91,32 +95,34 @@ def run_program(seed: int, calls: int, tally: Tally) -> None:
     run = (lambda side, model, inputs, at: _run_step(side, model, inputs, at)) if training else _run
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            torch.manual_seed(seed)  # both first calls draw the same dropout masks
-            compiled = tt.compile(side_a, (x,))
-        except tt.UnsupportedOperationError:
-            tally.refused += 1
-            return
-        torch.manual_seed(seed)
-        side_b(x)  # the tracing call ran `a` once eagerly (batch statistics, dropout draws, a step)
+        compiled = tt.compile(side_a, (x,))
         tally.programs += 1
-        for call in range(calls):
-            name = rng.choice(list(MUTATIONS)) if rng.random() < 0.7 else "nothing"  # also calls that replay
-            x = MUTATIONS[name](a, b, rng, x)
-            history.append(name)
-            traces = compiled.traces
-            try:
-                got = run(compiled, a, x, seed + call)
-            except Exception:  # noqa: BLE001 - any error the eager side does not raise is a failure
-                tally.failures.append(" -> ".join(history) + "\n" + traceback.format_exc(limit=3))
-                return
-            expected = run(side_b, b, x, seed + call)
-            tally.calls += 1
-            tally.replays += compiled.traces == traces and compiled.eager_reason is None
-            outputs = [got[0], *got[1]], [expected[0], *expected[1]]
-            if len(outputs[0]) != len(outputs[1]) or not all(map(_close, *outputs)):
-                tally.failures.append(" -> ".join(history) + ": compiled differs from eager")
-                return
+        try:
+            for call in range(calls):
+                name = rng.choice(list(MUTATIONS)) if rng.random() < 0.7 else "nothing"  # also calls that replay
+                x = MUTATIONS[name](a, b, rng, x)
+                history.append(name)
+                replayed = compiled.replayed
+                try:
+                    with contextlib.redirect_stdout(io.StringIO()) as printed:
+                        got = run(compiled, a, x, seed + call)
+                except Exception:  # noqa: BLE001 - any error the eager side does not raise is a failure
+                    tally.failures.append(" -> ".join(history) + "\n" + traceback.format_exc(limit=3))
+                    return
+                with contextlib.redirect_stdout(io.StringIO()) as printed_eager:
+                    expected = run(side_b, b, x, seed + call)
+                tally.calls += 1
+                tally.replays += compiled.replayed > replayed
+                outputs = [got[0], *got[1]], [expected[0], *expected[1]]
+                if len(outputs[0]) != len(outputs[1]) or not all(map(_close, *outputs)):
+                    tally.failures.append(" -> ".join(history) + ": compiled differs from eager")
+                    return
+                if printed.getvalue() != printed_eager.getvalue() or len(a.log) != len(b.log) or not all(
+                        p == q or abs(p - q) <= 1e-6 * (1 + abs(q)) for p, q in zip(a.log, b.log)):
+                    tally.failures.append(" -> ".join(history) + ": a side effect differs from eager's")
+                    return
+        finally:
+            torch.set_anomaly_enabled(False)
 
 
 def fuzz(seed: int = CI_SEED, programs: Optional[int] = CI_PROGRAMS, seconds: Optional[float] = None,

@@ -1,0 +1,703 @@
+"""Checked replay: whatever the function's Python reads or does, every compiled call gives eager's result.
+
+Each test builds two identical worlds (same seed), runs one through tt.compile and one eagerly on the same
+calls with the same changes between them, and compares every output, gradient, parameter and side effect.
+These are the reads a list of guards could not enumerate: class attributes, properties, config objects,
+generators, default arguments, filled containers, torch's global flags, unnamed modules, `.data`, slices.
+"""
+import collections
+import io
+import threading
+import types
+import warnings
+from contextlib import redirect_stdout
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchtrace as tt
+from torchtrace.port import port
+
+
+def plain(t):
+    return torch.Tensor.detach(t).as_subclass(torch.Tensor)
+
+
+def same(a, b, exact=True):
+    """Equal tensors (bit for bit unless exact=False), recursively through containers and objects."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.requires_grad == b.requires_grad
+        if exact:
+            assert torch.equal(plain(a), plain(b)) or (plain(a).isnan() == plain(b).isnan()).all(), (a, b)
+        else:
+            torch.testing.assert_close(plain(a), plain(b), rtol=1e-12, atol=1e-14)
+    elif isinstance(a, dict):
+        assert type(a) is type(b) and list(a) == list(b)
+        for k in a:
+            same(a[k], b[k], exact)
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            same(x, y, exact)
+    elif hasattr(a, "__dict__") and not isinstance(a, type):
+        same(vars(a), vars(b), exact)
+    else:
+        assert a == b, (a, b)
+
+
+def twins(build, calls, exact=True):
+    """build() -> (fn, leaves, between(i)); run compiled and eager over `calls` argument tuples, compare all.
+
+    Returns the compiled function (to look at its program)."""
+    results = []
+    compiled = None
+    for side in ("compiled", "eager"):
+        torch.manual_seed(0)
+        fn, leaves, between = build()
+        if side == "compiled":
+            fn = compiled = tt.compile(fn, calls[0])
+        seen = []
+        for i, args in enumerate(calls):
+            for p in leaves:
+                p.grad = None
+            torch.manual_seed(100 + i)
+            out = fn(*args)
+            loss = out if isinstance(out, torch.Tensor) else out[0] if isinstance(out, (tuple, list)) else None
+            if loss is not None and loss.requires_grad:
+                (loss * 1.5).sum().backward()
+            seen.append((out, [None if p.grad is None else plain(p.grad).clone() for p in leaves],
+                         [plain(p).clone() for p in leaves]))
+            between(i)
+        results.append(seen)
+    for ours, eager in zip(*results):
+        same(ours, eager, exact)
+    return compiled
+
+
+def nothing(i):
+    pass
+
+
+def leaf(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tt.as_tracer(torch.randn(*shape, generator=g, dtype=torch.float64), requires_grad=True)
+
+
+X = [(torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(i)),) for i in range(5)]
+
+# --- Python state read in ways no guard list enumerates -----------------------------------------------------
+
+SCALE = 2.0
+
+
+class Model(nn.Module):
+    factor = 1.0
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    @property
+    def scale(self):
+        return SCALE * self.factor
+
+    @staticmethod
+    def shift():
+        return SCALE - 1
+
+    def forward(self, x):
+        return (self.lin(x) * self.scale + self.shift()).tanh().sum()
+
+
+def test_class_attributes_properties_and_staticmethods_reading_a_global():
+    def build():
+        m = port(Model().double())
+
+        def between(i):
+            global SCALE
+            SCALE = 2.0 + i
+            Model.factor = -1.0 if i == 2 else 0.5
+
+        return m, list(m.parameters()), between
+
+    try:
+        twins(build, X)
+    finally:
+        globals()["SCALE"] = 2.0
+        Model.factor = 1.0
+
+
+def test_config_objects_namespaces_and_callable_objects():
+    class Scaler:
+        def __init__(self):
+            self.k = 3.0
+
+        def __call__(self, t):
+            return t * self.k
+
+    def build():
+        cfg = types.SimpleNamespace(SCALE=1.5, act=torch.tanh, power=2)
+        module = types.ModuleType("config")  # a config module: module.SHIFT
+        module.SHIFT = 0.25
+        scaler = Scaler()
+        w = leaf(4, 2)
+
+        def fn(x):
+            return scaler(cfg.act(x @ w * cfg.SCALE + module.SHIFT) ** cfg.power).sum()
+
+        def between(i):
+            module.SHIFT *= -3
+            cfg.SCALE = -cfg.SCALE * 1.5
+            cfg.act = torch.sigmoid if i % 2 else torch.tanh
+            cfg.power = 3 if i == 1 else 2
+            scaler.k += 1
+
+        return fn, [w], between
+
+    twins(build, X)
+
+
+def test_dicts_mixing_tensors_and_floats_and_nested_lists_of_tensors():
+    def build():
+        w = leaf(4, 2)
+        return (lambda x, opts, pairs: ((x @ w) * opts["s"] + opts["b"] * pairs[1][0]).sum() + pairs[0][1].sum(),
+                [w], nothing)
+
+    calls = [(x, {"s": float(i) - 1.5, "b": leaf(2, seed=i)}, [[leaf(1), leaf(3, seed=i)], [leaf(2, seed=9 - i)]])
+             for i, (x,) in enumerate(X)]
+    twins(build, calls)
+
+
+def test_generators_iterators_and_mutable_default_arguments():
+    def build():
+        w = leaf(4, 2)
+        scales = iter([0.5, -1.0, 2.0, 3.0, -0.0, 7.0])
+
+        def counter():
+            n = 0
+            while True:
+                n += 1
+                yield n
+
+        count = counter()
+
+        def fn(x, seen=[]):  # noqa: B006  (the default list is the point)
+            seen.append(len(seen))
+            return (x @ w * next(scales) + next(count) + len(seen)).sum(), list(seen)
+
+        return fn, [w], nothing
+
+    twins(build, X)
+
+
+def test_containers_the_function_fills_and_prints_happen_on_every_call():
+    outputs = []
+    for side in ("compiled", "eager"):
+        torch.manual_seed(0)
+        w = leaf(4, 2)
+        log, stats = [], collections.defaultdict(int)
+
+        def fn(x, log, stats):
+            loss = (x @ w).relu().sum()
+            log.append(loss)
+            stats["n"] += 1
+            print(f"call {stats['n']}: {float(loss):.4f}")
+            return loss
+
+        run = tt.compile(fn, (X[0][0], log, stats)) if side == "compiled" else fn
+        printed = io.StringIO()
+        with redirect_stdout(printed):
+            for (x,) in X:
+                run(x, log, stats)
+        sum(log).backward()  # the logged losses are live tracers, as eager's
+        outputs.append((printed.getvalue(), dict(stats), plain(w.grad), [plain(t) for t in log]))
+    assert outputs[0][0] == outputs[1][0] and outputs[0][0].count("call") == len(X)
+    same(outputs[0][1:], outputs[1][1:])
+
+
+@pytest.mark.parametrize("flag", ["autocast", "anomaly", "deterministic"])
+def test_torch_global_state_queries_are_asked_on_every_call(flag):
+    query = {"autocast": lambda: torch.is_autocast_enabled("cpu"), "anomaly": torch.is_anomaly_enabled,
+             "deterministic": torch.are_deterministic_algorithms_enabled}[flag]
+    setter = {"autocast": None, "anomaly": torch.set_anomaly_enabled,
+              "deterministic": torch.use_deterministic_algorithms}[flag]
+
+    def build():
+        w = leaf(4, 2)
+        return (lambda x: (x @ w * (3.0 if query() else -1.0)).sum()), [w], nothing
+
+    compiled = None
+    for state in (False, True, False):
+        if setter is not None:
+            setter(state)
+        try:
+            compiled = twins(build, X[:2]) if compiled is None else compiled
+            torch.manual_seed(0)
+            fn, _, _ = build()
+            same(compiled(X[2][0]).detach(), fn(X[2][0]).detach())
+        finally:
+            if setter is not None:
+                setter(False)
+
+
+def test_enable_grad_inside_a_function_called_under_no_grad():
+    w = leaf(4, 2)
+
+    def fn(x):
+        with torch.enable_grad():
+            return (x @ w).sum()
+
+    compiled = tt.compile(fn, X[0])
+    for (x,) in X:
+        with torch.no_grad():
+            out = compiled(x)
+        assert out.requires_grad and not out.is_leaf
+        w.grad = None
+        out.backward()
+        w_grad = plain(w.grad).clone()
+        w.grad = None
+        with torch.no_grad():
+            fn(x).backward()
+        assert torch.equal(w_grad, plain(w.grad))
+
+
+def test_autograd_attributes_read_inside_are_answered_as_eager():
+    def build():
+        w = leaf(4, 2)
+        frozen = tt.as_tracer(torch.ones(2, dtype=torch.float64))
+
+        def fn(x):
+            h = x @ w
+            kinds = (h.requires_grad, h.is_leaf, h.grad_fn is None, w.is_leaf, frozen.requires_grad,
+                     w.grad is None)
+            if h.requires_grad and not h.is_leaf:
+                h = h * 2
+            return (h + frozen).sum(), kinds
+
+        def between(i):
+            w.grad = torch.ones(4, 2, dtype=torch.float64) if i % 2 else None
+
+        return fn, [w], between
+
+    twins(build, X)
+
+
+# --- training: parameters, .grad, optimizers, schedulers -------------------------------------------------------
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return port(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double())
+
+
+def step_fn(model, optimizer, scheduler=None, set_to_none=True):
+    def step(x, y):
+        optimizer.zero_grad(set_to_none=set_to_none)
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        return loss
+
+    return step
+
+
+def batches(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(5, 4, generator=g, dtype=torch.float64), torch.randn(5, 1, generator=g, dtype=torch.float64))
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "cosine", "sgd-keep-grads", "torch-adamw"])
+def test_a_training_step_compiles_to_one_program_and_trains_bit_for_bit_as_eager(optimizer):
+    data = batches(20 if optimizer == "cosine" else 8)
+    finals = []
+    for side in ("compiled", "eager"):
+        model = mlp()
+        scheduler = None
+        if optimizer == "adam":
+            opt = tt.optim.Adam(model.parameters(), lr=0.01)
+        elif optimizer == "torch-adamw":
+            opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        elif optimizer == "cosine":
+            opt = tt.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=20)
+        else:
+            opt = tt.optim.SGD(model.parameters(), lr=0.1)
+        step = step_fn(model, opt, scheduler, set_to_none=optimizer != "sgd-keep-grads")
+        if side == "compiled":
+            step = compiled = tt.compile(step, data[0])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            losses = [plain(step(*b)) for b in data]
+        finals.append((losses, [plain(p) for p in model.parameters()], [plain(p.grad) for p in model.parameters()]))
+    same(finals[0], finals[1])
+    assert len(compiled.program.paths()) == 1 and compiled.replayed == len(data) - 1
+
+
+def test_grad_recreated_by_zero_grad_set_to_none_between_calls():
+    """A leaf's .grad set, kept, replaced or removed between calls: each call adds into what is there now."""
+    def build():
+        w = leaf(4, 2)
+
+        def fn(x):
+            return (x @ w).sum() * -3.5
+
+        def between(i):
+            w.grad = [None, torch.full((4, 2), 2.0, dtype=torch.float64), None, w.grad, None][i]
+
+        return fn, [], between
+
+    calls = X
+    results = []
+    for side in ("compiled", "eager"):
+        torch.manual_seed(0)
+        fn, _, between = build()
+        w = fn.__closure__[0].cell_contents
+        run = tt.compile(fn, calls[0]) if side == "compiled" else fn
+        grads = []
+        for i, (x,) in enumerate(calls):
+            run(x).backward()
+            grads.append(plain(w.grad).clone())
+            between(i)
+        results.append(grads)
+    same(results[0], results[1])
+
+
+def test_unnamed_same_class_modules_in_lists_keep_their_own_parameters():
+    def forward_only():
+        torch.manual_seed(0)
+        ensemble = [port(nn.Linear(4, 1).double()) for _ in range(3)]
+        return (lambda x: sum(m(x).sum() for m in ensemble)), [p for m in ensemble for p in m.parameters()], nothing
+
+    twins(forward_only, X)
+
+    def build():
+        torch.manual_seed(0)
+        ensemble = [port(nn.Linear(4, 1).double()) for _ in range(3)]
+        heads = port(nn.ModuleList([nn.Linear(4, 2) for _ in range(3)]).double())
+        params = [p for m in (*ensemble, heads) for p in m.parameters()]
+        opt = tt.optim.SGD(params, lr=0.1)
+
+        def fn(x):
+            opt.zero_grad()
+            loss = sum(m(x).sum() for m in ensemble) + sum(h(x).pow(2).sum() for h in heads)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        return fn, params, nothing
+
+    twins(build, X)
+
+
+def test_parameter_data_assigned_and_requires_grad_set_inside():
+    def build():
+        w = leaf(4, 2)
+        x_flags = []
+
+        def fn(x):
+            x = x.clone()
+            x.requires_grad = len(x_flags) % 2 == 0
+            x_flags.append(x.requires_grad)
+            loss = (x @ w).square().sum()
+            loss.backward()
+            with torch.no_grad():
+                w.data -= 0.01 * w.grad
+            w.grad = None
+            return loss.detach()
+
+        return fn, [w], nothing
+
+    twins(build, [(tt.as_tracer(x),) for (x,) in X])
+
+
+def test_outputs_of_any_python_type_hold_this_calls_tensors():
+    Pair = collections.namedtuple("Pair", "a b")
+
+    class Box:
+        def __init__(self, value):
+            self.value = value
+
+    def build():
+        w = leaf(4, 2)
+
+        def fn(x):
+            h = x @ w
+            d = collections.defaultdict(list)
+            d["h"].append(h)
+            return h.sum(), types.SimpleNamespace(h=h), Box(h * 2), Pair(h, 3), d
+
+        return fn, [w], nothing
+
+    twins(build, X)
+
+
+def test_a_number_divided_by_a_tensor_is_eagers_bit_for_bit():
+    def build():
+        w = tt.as_tracer(torch.rand(1000) + 0.5, requires_grad=True)
+        return (lambda x: (3.0 / (w * x)).sum()), [w], nothing
+
+    twins(build, [(torch.rand(1000) + 0.5,) for _ in range(3)])
+
+
+def test_slices_and_ellipsis_arguments():
+    def build():
+        w = leaf(4, 6)
+        return (lambda x, s: (x @ w)[:, s].sum() + (x @ w)[..., 1:5:2].sum()), [w], nothing
+
+    twins(build, [(X[i][0], slice(i % 3, 5)) for i in range(4)])
+
+
+def test_a_compiled_call_inside_tt_recording_and_inside_another_compiled_function():
+    w = leaf(4, 2)
+    inner = tt.compile(lambda x: (x @ w).tanh(), X[0])
+    outer = tt.compile(lambda x: inner(x).sum() * 2, X[0])
+    expected = []
+    for (x,) in X:
+        w.grad = None
+        (x @ w).tanh().sum().mul(2).backward()
+        expected.append(plain(w.grad).clone())
+    for i, (x,) in enumerate(X):
+        w.grad = None
+        with tt.recording():
+            inner(x).sum().mul(2).backward()
+        assert torch.equal(plain(w.grad), expected[i])
+        w.grad = None
+        outer(x).backward()
+        assert torch.equal(plain(w.grad), expected[i])
+
+
+def test_a_model_run_by_another_thread_meanwhile_is_not_part_of_the_program():
+    model, other = mlp(0), mlp(1)
+    step = tt.compile(lambda x: model(x).sum(), (batches(1)[0][0],))
+    done = threading.Event()
+
+    def elsewhere():
+        while not done.is_set():
+            other(torch.randn(5, 4, dtype=torch.float64)).sum().backward()
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    try:
+        for x, _ in batches(6):
+            for p in model.parameters():
+                p.grad = None
+            step(x).backward()
+            got = [plain(p.grad).clone() for p in model.parameters()]
+            for p in model.parameters():
+                p.grad = None
+            model(x).sum().backward()
+            same(got, [plain(p.grad) for p in model.parameters()])
+    finally:
+        done.set()
+        thread.join()
+    assert len(step.program.paths()) == 1
+
+
+# --- divergence: nothing runs twice -----------------------------------------------------------------------------
+
+
+def test_a_branch_on_a_value_diverges_mid_call_and_joins_the_trie():
+    def build():
+        w = leaf(4, 2)
+        drop = nn.Dropout(0.5)
+        effects = []
+
+        def fn(x):
+            h = drop(x @ w)  # a random draw before the branch: made once, as eager's
+            effects.append(1)
+            if h.sum() > 0:
+                h = h.exp()
+            else:
+                h = h.sin() * 3
+            return h.sum(), len(effects)
+
+        return fn, [w], nothing
+
+    calls = [(x * s,) for s in (1.0, -1.0) for (x,) in X[:3]]
+    compiled = twins(build, calls)
+    assert len(compiled.program.paths()) == 2
+
+
+def test_a_value_dependent_shape_becomes_an_eager_node_of_what_it_computed():
+    def build():
+        w = leaf(6)
+        return (lambda x: (w * x)[x > 0].square().sum()), [w], nothing
+
+    twins(build, [(torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(i)),)
+                  for i in range(5)])
+
+
+def test_changing_numbers_never_diverge():
+    def build():
+        w = leaf(4, 2)
+        state = {"lr": 0.5}
+
+        def between(i):
+            state["lr"] *= -0.7
+
+        return (lambda x: (x @ w * state["lr"] - state["lr"] / 3).sum()), [w], between
+
+    compiled = twins(build, X)
+    assert len(compiled.program.paths()) == 1 and compiled.replayed == len(X) - 1
+
+
+def test_weight_tying_is_checked_both_ways():
+    def build():
+        a, b = leaf(4, 4, seed=1), leaf(4, 4, seed=2)
+        pair = {"first": a, "second": a}
+
+        def between(i):
+            pair["second"] = b if i % 2 == 0 else a
+
+        return (lambda x: (x @ pair["first"] @ pair["second"]).sum()), [a, b], between
+
+    compiled = twins(build, X)
+    assert len(compiled.program.paths()) == 2
+
+
+def test_in_place_changes_of_recorded_values_run_inside_the_program():
+    def build():
+        w = leaf(4, 2)
+
+        def fn(x):
+            h = x @ w
+            h[0] = 0.0
+            h += 1
+            h.relu_()
+            return (h * h).sum()
+
+        return fn, [w], nothing
+
+    compiled = twins(build, X)
+    assert compiled.replayed == len(X) - 1
+
+
+def test_an_in_place_change_of_a_saved_value_raises_as_eager():
+    w = leaf(4)
+
+    def fn(x):
+        h = (x * w).exp()
+        out = h.sum()
+        with torch.no_grad():
+            h.mul_(2)
+        return out
+
+    compiled = tt.compile(fn, (torch.randn(4),))
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="modified by an in-place operation|modified in place"):
+            compiled(torch.randn(4, dtype=torch.float64)).backward()
+
+
+def test_a_hook_on_a_value_used_again_inside_is_refused_not_wrong():
+    w = leaf(3)
+    compiled = tt.compile(lambda x: (lambda h: (h, (h * h).sum()))(x * w), (torch.randn(3),))
+    compiled(torch.randn(3, dtype=torch.float64))
+    h, loss = compiled(torch.randn(3, dtype=torch.float64))
+    h.register_hook(lambda g: g)
+    with pytest.raises(tt.UnsupportedOperationError, match="used again inside"):
+        loss.backward()
+
+
+PROBE_SCALE = 2.0
+
+
+class GlobalScaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 1)
+
+    @property
+    def scale(self):
+        return PROBE_SCALE
+
+    @staticmethod
+    def shift():
+        return PROBE_SCALE + 1
+
+    def forward(self, x):
+        return (self.lin(x) * self.scale + self.shift()).sum()
+
+
+def test_a_property_and_a_staticmethod_read_after_a_global_changed():
+    model = port(GlobalScaled())
+    compiled = tt.compile(model, (torch.randn(2, 3),))
+    x = torch.randn(2, 3)
+    compiled(x)
+    globals()["PROBE_SCALE"] = 5.0
+    try:
+        assert torch.equal(plain(compiled(x)), plain(model(x)))
+    finally:
+        globals()["PROBE_SCALE"] = 2.0
+
+
+def test_a_config_module_attribute_changed_between_calls():
+    config = types.ModuleType("config")
+    config.SCALE = 1.0
+    w = leaf(3)
+    compiled = tt.compile(lambda x: (x * w * config.SCALE).sum(), (torch.randn(3),))
+    x = torch.randn(3, dtype=torch.float64)
+    compiled(x)
+    config.SCALE = 4.0
+    assert torch.equal(plain(compiled(x)), plain((x * w * config.SCALE).sum()))
+
+
+def test_an_ensemble_of_unnamed_modules_called_from_a_function():
+    torch.manual_seed(0)
+    ensemble = [port(nn.Linear(3, 1)) for _ in range(3)]
+    x = torch.randn(2, 3)
+    compiled = tt.compile(lambda v: sum(m(v).sum() for m in ensemble), (x,))
+    compiled(x)
+    assert torch.equal(plain(compiled(x)), plain(sum(m(x).sum() for m in ensemble)))
+
+
+def test_a_call_that_once_handed_back_its_input_and_now_makes_a_tensor():
+    """Dropout with p=0 hands back its input; with p=0.3 it draws a mask: each call follows its own, as eager."""
+    def build():
+        w = leaf(4, 5)
+        drop = nn.Dropout(0.0)
+
+        def between(i):
+            drop.p = [0.0, 0.3, 0.3, 0.0, 0.5, 0.3][i]
+
+        return (lambda x: (drop(x @ w) ** 2).sum()), [w], between
+
+    compiled = twins(build, [X[i % 5] for i in range(6)])
+    assert len(compiled.program.paths()) == 2
+
+
+def test_calls_under_autocast_run_as_eager_with_their_backward_in_autocast():
+    w = tt.as_tracer(torch.randn(4, 3), requires_grad=True)
+    compiled = tt.compile(lambda x: (x @ w).float().sum(), (torch.randn(2, 4),))
+    x = torch.randn(2, 4)
+    compiled(x)  # records outside autocast
+    results = []
+    for fn in (compiled, lambda v: (v @ w).float().sum()):
+        w.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fn(x)
+        out.backward()
+        results.append((plain(out), plain(w.grad)))
+    same(results[0], results[1])
+
+
+def test_many_threads_calling_one_compiled_function_get_eagers_results():
+    model = mlp(0)
+    step = tt.compile(lambda x: model(x).square().sum(), (batches(1)[0][0],))
+    data = [x for x, _ in batches(12)]
+    expected = [plain(model(x).square().sum()) for x in data]
+    got = [None] * len(data)
+
+    def work(i):
+        got[i] = plain(step(data[i] * (1 if i % 2 else -1) * (1 if i % 2 else -1)))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(data))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    same(got, expected)

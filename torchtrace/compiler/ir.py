@@ -1,0 +1,190 @@
+"""The recorded program as objects: a Statement per recorded torch call, Blocks of them in a trie, one Program.
+
+A Statement says what one torch call that records a gradient was: the callable, its structural arguments by
+value (shapes, dims, dtypes, flags: `key`; a Python float is a number slot, read on every call), where each
+tensor argument came from (`sources`: value j, made by an earlier statement, or leaf slot L, any other tensor,
+bound to an object on each call), which of them required a gradient, and the shape and dtype of each result.
+Values are numbered along a path of the trie in the order statements make them; leaf slots in the order they
+are first read. A Block is a straight run of statements; where a later call went another way (a branch of
+the user's Python, a new shape), the block ends and its `children` start with the differing statements.
+"""
+from typing import Any, Callable, List, Optional, Tuple
+
+import torch
+
+REPLAY, PASS, EAGER = "replay", "pass", "eager"  # the kinds of statement (see Statement)
+TENSOR = object()  # a tensor argument's place in a key
+NUMBER = object()  # a Python float's place in a key: a number slot, read on every call
+
+
+def describe(args: tuple, kwargs: dict) -> Tuple[tuple, List[torch.Tensor]]:
+    """(key, tensors) of a call's arguments: tensors and floats are slots (a float is read on every call), the rest
+    is kept by value."""
+    key: List[Any] = []
+    tensors: List[torch.Tensor] = []
+    for value in args:
+        _describe(value, key, tensors)
+    for name, value in kwargs.items():
+        key.append(name)
+        _describe(value, key, tensors)
+    return tuple(key), tensors
+
+
+def _describe(value: Any, key: list, tensors: list) -> None:
+    kind = type(value)
+    if isinstance(value, torch.Tensor):
+        key.append(TENSOR)
+        tensors.append(value)
+    elif kind is float:
+        key.append(NUMBER)
+    elif kind is bool or kind is int or value is None or kind is str:
+        key.append((kind, value))
+    elif kind is list or kind is tuple:
+        key.append((kind, len(value)))
+        for item in value:
+            _describe(item, key, tensors)
+    elif kind is slice:
+        key.append(slice)
+        for part in (value.start, value.stop, value.step):
+            _describe(part, key, tensors)
+    elif isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)) \
+            or value is Ellipsis:
+        key.append(value)
+    else:  # another object (a generator, an enum): its type is the structure, the object itself is read each call
+        key.append(kind)
+
+
+class Statement:
+    """One recorded torch call (see the module docstring).
+
+    kind: REPLAY (a rule's forward, run on plain tensors inside the program's node), PASS (a call that hands back
+    its input: x.contiguous() of a contiguous x) or EAGER (an in-place change, a Function.apply, a call that records
+    more than one node: run by the eager engine, its results read by later statements as values).
+    """
+
+    __slots__ = ("func", "kind", "rule", "key", "sources", "needs", "mask", "torch_leaf", "edges", "results",
+                 "first_value", "new_slots", "module", "line", "slot_names", "example")
+
+    def __init__(self, func: Callable, kind: str, key: tuple, sources: tuple, needs: tuple):
+        self.func, self.kind, self.key, self.sources, self.needs = func, kind, key, sources, needs
+        self.rule: Optional[type] = None
+        self.mask = 0  # bit i: argument i needs a gradient (the rule's ctx.needs_input_grad)
+        self.torch_leaf = False  # an argument is a plain tensor with torch's requires_grad (torch's grad mode goes off)
+        self.edges: tuple = ()  # (Edge(position, shape, dtype), source) per argument needing a gradient
+        self.results: tuple = ()  # (shape, dtype) of each tensor result
+        self.first_value = 0  # the number of the first value this statement makes
+        self.new_slots: tuple = ()  # leaf slots first read here: (slot, shape, dtype, requires_grad)
+        self.module = ""  # dotted path of the module it ran in ("" outside modules)
+        self.line = ""  # 'file.py:12  h = x @ w' of the user's code
+        self.slot_names: dict = {}  # slot -> a name for new leaf slots (an argument's or a parameter's name)
+        self.example: Any = None  # for rendering: (args, kwargs, out) of the recording call, plain and detached
+
+    def same_call(self, func: Callable, key: tuple) -> bool:
+        return self.func is func and self.key == key
+
+    def describe(self) -> str:
+        name = getattr(self.func, "__qualname__", getattr(self.func, "__name__", repr(self.func)))
+        return f"{name}" + (f" [{self.module}]" if self.module else "") + (f" at {self.line}" if self.line else "")
+
+
+class Block:
+    """A straight run of statements, then the blocks a later call took instead of going on (a trie node)."""
+
+    __slots__ = ("statements", "children", "ended", "outputs")
+
+    def __init__(self, statements: Optional[List[Statement]] = None):
+        self.statements: List[Statement] = statements or []
+        self.children: List["Block"] = []
+        self.ended = False  # a call ended after this block's last statement
+        self.outputs: List[int] = []  # the values the call that ended here returned
+
+    def split(self, at: int) -> None:
+        """Statements from `at` on (and the children) move into one child: a new branch can start at `at`."""
+        rest = Block(self.statements[at:])
+        rest.children, rest.ended, rest.outputs = self.children, self.ended, self.outputs
+        self.statements, self.children, self.ended, self.outputs = self.statements[:at], [rest], False, []
+
+
+class Program:
+    """The trie of every path the compiled function's calls took."""
+
+    def __init__(self, title: str):
+        self.title = title
+        self.root = Block()
+
+    def blocks(self) -> List[Block]:
+        found, stack = [], [self.root]
+        while stack:
+            block = stack.pop()
+            found.append(block)
+            stack.extend(reversed(block.children))
+        return found
+
+    def paths(self) -> List[List[Statement]]:
+        """Every root-to-end path, as statements (the straight-line programs of the trie)."""
+        return [path for path, _ in self.paths_with_outputs()]
+
+    def paths_with_outputs(self) -> List[Tuple[List[Statement], List[int]]]:
+        out: List[Tuple[List[Statement], List[int]]] = []
+        stack: List[Tuple[Block, List[Statement]]] = [(self.root, [])]
+        while stack:
+            block, before = stack.pop()
+            here = before + block.statements
+            if block.ended or not block.children:
+                out.append((here, block.outputs))
+            stack.extend((child, here) for child in reversed(block.children))
+        return out
+
+    def attach(self, block: Block, at: int, statements: List[Statement], outputs: List[int]) -> None:
+        """A call left the trie at (block, at) and went on with `statements`: they become a branch there."""
+        if block is self.root and not block.statements and not block.children:
+            block.statements.extend(statements)
+            block.ended, block.outputs = True, outputs
+            return
+        if at < len(block.statements):
+            block.split(at)
+        if statements:
+            child = Block(statements)
+            child.ended, child.outputs = True, outputs
+            block.children.append(child)
+        else:
+            block.ended, block.outputs = True, outputs
+
+
+class Value:
+    """A tensor of the generated code: named by the naming pass (`h_fc1`, `d_fc1_weight`, `t3`) from its hint."""
+
+    __slots__ = ("hint", "name", "kind")
+
+    def __init__(self, hint: str = "", kind: str = "t"):
+        self.hint, self.kind = hint, kind  # kind: "t" forward value, "g" gradient, "input", "param", "grad_out"
+        self.name = hint
+
+
+class Op:
+    """One line of generated code: `targets = func(*args, **kwargs)` (tensors in args stand for their Values),
+    or a comment (func None)."""
+
+    __slots__ = ("targets", "func", "args", "kwargs", "comment", "unpack")
+
+    def __init__(self, targets: List[Optional[Value]], func: Optional[Callable], args: tuple = (),
+                 kwargs: Optional[dict] = None, comment: str = "", unpack: bool = False):
+        self.targets, self.func, self.args, self.kwargs, self.comment = targets, func, args, kwargs or {}, comment
+        self.unpack = unpack  # the call returns a sequence: `a, b = ...` (`a, = ...` for one)
+
+
+class Listing:
+    """One path of the program lowered to code: forward and backward lines over Values."""
+
+    def __init__(self) -> None:
+        self.inputs: List[Value] = []  # the function's tensor arguments, in order
+        self.params: List[Value] = []  # other leaves read: parameters, buffers, captured tensors
+        self.forward: List[Op] = []
+        self.backward: List[Op] = []
+        self.outputs: List[Value] = []
+        self.saved: List[Value] = []  # forward values the backward reads
+        self.grad_outputs: List[Value] = []
+        self.gradients: List[Tuple[Value, Optional[Value]]] = []  # (leaf, its gradient) for inputs, then params
+        self.of: dict = {}  # id(plain tensor) -> Value, for rendering the tensors held by the ops
+        self.values: dict = {}  # value number of the path -> its Value
+        self.slots: dict = {}  # leaf slot of the path -> its Value

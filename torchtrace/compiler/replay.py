@@ -1,0 +1,473 @@
+"""Checked replay: the user's Python runs as written; each torch call that records a gradient is checked.
+
+`ReplayMode` (a TorchFunctionMode) sees every torch call of one compiled call. A call that records no gradient
+(grad mode off, or no argument requiring one) simply runs. A call that records one is matched against the
+program's next statement (`Run.replay`): the same callable, the same structural arguments, each tensor argument
+from the same place — value j, or leaf slot L bound to this call's object (one object per slot, one slot per
+object) with its shape and dtype — and the same requires_grad. A match runs the rule's forward on plain tensors
+into a Context of its own, and its results become outputs of the call's one node (segment.py). The first call
+that does not match ends replay for this call: the node is closed as it is, and the call goes on eagerly
+(`Run.record`), each call recorded as a statement of a new branch of the program's trie. Nothing runs twice.
+"""
+import linecache
+import os
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from torchtrace.arguments import keywords_to_positions
+from torchtrace.autograd.dispatch import _grad_edges, _link_outputs, _rebuild
+from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Context, Function
+from torchtrace.autograd.inplace import inplace_requested, remember_base
+from torchtrace.autograd.node import Edge, Node, link_output
+from torchtrace.autograd.plain import plain_torch
+from torchtrace.autograd.state import STATE
+from torchtrace.compiler.ir import EAGER, PASS, REPLAY, Block, Program, Statement, describe
+from torchtrace.compiler.segment import LOCAL, OUTSIDE, Segment, Step, output_meta
+from torchtrace.tracer import tracer
+
+_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+_any_autocast = torch._C._is_any_autocast_enabled
+_disabled = torch._C._disabled_torch_function_impl
+_new_edge = tuple.__new__
+T = torch.Tensor
+# metadata reads answered without entering the tracer's dispatch
+METADATA = {getattr(T, name).__get__ for name in (
+    "shape", "dtype", "device", "ndim", "is_cuda", "layout", "_version", "is_sparse", "is_quantized", "is_meta",
+    "is_nested")} | {T.size, T.dim, T.stride, T.numel, T.is_contiguous, T.is_floating_point,
+                              T.is_complex, T.storage_offset, T.element_size, T.__len__, T.nelement, T.ndimension,
+                              T.data_ptr, T._is_view}
+_PACKAGE_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+
+
+def user_line() -> str:
+    """'file.py:12  h = x @ w': the innermost frame outside torch and torchtrace."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIRS):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).split("  #")[0].strip()
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}" + (f"  {text}" if text else "")
+
+
+def _requires_grad(t: torch.Tensor) -> bool:
+    flag = getattr(t, "_tt_requires_grad", None)
+    return t.requires_grad if flag is None else flag
+
+
+def _wants_gradient(args: tuple, kwargs: dict) -> bool:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if _requires_grad(a):
+                return True
+        elif isinstance(a, (list, tuple)) and any(isinstance(e, torch.Tensor) and _requires_grad(e) for e in a):
+            return True
+    return bool(kwargs) and _wants_gradient(tuple(kwargs.values()), {})
+
+
+def _may_record(func: Callable, args: tuple, kwargs: dict) -> bool:
+    """Can this call record a node: a rule's callable, an in-place form, or a Function's apply?"""
+    if func in RULES or func in INPLACE:
+        return True
+    owner = getattr(func, "__self__", None)
+    return (isinstance(owner, type) and issubclass(owner, Function)) or is_inplace(func, args, kwargs)
+
+
+def is_inplace(func: Callable, args: tuple, kwargs: dict) -> bool:
+    if func in INPLACE or func is T.__setitem__:
+        return True
+    if func in INPLACE_FLAG and inplace_requested(INPLACE_FLAG[func], args, kwargs):
+        return True
+    name = getattr(func, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or (name.startswith("__i") and name.endswith("__"))
+
+
+def _normalise(func: Callable, args: tuple, kwargs: dict) -> Tuple[Optional[type], tuple, dict]:
+    rule = RULES.get(func)
+    if kwargs and rule is not None:
+        args, kwargs = keywords_to_positions(func, rule, args, kwargs)
+    return rule, args, kwargs
+
+
+def _tensor_results(out: Any) -> List[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [o for o in out if isinstance(o, torch.Tensor)]
+    return []
+
+
+def _argument_at(args: tuple, kwargs: dict, rule: type, position: Any) -> torch.Tensor:
+    """The tensor an edge's position names (i, or (i, j) for item j of a list argument)."""
+    index, item = (position, None) if type(position) is int else position
+    if index < len(args):
+        value = args[index]
+    else:
+        value = next(v for k, v in kwargs.items() if rule.param_index(k) == index)
+    return value if item is None else value[item]
+
+
+class Run:
+    """One call of a compiled function: where it is in the trie, what its values and leaf slots are bound to."""
+
+    def __init__(self, program: Program, names: Callable[[], Dict[int, str]]):
+        self.program = program
+        self.block: Block = program.root
+        self.at = 0
+        self.replaying = bool(program.root.statements or program.root.children)
+        self.values: Dict[int, int] = {}  # id(tensor object) -> value number
+        self.keep: List[Any] = []  # every object numbered stays alive, so no id is reused during the call
+        self.slot_of: Dict[int, int] = {}  # id(tensor object) -> leaf slot
+        self.slots: List[torch.Tensor] = []  # leaf slot -> this call's object
+        self.n_values = 0
+        self.segment: Optional[Segment] = None
+        self.recorded: List[Statement] = []  # after a divergence: the statements of the new branch
+        self.branch_at: Tuple[Block, int] = (program.root, 0)
+        self.nodes: Optional[List[Node]] = None  # the nodes the eager call running now records
+        self._names = names  # () -> {id(tensor or module): a name}, built when a call is first recorded
+        self._named: Optional[Dict[int, str]] = None
+        self.path: List[Statement] = []  # the statements this call matched or recorded, in order
+        self.siblings: List[Tuple[Block, Statement]] = []  # other statements for the call matched last
+        self.before: Tuple[Block, int] = (program.root, 0)
+
+    @property
+    def names(self) -> Dict[int, str]:
+        if self._named is None:
+            self._named = self._names()
+        return self._named
+
+    # observer of the eager engine --------------------------------------------------------------------------
+    def on_record(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
+        if self.nodes is not None:
+            self.nodes.append(node)
+
+    # replay --------------------------------------------------------------------------------------------------
+    def replay(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        """Run the call as the program's next statement; None when it does not match (nothing has run then)."""
+        with plain_torch():
+            rule, pargs, pkwargs = _normalise(func, args, kwargs)
+            key, tensors = describe(pargs, pkwargs)
+            st = self._match(func, key, tensors)
+            if st is None:
+                return None
+            self.path.append(st)
+            if st.kind != EAGER:
+                return (self._rule(st, func, rule, pargs, pkwargs),)
+        return (self._eager(st, func, args, kwargs),)  # through the tracer's dispatch: outside plain_torch
+
+    def _match(self, func: Callable, key: tuple, tensors: List[torch.Tensor]) -> Optional[Statement]:
+        block, at = self.block, self.at
+        if at < len(block.statements):
+            options = [(block, block.statements[at])]
+        else:
+            options = [(child, child.statements[0]) for child in block.children]
+        for owner, st in options:
+            if st.same_call(func, key) and self._bind(st, tensors):
+                self.before = (block, at)  # where a call that ran but then did not fit leaves the trie
+                self.block, self.at = owner, (at + 1 if owner is block else 1)
+                self.siblings = [(o, s) for o, s in options if s is not st and s.same_call(func, key)
+                                 and s.sources == st.sources and s.needs == st.needs]
+                return st
+        return None
+
+    def _refit(self, st: Statement, out: Any, raw: List[torch.Tensor], first: Any) -> Optional[Statement]:
+        """The call ran as `st` but its results fit a sibling statement (the same call that once handed back its
+        input, or once made a new tensor): go on as that one."""
+        for owner, other in self.siblings:
+            fits = (other.kind == PASS and out is first) or (other.kind == REPLAY and out is not first and len(
+                raw) == len(other.results) and all((r.shape, r.dtype) == m for r, m in zip(raw, other.results)))
+            if fits:
+                self.block, self.at = owner, (self.at if owner is self.block else 1)
+                self.path[-1] = other
+                return other
+        return None
+
+    def _bind(self, st: Statement, tensors: List[torch.Tensor]) -> bool:
+        """Does every tensor come from where the statement's did? Binds new leaf slots (undone on a mismatch)."""
+        bound = []
+        ok = True
+        for t, source, needs in zip(tensors, st.sources, st.needs):
+            if _requires_grad(t) != needs or (getattr(t, "_tt_node", None) is not None and t._version != t._tt_version):
+                ok = False
+            elif source >= 0:
+                ok = self.values.get(id(t)) == source
+            else:
+                slot = ~source
+                have = self.slot_of.get(id(t))
+                if have is None:
+                    shape, dtype = st.new_slots.get(slot, (None, None))
+                    ok = (slot == len(self.slots) and id(t) not in self.values and t.shape == shape
+                          and t.dtype == dtype)
+                    if ok:
+                        self.slot_of[id(t)] = slot
+                        self.slots.append(t)
+                        bound.append(t)
+                else:
+                    ok = have == slot
+            if not ok:
+                for t in bound:
+                    del self.slot_of[id(t)]
+                    self.slots.pop()
+                return False
+        return True
+
+    def _rule(self, st: Statement, func: Callable, rule: type, args: tuple, kwargs: dict) -> Any:
+        """A REPLAY or PASS statement: the rule's forward into a Context of its own, results on the segment."""
+        ctx = Context(rule, (), st.mask)
+        if st.torch_leaf:
+            _set_grad_enabled(False)
+        try:
+            out = rule.forward(ctx, *args, **kwargs)
+        finally:
+            if st.torch_leaf:
+                _set_grad_enabled(True)
+        if st.kind == PASS and out is args[0]:
+            return out
+        raw = _tensor_results(out)
+        if st.kind == PASS or out is args[0] or len(raw) != len(st.results) or any(
+                (r.shape, r.dtype) != meta for r, meta in zip(raw, st.results)):
+            other = self._refit(st, out, raw, args[0])
+            if other is None:
+                return self._diverge_after(st, func, rule, ctx, args, kwargs, out)
+            if other.kind == PASS:
+                return out
+            st = other
+        segment = self.segment
+        if segment is None:
+            segment = self.segment = Segment()
+        values = []
+        linked = []
+        for r in raw:
+            value = self.n_values
+            self.n_values += 1
+            t = link_output(r, segment.node, segment.add_output(value), tracer)
+            if t._tt_view:
+                remember_base(t, args)
+            self.values[id(t)] = value
+            self.keep.append(t)
+            values.append(value)
+            linked.append(t)
+        targets = []
+        for edge, source in st.edges:
+            if source >= 0 and source in segment.nr_of:
+                targets.append((edge, (LOCAL, source)))
+            else:
+                key = ("v", source) if source >= 0 else ("l", ~source)
+                t = _argument_at(args, kwargs, rule, edge.position)
+                targets.append((edge, (OUTSIDE, segment.edge_to(key, t))))
+        segment.steps.append(Step(rule, ctx, values, [output_meta(r) for r in raw] if len(raw) > 1 else None,
+                                  targets))
+        return linked[0] if isinstance(out, torch.Tensor) else _rebuild(out, _relinked(out, raw, linked))
+
+    def _diverge_after(self, st: Statement, func: Callable, rule: type, ctx: Context, args: tuple, kwargs: dict,
+                       out: Any) -> Any:
+        """The statement ran, but its results differ from the program's (a shape that follows from values): they
+        become an eager node built from what it computed, and the call goes on eagerly from here."""
+        self.block, self.at = self.before
+        self._diverge()
+        self.path.pop()
+        result_edges: list = []
+        if out is args[0]:
+            result = out
+        else:
+            edges, _, _ = _grad_edges(tracer, rule, args, kwargs)
+            result_edges = edges
+            ctx._edges = edges
+            node = Node(rule, ctx, edges, func, tuple(STATE.module_stack))
+            result = _link_outputs(out, node, tracer, args)
+        again = Statement(func, REPLAY if out is not args[0] else PASS, st.key, st.sources, st.needs)
+        again.rule, again.mask, again.torch_leaf, again.new_slots = st.rule, st.mask, st.torch_leaf, st.new_slots
+        if out is not args[0]:  # its edges, from the node just built (a PASS statement has none)
+            _, tensors = describe(args, kwargs)
+            by_id = {id(t): source for t, source in zip(tensors, st.sources)}
+            again.edges = tuple((_new_edge(Edge, (e.position, None, 0, e.shape, e.dtype)),
+                                 by_id[id(_argument_at(args, kwargs, rule, e.position))]) for e in result_edges)
+        again.module, again.line, again.slot_names = st.module, st.line, st.slot_names
+        self._finish_statement(again, result, args, kwargs)
+        return result
+
+    def _eager(self, st: Statement, func: Callable, args: tuple, kwargs: dict) -> Any:
+        """An EAGER statement: the eager engine runs it (after the segment so far is closed)."""
+        self.segment = None
+        out = func(*args, **kwargs)
+        results = _tensor_results(out)
+        with plain_torch():
+            same = len(results) == len(st.results) and all(
+                (r.shape, r.dtype) == meta for r, meta in zip(results, st.results))
+        if not same:
+            self.block, self.at = self.before
+            self._diverge()
+            self.path.pop()
+            again = Statement(func, EAGER, st.key, st.sources, st.needs)
+            again.new_slots, again.module, again.line, again.slot_names = (
+                st.new_slots, st.module, st.line, st.slot_names)
+            self._finish_statement(again, out, args, kwargs)
+            return out
+        for r in results:
+            self._number(r)
+        return out
+
+    # recording -------------------------------------------------------------------------------------------------
+    def _diverge(self) -> None:
+        if self.replaying:
+            self.replaying = False
+            self.branch_at = (self.block, self.at)
+        self.segment = None
+
+    def record(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        """Run the call eagerly and write it down as the next statement of the new branch."""
+        self._diverge()
+        with plain_torch():
+            rule, pargs, pkwargs = _normalise(func, args, kwargs)
+            key, tensors = describe(pargs, pkwargs)
+            sources, needs, new_slots, names = [], [], {}, {}
+            for t in tensors:
+                needs.append(_requires_grad(t))
+                value = self.values.get(id(t))
+                if value is not None:
+                    sources.append(value)
+                    continue
+                slot = self.slot_of.get(id(t))
+                if slot is None:
+                    slot = self.slot_of[id(t)] = len(self.slots)
+                    self.slots.append(t)
+                    new_slots[slot] = (t.shape, t.dtype)
+                    names[slot] = self._leaf_name(t)
+                sources.append(~slot)
+        self.nodes = []
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            nodes, self.nodes = self.nodes, None
+        if rule is None and len(nodes) == 1:  # Function.apply, an in-place twin: rendered as that one rule
+            rule = nodes[0].rule
+        inplace = is_inplace(func, pargs, pkwargs)
+        first = pargs[0] if pargs else None
+        if RULES.get(func) is not None and not inplace and len(nodes) == 1 and nodes[0].func is func and \
+                nodes[0].autocast is None:
+            kind = REPLAY
+        elif RULES.get(func) is not None and not inplace and not nodes and out is first:
+            kind = PASS
+        else:
+            kind = EAGER
+        st = Statement(func, kind, key, tuple(sources), tuple(needs))
+        st.new_slots, st.slot_names = new_slots, names
+        st.line = user_line()
+        stack = STATE.module_stack
+        st.module = self._module_name(stack[-1]) if stack else ""
+        if kind == PASS:  # which arguments need a gradient, should a later call's forward give a new tensor
+            with plain_torch():
+                st.mask = _grad_edges(tracer, rule, pargs, pkwargs)[2]
+        if kind == REPLAY or (kind == EAGER and len(nodes) == 1):
+            node = nodes[0]
+            st.rule, st.mask = rule, node.ctx._mask or 0
+            st.torch_leaf = any(type(t) is torch.Tensor and t.requires_grad for t in tensors)
+            by_id = {id(t): source for t, source in zip(tensors, sources)}
+            st.edges = tuple((_new_edge(Edge, (e.position, None, 0, e.shape, e.dtype)),
+                              by_id[id(_argument_at(pargs, pkwargs, rule, e.position))]) for e in node.edges)
+        self._finish_statement(st, out, pargs, pkwargs)
+        return out
+
+    def _finish_statement(self, st: Statement, out: Any, args: tuple, kwargs: dict) -> None:
+        st.first_value = self.n_values
+        results = [] if st.kind == PASS else _tensor_results(out)
+        with plain_torch():
+            st.results = tuple((r.shape, r.dtype) for r in results)
+            st.example = (tuple(_plain_copy(a) for a in args), {k: _plain_copy(v) for k, v in kwargs.items()},
+                          [_plain_copy(r) for r in results])
+        for r in results:
+            self._number(r)
+        self.recorded.append(st)
+        self.path.append(st)
+
+    def _number(self, t: torch.Tensor) -> None:
+        self.values[id(t)] = self.n_values
+        self.n_values += 1
+        self.keep.append(t)
+
+    def _leaf_name(self, t: torch.Tensor) -> Tuple[str, str]:
+        """(name, kind) of a new leaf: an argument ("input"), a parameter or buffer of the running model, or a
+        closure cell or global of the function ("param"; "" when it has no name)."""
+        found = self.names.get(id(t))
+        if found is None and STATE.module_stack:  # a model the function calls: its parameters by dotted name,
+            root = STATE.module_stack[0]  # prefixed by the model's Python name where another model took the name
+            owner = self.names.get(id(root))
+            prefix = f"{owner[0] if isinstance(owner, tuple) else type(root).__name__}."
+            taken = {v if isinstance(v, str) else v[0] for v in self.names.values()}
+            for name, module in root.named_modules():
+                if name:
+                    self.names.setdefault(id(module), name)
+            for name, p in (*root.named_buffers(), *root.named_parameters()):
+                self.names.setdefault(id(p), name if name not in taken else prefix + name)
+            found = self.names.get(id(t))
+        if found is None:
+            return "", "param"
+        return found if isinstance(found, tuple) else (found, "param")
+
+    def _module_name(self, module: Any) -> str:
+        """'fc1: Linear' (its path in the compiled module), or 'Linear' for a module of unknown place."""
+        path = self.names.get(id(module))
+        return f"{path}: {type(module).__name__}" if isinstance(path, str) and path else type(module).__name__
+
+    def finish(self, returned: Any, limit_reached: bool) -> bool:
+        """The call returned: a new branch joins the trie (unless the trie is full). True if one was added."""
+        self.segment = None
+        self.outputs = [self.values[id(t)] for t in tensors_in(returned) if id(t) in self.values]
+        block, at = self.branch_at if not self.replaying else (self.block, self.at)
+        if self.replaying and at == len(block.statements) and (block.ended or not block.children):
+            block.ended, block.outputs = True, block.outputs or self.outputs
+            return False
+        if limit_reached:
+            return False
+        self.program.attach(block, at, [] if self.replaying else self.recorded, self.outputs)
+        return True
+
+
+def tensors_in(value: Any) -> List[torch.Tensor]:
+    """The tensors of a returned value: in tuples, lists, dicts and objects' attributes."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_in(v)]
+    return []
+
+
+def _plain_copy(value: Any) -> Any:
+    """A plain, detached alias of a tensor (lists of tensors too): what rendering reruns the rules on."""
+    if isinstance(value, torch.Tensor):
+        return T.detach(value).as_subclass(torch.Tensor)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(_plain_copy(v) for v in value) if not hasattr(value, "_fields") else value
+    return value
+
+
+def _relinked(out: Any, raw: List[torch.Tensor], linked: List[torch.Tensor]) -> list:
+    swap = {id(r): t for r, t in zip(raw, linked)}
+    return [swap.get(id(o), o) for o in out]
+
+
+class ReplayMode(TorchFunctionMode):
+    """Every torch call of one compiled call comes here first."""
+
+    def __init__(self, run: Run):
+        super().__init__()
+        self.run = run
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        if func in METADATA:
+            return _disabled(func, types, args, kwargs)
+        if not _grad_enabled() or not _may_record(func, args, kwargs) or not _wants_gradient(args, kwargs):
+            return func(*args, **kwargs)  # records nothing (x > 0, .item(), no_grad): it simply runs
+        run = self.run
+        if run.replaying and not _any_autocast():  # under autocast every call runs eagerly (its backward casts)
+            found = run.replay(func, args, kwargs)
+            if found is not None:
+                return found[0]
+        return run.record(func, args, kwargs)

@@ -1,0 +1,180 @@
+"""The one node a run of matched statements becomes: its backward is the program's backward over those statements.
+
+Each matched statement ran its rule's forward into a Context of its own (no Node, no edges). The statements'
+results are outputs of one Node, `Segment.node`; its edges are the tensors the statements read from outside
+the segment (parameters, inputs, results of eager calls or of an earlier segment). Its backward walks the
+statements in reverse: each rule's backward on its Context, each edge's gradient (`edge_gradient`: the rule's
+gradient summed to the input's shape and cast to its dtype) summed into the value it came from, or handed to the
+engine as the gradient of an outside tensor — which the engine sums into `.grad` as for any node.
+"""
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from torchtrace.autograd import engine
+from torchtrace.autograd.node import Edge, Node, edge_gradient, leaf_accumulator
+from torchtrace.autograd.plain import plain_torch
+from torchtrace.errors import UnsupportedOperationError
+
+_new_edge = tuple.__new__
+LOCAL, OUTSIDE = 0, 1
+
+
+class Step:
+    """A statement as it ran in this call: its rule and Context, the values it made, where each gradient goes."""
+
+    __slots__ = ("rule", "ctx", "outputs", "metas", "targets", "released")
+
+    def __init__(self, rule: type, ctx: Any, outputs: List[int], metas: list, targets: list):
+        self.rule, self.ctx, self.outputs, self.metas, self.targets = rule, ctx, outputs, metas, targets
+        self.released = False
+
+
+class CompiledCall:
+    """y = the compiled statements -> dy/dx by each statement's rule, in reverse
+
+    The rule of a segment's node: the engine calls backward(ctx, *grads), and ctx is the Segment.
+    """
+
+    @staticmethod
+    def backward(segment: "Segment", *grads: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], ...]:
+        return segment.backward(grads)
+
+
+class Segment:
+    """The open node of matched statements: grows as statements match, is complete when the call leaves it."""
+
+    _released = False
+    _n_inputs = None
+    _saved: tuple = ()
+
+    def __init__(self) -> None:
+        self.steps: List[Step] = []
+        self.nr_of: Dict[int, int] = {}  # value number -> output nr of the node
+        self.outputs: List[int] = []  # output nr -> value number
+        self.outside: Dict[Any, int] = {}  # ('v', value) or ('l', slot) -> edge position
+        self.ran: List[Step] = []  # the steps the last backward ran (released unless retain_graph)
+        self.node = Node(CompiledCall, self, [], None, ())
+        self.node.n_outputs = 0
+
+    def add_output(self, value: int) -> int:
+        nr = len(self.outputs)
+        self.outputs.append(value)
+        self.nr_of[value] = nr
+        self.node.n_outputs = nr + 1
+        return nr
+
+    def edge_to(self, key: Any, t: torch.Tensor) -> int:
+        """The edge position of an outside tensor that needs a gradient (one per tensor, however often it is read)."""
+        position = self.outside.get(key)
+        if position is None:
+            node = t._tt_node if hasattr(type(t), "_tt_node") else None
+            target = (node, t._tt_nr) if node is not None else (leaf_accumulator(t), 0)
+            position = self.outside[key] = len(self.node.edges)
+            self.node.edges.append(_new_edge(Edge, (position, target[0], target[1], t.shape, t.dtype)))
+        return position
+
+    # what the engine reads of a node's ctx --------------------------------------------------------------
+    def release(self) -> None:
+        for step in self.ran:
+            step.released, step.ctx = True, None
+
+    def backward(self, grads: tuple) -> tuple:
+        if torch.is_grad_enabled():
+            raise UnsupportedOperationError(
+                "tt.compile: backward(create_graph=True) through a compiled call (or tt.grad with create_graph) is "
+                "not supported — its statements' backward runs on plain tensors; call the function uncompiled for "
+                "higher derivatives")
+        self._refuse_partial_gradients()
+        buffers: Dict[int, torch.Tensor] = {}
+        for nr, g in enumerate(grads):
+            if g is not None:
+                buffers[self.outputs[nr]] = g
+        result: List[Optional[torch.Tensor]] = [None] * len(self.node.edges)
+        ran = []
+        for step in self._order(buffers):
+            gs = [buffers.pop(v, None) for v in step.outputs]
+            if all(g is None for g in gs):
+                continue
+            if step.released:
+                raise RuntimeError(
+                    f"Trying to backward through the graph a second time ({step.rule.__name__}Backward, inside a "
+                    "compiled call): its saved tensors were freed after the first backward. Pass retain_graph=True "
+                    "to the first backward().")
+            if len(gs) > 1:  # as the engine: zeros for the outputs no gradient reached
+                gs = [torch.zeros(m[0], dtype=m[1], device=m[2]) if g is None and m is not None else g
+                      for g, m in zip(gs, step.metas)]
+            out = step.rule.backward(step.ctx, *gs)
+            out = out if type(out) is tuple else (out,)
+            ran.append(step)
+            for edge, (kind, where) in step.targets:
+                g = edge_gradient(edge, out)
+                if g is None:
+                    continue
+                if kind == LOCAL:
+                    buffers[where] = g if where not in buffers else buffers[where] + g
+                else:
+                    result[where] = g if result[where] is None else result[where] + g
+        self.ran = ran
+        return tuple(result)
+
+    def _order(self, seeded: Dict[int, torch.Tensor]) -> List[Step]:
+        """The steps in the engine's order (reverse post-order of a depth-first search from the seeded outputs,
+        edges in order), so gradients meeting at a value are summed in eager's order, bit for bit."""
+        producer = {value: step for step in self.steps for value in step.outputs}
+        roots = sorted({id(producer[v]): producer[v] for v in seeded}.values(), key=self.steps.index, reverse=True)
+        order: List[Step] = []
+        seen = set()
+        for root in roots:
+            if id(root) in seen:
+                continue
+            seen.add(id(root))
+            stack = [(root, _local_sources(root))]
+            while stack:
+                step, sources = stack[-1]
+                for value in sources:
+                    nxt = producer[value]
+                    if id(nxt) not in seen:
+                        seen.add(id(nxt))
+                        stack.append((nxt, _local_sources(nxt)))
+                        break
+                else:
+                    stack.pop()
+                    order.append(step)
+        order.reverse()
+        return order
+
+    def _refuse_partial_gradients(self) -> None:
+        """A hook, retain_grad or tt.grad on a value that later statements of this node read would see only part of
+        its gradient (the rest is summed inside this backward): refuse rather than give a wrong one."""
+        consumed = {where for step in self.steps for _, (kind, where) in step.targets if kind == LOCAL}
+        asked = set(self.node.hooks or ()) | set(self.node.retained or ())
+        captured = _captured_by_engine()
+        if captured:
+            asked |= {nr for (node, nr) in captured if node is self.node}
+        for nr in asked:
+            if self.outputs[nr] in consumed:
+                raise UnsupportedOperationError(
+                    "tt.compile: a hook, retain_grad() or tt.grad(..., inputs=) on a value computed inside a compiled "
+                    "call and used again inside it: its gradient is summed inside the compiled backward — register "
+                    "it outside the compiled function, or call the function uncompiled")
+
+
+def _local_sources(step: Step) -> Any:
+    return iter([where for _, (kind, where) in step.targets if kind == LOCAL])
+
+
+def _captured_by_engine() -> Optional[dict]:
+    """tt.grad's capture dict of the engine walk running this backward (None for backward())."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code is engine._walk.__code__:
+            return frame.f_locals.get("captured")
+        frame = frame.f_back
+    return None
+
+
+def output_meta(raw: torch.Tensor) -> tuple:
+    with plain_torch():
+        return raw.shape, raw.dtype, raw.device
