@@ -11,8 +11,8 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 from torch.overrides import TorchFunctionMode
 
-from torchtrace.autograd.function import INPLACE_FLAG, Context, Function
-from torchtrace.autograd.node import edge_gradient
+from torchtrace.autograd.function import INPLACE_FLAG, Function
+from torchtrace.autograd.node import Context, edge_gradient
 from torchtrace.compiler.ir import EAGER, PASS, Listing, Op, Statement, Value, describe
 from torchtrace.compiler.replay import is_inplace
 from torchtrace.errors import UnsupportedOperationError

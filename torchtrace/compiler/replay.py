@@ -19,9 +19,9 @@ from torch.overrides import TorchFunctionMode
 
 from torchtrace.arguments import keywords_to_positions
 from torchtrace.autograd.dispatch import _grad_edges, _link_outputs, _rebuild
-from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Context, Function
+from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.inplace import inplace_requested, remember_base
-from torchtrace.autograd.node import Edge, Node, link_output
+from torchtrace.autograd.node import Context, Edge, Node, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 from torchtrace.compiler.ir import EAGER, PASS, REPLAY, Block, Program, Statement, describe
