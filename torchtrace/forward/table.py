@@ -1,0 +1,45 @@
+"""The tangent table: each gradient rule's tangent (forward-mode) rule, keyed by the rule's name.
+
+An entry reads like a `result:` line of PyTorch's derivatives.yaml: the rules it serves, the math
+(ẏ = J ẋ, the Jacobian-vector product), and a function of the `Call`. The families live in the modules
+named after them (`pointwise.py`, `shapes.py`, ...); importing this package fills the table. A user's
+Function (tt.Function or torch's autograd.Function) that defines `jvp(ctx, *tangents)` has its own.
+"""
+from typing import Callable, Dict, Iterable, Optional
+
+from torchtrace.autograd.function import RULES
+
+TangentRule = Callable[..., object]
+TANGENTS: Dict[str, TangentRule] = {}  # rule name -> tangent rule
+MATH: Dict[str, str] = {}  # rule name -> its tangent in one line of math
+_OURS = ("torchtrace.ops", "torchtrace.nn", "torchtrace.autograd")
+
+
+def declare(names: Iterable[str], math: str, rule: TangentRule) -> TangentRule:
+    """Give every rule in `names` the tangent `rule` (documented by `math`)."""
+    for name in names.split() if isinstance(names, str) else names:
+        if name in TANGENTS:
+            raise ValueError(f"{name} has two tangent rules")
+        TANGENTS[name], MATH[name] = rule, math
+    return rule
+
+
+def tangent(names: str, math: str) -> Callable[[TangentRule], TangentRule]:
+    """Decorator form of `declare`."""
+    return lambda rule: declare(names, math, rule)
+
+
+def tangent_rule(rule: type) -> Optional[TangentRule]:
+    """The tangent rule of a gradient rule: torchtrace's own from the table, a user Function's `jvp`, or None."""
+    if rule.__module__.startswith(_OURS):
+        found = TANGENTS.get(rule.__name__)
+        if found is not None:
+            return found
+    from torchtrace.forward.custom import user_jvp
+
+    return user_jvp(rule)
+
+
+def our_rules() -> Dict[str, type]:
+    """Every gradient rule torchtrace registers, by name."""
+    return {rule.__name__: rule for rule in RULES.values() if rule.__module__.startswith(_OURS)}
