@@ -20,7 +20,7 @@ declare("""BFloat16 BroadcastTo Cat Chunk Clone ColumnStack Contiguous Cpu Cuda 
            TakeAlongDim UnsafeMaskedIndexPutAccumulate Diff
            Sum Mean Cumsum Trace""",
         "ẏ = op(ẋ): the op is linear in its floating arguments", linear())
-declare("Fill", "y = v everywhere  ->  ẏ = v̇ (0 for a number)", linear(fills=(1,)))
+declare("Fill", "y = v everywhere  ->  ẏ = v̇ (0 for a number)", linear(fills=(1, "value")))
 declare("MaskedFill", "y = x with v where mask  ->  ẏ = ẋ with v̇ where mask", linear(fills=(2, "value")))
 declare("IndexFill", "y = x with v at index  ->  ẏ = ẋ with v̇ at index", linear(fills=(3, "value")))
 declare("UnsafeMaskedIndex", "y = x[indices], fill where masked  ->  ẏ = ẋ[indices], 0 where masked",
