@@ -37,8 +37,9 @@ class TinyTransformer(nn.Module):
 def mlp_loss():
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
     target = torch.tensor([0, 2, 1, 1])
-    return model, lambda out: nn.functional.cross_entropy(out, target) + nn.functional.mse_loss(out.softmax(-1),
-                                                                                                torch.ones(4, 3, dtype=torch.float64) / 3)
+    uniform = torch.ones(4, 3, dtype=torch.float64) / 3
+    return model, lambda out: (nn.functional.cross_entropy(out, target)
+                               + nn.functional.mse_loss(out.softmax(-1), uniform))
 
 
 CASES = {

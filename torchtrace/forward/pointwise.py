@@ -13,13 +13,14 @@ declare("""Exp Exp2 Expm1 Log Log2 Log10 Log1p Erf Erfc Sqrt Rsqrt Square Abs Si
            Copysign Fmax Fmin Fmod Ldexp NanToNum Remainder
            Celu Elu Gelu Hardshrink Hardsigmoid Hardswish Hardtanh LeakyRelu LogSigmoid Mish Relu6 Selu Silu Softplus
            Softshrink Softsign Tanhshrink Threshold""",
-        "ẏ = Σ_i ∂y/∂x_i ẋ_i, each term the gradient formula applied to ẋ_i (an elementwise J is diagonal)", pointwise)
+        "{gradient}, so ẏ = Σ_i ∂y/∂x_i ẋ_i (the gradient formula applied to ẋ_i: an elementwise J is diagonal)",
+        pointwise)
 
 # Elementwise rules of one differentiable input: the backward applied once to the tangent.
 declare("""Relu Frac Positive Sgn Angle Logit Mvlgamma TensorPolygamma Rdiv Rpow Rremainder Bernoulli Rrelu TorchRrelu
            DropoutFunction Dropout1dFunction Dropout2dFunction Dropout3dFunction AlphaDropoutFunction
            FeatureAlphaDropoutFunction FeatureDropout TorchAlphaDropout TorchDropout TorchFeatureAlphaDropout""",
-        "ẏ = f'(x) ẋ: the backward applied to ẋ (J = J^T for an elementwise op)", diagonal)
+        "{gradient}, so ẏ = f'(x) ẋ: the backward applied to ẋ (J = J^T for an elementwise op)", diagonal)
 
 declare("Add Sub Rsub", "ż = ȧ ± alpha ḃ (linear: the op on the tangents, a number operand's tangent 0)",
         linear(fills=(0, 1)))

@@ -40,6 +40,13 @@ def tangent_rule(rule: type) -> Optional[TangentRule]:
     return user_jvp(rule)
 
 
+def math_of(name: str) -> str:
+    """The tangent of rule `name` in one line; "{gradient}" in a table entry stands for the rule's own math."""
+    rule = our_rules().get(name)
+    first_line = (rule.__doc__ or "").strip().splitlines()[0] if rule is not None and rule.__doc__ else ""
+    return MATH[name].replace("{gradient}", first_line)
+
+
 def our_rules() -> Dict[str, type]:
     """Every gradient rule torchtrace registers, by name."""
     return {rule.__name__: rule for rule in RULES.values() if rule.__module__.startswith(_OURS)}
