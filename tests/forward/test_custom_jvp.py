@@ -8,43 +8,40 @@ import torch
 import torchtrace as tt
 
 
+def cube(ctx, x):
+    """y = x^3, keeping x for backward and for jvp."""
+    ctx.save_for_backward(x)
+    ctx.save_for_forward(x)
+    return x ** 3
+
+
+def cube_slope(ctx, dx):
+    """3 x^2 times dx: the backward (dx a gradient) and the jvp (dx a tangent) of x^3 alike."""
+    (x,) = ctx.saved_tensors
+    return 3 * x ** 2 * dx
+
+
+def detached_cube_slope(ctx, g):
+    with tt.no_grad():  # correct values, but nothing recorded: not differentiable
+        return cube_slope(ctx, g)
+
+
 class DetachedCube(tt.Function):
-    """y = x^3 with a correct backward that records nothing (it runs under tt.no_grad)."""
+    """y = x^3 with a correct backward that records nothing."""
 
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x ** 3
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        with tt.no_grad():
-            return g * 3 * x ** 2
+    forward, backward = staticmethod(cube), staticmethod(detached_cube_slope)
 
 
-class Cube(DetachedCube):
+class Cube(tt.Function):
     """y = x^3 with a differentiable backward and no jvp."""
 
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * 3 * x ** 2
+    forward, backward = staticmethod(cube), staticmethod(cube_slope)
 
 
 class CubeWithJvp(DetachedCube):
-    """y = x^3, ẏ = 3 x^2 ẋ from ctx.save_for_forward."""
+    """y = x^3 with its own jvp: ẏ = 3 x^2 ẋ (its backward is not differentiable, and not needed)."""
 
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        ctx.save_for_forward(x)
-        return x ** 3
-
-    @staticmethod
-    def jvp(ctx, dx):
-        (x,) = ctx.saved_tensors
-        return 3 * x ** 2 * dx
+    jvp = staticmethod(cube_slope)
 
 
 class TorchScaledPair(torch.autograd.Function):
