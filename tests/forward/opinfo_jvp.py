@@ -119,12 +119,14 @@ def judge(op: Any, limit: Optional[int] = 2) -> Verdict:
 
 
 def main(argv: List[str]) -> None:
-    only = set(argv)
+    """python -m tests.forward.opinfo_jvp [--full] [NAME ...]: --full runs every sample, not the first two."""
+    limit = None if "--full" in argv else 2
+    only = set(argv) - {"--full"}
     ops = [op for op in coverage.judged_ops() if coverage.op_key(op) in coverage_passing() and
            (not only or coverage.op_key(op) in only)]
     counts: dict = {}
     for op in ops:
-        verdict = judge(op)
+        verdict = judge(op, limit)
         counts[verdict.status] = counts.get(verdict.status, 0) + 1
         if verdict.status != DUAL or only:
             print(f"{verdict.name:40s} {verdict.status:10s} {verdict.detail}", flush=True)

@@ -125,10 +125,28 @@ def _kl_div(x: torch.Tensor, target: torch.Tensor, size_average: Any = None, red
 def _cross_entropy(x: torch.Tensor, target: torch.Tensor, weight: Any = None, size_average: Any = None,
                    ignore_index: int = -100, reduce: Any = None, reduction: str = "mean",
                    label_smoothing: float = 0.0) -> torch.Tensor:
-    if target.is_floating_point() or label_smoothing:
-        raise NoTangent
-    return F.nll_loss(torch.log_softmax(x, 1 if x.dim() > 1 else 0), target, weight, ignore_index=ignore_index,
-                      reduction=reduction)
+    """nll_loss(log_softmax(x), t) for class indices; -Σ_c w_c t_c log_softmax(x)_c for probabilities; with label
+    smoothing ε the loss mixes in ε/C times -Σ_c w_c log_softmax(x)_c (as torch's)."""
+    dim = 1 if x.dim() > 1 else 0
+    logp = torch.log_softmax(x, dim)
+    classes = x.shape[dim]
+    w = None if weight is None else weight.reshape([-1 if i == dim else 1 for i in range(x.dim())])
+    if target.is_floating_point():
+        soft = target * (1 - label_smoothing) + label_smoothing / classes
+        loss = -((logp * w if w is not None else logp) * soft).sum(dim)
+        return loss.sum() / (x.numel() // classes) if reduction == "mean" else _reduce(loss, reduction)
+    hard = F.nll_loss(logp, target, weight, ignore_index=ignore_index, reduction=reduction)
+    if not label_smoothing:
+        return hard
+    kept = (target != ignore_index).unsqueeze(dim)
+    smooth = -((logp * w if w is not None else logp) * kept).sum(dim)
+    if reduction == "mean":
+        denominator = (weight.gather(0, target.masked_fill(target == ignore_index, 0)) * kept.squeeze(dim)).sum() \
+            if weight is not None else kept.sum()
+        smooth = smooth.sum() / denominator
+    else:
+        smooth = _reduce(smooth, reduction)
+    return (1 - label_smoothing) * hard + label_smoothing / classes * smooth
 
 
 def _loss(fn: Any, size_average_at: Optional[int], reduce_at: Optional[int]) -> Any:
@@ -152,6 +170,12 @@ declare("BinaryCrossEntropyWithLogits", "l = reduce(w ((1 - t) x + (1 + (p - 1) 
         _loss(_bce_logits, 3, 4))
 declare("KlDiv", "l = reduce(t (log t - x)) (or e^t (t - x) with log_target)", _loss(_kl_div, 2, 3))
 declare("CrossEntropy", "l = nll_loss(log_softmax(x), t) for class-index targets", _loss(_cross_entropy, 3, 5))
+
+
+def _batched(x: torch.Tensor) -> None:
+    """The decompositions below read (N, C, ...) inputs with elements; anything else is transposed instead."""
+    if x.dim() < 2 or x.numel() == 0:
+        raise NoTangent
 
 
 def _channels(v: Optional[torch.Tensor], ndim: int) -> Optional[torch.Tensor]:
@@ -185,6 +209,7 @@ def _rms_norm(x: torch.Tensor, normalized_shape: Sequence[int], weight: Any = No
 
 def _group_norm(x: torch.Tensor, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5,
                 *rest: Any) -> torch.Tensor:
+    _batched(x)
     grouped = x.reshape(x.shape[0], num_groups, -1)
     y = _normalized(grouped, (2,), eps).reshape(x.shape)
     return _affine(y, _channels(weight, x.dim()), _channels(bias, x.dim()))
@@ -193,6 +218,7 @@ def _group_norm(x: torch.Tensor, num_groups: int, weight: Any = None, bias: Any 
 def _batch_norm(x: torch.Tensor, running_mean: Any, running_var: Any, weight: Any = None, bias: Any = None,
                 training: bool = False, momentum: float = 0.1, eps: float = 1e-5) -> torch.Tensor:
     """Training (or no running statistics): the batch's mean and biased variance over all dims but 1."""
+    _batched(x)
     if training or running_mean is None:
         y = _normalized(x, tuple(i for i in range(x.dim()) if i != 1), eps)
     else:
@@ -208,6 +234,7 @@ def _torch_batch_norm(x: torch.Tensor, weight: Any, bias: Any, running_mean: Any
 def _instance_norm(x: torch.Tensor, running_mean: Any = None, running_var: Any = None, weight: Any = None,
                    bias: Any = None, use_input_stats: bool = True, momentum: float = 0.1,
                    eps: float = 1e-5) -> torch.Tensor:
+    _batched(x)
     if not use_input_stats:
         raise NoTangent
     y = _normalized(x, tuple(range(2, x.dim())), eps)
@@ -261,3 +288,71 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any
 
 declare("ScaledDotProductAttention", "y = softmax(q k^T s + mask) v  ->  the tangent of that composition",
         decomposed(_attention))
+
+
+def _glu(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    a, b = x.chunk(2, dim)
+    return a * torch.sigmoid(b)
+
+
+def _cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, dim: int = 1, eps: float = 1e-8) -> torch.Tensor:
+    x1, x2 = torch.broadcast_tensors(x1, x2)
+    n1 = torch.linalg.vector_norm(x1, 2, dim, keepdim=True).clamp_min(eps)
+    n2 = torch.linalg.vector_norm(x2, 2, dim, keepdim=True).clamp_min(eps)
+    return ((x1 / n1) * (x2 / n2)).sum(dim)
+
+
+def _pairwise_distance(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0, eps: float = 1e-6,
+                       keepdim: bool = False) -> torch.Tensor:
+    last = max(x1.dim(), x2.dim()) - 1
+    return torch.linalg.vector_norm(x1 - x2 + eps, p, last if last >= 0 else None, keepdim=keepdim)
+
+
+def _soft_margin(x: torch.Tensor, target: torch.Tensor, size_average: Any = None, reduce: Any = None,
+                 reduction: str = "mean") -> torch.Tensor:
+    return _reduce((-target * x).exp().log1p(), reduction)
+
+
+def _margin_ranking(x1: torch.Tensor, x2: torch.Tensor, target: torch.Tensor, margin: float = 0.0,
+                    size_average: Any = None, reduce: Any = None, reduction: str = "mean") -> torch.Tensor:
+    return _reduce((-target * (x1 - x2) + margin).clamp_min(0), reduction)
+
+
+def _hinge_embedding(x: torch.Tensor, target: torch.Tensor, margin: float = 1.0, size_average: Any = None,
+                     reduce: Any = None, reduction: str = "mean") -> torch.Tensor:
+    zero = torch.zeros_like(x)
+    loss = torch.where(target != -1, x, zero) + torch.where(target != 1, (margin - x).clamp_min(0), zero)
+    return _reduce(loss, reduction)
+
+
+def _gaussian_nll(x: torch.Tensor, target: torch.Tensor, var: torch.Tensor, full: bool = False, eps: float = 1e-6,
+                  reduction: str = "mean") -> torch.Tensor:
+    if var.dim() != x.dim() or var.shape != x.shape and var.shape[-1] == 1 and x.shape[-1] != 1:
+        var = var.unsqueeze(-1) if var.dim() == x.dim() - 1 else var
+    var = var.clamp_min(eps)
+    loss = 0.5 * (var.log() + (x - target) ** 2 / var)
+    if full:
+        loss = loss + 0.5 * torch.log(torch.tensor(2 * torch.pi, dtype=x.dtype))
+    return _reduce(loss, reduction)
+
+
+def _poisson_nll(x: torch.Tensor, target: torch.Tensor, log_input: bool = True, full: bool = False,
+                 size_average: Any = None, eps: float = 1e-8, reduce: Any = None,
+                 reduction: str = "mean") -> torch.Tensor:
+    loss = x.exp() - target * x if log_input else x - target * (x + eps).log()
+    if full:
+        stirling = target * target.log() - target + 0.5 * (2 * torch.pi * target).log()
+        loss = loss + stirling.masked_fill(target <= 1, 0)
+    return _reduce(loss, reduction)
+
+
+declare("Glu", "y = a σ(b), (a, b) = x halved along dim  ->  the tangent of that composition", decomposed(_glu))
+declare("CosineSimilarityFunction", "y = Σ x1/max(‖x1‖, eps) · x2/max(‖x2‖, eps)", decomposed(_cosine_similarity))
+declare("PairwiseDistanceFunction", "y = ‖x1 - x2 + eps‖_p", decomposed(_pairwise_distance))
+declare("SoftMargin", "l = reduce(log(1 + e^(-t x)))", _loss(_soft_margin, 2, 3))
+declare("MarginRanking", "l = reduce(max(0, -t (x1 - x2) + margin))", _loss(_margin_ranking, 4, 5))
+declare("HingeEmbedding", "l = reduce(x where t = 1, max(0, margin - x) where t = -1)", _loss(_hinge_embedding, 3, 4))
+declare("GaussianNll", "l = reduce((log max(var, eps) + (x - t)^2 / max(var, eps)) / 2 (+ log(2π)/2))",
+        _loss(_gaussian_nll, None, None))
+declare("PoissonNll", "l = reduce(e^x - t x) (log input) or reduce(x - t log(x + eps)) (+ Stirling's term)",
+        _loss(_poisson_nll, 4, 6))

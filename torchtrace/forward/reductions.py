@@ -3,7 +3,7 @@
 A reduction y_k = r(x_j : j in S_k), where every input feeds one output, has ẏ_k = Σ_{j in S_k} ∂y_k/∂x_j ẋ_j;
 the weights ∂y_k/∂x_j are the backward of a unit cotangent (ones), so `reduction` needs only the reduced dims.
 """
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -23,25 +23,24 @@ def _dims(dim: Any, ndim: int) -> Optional[Tuple[int, ...]]:
     return tuple(d % max(ndim, 1) for d in dims)
 
 
-def reduction(spec: Callable[[Call], Dims], output: int = 0) -> Callable[[Call], Any]:
-    """ẏ = Σ over the reduced dims of (backward of ones) ⊙ ẋ, for output `output` (other outputs: no tangent)."""
+def reduction(spec: Callable[[Call], Dims], outputs: Sequence[int] = (0,)) -> Callable[[Call], Any]:
+    """ẏ = Σ over the reduced dims of (backward of ones) ⊙ ẋ, for each of `outputs` (the others: no tangent)."""
 
     def rule(call: Call) -> Any:
         call.only(0)
         outs = [call.out] if isinstance(call.out, torch.Tensor) else list(call.out)
-        cotangents = [torch.ones_like(o) if nr == output else torch.zeros_like(o)
-                      for nr, o in enumerate(outs) if o.is_floating_point()]
-        weights = call.rule.backward(call.ctx, *cotangents)
-        weights = weights[0] if isinstance(weights, (tuple, list)) else weights
         dim, keepdim = spec(call)
         dims = _dims(dim, call.args[0].dim())
-        weighted = weights * call.dot(0)
-        y = outs[output]
-        total = weighted.sum() if dims is None or weighted.dim() == 0 else weighted.sum(dims, keepdim=keepdim)
-        total = total.reshape(y.shape)
-        if isinstance(call.out, torch.Tensor):
-            return total
-        return tuple(total if nr == output else None for nr in range(len(outs)))
+        tangents: List[Optional[torch.Tensor]] = [None] * len(outs)
+        for output in outputs:
+            cotangents = [torch.ones_like(o) if nr == output else torch.zeros_like(o)
+                          for nr, o in enumerate(outs) if o.is_floating_point()]
+            weights = call.rule.backward(call.ctx, *cotangents)
+            weights = weights[0] if isinstance(weights, (tuple, list)) else weights
+            weighted = weights * call.dot(0)
+            total = weighted.sum() if dims is None or weighted.dim() == 0 else weighted.sum(dims, keepdim=keepdim)
+            tangents[output] = total.reshape(outs[output].shape)
+        return tangents[0] if isinstance(call.out, torch.Tensor) else tuple(tangents)
 
     return rule
 
@@ -58,8 +57,8 @@ def _statistics(call: Call) -> Dims:
     return dim, bool(keepdim)
 
 
-def _all(call: Call) -> Dims:
-    return None, False
+def _keywords(call: Call) -> Dims:
+    return call.kwargs.get("dim"), bool(call.kwargs.get("keepdim", False))
 
 
 def _matrix(call: Call) -> Dims:
@@ -82,7 +81,9 @@ declare("MatrixNorm", "ẏ = Σ over each matrix ∂‖X‖/∂X ⊙ Ẋ", reduc
 declare("Var Std", "ẏ = Σ_reduced ∂y/∂x ẋ (∂var/∂x_j = 2 (x_j - mean) / (N - correction))",
         reduction(_statistics))
 declare("Det Logdet", "ẏ = Σ ∂y/∂A ⊙ Ȧ (d det A = det A tr(A^-1 Ȧ))", reduction(_matrix))
-declare("Slogdet", "d log|det A| = tr(A^-1 Ȧ); the sign's tangent is 0", reduction(_matrix, output=1))
+declare("Slogdet", "d log|det A| = tr(A^-1 Ȧ); the sign's tangent is 0", reduction(_matrix, outputs=(0, 1)))
+declare("VarMean StdMean", "(var, mean): each Σ_reduced ∂y/∂x ẋ", reduction(_statistics, outputs=(0, 1)))
+declare("Aminmax", "(min, max): each the mean of ẋ over its ties", reduction(_keywords, outputs=(0, 1)))
 
 
 def _picked(dx: torch.Tensor, indices: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
