@@ -4,11 +4,14 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 import torch
 
+from torchtrace.autograd.dispatch import run_rule
 from torchtrace.autograd.engine import grad
+from torchtrace.autograd.inplace import catch_up
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.forward.dual import TRANSPOSED, DualPass
 from torchtrace.forward.transpose import Linearised, plain
 from torchtrace.tracer import as_tracer
+from torchtrace.tracer import tracer as TRACER
 
 Tensors = Union[torch.Tensor, Tuple[torch.Tensor, ...]]
 METHODS = ("auto", "dual", "transpose")
@@ -33,12 +36,15 @@ def _leaves(values: Sequence[Any], what: str) -> List[torch.Tensor]:
 
 
 def _outputs(result: Any) -> Tuple[List[torch.Tensor], bool]:
-    """f's outputs as a list, and whether f returned a tuple (the results keep that structure)."""
+    """f's outputs as a list, and whether f returned a tuple (the results keep that structure). An output that is a
+    view whose base changed in place since its last use is brought up to date first (as its next use would)."""
     is_tuple = isinstance(result, (tuple, list))
     outputs = list(result) if is_tuple else [result]
     for i, out in enumerate(outputs):
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"f must return a tensor or a tuple of tensors; output {i} is a {type(out).__name__}")
+        if isinstance(out, TRACER) and out._tt_view:
+            catch_up(out, TRACER, run_rule)
     return outputs, is_tuple
 
 

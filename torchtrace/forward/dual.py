@@ -20,6 +20,7 @@ from torchtrace.forward.table import tangent_rule
 from torchtrace.tracer import tracer as TRACER
 
 DUAL, TRANSPOSED = "tangent rule", "transposed backward"
+recording = torch._C._EnableTorchFunction  # an op recorded while the dispatcher runs plain (a view catching up)
 
 
 class DualPass:
@@ -78,7 +79,8 @@ class DualPass:
         if rule is not None:
             try:
                 if getattr(rule, "recorded", False):
-                    tangent = rule(call)
+                    with recording():
+                        tangent = rule(call)
                 else:
                     with plain_torch():
                         tangent = rule(call)
@@ -91,7 +93,7 @@ class DualPass:
         from torchtrace.forward.transpose import transposed_tangent  # imports the engine's grad
 
         self.methods[(call.rule.__name__, TRANSPOSED)] += 1
-        with self.pause():
+        with self.pause(), recording():
             return transposed_tangent(call)
 
     def _store(self, node: Any, result: Any, tangent: Any) -> None:

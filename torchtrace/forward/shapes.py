@@ -2,6 +2,7 @@
 `auto_linear`); and of ops that pick elements by a data-dependent index: ẏ = ẋ at those indices."""
 import torch
 
+from torchtrace.autograd.views import collect, spread
 from torchtrace.forward.call import Call, NoTangent
 from torchtrace.forward.kinds import linear, product
 from torchtrace.forward.table import declare, tangent
@@ -77,3 +78,21 @@ def _as_strided(call: Call) -> torch.Tensor:
     offset = call.arg(3, "storage_offset")
     start = x.storage_offset() if offset is None else offset
     return _laid_out_like(x, call.dot(0)).as_strided(size, stride, start).clone()
+
+
+declare("SetItem", "y = x with y[index] = v  ->  ẏ = ẋ with ẏ[index] = v̇ (0 for a number)", linear(fills=(2,)))
+
+
+@tangent("ViewOfBase", "v = the view's elements of base (by memory position)  ->  v̇ = the same elements of ḃase")
+def _view_of_base(call: Call) -> torch.Tensor:
+    call.only(0)
+    return collect(call.ctx, call.dot(0))
+
+
+@tangent("WriteIntoView", "base' = base with the view's elements replaced by r  ->  ḃase' = ḃase there replaced by ṙ")
+def _write_into_view(call: Call) -> torch.Tensor:
+    call.only(0, 1)
+    base, written = call.args[:2]
+    dbase = call.dot(0) if call.dot(0) is not None else torch.zeros_like(base)
+    dwritten = call.dot(1) if call.dot(1) is not None else torch.zeros_like(written)
+    return dbase.masked_fill(call.ctx.covered, 0) + spread(call.ctx, dwritten.expand(written.shape))

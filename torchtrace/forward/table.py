@@ -7,7 +7,7 @@ Function (tt.Function or torch's autograd.Function) that defines `jvp(ctx, *tang
 """
 from typing import Callable, Dict, Iterable, Optional
 
-from torchtrace.autograd.function import RULES
+from torchtrace.autograd.function import INPLACE, RULES
 
 TangentRule = Callable[..., object]
 TANGENTS: Dict[str, TangentRule] = {}  # rule name -> tangent rule
@@ -48,5 +48,9 @@ def math_of(name: str) -> str:
 
 
 def our_rules() -> Dict[str, type]:
-    """Every gradient rule torchtrace registers, by name."""
-    return {rule.__name__: rule for rule in RULES.values() if rule.__module__.startswith(_OURS)}
+    """Every gradient rule torchtrace records, by name: the registered ones, those of in-place forms only
+    (x[i] = v), and the two that views use."""
+    from torchtrace.autograd.views import ViewOfBase, WriteIntoView
+
+    rules = [*RULES.values(), *(rule for rule, _ in INPLACE.values()), ViewOfBase, WriteIntoView]
+    return {rule.__name__: rule for rule in rules if rule.__module__.startswith(_OURS)}
