@@ -56,6 +56,10 @@ def _close(a: torch.Tensor, b: torch.Tensor, rtol: float = RTOL, atol: float = A
     return a.shape == b.shape and torch.allclose(a, b.to(a.dtype), rtol=rtol, atol=atol, equal_nan=True)
 
 
+def _error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b.to(a.dtype)).abs().nan_to_num(float("inf")).max().item() if a.numel() else 0.0
+
+
 def _finite_difference(f: Callable, primals: tuple, tangents: tuple) -> List[torch.Tensor]:
     plus = f(*(p + EPS * t for p, t in zip(primals, tangents)))
     minus = f(*(p - EPS * t for p, t in zip(primals, tangents)))
@@ -80,13 +84,18 @@ def compare(op: Any, sample: Any) -> str:
         ours_values, ours, methods = tt.jvp(f, primals, tangents, report=True)
     if len(ours) != len(expected):
         raise AssertionError(f"{len(ours)} outputs, torch {len(expected)}")
+    if any(p.dtype != torch.float64 for p in primals):  # a float32 argument (cov's weights): float32's precision
+        for i, (a, b) in enumerate(zip(ours, expected)):
+            if not _close(a, b, rtol=1e-4, atol=1e-5):
+                raise AssertionError(f"output {i}: tangent differs from torch.func.jvp (float32 arguments)")
+        return TRANSPOSED if any(how != "tangent rule" for how in methods.values()) else DUAL
     fd = _finite_difference(f, primals, tangents)
     for i, (a, b) in enumerate(zip(ours, expected)):
         smooth = _close(b, fd[i], rtol=1e-4, atol=1e-5)  # torch and finite differences agree: a smooth point
         if _close(a, b) and (_close(a, fd[i], rtol=1e-4, atol=1e-5) or not smooth):
             continue
-        if _close(a, fd[i], rtol=1e-4, atol=1e-5) and not smooth:
-            continue  # torch's forward mode is the one that is off here
+        if _close(a, fd[i], rtol=1e-4, atol=1e-5) and (not smooth or _error(a, fd[i]) < _error(b, fd[i]) / 10):
+            continue  # torch's forward mode is the one that is off here (finite differences side with us)
         diff = (a - b.to(a.dtype)).abs().nan_to_num(float("inf")).max().item() if a.shape == b.shape else "shape"
         raise AssertionError(f"output {i}: tangent differs from torch.func.jvp (max |diff| {diff}) and from "
                              "finite differences")

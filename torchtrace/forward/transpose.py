@@ -16,7 +16,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from torchtrace.autograd.engine import grad
-from torchtrace.autograd.node import Edge, Node, gradient_for, leaf_accumulator, link_output
+from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.forward.call import Call
@@ -63,18 +63,24 @@ def _twin(node: Node, leaves: List[torch.Tensor]) -> Node:
     return twin
 
 
+def _keyword(call: Call, where: int) -> str:
+    """The keyword an argument past the positional ones was passed as (the engine routes it by that position)."""
+    names = call.rule.parameter_names()
+    return names[where] if where < len(names) else next(iter(call.kwargs))
+
+
+def _input_of_edge(call: Call, edge: Edge) -> Any:
+    position = edge.position
+    where = position if type(position) is int else position[0]
+    value = call.args[where] if where < len(call.args) else call.kwargs[_keyword(call, where)]
+    return value if type(position) is int else value[position[1]]
+
+
 def _tangent_of_edge(call: Call, edge: Edge) -> Optional[torch.Tensor]:
     position = edge.position
     where = position if type(position) is int else position[0]
-    if where >= len(call.dots):
-        return None if not call.kwdots else _keyword_tangent(call)
-    dot = call.dots[where]
+    dot = call.dots[where] if where < len(call.args) else call.kwdots.get(_keyword(call, where))
     return dot if type(position) is int or dot is None else dot[position[1]]
-
-
-def _keyword_tangent(call: Call) -> None:
-    raise UnsupportedOperationError(f"forward mode: {call.rule.__name__} got a tensor with a tangent as a keyword "
-                                    "argument; pass it by position")
 
 
 def transposed_tangent(call: Call) -> Any:
@@ -82,7 +88,7 @@ def transposed_tangent(call: Call) -> Any:
     node = call.node
     outputs = _outputs(call.out)
     with plain_torch():
-        leaves = [as_tracer(plain(gradient_for(edge, call.args)).clone(), requires_grad=True) for edge in node.edges]
+        leaves = [as_tracer(plain(_input_of_edge(call, edge)).clone(), requires_grad=True) for edge in node.edges]
     twin = _twin(node, leaves)
     generator = torch.Generator().manual_seed(0)
     linked = [link_output(plain(o), twin, nr, TRACER) for nr, o in outputs]
