@@ -114,7 +114,7 @@ def jvp(f: Callable, primals: Tuple[torch.Tensor, ...], tangents: Tuple[torch.Te
     if method == "transpose":
         leaves = _leaves(primals, "primals")
         outputs, is_tuple = _outputs(f(*leaves))
-        products = Linearised(f, leaves, outputs, is_tuple).jvp(tangents_plain)
+        products = Linearised(leaves, outputs).jvp(tangents_plain)
         methods = {"f": TRANSPOSED}
     else:
         outputs, is_tuple, products, dual = dual_pass(f, primals, tangents_plain, strict=method == "dual")

@@ -52,17 +52,67 @@ def _inv_ex(call: Call) -> tuple:
     return -y @ call.dot(0) @ y, None
 
 
-@tangent("Solve", "X = A^-1 B  ->  Ẋ = A^-1 (Ḃ - Ȧ X)")
-def _solve(call: Call) -> torch.Tensor:
+def _solved(call: Call, x: torch.Tensor) -> torch.Tensor:
+    """Ẋ = A^-1 (Ḃ - Ȧ X) for X = solve(A, B) (B a matrix, or a vector / batch of vectors as torch reads it)."""
     call.only(0, 1)
-    a, b, x = call.args[0], call.args[1], call.out
     if not call.arg(2, "left", True):
         raise NoTangent
+    a, b = call.args[0], call.args[1]
     vector = b.dim() == 1 or (b.dim() == a.dim() - 1 and b.shape == a.shape[:-1])
     rhs = call.dot(1) if call.dot(1) is not None else torch.zeros_like(x)
     if call.dot(0) is not None:
         rhs = rhs - ((call.dot(0) @ x.unsqueeze(-1)).squeeze(-1) if vector else call.dot(0) @ x)
     return torch.linalg.solve(a, rhs)
+
+
+@tangent("Solve", "X = A^-1 B  ->  Ẋ = A^-1 (Ḃ - Ȧ X)")
+def _solve(call: Call) -> torch.Tensor:
+    return _solved(call, call.out)
+
+
+@tangent("SolveEx", "X = A^-1 B  ->  Ẋ = A^-1 (Ḃ - Ȧ X) (info: no tangent)")
+def _solve_ex(call: Call) -> tuple:
+    return _solved(call, call.out[0]), None
+
+
+@tangent("SolveTriangular", "X = T^-1 B (T the triangle of A)  ->  Ẋ = T^-1 (Ḃ - Ṫ X), or (Ḃ - X Ṫ) T^-1 on the right")
+def _solve_triangular(call: Call) -> torch.Tensor:
+    call.only(0, 1)
+    a, x = call.args[0], call.out
+    upper = call.arg(2, "upper")
+    left, unit = call.arg(3, "left", True), call.arg(4, "unitriangular", False)
+    rhs = call.dot(1) if call.dot(1) is not None else torch.zeros_like(x)
+    if call.dot(0) is not None:
+        da = call.dot(0).triu(1 if unit else 0) if upper else call.dot(0).tril(-1 if unit else 0)
+        rhs = rhs - (da @ x if left else x @ da)
+    return torch.linalg.solve_triangular(a, rhs, upper=upper, left=left, unitriangular=unit)
+
+
+def _factor(factor: torch.Tensor, upper: bool) -> torch.Tensor:
+    """A = L L^T from the triangle cholesky_solve / cholesky_inverse read."""
+    triangle = factor.triu() if upper else factor.tril()
+    return triangle.mT @ triangle if upper else triangle @ triangle.mT
+
+
+def _cholesky_solve(b: torch.Tensor, factor: torch.Tensor, upper: bool = False) -> torch.Tensor:
+    return torch.linalg.solve(_factor(factor, upper), b)
+
+
+def _cholesky_inverse(factor: torch.Tensor, upper: bool = False) -> torch.Tensor:
+    return torch.linalg.inv(_factor(factor, upper))
+
+
+def _matrix_power(a: torch.Tensor, n: int) -> torch.Tensor:
+    base = torch.linalg.inv(a) if n < 0 else a
+    result = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand(a.shape) * 1
+    for _ in range(abs(n)):
+        result = result @ base
+    return result
+
+
+declare("CholeskySolve", "X = (L L^T)^-1 B  ->  the tangent of solve(L L^T, B)", decomposed(_cholesky_solve))
+declare("CholeskyInverse", "Y = (L L^T)^-1  ->  the tangent of inv(L L^T)", decomposed(_cholesky_inverse))
+declare("MatrixPower", "Y = A^n  ->  the tangent of n products (of A^-1 for n < 0)", decomposed(_matrix_power))
 
 
 def _phi(x: torch.Tensor) -> torch.Tensor:

@@ -356,3 +356,45 @@ declare("GaussianNll", "l = reduce((log max(var, eps) + (x - t)^2 / max(var, eps
         _loss(_gaussian_nll, None, None))
 declare("PoissonNll", "l = reduce(e^x - t x) (log input) or reduce(x - t log(x + eps)) (+ Stirling's term)",
         _loss(_poisson_nll, 4, 6))
+
+
+def _native_group_norm(x: torch.Tensor, weight: Any, bias: Any, n: int, c: int, hxw: int, group: int,
+                       eps: float) -> tuple:
+    _batched(x)
+    grouped = x.reshape(n, group, -1)
+    mean = grouped.mean(2, keepdim=True)
+    centred = grouped - mean
+    rstd = torch.rsqrt((centred * centred).mean(2, keepdim=True) + eps)
+    y = (centred * rstd).reshape(x.shape)
+    return _affine(y, _channels(weight, x.dim()), _channels(bias, x.dim())), mean.reshape(n, group), \
+        rstd.reshape(n, group)
+
+
+def _dist(x: torch.Tensor, other: torch.Tensor, p: float = 2) -> torch.Tensor:
+    return torch.linalg.vector_norm(x - other, p)
+
+
+def _triplet_margin(anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, margin: float = 1.0,
+                    p: float = 2, eps: float = 1e-6, swap: bool = False, size_average: Any = None, reduce: Any = None,
+                    reduction: str = "mean") -> torch.Tensor:
+    d_pos = _pairwise_distance(anchor, positive, p, eps)
+    d_neg = _pairwise_distance(anchor, negative, p, eps)
+    if swap:
+        d_neg = torch.minimum(d_neg, _pairwise_distance(positive, negative, p, eps))
+    return _reduce((d_pos - d_neg + margin).clamp_min(0), reduction)
+
+
+def _multilabel_soft_margin(x: torch.Tensor, target: torch.Tensor, weight: Any = None, size_average: Any = None,
+                            reduce: Any = None, reduction: str = "mean") -> torch.Tensor:
+    loss = -(target * F.logsigmoid(x) + (1 - target) * F.logsigmoid(-x))
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss.sum(-1) / x.shape[-1], reduction)
+
+
+declare("NativeGroupNorm", NORM + ", per group; also of mean and 1/std", decomposed(_native_group_norm))
+declare("Dist", "y = ‖x - other‖_p", decomposed(_dist))
+declare("TripletMargin", "l = reduce(max(0, d(a, p) - d(a, n) + margin)), d the pairwise distance",
+        _loss(_triplet_margin, 7, 8))
+declare("MultilabelSoftMargin", "l = reduce(mean_c -(t log σ(x) + (1 - t) log σ(-x)) w)",
+        _loss(_multilabel_soft_margin, 3, 4))

@@ -19,7 +19,8 @@ declare("""Exp Exp2 Expm1 Log Log2 Log10 Log1p Erf Erfc Sqrt Rsqrt Square Abs Si
 # Elementwise rules of one differentiable input: the backward applied once to the tangent.
 declare("""Relu Frac Positive Sgn Angle Logit Mvlgamma TensorPolygamma Rdiv Rpow Rremainder Bernoulli Rrelu TorchRrelu
            DropoutFunction Dropout1dFunction Dropout2dFunction Dropout3dFunction AlphaDropoutFunction
-           FeatureAlphaDropoutFunction FeatureDropout TorchAlphaDropout TorchDropout TorchFeatureAlphaDropout""",
+           FeatureAlphaDropoutFunction FeatureDropout TorchAlphaDropout TorchDropout TorchFeatureAlphaDropout
+           EluInPlace SeluInPlace CeluInPlace""",
         "{gradient}, so ẏ = f'(x) ẋ: the backward applied to ẋ (J = J^T for an elementwise op)", diagonal)
 
 declare("Add Sub Rsub", "ż = ȧ ± alpha ḃ (linear: the op on the tangents, a number operand's tangent 0)",

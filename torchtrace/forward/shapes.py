@@ -21,6 +21,10 @@ declare("""BFloat16 BroadcastTo Cat Chunk Clone ColumnStack Contiguous Cpu Cuda 
            TakeAlongDim UnsafeMaskedIndexPutAccumulate Diff
            Sum Mean Cumsum Trace""",
         "ẏ = op(ẋ): the op is linear in its floating arguments", linear())
+declare("Zero CopyInto PackPaddedSequence PadPackedSequence", "ẏ = op(ẋ): zeroing, copying and packing are linear",
+        linear())
+declare("FillDiagonal", "y = x with v on the diagonal  ->  ẏ = ẋ with 0 there", linear(fills=(1,)))
+declare("PadSequence", "y = the sequences padded with a value  ->  ẏ = the tangents padded with 0", linear(fills=(2,)))
 declare("Fill", "y = v everywhere  ->  ẏ = v̇ (0 for a number)", linear(fills=(1, "value")))
 declare("MaskedFill", "y = x with v where mask  ->  ẏ = ẋ with v̇ where mask", linear(fills=(2, "value")))
 declare("IndexFill", "y = x with v at index  ->  ẏ = ẋ with v̇ at index", linear(fills=(3, "value")))

@@ -11,7 +11,7 @@ and `Linearised` transposes a whole function (tt.jvp(..., method="transpose"), t
 Both need the backward to be differentiable; a backward that is not (it detaches, or leaves torch) would give
 a zero Jacobian silently, so both refuse instead.
 """
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -115,8 +115,8 @@ def transposed_tangent(call: Call) -> Any:
 class Linearised:
     """f at the primals, with J^T u recorded as a graph in the cotangents u (the first reverse pass)."""
 
-    def __init__(self, f: Callable, inputs: Sequence[torch.Tensor], outputs: List[torch.Tensor], is_tuple: bool):
-        self.inputs, self.outputs, self.is_tuple = list(inputs), outputs, is_tuple
+    def __init__(self, inputs: Sequence[torch.Tensor], outputs: List[torch.Tensor]):
+        self.inputs, self.outputs = list(inputs), outputs
         self.live = [i for i, out in enumerate(self.outputs) if getattr(out, "_tt_requires_grad", False)]
         self.cotangents: List[torch.Tensor] = []
         self.vjp: Sequence[Any] = ()
