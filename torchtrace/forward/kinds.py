@@ -90,7 +90,7 @@ def product(factors: Sequence[int], offset: Optional[int] = None) -> Callable[[C
             if call.dot(i) is not None:
                 args = list(call.args)
                 args[i] = call.dot(i)
-                if offset is not None and isinstance(args[offset], torch.Tensor):
+                if offset is not None and offset < len(args) and isinstance(args[offset], torch.Tensor):
                     args[offset] = torch.zeros_like(args[offset])
                 term = call.run(*args, **call.kwargs)
                 total = term if total is None else total + term
