@@ -1,5 +1,6 @@
 """Tangents of the layers' functional rules: linear and convolution, pooling, embedding, normalization, losses,
 attention. Normalizations and losses are decomposed into ops that have tangent rules (a nested dual pass)."""
+import math
 from typing import Any, Optional, Sequence
 
 import torch
@@ -332,7 +333,7 @@ def _gaussian_nll(x: torch.Tensor, target: torch.Tensor, var: torch.Tensor, full
     var = var.clamp_min(eps)
     loss = 0.5 * (var.log() + (x - target) ** 2 / var)
     if full:
-        loss = loss + 0.5 * torch.log(torch.tensor(2 * torch.pi, dtype=x.dtype))
+        loss = loss + 0.5 * math.log(2 * math.pi)
     return _reduce(loss, reduction)
 
 
@@ -341,7 +342,7 @@ def _poisson_nll(x: torch.Tensor, target: torch.Tensor, log_input: bool = True, 
                  reduction: str = "mean") -> torch.Tensor:
     loss = x.exp() - target * x if log_input else x - target * (x + eps).log()
     if full:
-        stirling = target * target.log() - target + 0.5 * (2 * torch.pi * target).log()
+        stirling = target * target.log() - target + 0.5 * (2 * math.pi * target).log()
         loss = loss + stirling.masked_fill(target <= 1, 0)
     return _reduce(loss, reduction)
 
