@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import torchtrace as tt
-import torchtrace.forward_mode as forward_mode
+import torchtrace.forward.api as forward_api
 
 
 def numeric_jacobian(f, x, eps=1e-6):
@@ -92,26 +92,32 @@ def test_jacobian_of_tuple_inputs_matches_finite_differences_blockwise():
     torch.testing.assert_close(blocks[2], numeric_jacobian(lambda t: mlp(x, w, t), b), rtol=1e-6, atol=1e-7)
 
 
-def count_reverse_passes(monkeypatch):
+def count_passes(monkeypatch):
+    """Record each reverse pass (its create_graph flag) and each forward pass of f on dual numbers."""
     calls = []
-    real = forward_mode.grad
+    real_grad, real_pass = forward_api.grad, forward_api.dual_pass
 
-    def counted(*args, **kwargs):
-        calls.append(kwargs.get("create_graph", False))
-        return real(*args, **kwargs)
+    def counted_grad(*args, **kwargs):
+        calls.append(("reverse", kwargs.get("create_graph", False)))
+        return real_grad(*args, **kwargs)
 
-    monkeypatch.setattr(forward_mode, "grad", counted)
+    def counted_pass(*args, **kwargs):
+        calls.append(("forward", False))
+        return real_pass(*args, **kwargs)
+
+    monkeypatch.setattr(forward_api, "grad", counted_grad)
+    monkeypatch.setattr(forward_api, "dual_pass", counted_pass)
     return calls
 
 
 def test_reverse_mode_takes_one_pass_per_output_element_forward_mode_one_per_input_element(monkeypatch):
     wide, x = (lambda t: (t ** 2).sum(0)), torch.randn(10, 2, dtype=torch.float64)  # R^20 -> R^2
-    calls = count_reverse_passes(monkeypatch)
+    calls = count_passes(monkeypatch)
     tt.jacobian(wide, x, mode="reverse")
-    assert len(calls) == 2
+    assert calls == [("reverse", False)] * 2
     calls.clear()
     tt.jacobian(wide, x, mode="forward")
-    assert calls == [True] + [False] * 20  # J^T u recorded once, then one pass through it per column
+    assert calls == [("forward", False)] * 20  # one pass of f on dual numbers per column, no reverse pass
 
 
 def test_outputs_that_do_not_depend_on_the_inputs_give_zero_blocks():

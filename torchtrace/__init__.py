@@ -26,7 +26,7 @@ from torchtrace.factories import (
     zeros,
     zeros_like,
 )
-from torchtrace.forward_mode import jacobian, jvp
+from torchtrace.forward import jacobian, jvp
 from torchtrace.ops.listing import supported_ops
 from torchtrace.port import port
 from torchtrace.tracer import as_tracer, tracer

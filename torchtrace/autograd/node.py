@@ -75,6 +75,10 @@ class Context:
         except RuntimeError:  # an inference tensor has no version counter
             raise saved_inference_tensor(self._rule.__name__) from None
 
+    def save_for_forward(self, *tensors: Any) -> None:
+        """Keep tensors for the rule's jvp (forward mode), which reads them as ctx.saved_tensors (as torch's)."""
+        self.saved_for_forward = tensors
+
     @property
     def saved_tensors(self) -> Tuple[Any, ...]:
         if self._released or [getattr(t, "_version", None) for t in self._saved] != self._versions:

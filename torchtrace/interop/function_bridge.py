@@ -37,6 +37,9 @@ class UserContext:
     def save_for_backward(self, *tensors: Any) -> None:
         self._node.save_for_backward(*tensors)
 
+    def save_for_forward(self, *tensors: Any) -> None:
+        self.saved_for_forward = tensors
+
     @property
     def saved_tensors(self) -> Tuple[Any, ...]:
         return self._node.saved_tensors

@@ -1,0 +1,179 @@
+"""tt.jvp and tt.jacobian: Jacobian-vector products in one forward pass, and whole Jacobians in either mode."""
+import warnings
+from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
+
+import torch
+
+from torchtrace.autograd.dispatch import run_rule
+from torchtrace.autograd.engine import grad
+from torchtrace.autograd.inplace import catch_up
+from torchtrace.autograd.plain import plain_torch
+from torchtrace.forward.dual import TRANSPOSED, DualPass
+from torchtrace.forward.transpose import Linearised, plain
+from torchtrace.tracer import as_tracer
+from torchtrace.tracer import tracer as TRACER
+
+Tensors = Union[torch.Tensor, Tuple[torch.Tensor, ...]]
+METHODS = ("auto", "dual", "transpose")
+
+
+class TransposedOpsWarning(UserWarning):
+    """Forward mode transposed the backward of some ops (they have no tangent rule): exact, but two small reverse
+    passes per op instead of one tangent rule."""
+
+
+def _leaves(values: Sequence[Any], what: str) -> List[torch.Tensor]:
+    """Fresh tracer leaves for the primals (floating tensors only), so f's graph starts at them."""
+    leaves = []
+    for i, value in enumerate(values):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{what}[{i}] is a {type(value).__name__}; pass tensors (torch.tensor(...) or tt.tracer)")
+        if not value.is_floating_point():
+            raise TypeError(f"{what}[{i}] has dtype {value.dtype}; only floating-point inputs have derivatives")
+        with plain_torch():
+            leaves.append(as_tracer(plain(value).clone(), requires_grad=True))
+    return leaves
+
+
+def _outputs(result: Any) -> Tuple[List[torch.Tensor], bool]:
+    """f's outputs as a list, and whether f returned a tuple (the results keep that structure). An output that is a
+    view whose base changed in place since its last use is brought up to date first (as its next use would)."""
+    is_tuple = isinstance(result, (tuple, list))
+    outputs = list(result) if is_tuple else [result]
+    for i, out in enumerate(outputs):
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"f must return a tensor or a tuple of tensors; output {i} is a {type(out).__name__}")
+        if isinstance(out, TRACER) and out._tt_view:
+            catch_up(out, TRACER, run_rule)
+    return outputs, is_tuple
+
+
+def _checked_tangents(primals: Any, tangents: Any) -> List[torch.Tensor]:
+    if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
+        raise TypeError("tt.jvp(f, primals, tangents): primals and tangents must be tuples of tensors, "
+                        "e.g. tt.jvp(f, (x,), (v,))")
+    if len(primals) != len(tangents):
+        raise ValueError(f"tt.jvp: {len(primals)} primals but {len(tangents)} tangents; give one tangent per primal")
+    checked = []
+    for i, (p, t) in enumerate(zip(primals, tangents)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tangents[{i}] is a {type(t).__name__}; pass a tensor shaped like primals[{i}]")
+        if isinstance(p, torch.Tensor) and t.shape != p.shape:
+            raise ValueError(f"tangents[{i}] has shape {tuple(t.shape)}, primals[{i}] has {tuple(p.shape)}; "
+                             "a tangent has its primal's shape")
+        checked.append(plain(t).to(p.dtype) if isinstance(p, torch.Tensor) else t)
+    return checked
+
+
+def _values(outputs: List[torch.Tensor], is_tuple: bool) -> Tensors:
+    values = tuple(plain(out) for out in outputs)
+    return values if is_tuple else values[0]
+
+
+def _shaped(products: List[torch.Tensor], is_tuple: bool) -> Tensors:
+    return tuple(products) if is_tuple else products[0]
+
+
+def dual_pass(f: Callable, primals: Sequence[torch.Tensor], tangents: Sequence[torch.Tensor],
+              strict: bool = False) -> Tuple[List[torch.Tensor], bool, List[torch.Tensor], DualPass]:
+    """Run f once on dual numbers: its outputs, whether it returned a tuple, their tangents, and the pass."""
+    dual = DualPass()
+    dual.strict = strict
+    leaves = _leaves(primals, "primals")
+    for leaf, t in zip(leaves, tangents):
+        dual.seed(leaf, t)
+    with dual.running():
+        outputs, is_tuple = _outputs(f(*leaves))
+    products = []
+    for out in outputs:
+        dot = dual.tangent_of(out)
+        products.append(plain(dot) if dot is not None else torch.zeros_like(plain(out)))
+    return outputs, is_tuple, products, dual
+
+
+def _warn_transposed(methods: Dict[str, str]) -> None:
+    transposed = sorted(name for name, how in methods.items() if how == TRANSPOSED)
+    if transposed:
+        warnings.warn(f"forward mode transposed the backward of {', '.join(transposed)} (no tangent rule): the values "
+                      "are exact, at the cost of two small reverse passes per op", TransposedOpsWarning, stacklevel=3)
+
+
+def jvp(f: Callable, primals: Tuple[torch.Tensor, ...], tangents: Tuple[torch.Tensor, ...], *, method: str = "auto",
+        report: bool = False) -> Any:
+    """(f(*primals), J @ tangents), as torch.func.jvp.
+
+    method="auto": one forward pass on dual numbers (each op's tangent rule, ẏ = J ẋ); an op without a tangent
+    rule has its own backward transposed, with a TransposedOpsWarning naming it. "dual": refuse such ops.
+    "transpose": the whole of f from two reverse passes, J v = d/du < J^T u, v > (the lesson of notebook 06a).
+    report=True adds a third result: {rule name: "tangent rule" | "transposed backward"} for every op that
+    carried a tangent ({"f": "transposed backward"} for method="transpose").
+    """
+    if method not in METHODS:
+        raise ValueError(f"tt.jvp: method must be one of {METHODS}, not {method!r}")
+    tangents_plain = _checked_tangents(primals, tangents)
+    if method == "transpose":
+        leaves = _leaves(primals, "primals")
+        outputs, is_tuple = _outputs(f(*leaves))
+        products = Linearised(leaves, outputs).jvp(tangents_plain)
+        methods = {"f": TRANSPOSED}
+    else:
+        outputs, is_tuple, products, dual = dual_pass(f, primals, tangents_plain, strict=method == "dual")
+        methods = dual.used()
+        _warn_transposed(methods)
+    result = (_values(outputs, is_tuple), _shaped(products, is_tuple))
+    return (*result, methods) if report else result
+
+
+def _unit(like: torch.Tensor, k: int) -> torch.Tensor:
+    e = torch.zeros(like.numel(), dtype=like.dtype, device=like.device)
+    e[k] = 1
+    return e.view(like.shape)
+
+
+def jacobian(f: Callable, inputs: Tensors, mode: str = "reverse") -> Any:
+    """The Jacobian of f at inputs, with the shapes and nesting of torch's functional `jacobian`.
+
+    mode="reverse": one reverse pass per output element (a row of J each);
+    mode="forward": one forward pass on dual numbers per input element (a column of J each).
+    For a tensor input and output the result has shape output.shape + input.shape; a tuple of inputs
+    or outputs gives a tuple (tuples of tuples for both: `J[output][input]`).
+    """
+    if mode not in ("forward", "reverse"):
+        raise ValueError(f"tt.jacobian: mode must be 'forward' or 'reverse', not {mode!r}")
+    inputs_tuple = isinstance(inputs, tuple)
+    primals = inputs if inputs_tuple else (inputs,)
+    xs = _leaves(primals, "primals")
+    outs, is_tuple = _outputs(f(*xs))
+    blocks = [[plain(o).new_zeros(o.shape + x.shape) for x in xs] for o in outs]
+    if mode == "reverse":
+        _rows(outs, xs, blocks)
+    else:
+        _columns(f, primals, xs, blocks)
+    per_output = [tuple(row) if inputs_tuple else row[0] for row in blocks]
+    return tuple(per_output) if is_tuple else per_output[0]
+
+
+def _rows(outs: List[torch.Tensor], xs: List[torch.Tensor], blocks: List[List[torch.Tensor]]) -> None:
+    """Row k of J_i: one reverse pass from the unit cotangent e_k of output i."""
+    for i, out in enumerate(outs):
+        if not getattr(out, "_tt_requires_grad", False):
+            continue
+        for k in range(out.numel()):
+            row = grad(out, xs, _unit(plain(out), k), retain_graph=True, allow_unused=True)
+            for j, g in enumerate(row):
+                if g is not None:
+                    blocks[i][j].view(out.numel(), *xs[j].shape)[k] = plain(g)
+
+
+def _columns(f: Callable, primals: Sequence[torch.Tensor], xs: List[torch.Tensor],
+             blocks: List[List[torch.Tensor]]) -> None:
+    """Column k of J_.j: one pass of f on dual numbers, seeded with the unit tangent e_k of input j."""
+    methods: Dict[str, str] = {}
+    for j, x in enumerate(xs):
+        for k in range(x.numel()):
+            tangents = [_unit(plain(x), k) if m == j else torch.zeros_like(plain(other)) for m, other in enumerate(xs)]
+            outputs, _, products, dual = dual_pass(f, primals, tangents)
+            methods.update(dual.used())
+            for i, column in enumerate(products):
+                blocks[i][j].view(*outputs[i].shape, x.numel())[..., k] = column
+    _warn_transposed(methods)
