@@ -8,7 +8,7 @@ from typing import Any, List, Optional
 
 import torch
 
-from torchtrace.autograd.function import Context
+from torchtrace.autograd.node import Context
 
 
 class NoTangent(Exception):
