@@ -176,3 +176,32 @@ def test_in_place_changes_of_a_view_of_an_ops_internal_result_as_torch():
     with torch.no_grad():
         assert torch.einsum("bij,bjk->bik", a, b)._is_view()  # what makes this case: a view of a temporary
     check_op(_funnel_style, a, b)
+
+
+def view_written_in_place_is_the_output(w):
+    y = w * 1
+    v = y[1:]
+    v.mul_(w[:-1])  # through the view into y: v's own value is now y's
+    return v
+
+
+def base_written_after_view_is_the_output(w):
+    y = w * 1
+    v = y[1:]
+    y.mul_(w)  # v, taken before, now reads the changed base
+    return v
+
+
+@pytest.mark.parametrize("fn", [view_written_in_place_is_the_output, base_written_after_view_is_the_output],
+                         ids=lambda f: f.__name__)
+def test_backward_starts_from_a_view_as_it_is_now(fn):
+    """backward() and tt.grad from a view whose memory changed in place since it was taken start at its value now."""
+    check_op(fn, torch.rand(12) + 0.5)
+    w = tt.tracer(torch.rand(12, dtype=torch.float64) + 0.5, requires_grad=True)
+    reference = w.detach().as_subclass(torch.Tensor).clone().requires_grad_()
+    g = torch.rand(11, dtype=torch.float64)
+    fn(reference).backward(g)
+    fn(w).backward(g)
+    (by_grad,) = tt.grad(fn(w), w, g)
+    torch.testing.assert_close(w.grad, reference.grad, rtol=1e-12, atol=0)
+    torch.testing.assert_close(by_grad, reference.grad, rtol=1e-12, atol=0)

@@ -13,7 +13,9 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence
 import torch
 
 from torchtrace.autograd import function_contract, grad_fn_hooks
+from torchtrace.autograd.dispatch import run_rule
 from torchtrace.autograd.hooks import non_leaf_hooks, run_hooks
+from torchtrace.autograd.inplace import catch_up
 from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
@@ -68,7 +70,10 @@ def _as_list(tensors: Any) -> List[Any]:
 
 
 def _edge_of(t: Any, what: str) -> Tuple[Any, int]:
-    """(node, output nr) that produced `t`: its grad_fn, or its AccumulateGrad if it is a leaf."""
+    """(node, output nr) that produced `t`: its grad_fn, or its AccumulateGrad if it is a leaf. A view whose memory
+    changed in place since it was taken is brought up to date first, as any op that reads it would."""
+    if getattr(t, "_tt_base", None) is not None and t._version != t._tt_version:
+        catch_up(t, type(t), run_rule)
     if getattr(t, "_tt_requires_grad", False):
         return (leaf_accumulator(t), 0) if t._tt_node is None else (t._tt_node, t._tt_nr)
     if isinstance(t, torch.Tensor) and not hasattr(type(t), "_tt_node") and t.requires_grad and t.grad_fn is None:
