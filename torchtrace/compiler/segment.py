@@ -24,10 +24,11 @@ LOCAL, OUTSIDE = 0, 1
 class Step:
     """A statement as it ran in this call: its rule and Context, the values it made, where each gradient goes."""
 
-    __slots__ = ("rule", "ctx", "outputs", "metas", "targets", "released")
+    __slots__ = ("rule", "ctx", "outputs", "metas", "targets", "local", "released")
 
-    def __init__(self, rule: type, ctx: Any, outputs: List[int], metas: list, targets: list):
+    def __init__(self, rule: type, ctx: Any, outputs: List[int], metas: list, targets: list, local: List[int]):
         self.rule, self.ctx, self.outputs, self.metas, self.targets = rule, ctx, outputs, metas, targets
+        self.local = local  # the values of this segment the step reads (whose steps its gradients go to), in order
         self.released = False
 
 
@@ -53,7 +54,7 @@ class Segment:
         self.steps: List[Step] = []
         self.nr_of: Dict[int, int] = {}  # value number -> output nr of the node
         self.outputs: List[int] = []  # output nr -> value number
-        self.outside: Dict[Any, int] = {}  # ('v', value) or ('l', slot) -> edge position
+        self.outside: Dict[int, int] = {}  # source (value j, or ~slot for leaf slot) -> edge position
         self.ran: List[Step] = []  # the steps the last backward ran (released unless retain_graph)
         self.node = Node(CompiledCall, self, [], None, ())
         self.node.n_outputs = 0
@@ -65,7 +66,7 @@ class Segment:
         self.node.n_outputs = nr + 1
         return nr
 
-    def edge_to(self, key: Any, t: torch.Tensor) -> int:
+    def edge_to(self, key: int, t: torch.Tensor) -> int:
         """The edge position of an outside tensor that needs a gradient (one per tensor, however often it is read)."""
         position = self.outside.get(key)
         if position is None:
@@ -130,14 +131,14 @@ class Segment:
             if id(root) in seen:
                 continue
             seen.add(id(root))
-            stack = [(root, _local_sources(root))]
+            stack = [(root, iter(root.local))]
             while stack:
                 step, sources = stack[-1]
                 for value in sources:
                     nxt = producer[value]
                     if id(nxt) not in seen:
                         seen.add(id(nxt))
-                        stack.append((nxt, _local_sources(nxt)))
+                        stack.append((nxt, iter(nxt.local)))
                         break
                 else:
                     stack.pop()
@@ -159,10 +160,6 @@ class Segment:
                     "tt.compile: a hook, retain_grad() or tt.grad(..., inputs=) on a value computed inside a compiled "
                     "call and used again inside it: its gradient is summed inside the compiled backward — register "
                     "it outside the compiled function, or call the function uncompiled")
-
-
-def _local_sources(step: Step) -> Any:
-    return iter([where for _, (kind, where) in step.targets if kind == LOCAL])
 
 
 def _captured_by_engine() -> Optional[dict]:
