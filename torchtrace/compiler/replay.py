@@ -234,17 +234,24 @@ class Run:
         ctx = Context(rule, (), st.mask)
         if st.torch_leaf:
             _set_grad_enabled(False)
-        try:
-            out = rule.forward(ctx, *args, **kwargs)
-        finally:
-            if st.torch_leaf:
+            try:
+                out = rule.forward(ctx, *args, **kwargs)
+            finally:
                 _set_grad_enabled(True)
-        if st.kind == PASS and out is args[0]:
+        else:
+            out = rule.forward(ctx, *args, **kwargs)
+        first = args[0] if args else None
+        if out is first and st.kind == PASS:
             return out
-        raw = _tensor_results(out)
-        if st.kind == PASS or out is args[0] or len(raw) != len(st.results) or any(
-                (r.shape, r.dtype) != meta for r, meta in zip(raw, st.results)):
-            other = self._refit(st, out, raw, args[0])
+        if type(out) is T:  # one plain result: the common case
+            raw = [out]
+            differs = len(st.results) != 1 or (out.shape, out.dtype) != st.results[0]
+        else:
+            raw = _tensor_results(out)
+            differs = len(raw) != len(st.results) or any(
+                (r.shape, r.dtype) != meta for r, meta in zip(raw, st.results))
+        if differs or out is first or st.kind == PASS:
+            other = self._refit(st, out, raw, first)
             if other is None:
                 return self._diverge_after(st, func, rule, ctx, args, kwargs, out)
             if other.kind == PASS:
@@ -280,7 +287,7 @@ class Run:
             else:  # the source number (value j, or ~slot) names the outside tensor
                 t = _argument_at(args, kwargs, rule, edge.position)
                 targets.append((edge, (OUTSIDE, segment.edge_to(source, t))))
-        segment.steps.append(Step(rule, ctx, values, [output_meta(r) for r in raw] if len(raw) > 1 else None,
+        segment.add_step(Step(rule, ctx, values, [output_meta(r) for r in raw] if len(raw) > 1 else None,
                                   targets, local))
         return linked[0] if isinstance(out, torch.Tensor) else _rebuild(out, _relinked(out, raw, linked))
 

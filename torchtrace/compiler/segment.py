@@ -53,6 +53,7 @@ class Segment:
     def __init__(self) -> None:
         self.steps: List[Step] = []
         self.nr_of: Dict[int, int] = {}  # value number -> output nr of the node
+        self.producer: Dict[int, Step] = {}  # value number -> the step that made it
         self.outputs: List[int] = []  # output nr -> value number
         self.outside: Dict[int, int] = {}  # source (value j, or ~slot for leaf slot) -> edge position
         self.ran: List[Step] = []  # the steps the last backward ran (released unless retain_graph)
@@ -65,6 +66,11 @@ class Segment:
         self.nr_of[value] = nr
         self.node.n_outputs = nr + 1
         return nr
+
+    def add_step(self, step: Step) -> None:
+        self.steps.append(step)
+        for value in step.outputs:
+            self.producer[value] = step
 
     def edge_to(self, key: int, t: torch.Tensor) -> int:
         """The edge position of an outside tensor that needs a gradient (one per tensor, however often it is read)."""
@@ -95,9 +101,15 @@ class Segment:
         result: List[Optional[torch.Tensor]] = [None] * len(self.node.edges)
         ran = []
         for step in self._order(buffers):
-            gs = [buffers.pop(v, None) for v in step.outputs]
-            if all(g is None for g in gs):
-                continue
+            if len(step.outputs) == 1:
+                g = buffers.pop(step.outputs[0], None)
+                if g is None:
+                    continue
+                gs = [g]
+            else:
+                gs = [buffers.pop(v, None) for v in step.outputs]
+                if all(g is None for g in gs):
+                    continue
             if step.released:
                 raise RuntimeError(
                     f"Trying to backward through the graph a second time ({step.rule.__name__}Backward, inside a "
@@ -123,7 +135,7 @@ class Segment:
     def _order(self, seeded: Dict[int, torch.Tensor]) -> List[Step]:
         """The steps in the engine's order (reverse post-order of a depth-first search from the seeded outputs,
         edges in order), so gradients meeting at a value are summed in eager's order, bit for bit."""
-        producer = {value: step for step in self.steps for value in step.outputs}
+        producer = self.producer
         roots = sorted({id(producer[v]): producer[v] for v in seeded}.values(), key=self.steps.index, reverse=True)
         order: List[Step] = []
         seen = set()
