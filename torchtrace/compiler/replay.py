@@ -164,8 +164,11 @@ class Run:
             st = block.statements[at]
             if st.func is not func:
                 return None
-            if not kwargs and st.arity == len(args) and all(isinstance(a, T) for a in args):
-                tensors: Any = args  # tensor arguments only: the key is st.key, no need to build it
+            if not kwargs and st.arity == len(args):  # a call of tensors only: its key is st.key if each is one
+                for a in args:
+                    if not isinstance(a, T):
+                        return None  # describing `a` would put another entry in the key
+                tensors: Any = args
             else:
                 key, tensors = describe(args, kwargs)
                 if st.key != key:
@@ -268,7 +271,7 @@ class Run:
             self.n_values += 1
             # a result no argument is and the rule did not save becomes the tracer itself (its class changes);
             # a saved one stays plain in the Context, with a tracer alias (as a tracer it would hold the node)
-            fresh = _fresh(r, args) and not any(s is r for s in saved) and (
+            fresh = _fresh(r, args) and (not saved or id(r) not in map(id, saved)) and (
                 len(raw) == 1 or sum(x is r for x in raw) == 1)
             t = link_output(r, segment.node, segment.add_output(value), tracer, fresh)
             if t._tt_view:
@@ -279,14 +282,16 @@ class Run:
             linked.append(t)
         targets = []
         local = []
-        nr_of = segment.nr_of
+        nr_of, outside = segment.nr_of, segment.outside
         for edge, source in st.edges:
             if source in nr_of:  # a value this segment made (leaf slots, negative, never are)
                 targets.append((edge, (LOCAL, source)))
                 local.append(source)
             else:  # the source number (value j, or ~slot) names the outside tensor
-                t = _argument_at(args, kwargs, rule, edge.position)
-                targets.append((edge, (OUTSIDE, segment.edge_to(source, t))))
+                where = outside.get(source)
+                if where is None:
+                    where = segment.edge_to(source, _argument_at(args, kwargs, rule, edge.position))
+                targets.append((edge, (OUTSIDE, where)))
         segment.add_step(Step(rule, ctx, values, [output_meta(r) for r in raw] if len(raw) > 1 else None,
                                   targets, local))
         return linked[0] if isinstance(out, torch.Tensor) else _rebuild(out, _relinked(out, raw, linked))
