@@ -126,7 +126,8 @@ class Segment:
                 if g is None:
                     continue
                 if kind == LOCAL:
-                    buffers[where] = g if where not in buffers else buffers[where] + g
+                    have = buffers.get(where)
+                    buffers[where] = g if have is None else have + g
                 else:
                     result[where] = g if result[where] is None else result[where] + g
         self.ran = ran
@@ -136,20 +137,20 @@ class Segment:
         """The steps in the engine's order (reverse post-order of a depth-first search from the seeded outputs,
         edges in order), so gradients meeting at a value are summed in eager's order, bit for bit."""
         producer = self.producer
-        roots = sorted({id(producer[v]): producer[v] for v in seeded}.values(), key=self.steps.index, reverse=True)
+        roots = sorted({producer[v] for v in seeded}, key=self.steps.index, reverse=True)
         order: List[Step] = []
-        seen = set()
+        seen = set()  # steps (hashed by identity)
         for root in roots:
-            if id(root) in seen:
+            if root in seen:
                 continue
-            seen.add(id(root))
+            seen.add(root)
             stack = [(root, iter(root.local))]
             while stack:
                 step, sources = stack[-1]
                 for value in sources:
                     nxt = producer[value]
-                    if id(nxt) not in seen:
-                        seen.add(id(nxt))
+                    if nxt not in seen:
+                        seen.add(nxt)
                         stack.append((nxt, iter(nxt.local)))
                         break
                 else:
