@@ -63,19 +63,19 @@ def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mea
     slope(d, **options) is dl/dd. 'mean' divides by the summed weights when mean_over_weights
     (mse_loss, l1_loss), else by the element count.
     """
-    signature = inspect.signature(fn)
-    names = list(signature.parameters)
+    defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()}  # read once, not per call
+    names = list(defaults)
+    weight_position = names.index("weight") if "weight" in names else None
 
     def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        call = signature.bind(*args, **kwargs)
-        call.apply_defaults()
-        arguments = call.arguments
-        if "weight" in names:
-            _refuse_grad(ctx, names.index("weight"), fn.__name__, "weight")
+        out = fn(*args, **kwargs)  # fn checks the arguments (too many, unknown, missing) before anything is noted
+        arguments = {**defaults, **dict(zip(names, args)), **kwargs}
+        if weight_position is not None:
+            _refuse_grad(ctx, weight_position, fn.__name__, "weight")
         ctx.reduction = _reduction(arguments.get("size_average"), arguments.get("reduce"), arguments["reduction"])
         ctx.options = {k: v for k, v in arguments.items() if k in ("beta", "delta")}
         ctx.save_for_backward(arguments["input"], arguments["target"], arguments.get("weight"))
-        return fn(*call.args, **call.kwargs)
+        return out
 
     def backward(ctx: Any, g: Any) -> Any:
         input, target, weight = ctx.saved_tensors
