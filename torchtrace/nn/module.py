@@ -102,7 +102,10 @@ def _plain_leaves_as_tracers(module: torch.nn.Module, args: tuple) -> Optional[t
     leaf's .grad, as when a plain leaf meets a tracer in an op: so torch code run on the input inside the module (a
     transpose, a module backward hook) is recorded by torchtrace. None: nothing to replace (a module whose
     parameters are plain, as under torch.func.functional_call, stays torch's)."""
-    if not any(_is_plain_leaf(a) or (type(a) in (tuple, list) and any(map(_is_plain_leaf, a))) for a in args):
+    for a in args:  # a plain loop: this runs on every module call
+        if _is_plain_leaf(a) or (type(a) in (tuple, list) and any(map(_is_plain_leaf, a))):
+            break
+    else:
         return None
     if not torch.is_grad_enabled() or not any(isinstance(p, tracer) for p in module.parameters()):
         return None
