@@ -126,8 +126,9 @@ def module_entered(module: torch.nn.Module, args: tuple) -> Optional[tuple]:
 def module_left(module: torch.nn.Module, args: tuple, out: Any) -> None:
     """A module finished: pop it, and note the shapes of its call on the node it returned (trace's GRAD:)."""
     STATE.module_stack.pop()
-    node = getattr(out, "_tt_node", None)
-    if node is not None and node.module is module and args and isinstance(args[0], torch.Tensor):
+    path = getattr(getattr(out, "_tt_node", None), "module_path", None)  # node.module, without the property call
+    if path and path[-1] is module and args and isinstance(args[0], torch.Tensor):
+        node = out._tt_node
         with plain_torch():
             node.note(call_shapes=(args[0].shape, out.shape))
 
