@@ -2,8 +2,9 @@
 
 A subclass passes its hyperparameters as `defaults` and writes one method, `update(param, grad, state, group)`:
 the update rule for a single parameter. The base class calls it under `no_grad()` for every parameter that has
-a gradient, handing it plain-tensor aliases of the parameter and its gradient (same storage, no tracer), so the
-in-place update changes the tracer's values without recording anything and the state it creates stays plain.
+a gradient, handing it plain-tensor aliases of the parameter and its gradient (same storage, no tracer; a gradient
+that is a plain tensor already is handed as it is), so the in-place update changes the tracer's values without
+recording anything and the state it creates stays plain.
 """
 import copy
 from typing import Any, Callable, Dict, Iterable, Optional, Union
