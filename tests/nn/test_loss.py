@@ -179,6 +179,16 @@ def test_weights_that_require_grad_are_refused(call, name):
         call(x, tt.tracer(W, requires_grad=True))
 
 
+@pytest.mark.parametrize("call", [lambda x, w: F.l1_loss(x, T, weight=w),
+                                  lambda x, w: F.l1_loss(x, T, None, None, "sum", w)])
+def test_a_weight_torch_does_not_pass_on_is_refused(call):
+    """torch's F.l1_loss hands a tensor subclass its arguments without weight=: refused, not the unweighted loss."""
+    x = tt.tracer(X.clone(), requires_grad=True)
+    with pytest.raises(tt.UnsupportedOperationError, match="does not pass weight= on"):
+        call(x, W)
+    check_op(lambda x: F.l1_loss(x, T, weight=None), X)  # no weight: the rule as ever
+
+
 @pytest.mark.parametrize("fn, inputs", [
     (lambda x, t: F.mse_loss(x, t) * F.mse_loss(x, t, reduction="sum"), (X, T)),
     (lambda x, t: F.huber_loss(x * x, t, delta=0.5), (X, T)),

@@ -352,3 +352,20 @@ def test_step_without_gradients_changes_nothing():
     optimizer.step()
     assert_params_equal(params, init, atol=0)
     assert not optimizer.state
+
+
+@pytest.mark.parametrize("name, options", CASES, ids=[f"{n}-{sorted(o.items())}" for n, o in CASES])
+def test_same_gradients_give_bit_identical_steps(name, options):
+    """Fed torch's gradients (plain tensors, and tracers every other step), each update equals torch.optim's exactly."""
+    init = initial_values()
+    ours, theirs = tracers(init), torch_leaves(init)
+    ours_opt, theirs_opt = getattr(tto, name)(ours, **options), getattr(torch.optim, name)(theirs, **options)
+    for i in range(10):
+        theirs_opt.zero_grad()
+        model_loss(theirs, *DATA[i % len(DATA)]).backward()
+        for a, b in zip(ours, theirs):
+            a.grad = b.grad.clone() if i % 2 else tt.tracer(b.grad.clone())
+        ours_opt.step()
+        theirs_opt.step()
+        for a, b in zip(ours, theirs):
+            assert torch.equal(as_plain(a), b.detach()), f"step {i}: {name} {options} differs from torch.optim"

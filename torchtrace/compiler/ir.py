@@ -63,10 +63,12 @@ class Statement:
     """
 
     __slots__ = ("func", "kind", "rule", "key", "sources", "needs", "mask", "torch_leaf", "edges", "results",
-                 "first_value", "new_slots", "module", "line", "slot_names", "example")
+                 "first_value", "new_slots", "module", "line", "slot_names", "example", "arity")
 
     def __init__(self, func: Callable, kind: str, key: tuple, sources: tuple, needs: tuple):
         self.func, self.kind, self.key, self.sources, self.needs = func, kind, key, sources, needs
+        # n for a call of n tensor arguments and nothing else (its key is then known without describing the call)
+        self.arity = len(key) if all(k is TENSOR for k in key) else -1
         self.rule: Optional[type] = None
         self.mask = 0  # bit i: argument i needs a gradient (the rule's ctx.needs_input_grad)
         self.torch_leaf = False  # an argument is a plain tensor with torch's requires_grad (torch's grad mode goes off)

@@ -18,7 +18,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchtrace.arguments import keywords_to_positions
-from torchtrace.autograd.dispatch import _grad_edges, _link_outputs, _rebuild
+from torchtrace.autograd.dispatch import _fresh, _grad_edges, _link_outputs, _rebuild
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.inplace import inplace_requested, remember_base
 from torchtrace.autograd.node import Context, Edge, Node, link_output
@@ -149,26 +149,42 @@ class Run:
     def replay(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         """Run the call as the program's next statement; None when it does not match (nothing has run then)."""
         with plain_torch():
-            rule, pargs, pkwargs = _normalise(func, args, kwargs)
-            key, tensors = describe(pargs, pkwargs)
-            st = self._match(func, key, tensors)
+            rule, args_, kwargs_ = _normalise(func, args, kwargs)
+            st = self._match(func, args_, kwargs_)
             if st is None:
                 return None
             self.path.append(st)
             if st.kind != EAGER:
-                return (self._rule(st, func, rule, pargs, pkwargs),)
+                return (self._rule(st, func, rule, args_, kwargs_),)
         return (self._eager(st, func, args, kwargs),)  # through the tracer's dispatch: outside plain_torch
 
-    def _match(self, func: Callable, key: tuple, tensors: List[torch.Tensor]) -> Optional[Statement]:
+    def _match(self, func: Callable, args: tuple, kwargs: dict) -> Optional[Statement]:
         block, at = self.block, self.at
-        if at < len(block.statements):
-            options = [(block, block.statements[at])]
-        else:
-            options = [(child, child.statements[0]) for child in block.children]
+        if at < len(block.statements):  # the common case: one statement to match, no siblings
+            st = block.statements[at]
+            if st.func is not func:
+                return None
+            if not kwargs and st.arity == len(args):  # a call of tensors only: its key is st.key if each is one
+                for a in args:
+                    if not isinstance(a, T):
+                        return None  # describing `a` would put another entry in the key
+                tensors: Any = args
+            else:
+                key, tensors = describe(args, kwargs)
+                if st.key != key:
+                    return None
+            if not self._bind(st, tensors):
+                return None
+            self.before = (block, at)  # where a call that ran but then did not fit leaves the trie
+            self.at = at + 1
+            self.siblings = []
+            return st
+        key, tensors = describe(args, kwargs)
+        options = [(child, child.statements[0]) for child in block.children]
         for owner, st in options:
             if st.same_call(func, key) and self._bind(st, tensors):
-                self.before = (block, at)  # where a call that ran but then did not fit leaves the trie
-                self.block, self.at = owner, (at + 1 if owner is block else 1)
+                self.before = (block, at)
+                self.block, self.at = owner, 1
                 self.siblings = [(o, s) for o, s in options if s is not st and s.same_call(func, key)
                                  and s.sources == st.sources and s.needs == st.needs]
                 return st
@@ -186,31 +202,32 @@ class Run:
                 return other
         return None
 
-    def _bind(self, st: Statement, tensors: List[torch.Tensor]) -> bool:
+    def _bind(self, st: Statement, tensors: Any) -> bool:
         """Does every tensor come from where the statement's did? Binds new leaf slots (undone on a mismatch)."""
-        bound = []
-        ok = True
+        values, slot_of = self.values, self.slot_of
+        bound = None
         for t, source, needs in zip(tensors, st.sources, st.needs):
-            if _requires_grad(t) != needs or (getattr(t, "_tt_node", None) is not None and t._version != t._tt_version):
+            flag = getattr(t, "_tt_requires_grad", None)
+            if (t.requires_grad if flag is None else flag) != needs or (
+                    getattr(t, "_tt_node", None) is not None and t._version != t._tt_version):
                 ok = False
             elif source >= 0:
-                ok = self.values.get(id(t)) == source
+                ok = values.get(id(t)) == source
             else:
                 slot = ~source
-                have = self.slot_of.get(id(t))
+                have = slot_of.get(id(t))
                 if have is None:
                     shape, dtype = st.new_slots.get(slot, (None, None))
-                    ok = (slot == len(self.slots) and id(t) not in self.values and t.shape == shape
-                          and t.dtype == dtype)
+                    ok = slot == len(self.slots) and id(t) not in values and t.shape == shape and t.dtype == dtype
                     if ok:
-                        self.slot_of[id(t)] = slot
+                        slot_of[id(t)] = slot
                         self.slots.append(t)
-                        bound.append(t)
+                        bound = [t] if bound is None else bound + [t]
                 else:
                     ok = have == slot
             if not ok:
-                for t in bound:
-                    del self.slot_of[id(t)]
+                for t in bound or ():
+                    del slot_of[id(t)]
                     self.slots.pop()
                 return False
         return True
@@ -220,17 +237,24 @@ class Run:
         ctx = Context(rule, (), st.mask)
         if st.torch_leaf:
             _set_grad_enabled(False)
-        try:
-            out = rule.forward(ctx, *args, **kwargs)
-        finally:
-            if st.torch_leaf:
+            try:
+                out = rule.forward(ctx, *args, **kwargs)
+            finally:
                 _set_grad_enabled(True)
-        if st.kind == PASS and out is args[0]:
+        else:
+            out = rule.forward(ctx, *args, **kwargs)
+        first = args[0] if args else None
+        if out is first and st.kind == PASS:
             return out
-        raw = _tensor_results(out)
-        if st.kind == PASS or out is args[0] or len(raw) != len(st.results) or any(
-                (r.shape, r.dtype) != meta for r, meta in zip(raw, st.results)):
-            other = self._refit(st, out, raw, args[0])
+        if type(out) is T:  # one plain result: the common case
+            raw = [out]
+            differs = len(st.results) != 1 or (out.shape, out.dtype) != st.results[0]
+        else:
+            raw = _tensor_results(out)
+            differs = len(raw) != len(st.results) or any(
+                (r.shape, r.dtype) != meta for r, meta in zip(raw, st.results))
+        if differs or out is first or st.kind == PASS:
+            other = self._refit(st, out, raw, first)
             if other is None:
                 return self._diverge_after(st, func, rule, ctx, args, kwargs, out)
             if other.kind == PASS:
@@ -241,10 +265,15 @@ class Run:
             segment = self.segment = Segment()
         values = []
         linked = []
+        saved = ctx._saved
         for r in raw:
             value = self.n_values
             self.n_values += 1
-            t = link_output(r, segment.node, segment.add_output(value), tracer)
+            # a result no argument is and the rule did not save becomes the tracer itself (its class changes);
+            # a saved one stays plain in the Context, with a tracer alias (as a tracer it would hold the node)
+            fresh = _fresh(r, args) and (not saved or id(r) not in map(id, saved)) and (
+                len(raw) == 1 or sum(x is r for x in raw) == 1)
+            t = link_output(r, segment.node, segment.add_output(value), tracer, fresh)
             if t._tt_view:
                 remember_base(t, args)
             self.values[id(t)] = value
@@ -252,15 +281,19 @@ class Run:
             values.append(value)
             linked.append(t)
         targets = []
+        local = []
+        nr_of, outside = segment.nr_of, segment.outside
         for edge, source in st.edges:
-            if source >= 0 and source in segment.nr_of:
+            if source in nr_of:  # a value this segment made (leaf slots, negative, never are)
                 targets.append((edge, (LOCAL, source)))
-            else:
-                key = ("v", source) if source >= 0 else ("l", ~source)
-                t = _argument_at(args, kwargs, rule, edge.position)
-                targets.append((edge, (OUTSIDE, segment.edge_to(key, t))))
-        segment.steps.append(Step(rule, ctx, values, [output_meta(r) for r in raw] if len(raw) > 1 else None,
-                                  targets))
+                local.append(source)
+            else:  # the source number (value j, or ~slot) names the outside tensor
+                where = outside.get(source)
+                if where is None:
+                    where = segment.edge_to(source, _argument_at(args, kwargs, rule, edge.position))
+                targets.append((edge, (OUTSIDE, where)))
+        segment.add_step(Step(rule, ctx, values, [output_meta(r) for r in raw] if len(raw) > 1 else None,
+                                  targets, local))
         return linked[0] if isinstance(out, torch.Tensor) else _rebuild(out, _relinked(out, raw, linked))
 
     def _diverge_after(self, st: Statement, func: Callable, rule: type, ctx: Context, args: tuple, kwargs: dict,

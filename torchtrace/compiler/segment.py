@@ -24,10 +24,11 @@ LOCAL, OUTSIDE = 0, 1
 class Step:
     """A statement as it ran in this call: its rule and Context, the values it made, where each gradient goes."""
 
-    __slots__ = ("rule", "ctx", "outputs", "metas", "targets", "released")
+    __slots__ = ("rule", "ctx", "outputs", "metas", "targets", "local", "released")
 
-    def __init__(self, rule: type, ctx: Any, outputs: List[int], metas: list, targets: list):
+    def __init__(self, rule: type, ctx: Any, outputs: List[int], metas: list, targets: list, local: List[int]):
         self.rule, self.ctx, self.outputs, self.metas, self.targets = rule, ctx, outputs, metas, targets
+        self.local = local  # the values of this segment the step reads (whose steps its gradients go to), in order
         self.released = False
 
 
@@ -52,8 +53,9 @@ class Segment:
     def __init__(self) -> None:
         self.steps: List[Step] = []
         self.nr_of: Dict[int, int] = {}  # value number -> output nr of the node
+        self.producer: Dict[int, Step] = {}  # value number -> the step that made it
         self.outputs: List[int] = []  # output nr -> value number
-        self.outside: Dict[Any, int] = {}  # ('v', value) or ('l', slot) -> edge position
+        self.outside: Dict[int, int] = {}  # source (value j, or ~slot for leaf slot) -> edge position
         self.ran: List[Step] = []  # the steps the last backward ran (released unless retain_graph)
         self.node = Node(CompiledCall, self, [], None, ())
         self.node.n_outputs = 0
@@ -65,7 +67,12 @@ class Segment:
         self.node.n_outputs = nr + 1
         return nr
 
-    def edge_to(self, key: Any, t: torch.Tensor) -> int:
+    def add_step(self, step: Step) -> None:
+        self.steps.append(step)
+        for value in step.outputs:
+            self.producer[value] = step
+
+    def edge_to(self, key: int, t: torch.Tensor) -> int:
         """The edge position of an outside tensor that needs a gradient (one per tensor, however often it is read)."""
         position = self.outside.get(key)
         if position is None:
@@ -94,9 +101,15 @@ class Segment:
         result: List[Optional[torch.Tensor]] = [None] * len(self.node.edges)
         ran = []
         for step in self._order(buffers):
-            gs = [buffers.pop(v, None) for v in step.outputs]
-            if all(g is None for g in gs):
-                continue
+            if len(step.outputs) == 1:
+                g = buffers.pop(step.outputs[0], None)
+                if g is None:
+                    continue
+                gs = [g]
+            else:
+                gs = [buffers.pop(v, None) for v in step.outputs]
+                if all(g is None for g in gs):
+                    continue
             if step.released:
                 raise RuntimeError(
                     f"Trying to backward through the graph a second time ({step.rule.__name__}Backward, inside a "
@@ -113,7 +126,8 @@ class Segment:
                 if g is None:
                     continue
                 if kind == LOCAL:
-                    buffers[where] = g if where not in buffers else buffers[where] + g
+                    have = buffers.get(where)
+                    buffers[where] = g if have is None else have + g
                 else:
                     result[where] = g if result[where] is None else result[where] + g
         self.ran = ran
@@ -122,22 +136,22 @@ class Segment:
     def _order(self, seeded: Dict[int, torch.Tensor]) -> List[Step]:
         """The steps in the engine's order (reverse post-order of a depth-first search from the seeded outputs,
         edges in order), so gradients meeting at a value are summed in eager's order, bit for bit."""
-        producer = {value: step for step in self.steps for value in step.outputs}
-        roots = sorted({id(producer[v]): producer[v] for v in seeded}.values(), key=self.steps.index, reverse=True)
+        producer = self.producer
+        roots = sorted({producer[v] for v in seeded}, key=self.steps.index, reverse=True)
         order: List[Step] = []
-        seen = set()
+        seen = set()  # steps (hashed by identity)
         for root in roots:
-            if id(root) in seen:
+            if root in seen:
                 continue
-            seen.add(id(root))
-            stack = [(root, _local_sources(root))]
+            seen.add(root)
+            stack = [(root, iter(root.local))]
             while stack:
                 step, sources = stack[-1]
                 for value in sources:
                     nxt = producer[value]
-                    if id(nxt) not in seen:
-                        seen.add(id(nxt))
-                        stack.append((nxt, _local_sources(nxt)))
+                    if nxt not in seen:
+                        seen.add(nxt)
+                        stack.append((nxt, iter(nxt.local)))
                         break
                 else:
                     stack.pop()
@@ -159,10 +173,6 @@ class Segment:
                     "tt.compile: a hook, retain_grad() or tt.grad(..., inputs=) on a value computed inside a compiled "
                     "call and used again inside it: its gradient is summed inside the compiled backward — register "
                     "it outside the compiled function, or call the function uncompiled")
-
-
-def _local_sources(step: Step) -> Any:
-    return iter([where for _, (kind, where) in step.targets if kind == LOCAL])
 
 
 def _captured_by_engine() -> Optional[dict]:

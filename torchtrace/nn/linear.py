@@ -27,9 +27,11 @@ class LinearFunction(Function):
             g = g.unsqueeze(-1)
             return (g * w if need_x else None), (g * x if need_w else None), grad_b
         grad_x = g @ w if need_x else None
-        rows = x.numel() // w.shape[1] if w.shape[1] else g.numel() // w.shape[0] if w.shape[0] else 0  # no -1: 0-wide
-        grad_w = g.reshape(rows, w.shape[0]).t() @ x.reshape(rows, w.shape[1]) if need_w else None
-        return grad_x, grad_w, grad_b
+        if not need_w:
+            return grad_x, None, grad_b
+        n_out, n_in = w.shape
+        rows = x.numel() // n_in if n_in else g.numel() // n_out if n_out else 0  # no -1: 0-wide
+        return grad_x, g.reshape(rows, n_out).t() @ x.reshape(rows, n_in), grad_b
 
 
 @register(torch.bilinear)  # F.bilinear is torch.bilinear

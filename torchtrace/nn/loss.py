@@ -6,12 +6,15 @@ the batch size for kl_div's 'batchmean'). So each backward is dl/d(input) times 
 Class and sample weights are constants, as in torch: a weight that requires a gradient is refused.
 """
 import inspect
+import sys
 from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.errors import UnsupportedOperationError
 from torchtrace.nn.module import Module
 
 
@@ -57,25 +60,59 @@ def aten_twin(name: str, rule: type, target: Callable, parameters: str) -> type:
     return register(target, rule=type(name, (rule,), body))
 
 
+class _ArgumentsSeen(TorchFunctionMode):
+    """Records the keyword arguments a torch function hands to __torch_function__ (and computes nothing)."""
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        self.keywords = set(kwargs or {})
+        return args[0]
+
+
+def _drops_weight(fn: Callable) -> bool:
+    """Whether fn leaves its `weight` out of what it hands to __torch_function__ (torch 2.13's F.l1_loss does): the rule
+    then never sees the weight, and would silently compute the unweighted loss."""
+    probe = torch.zeros(1)
+    with _ArgumentsSeen() as seen:
+        fn(probe, probe, weight=probe)
+    return "weight" not in seen.keywords
+
+
+def _refuse_a_dropped_weight(fn: Callable) -> None:
+    """Raise when the call of fn that led to this rule (a few frames up) was given a weight the rule did not receive."""
+    frame = sys._getframe(2)
+    for _ in range(8):  # fn -> handle_torch_function -> __torch_function__ -> run_rule -> this rule's forward
+        if frame is None or frame.f_code is fn.__code__:
+            break
+        frame = frame.f_back
+    if frame is not None and frame.f_code is fn.__code__ and frame.f_locals.get("weight") is not None:
+        raise UnsupportedOperationError(
+            f"torch's {fn.__name__} does not pass weight= on to tensor subclasses, so torchtrace cannot weight this "
+            f"loss: write it out, e.g. ({fn.__name__}(input, target, reduction='none') * weight).sum() / weight.sum() "
+            "for reduction='mean'")
+
+
 def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mean_over_weights: bool) -> type:
     """Rule for a loss of d = input - target, elementwise times an optional weight w, then reduced.
 
     slope(d, **options) is dl/dd. 'mean' divides by the summed weights when mean_over_weights
     (mse_loss, l1_loss), else by the element count.
     """
-    signature = inspect.signature(fn)
-    names = list(signature.parameters)
+    defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()}  # read once, not per call
+    names = list(defaults)
+    weight_position = names.index("weight") if "weight" in names else None
+    drops_weight = weight_position is not None and _drops_weight(fn)
 
     def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        call = signature.bind(*args, **kwargs)
-        call.apply_defaults()
-        arguments = call.arguments
-        if "weight" in names:
-            _refuse_grad(ctx, names.index("weight"), fn.__name__, "weight")
+        out = fn(*args, **kwargs)  # fn checks the arguments (too many, unknown, missing) before anything is noted
+        arguments = {**defaults, **dict(zip(names, args)), **kwargs}
+        if drops_weight and arguments["weight"] is None:
+            _refuse_a_dropped_weight(fn)
+        if weight_position is not None:
+            _refuse_grad(ctx, weight_position, fn.__name__, "weight")
         ctx.reduction = _reduction(arguments.get("size_average"), arguments.get("reduce"), arguments["reduction"])
         ctx.options = {k: v for k, v in arguments.items() if k in ("beta", "delta")}
         ctx.save_for_backward(arguments["input"], arguments["target"], arguments.get("weight"))
-        return fn(*call.args, **call.kwargs)
+        return out
 
     def backward(ctx: Any, g: Any) -> Any:
         input, target, weight = ctx.saved_tensors

@@ -102,7 +102,10 @@ def _plain_leaves_as_tracers(module: torch.nn.Module, args: tuple) -> Optional[t
     leaf's .grad, as when a plain leaf meets a tracer in an op: so torch code run on the input inside the module (a
     transpose, a module backward hook) is recorded by torchtrace. None: nothing to replace (a module whose
     parameters are plain, as under torch.func.functional_call, stays torch's)."""
-    if not any(_is_plain_leaf(a) or (type(a) in (tuple, list) and any(map(_is_plain_leaf, a))) for a in args):
+    for a in args:  # a plain loop: this runs on every module call
+        if _is_plain_leaf(a) or (type(a) in (tuple, list) and any(map(_is_plain_leaf, a))):
+            break
+    else:
         return None
     if not torch.is_grad_enabled() or not any(isinstance(p, tracer) for p in module.parameters()):
         return None
@@ -123,8 +126,9 @@ def module_entered(module: torch.nn.Module, args: tuple) -> Optional[tuple]:
 def module_left(module: torch.nn.Module, args: tuple, out: Any) -> None:
     """A module finished: pop it, and note the shapes of its call on the node it returned (trace's GRAD:)."""
     STATE.module_stack.pop()
-    node = getattr(out, "_tt_node", None)
-    if node is not None and node.module is module and args and isinstance(args[0], torch.Tensor):
+    path = getattr(getattr(out, "_tt_node", None), "module_path", None)  # node.module, without the property call
+    if path and path[-1] is module and args and isinstance(args[0], torch.Tensor):
+        node = out._tt_node
         with plain_torch():
             node.note(call_shapes=(args[0].shape, out.shape))
 

@@ -2,8 +2,9 @@
 
 A subclass passes its hyperparameters as `defaults` and writes one method, `update(param, grad, state, group)`:
 the update rule for a single parameter. The base class calls it under `no_grad()` for every parameter that has
-a gradient, handing it plain-tensor aliases of the parameter and its gradient (same storage, no tracer), so the
-in-place update changes the tracer's values without recording anything and the state it creates stays plain.
+a gradient, handing it plain-tensor aliases of the parameter and its gradient (same storage, no tracer; a gradient
+that is a plain tensor already is handed as it is), so the in-place update changes the tracer's values without
+recording anything and the state it creates stays plain.
 """
 import copy
 from typing import Any, Callable, Dict, Iterable, Optional, Union
@@ -15,12 +16,18 @@ from torchtrace.autograd.plain import plain_torch
 from torchtrace.errors import UnsupportedOperationError
 
 Params = Union[Iterable[torch.Tensor], Iterable[Dict[str, Any]]]
+_detach = torch.Tensor.detach  # torch's own, not a subclass's override (tt.nn.Parameter.detach re-wraps)
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:
     """The same storage as a plain, detached torch.Tensor (an in-place change shows through the original)."""
     with plain_torch():
-        return t.detach().as_subclass(torch.Tensor)
+        return _plain_alias(t)
+
+
+def _plain_alias(t: torch.Tensor) -> torch.Tensor:
+    """plain(t) inside a plain_torch() guard: t itself when it is one already (as gradients usually are)."""
+    return t if type(t) is torch.Tensor and not t.requires_grad else _detach(t).as_subclass(torch.Tensor)
 
 
 def check_non_negative(**values: float) -> None:
@@ -64,15 +71,16 @@ class Optimizer(torch.optim.Optimizer):
         if closure is not None:
             with enable_grad():
                 loss = closure()
+        state = self.state
         with no_grad():
             for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    grad = plain(p.grad)
+                with plain_torch():  # one guard for all the aliases of a group (this loop runs every step)
+                    pairs = [(p, _plain_alias(p), _plain_alias(grad))
+                             for p in group["params"] if (grad := p.grad) is not None]
+                for p, param, grad in pairs:
                     if grad.is_sparse:
                         raise RuntimeError(f"torchtrace.optim.{type(self).__name__} does not support sparse gradients")
-                    self.update(plain(p), grad, self.state[p], group)
+                    self.update(param, grad, state[p], group)
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
