@@ -24,7 +24,10 @@ this way the code before was 1,271, not counting the inspection tool one backwar
 path (nodes numbered at creation and walked newest first, without a sort; accumulation inside the engine; the ctx
 beside the node; no inspection tool reached) brought it to 1,237; the two hottest loops of recording and backward
 written out again (an edge to an unchanged result, a gradient into its buffer) and observers read once per
-backward: 1,251.
+backward: 1,251. Then, each closing a wrong or missing result: keywords under the names torch's own parser takes
+(`torch.mul(x1=, x2=)`), deepcopy of a non-leaf refused as torch refuses it, a view as backward's root brought up to
+date first, tt.grad's message naming grad_outputs=, a ctx that saves for forward mode (`save_for_forward`), and the
+weak references to each node's outputs that let the player show every value: 1,281.
 """
 import ast
 import pathlib
@@ -34,7 +37,7 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1255
+BUDGET = 1285
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 
 

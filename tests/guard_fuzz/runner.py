@@ -2,6 +2,7 @@
 outputs, gradients, parameters and side effects (the log it fills, what it prints)."""
 import contextlib
 import io
+import math
 import random
 import time
 import traceback
@@ -118,7 +119,8 @@ def run_program(seed: int, calls: int, tally: Tally) -> None:
                     tally.failures.append(" -> ".join(history) + ": compiled differs from eager")
                     return
                 if printed.getvalue() != printed_eager.getvalue() or len(a.log) != len(b.log) or not all(
-                        p == q or abs(p - q) <= 1e-6 * (1 + abs(q)) for p, q in zip(a.log, b.log)):
+                        p == q or abs(p - q) <= 1e-6 * (1 + abs(q)) or (math.isnan(p) and math.isnan(q))
+                        for p, q in zip(a.log, b.log)):
                     tally.failures.append(" -> ".join(history) + ": a side effect differs from eager's")
                     return
         finally:
