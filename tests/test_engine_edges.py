@@ -170,8 +170,8 @@ def test_a_detached_tt_parameter_is_not_a_parameter():
 def _builtins_with_rules() -> list:
     """OpInfo ops with a rule whose torch callable is a builtin (torch's parser reads its keywords)."""
     from torch.testing._internal.common_methods_invocations import op_db
-    from torchtrace.arguments import _signature_parameters
 
+    from torchtrace.autograd.arguments import _signature_parameters
     from torchtrace.autograd.function import RULES
 
     return [op for op in op_db if op.supports_autograd and op.op in RULES and not op.name.startswith("__")

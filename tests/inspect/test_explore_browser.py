@@ -49,6 +49,20 @@ def open_page(browser, path):
     return player, time.perf_counter() - started
 
 
+def text_now(browser, selector: str) -> str:
+    """The text of the element `selector` finds, found again if the page redrew it meanwhile (a click or a re-layout
+    replaces the panel's elements)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    for _ in range(50):
+        try:
+            return browser.find_element(By.CSS_SELECTOR, selector).text
+        except StaleElementReferenceException:
+            time.sleep(0.1)
+    raise AssertionError(f"{selector} kept being redrawn")
+
+
 def explored_and_saved(output, path, params=None):
     """tt.explore(output, params) and ex.save(path), with the seconds both took."""
     started = time.perf_counter()
@@ -148,10 +162,11 @@ def test_micrograd_check_and_the_readme_screenshot(browser, tmp_path):
     checks = browser.find_element(By.CSS_SELECTOR, ".tt-checks")
     assert not checks.is_displayed()
     browser.find_element(By.CSS_SELECTOR, ".tt-check-button").click()
-    assert checks.text.count("agree") == 2 and "finite differences -2" in checks.text
+    shown = text_now(browser, ".tt-checks")
+    assert shown.count("agree") == 2 and "finite differences -2" in shown
     if os.environ.get("TORCHTRACE_DOCS"):
         player.send_keys(*["\ue014"] * 4)  # → four times: the step that sends -2 x -3 = 6 to a (checks still open)
-        assert browser.find_element(By.CSS_SELECTOR, ".tt-checks").text.count("agree") == 2
+        assert text_now(browser, ".tt-checks").count("agree") == 2
         player.screenshot(str(DOCS / "explore_player.png"))
         browser.set_window_size(1280, 800)
     assert not console_errors(browser)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch.overrides import TorchFunctionMode
 
-from torchtrace.arguments import keywords_to_positions
+from torchtrace.autograd.arguments import keywords_to_positions
 from torchtrace.autograd.dispatch import _fresh, _grad_edges, _link_outputs, _rebuild
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.inplace import inplace_requested, remember_base

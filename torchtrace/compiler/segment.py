@@ -134,30 +134,18 @@ class Segment:
         return tuple(result)
 
     def _order(self, seeded: Dict[int, torch.Tensor]) -> List[Step]:
-        """The steps in the engine's order (reverse post-order of a depth-first search from the seeded outputs,
-        edges in order), so gradients meeting at a value are summed in eager's order, bit for bit."""
+        """The steps the seeded outputs reach, newest first: the engine's own order (it walks nodes newest first),
+        so gradients meeting at a value are summed in eager's order, bit for bit."""
         producer = self.producer
-        roots = sorted({producer[v] for v in seeded}, key=self.steps.index, reverse=True)
-        order: List[Step] = []
-        seen = set()  # steps (hashed by identity)
-        for root in roots:
-            if root in seen:
-                continue
-            seen.add(root)
-            stack = [(root, iter(root.local))]
-            while stack:
-                step, sources = stack[-1]
-                for value in sources:
-                    nxt = producer[value]
-                    if nxt not in seen:
-                        seen.add(nxt)
-                        stack.append((nxt, iter(nxt.local)))
-                        break
-                else:
-                    stack.pop()
-                    order.append(step)
-        order.reverse()
-        return order
+        reached = {producer[v] for v in seeded}  # steps (hashed by identity)
+        stack = list(reached)
+        while stack:
+            for value in stack.pop().local:
+                step = producer[value]
+                if step not in reached:
+                    reached.add(step)
+                    stack.append(step)
+        return [step for step in reversed(self.steps) if step in reached]
 
     def _refuse_partial_gradients(self) -> None:
         """A hook, retain_grad or tt.grad on a value that later statements of this node read would see only part of
