@@ -16,6 +16,10 @@ _path = Path(__file__).resolve().parents[1] / "examples" / "notebooks" / "checke
 _spec = importlib.util.spec_from_file_location("checkers", _path)
 checkers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(checkers)
+_training_spec = importlib.util.spec_from_file_location("lesson_training", _path.parents[2] / "tests" / "diagnose" /
+                                                       "lesson_training.py")
+lesson_training = importlib.util.module_from_spec(_training_spec)
+_training_spec.loader.exec_module(lesson_training)
 
 
 def verdict(capsys, check, *args) -> str:
@@ -837,18 +841,8 @@ def lesson_08():
     torch.manual_seed(0)
     repaired = tt.port(TwoBranches())
 
-    def train(lr, steps=15):
-        model = mlp()
-        optimizer = tt.optim.SGD(model.parameters(), lr=lr)
-        losses = []
-        with tt.diagnose.training(model, optimizer) as doctor:
-            for _ in range(steps):
-                optimizer.zero_grad()
-                loss = F.cross_entropy(model(x), y)
-                loss.backward()
-                optimizer.step()
-                losses.append(loss.item())
-        return doctor, losses
+    def train(lr):
+        return lesson_training.train_watched(mlp(), x, y, lr, steps=15)
 
     torch.manual_seed(0)
     small = tt.port(torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.Tanh(), torch.nn.Linear(16, 10)))

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from lesson_training import train_watched
 
 import torchtrace as tt
 
@@ -80,17 +81,7 @@ def test_detached_branch_checks_every_parameter_against_torch_autograd(capsys):
 
 def test_learning_rate(capsys):
     def train(lr):
-        net = mlp()
-        optimizer = tt.optim.SGD(net.parameters(), lr=lr)
-        losses = []
-        with tt.diagnose.training(net, optimizer) as doctor:
-            for _ in range(6):
-                optimizer.zero_grad()
-                loss = F.cross_entropy(net(X), Y)
-                loss.backward()
-                optimizer.step()
-                losses.append(loss.item())
-        return doctor, losses
+        return train_watched(mlp(), X, Y, lr, steps=6)
 
     assert printed(capsys, checkers.learning_rate, 0.1, train).startswith("right")
     too_large = printed(capsys, checkers.learning_rate, 100.0, train)
