@@ -1140,8 +1140,8 @@ def bf16_step(rule: Any, float32: Callable, bfloat16: Callable, rtol: float) -> 
         return print("right")
     differing = {d.rule for d in report.divergences}
     if rule in differing:
-        hint = "that rule's gradient differs too, but later in backward order: the gradient it received already " \
-               "differed; the first divergence is where a rule received an equal gradient and sent a different one"
+        hint = "that rule's gradient differs too, but later in backward order, where the gradient it received " \
+               "already differed: the answer is the earliest differing rule in backward order"
     elif rule in {step.rule for step in report.a.steps}:
         hint = f"that rule's gradients agree within rtol={rtol:g}: look at the rules the report lists as differing, " \
                "and take the first of them in backward order"
