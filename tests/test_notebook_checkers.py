@@ -1,6 +1,7 @@
 """The notebooks' exercise checkers: right answers pass; wrong ones (wrong only at a kink or a zero, a wrong type,
 a wrong number of gradients) are called wrong with the full tt.check message and a hint; nothing crashes, and no
 checker prints the values it expects."""
+import functools
 import importlib.util
 import math
 import re
@@ -15,6 +16,10 @@ _path = Path(__file__).resolve().parents[1] / "examples" / "notebooks" / "checke
 _spec = importlib.util.spec_from_file_location("checkers", _path)
 checkers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(checkers)
+_training_spec = importlib.util.spec_from_file_location("lesson_training", _path.parents[2] / "tests" / "diagnose" /
+                                                       "lesson_training.py")
+lesson_training = importlib.util.module_from_spec(_training_spec)
+_training_spec.loader.exec_module(lesson_training)
 
 
 def verdict(capsys, check, *args) -> str:
@@ -756,13 +761,15 @@ def wrong_answers(mlp_model, mlp_x):
             "not strict": compiled_step(lambda loss: torch.where(loss >= 1, loss * 0.5, loss)),
             "detached": compiled_step(lambda loss: torch.where(loss > 1, loss.detach() * 0.5, loss)),
             "other values": compiled_step(lambda loss: torch.where(loss > 1, loss * 2, loss))}),
+        **lesson_08_wrong_answers(),
     }
 
 
 CHECKED = ["tanh", "sigmoid", "cube", "quartic", "softplus", "leaky", "mse", "swish", "bessel_i0",
            "quartic_second_derivative", "hessian", "by_hand_numbers", "central_slope", "prediction", "value_pow_exp",
            "value_sub_div", "momentum_step", "weight_decay_step", "jvp_by_hand", "hvp_forward_over_reverse",
-           "softplus_in_code", "step_with_one_path"]
+           "softplus_in_code", "step_with_one_path", "found_the_nan", "dead_layer", "detached_branch", "learning_rate",
+           "bf16_step", "repaired_rule"]
 
 
 def test_every_checker_of_the_notebooks_is_fed_mistakes():
@@ -795,3 +802,130 @@ def test_each_mistake_gets_its_own_hint_and_no_hint_gives_the_solution(capsys, m
 def test_vanishing_layer_hints_tell_the_side(capsys, broken):
     hints = {hint_of(capsys, checkers.vanishing_layer, answer, broken) for answer in (4, 8, 7, "6")}
     assert len(hints) == 4
+
+
+# ------------------------------------------------------------------ 08 (small equivalents of the notebook's setup)
+
+
+@functools.lru_cache(maxsize=None)
+def lesson_08():
+    """The objects notebook 08's exercises pass to their checkers, built the same way on random data."""
+    F = torch.nn.functional
+    torch.manual_seed(0)
+    x, y = torch.randn(256, 64), torch.randint(0, 10, (256,))
+
+    def mlp(seed=0):
+        torch.manual_seed(seed)
+        return tt.port(torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32),
+                                           torch.nn.ReLU(), torch.nn.Linear(32, 10)))
+
+    def mystery_loss():
+        logits = mlp(3)(x) * 200
+        return (torch.log(1 + torch.exp(logits)) - logits.gather(1, y[:, None])).mean()
+
+    torch.manual_seed(4)
+    deep_net = tt.port(torch.nn.Sequential(*[m for _ in range(5) for m in (torch.nn.Linear(64, 64), torch.nn.ReLU())],
+                                           torch.nn.Linear(64, 10)))
+    with torch.no_grad():
+        deep_net[4].bias.fill_(-30.0)
+
+    class TwoBranches(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features, self.gate = torch.nn.Linear(64, 32), torch.nn.Linear(64, 32)
+            self.head = torch.nn.Linear(32, 10)
+
+        def forward(self, inputs):
+            return self.head(torch.relu(self.features(inputs)) * torch.sigmoid(self.gate(inputs)).detach())
+
+    torch.manual_seed(0)
+    repaired = tt.port(TwoBranches())
+
+    def train(lr):
+        return lesson_training.train_watched(mlp(), x, y, lr, steps=15)
+
+    torch.manual_seed(0)
+    small = tt.port(torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.Tanh(), torch.nn.Linear(16, 10)))
+
+    def float32_loss():
+        return F.cross_entropy(small(x), y)
+
+    def bfloat16_loss():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.cross_entropy(small(x).float(), y)
+
+    return dict(x=x, y=y, mystery_loss=mystery_loss, deep_net=deep_net,
+                deep_loss=lambda: F.cross_entropy(deep_net(x), y), repaired=repaired, train=train,
+                float32_loss=float32_loss, bfloat16_loss=bfloat16_loss)
+
+
+def two_branches_loss(gate):
+    """A repair of TwoBranches' forward whose gate's weights are gate(model, inputs)."""
+    def forward(inputs):
+        m, y = lesson_08()["repaired"], lesson_08()["y"]
+        return torch.nn.functional.cross_entropy(m.head(torch.relu(m.features(inputs)) * gate(m, inputs)), y)
+    return forward
+
+
+def gelu_tanh_rule(slope):
+    """A TanhGelu rule whose backward is grad * slope(x)."""
+    return backward_of(lambda a: torch.nn.functional.gelu(a, approximate="tanh"), lambda a, g: g * slope(a))
+
+
+def gelu_tanh_parts(a):
+    c, k = math.sqrt(2 / math.pi), 0.044715
+    t = torch.tanh(c * (a + k * a ** 3))
+    return 0.5 * (1 + t), t, c * (1 + 3 * k * a ** 2)
+
+
+def lesson_08_wrong_answers():
+    lesson = lesson_08()
+    phi = lambda a: gelu_tanh_parts(a)[0]  # noqa: E731
+    dphi = lambda a: 0.5 * (1 - gelu_tanh_parts(a)[1] ** 2) * gelu_tanh_parts(a)[2]  # noqa: E731
+    whole = lambda a: phi(a) + a * dphi(a)  # noqa: E731
+    exact = lambda a: 0.5 * (1 + torch.erf(a / math.sqrt(2))) + a * torch.exp(-a ** 2 / 2) / math.sqrt(  # noqa: E731
+        2 * math.pi)
+    return {
+        "found_the_nan": (checkers.found_the_nan, (lesson["mystery_loss"],), {
+            "a rule that only received the NaN": "Log", "the loss itself": "Mean", "a rule with finite values": "Mul",
+            "a rule that never ran": "Sqrt", "not a name": 3}),
+        "dead_layer": (checkers.dead_layer, (lesson["deep_net"], lesson["deep_loss"]), {
+            "the linear layer that causes it": 4, "a healthy ReLU": 3, "another linear layer": 0,
+            "out of range": 42, "not an int": "5"}),
+        "detached_branch": (checkers.detached_branch, (lesson["repaired"], lesson["x"], lesson["y"]), {
+            "still detached": two_branches_loss(lambda m, a: torch.sigmoid(m.gate(a)).detach()),
+            "cut by a Python number": two_branches_loss(lambda m, a: torch.sigmoid(m.gate(a)).mean().item()),
+            "other values": two_branches_loss(lambda m, a: torch.sigmoid(m.gate(a)) * 2)}),
+        "learning_rate": (checkers.learning_rate, (lesson["train"],), {
+            "too large": 50.0, "too small": 1e-7, "not positive": -0.1, "not a number": "0.1"}),
+        "bf16_step": (checkers.bf16_step, (lesson["float32_loss"], lesson["bfloat16_loss"], 3e-3), {
+            "after the first divergence": "Tanh", "never differs": "CrossEntropy", "never runs": "Relu",
+            "not a name": 2}),
+        "repaired_rule": (checkers.repaired_rule, (), {
+            "Φ only": gelu_tanh_rule(phi), "x Φ' only": gelu_tanh_rule(lambda a: a * dphi(a)),
+            "inner slope dropped": gelu_tanh_rule(
+                lambda a: phi(a) + a * 0.5 * (1 - gelu_tanh_parts(a)[1] ** 2)),
+            "tanh's slope": gelu_tanh_rule(lambda a: phi(a) + a * 0.5 * (1 - gelu_tanh_parts(a)[1]) * gelu_tanh_parts(
+                a)[2]),
+            "the exact GELU's slope": gelu_tanh_rule(exact),
+            "sign": gelu_tanh_rule(lambda a: -whole(a)),
+            "upstream dropped": backward_of(lambda a: torch.nn.functional.gelu(a, approximate="tanh"),
+                                            lambda a, g: whole(a))}),
+    }
+
+
+def test_lesson_08_right_answers_pass(capsys):
+    lesson = lesson_08()
+    assert_right(capsys, checkers.found_the_nan, "Exp", lesson["mystery_loss"])
+    assert_right(capsys, checkers.dead_layer, 5, lesson["deep_net"], lesson["deep_loss"])
+    assert_right(capsys, checkers.detached_branch, two_branches_loss(lambda m, a: torch.sigmoid(m.gate(a))),
+                 lesson["repaired"], lesson["x"], lesson["y"])
+    assert_right(capsys, checkers.learning_rate, 0.1, lesson["train"])
+    first = tt.diff(lesson["float32_loss"], lesson["bfloat16_loss"], rtol=3e-3).first.rule
+    assert_right(capsys, checkers.bf16_step, first, lesson["float32_loss"], lesson["bfloat16_loss"], 3e-3)
+    phi, t, du = (lambda a: gelu_tanh_parts(a)[0]), (lambda a: gelu_tanh_parts(a)[1]), (lambda a: gelu_tanh_parts(a)[2])
+    assert_right(capsys, checkers.repaired_rule, gelu_tanh_rule(lambda a: phi(a) + a * 0.5 * (1 - t(a) ** 2) * du(a)))
+    assert verdict(capsys, checkers.found_the_nan, None, lesson["mystery_loss"]).startswith("not done yet")
+    unfinished = two_branches_loss(lambda m, a: not_done(None))
+    assert verdict(capsys, checkers.detached_branch, unfinished, lesson["repaired"], lesson["x"],
+                   lesson["y"]).startswith("not done yet")

@@ -971,41 +971,120 @@ def _doctor_says(loss: Callable, model: Optional[torch.nn.Module] = None) -> Any
         return tt.diagnose(loss, model=model)
 
 
+def _rule_names_around(loss: Callable, first: str) -> Tuple[set, set, str]:
+    """loss()'s backward graph around the first rule named `first`: the rules that took its result on (downstream),
+    every other rule, and the name of the loss's own last rule."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        node = getattr(loss(), "grad_fn", None)
+    seen: Dict[int, bool] = {}
+    names: Dict[str, bool] = {}  # rule name -> whether it is downstream of the first non-finite value
+
+    def rule_of(n: Any) -> str:
+        return getattr(getattr(n, "rule", None), "__name__", "")
+
+    def reaches_first(n: Any) -> bool:
+        if id(n) not in seen:
+            seen[id(n)] = False
+            children = [child for child, _ in getattr(n, "next_functions", ()) if child is not None]
+            below = [reaches_first(child) for child in children]  # every child, so that every rule is named
+            seen[id(n)] = rule_of(n) == first or any(below)
+            if rule_of(n):
+                names[rule_of(n)] = names.get(rule_of(n), False) or (any(below) and rule_of(n) != first)
+        return seen[id(n)]
+
+    if node is None:
+        return set(), set(), ""
+    reaches_first(node)
+    downstream = {name for name, below in names.items() if below}
+    return downstream, set(names) - downstream, rule_of(node)
+
+
 def found_the_nan(rule: Any, loss: Callable) -> None:
     """Is `rule` (a rule's name, such as "Exp") the op that made the first non-finite value of loss()?"""
-    hint = "print(tt.diagnose(loss)): the first finding names the rule (the first word after the brackets)"
+    hint = "the answer is text: the name of a rule, as the doctor prints it in its first finding"
     if rule is None:
         return print("not done yet: fill in the exercise above")
     if not isinstance(rule, str):
         return _wrong(f"answer is a {type(rule).__name__}; give the rule's name as a string", hint)
     first = _doctor_says(loss).first_nonfinite
-    print("right" if first is not None and rule == first.rule else
-          f"wrong: {rule} is not where the first non-finite value appears\nhint: {hint}")
+    if first is not None and rule == first.rule:
+        return print("right")
+    downstream, others, last = _rule_names_around(loss, first.rule if first is not None else "")
+    if rule == last:
+        hint = "that is the loss's own last step, where you saw the non-finite number: it only passed on what it " \
+               "was given; the doctor follows the chain of non-finite values back to where it began"
+    elif rule in downstream:
+        hint = "that rule only received a value that was already infinite or NaN and passed it on: follow its " \
+               "inputs back to the rule that made the first one out of finite inputs"
+    elif rule in others:
+        hint = "every value that rule made was finite: look for the rule whose inputs are finite and whose output " \
+               "is not (an overflow, a log of 0, a division by 0)"
+    else:
+        hint = "no rule of that name runs in this loss: give the name exactly as the doctor prints it, the first " \
+               "word after the brackets of its first finding"
+    print(f"wrong: {rule} is not where the first non-finite value appears\nhint: {hint}")
 
 
 def dead_layer(answer: Any, network: torch.nn.Sequential, loss: Callable) -> None:
     """Is `answer` the index in `network` of the ReLU that passes no gradient?"""
-    hint = "tt.diagnose(loss) reports the killed ReLU by module: its name in the Sequential is its index"
+    hint = "the doctor reports the killed ReLU by module, and in a Sequential a module's name is its index: a " \
+           "whole number"
     if answer is None:
         return print("not done yet: fill in the exercise above")
     if isinstance(answer, bool) or not isinstance(answer, int):
         return _wrong(f"answer is a {type(answer).__name__}; give the index of a layer, an int", hint)
     killed = [f.module for f in _doctor_says(loss).of_kind("killed")]
-    print("right" if str(answer) in killed else f"wrong: network[{answer}] is not the dead layer\nhint: {hint}")
+    if str(answer) in killed:
+        return print("right")
+    if not 0 <= answer < len(network):
+        hint = f"the network has {len(network)} layers, numbered from 0: your index names none of them"
+    elif any(str(answer + 1) == k and isinstance(network[answer + 1], torch.nn.ReLU) for k in killed):
+        hint = "that linear layer is the cause, it makes every input of the next layer negative; the question " \
+               "asks for the ReLU that then passes nothing"
+    elif not isinstance(network[answer], torch.nn.ReLU):
+        hint = f"layer {answer} is a {type(network[answer]).__name__}, not a ReLU: a dead layer is a ReLU whose " \
+               "inputs are all negative, so that it passes no gradient"
+    else:
+        hint = f"the ReLU at {answer} is healthy, it passes about half of its gradient: the doctor reports only " \
+               "the one that stops (nearly) all of it"
+    print(f"wrong: network[{answer}] is not the dead layer\nhint: {hint}")
 
 
-def detached_branch(forward: Callable, model: torch.nn.Module, x: torch.Tensor) -> None:
-    """Does the repaired forward(x) reach every parameter of model, with torch autograd's gradients?"""
-    hint = "tt.diagnose(lambda: forward(x)) names the line that cuts the path: use the tensor itself there"
+def _cut_hint(message: str) -> str:
+    """What the doctor's no_path finding says cut the path, as an idea."""
+    if "detach" in message:
+        return "the gate's output still leaves the graph before it is used: use the tensor itself, so that its " \
+               "gradient flows back to the gate"
+    if "item" in message or "tolist" in message or "numpy" in message or "cast" in message:
+        return "a Python number (or an integer tensor) carries no gradient: keep the gate's output a float tensor " \
+               "all the way to the loss"
+    if "no_grad" in message:
+        return "nothing computed while recording is switched off has a gradient: compute the gate with recording on"
+    return "a parameter that is used must reach the loss along recorded operations: call every module whose " \
+           "parameters should learn, and keep its output a tensor"
+
+
+def detached_branch(forward: Callable, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Does the repaired forward(x) compute the loss of model on (x, y) (cross entropy) and reach every parameter of
+    model, with torch autograd's gradients?"""
+    hint = "the doctor, run on your forward, names the line that cuts the path: use the tensor itself there"
     try:
         diagnosis = _doctor_says(lambda: forward(x), model)
+        value = forward(x)
     except NotImplementedError:
         return print("not done yet: fill in the exercise above")
     except Exception as error:
         return _wrong(_explain(error), hint)
     cut = diagnosis.of_kind("no_path")
     if cut:
-        return _wrong(cut[0].message, hint)
+        return _wrong(cut[0].message, _cut_hint(cut[0].message))
+    with torch.no_grad():
+        expected = F.cross_entropy(_plain(model(x)), y)
+    if not _close(value, expected):
+        return _wrong("your loss is not the model's cross entropy on these examples (repairing the path changes no "
+                      "value)", "the repair removes only what cut the gate off: the loss must keep the same value as "
+                            "the original forward, with the same layers in the same order")
     names = [name for name, _ in model.named_parameters()]
     owners = [model.get_submodule(name.rpartition(".")[0]) for name in names]
     kept = [p for _, p in model.named_parameters()]
@@ -1025,30 +1104,77 @@ def detached_branch(forward: Callable, model: torch.nn.Module, x: torch.Tensor) 
 
 def learning_rate(lr: Any, train: Callable) -> None:
     """Does `lr` train without a flag of the training doctor and lower the loss? train(lr) -> (doctor, losses)."""
-    hint = "train under tt.diagnose.training and read doc.table(): the update/weight ratios should sit near 1e-3"
     if lr is None:
         return print("not done yet: fill in the exercise above")
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
-        return _wrong(f"lr = {lr!r}: give a positive number", hint)
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
+        return _wrong(f"lr = {lr!r}: give a positive number", "the learning rate is a plain number, not text or a "
+                                                               "container: the size of each step")
+    if not lr > 0:
+        return _wrong(f"lr = {lr!r}: give a positive number", "a step downhill needs a rate above zero: zero does "
+                                                               "not move the weights, and a negative rate climbs")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         doctor, losses = train(float(lr))
     flags = [f.message.split(":")[0] + f" in layer {f.module}" for f in doctor.findings]
     if flags:
-        return _wrong(f"the training doctor flags {', '.join(sorted(set(flags)))}", hint)
+        return _wrong(f"the training doctor flags {', '.join(sorted(set(flags)))}",
+                      "too large: each update moves the weights by a large share of their size; read the "
+                      "update/weight ratios in the doctor's table and lower the rate until they sit near a thousandth")
     if not losses[-1] < losses[0]:
-        return _wrong("no flag, but the loss did not go down: the learning rate is too small to learn", hint)
+        return _wrong("no flag, but the loss did not go down: the learning rate is too small to learn",
+                      "too small: the updates are a tiny share of the weights, so the loss barely moves; raise the "
+                      "rate until the updates are near a thousandth of the weights")
     print("right: no flag, and the loss went down")
 
 
 def bf16_step(rule: Any, float32: Callable, bfloat16: Callable, rtol: float) -> None:
     """Is `rule` the first rule whose gradient differs by more than rtol between float32 and bfloat16 autocast?"""
-    hint = "tt.diff(float32, bfloat16, rtol=RTOL).first names it"
+    hint = "the answer is text: the name of the rule that the diff of the two passes reports first"
     if rule is None:
         return print("not done yet: fill in the exercise above")
-    first = tt.diff(float32, bfloat16, rtol=rtol).first
-    print("right" if first is not None and rule == first.rule else
-          f"wrong: {rule!r} is not the first step beyond rtol={rtol:g}\nhint: {hint}")
+    if not isinstance(rule, str):
+        return _wrong(f"answer is a {type(rule).__name__}; give the rule's name as a string", hint)
+    report = tt.diff(float32, bfloat16, rtol=rtol)
+    first = report.first
+    if first is not None and rule == first.rule:
+        return print("right")
+    differing = {d.rule for d in report.divergences}
+    if rule in differing:
+        hint = "that rule's gradient differs too, but later in backward order, where the gradient it received " \
+               "already differed: the answer is the earliest differing rule in backward order"
+    elif rule in {step.rule for step in report.a.steps}:
+        hint = f"that rule's gradients agree within rtol={rtol:g}: look at the rules the report lists as differing, " \
+               "and take the first of them in backward order"
+    else:
+        hint = "no rule of that name runs in this backward pass: give the name as the report prints it, the first " \
+               "word of its first divergence"
+    print(f"wrong: {rule!r} is not the first step beyond rtol={rtol:g}\nhint: {hint}")
+
+
+def _gelu_tanh_mistakes() -> list:
+    """(dy/dx, hint) of the usual slips for y = x Φ(x), Φ = (1 + tanh u) / 2, u = c (x + k x^3)."""
+    c, k = math.sqrt(2 / math.pi), 0.044715
+
+    def parts(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t = torch.tanh(c * (x + k * x ** 3))
+        return 0.5 * (1 + t), t, c * (1 + 3 * k * x ** 2)
+
+    def exact(x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (1 + torch.erf(x / math.sqrt(2))) + x * torch.exp(-x ** 2 / 2) / math.sqrt(2 * math.pi)
+
+    def slip(slope: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., list]:
+        return lambda x, g: [g * slope(x)]
+
+    return [(slip(lambda x: parts(x)[0]), "the product rule: x Φ(x) has two factors that depend on x, and you "
+                                          "differentiated only one of them; add x times the slope of Φ"),
+            (slip(lambda x: x * 0.5 * (1 - parts(x)[1] ** 2) * parts(x)[2]), "the product rule has two terms: you "
+             "kept the one with the slope of Φ and dropped Φ itself"),
+            (slip(lambda x: parts(x)[0] + x * 0.5 * (1 - parts(x)[1] ** 2)), "the chain rule through tanh(u): "
+             "multiply by the slope of u with respect to x as well"),
+            (slip(lambda x: parts(x)[0] + x * 0.5 * (1 - parts(x)[1]) * parts(x)[2]), "the slope of tanh is one "
+             "minus its square, not one minus itself"),
+            (slip(exact), "that is the slope of the exact GELU, with the Gaussian's integral: this rule's forward is "
+                          "the tanh approximation, so differentiate that one")]
 
 
 @_takes_rule
@@ -1056,7 +1182,10 @@ def repaired_rule(rule: type) -> None:
     """The student's GELU-with-tanh rule against torch's F.gelu(approximate='tanh'); when wrong, tt.diff's first
     wrong step."""
     x, w = torch.randn(6, 5, generator=torch.Generator().manual_seed(1)), torch.randn(5, 3) / 3
-    if check_rule(lambda a: rule.apply(a @ w), (x,), "d/dx [x Φ(x)] = Φ(x) + x Φ'(x): product rule"):
+    general = "d/dx [x Φ(x)] = Φ(x) + x Φ'(x): product rule"
+    hint = lambda: rule_hint(rule.apply, lambda a: F.gelu(a, approximate="tanh"), [(8,)],  # noqa: E731
+                             general=general, mistakes=_gelu_tanh_mistakes())
+    if check_rule(lambda a: rule.apply(a @ w), (x,), hint):
         return
     try:
         reference = lambda a: F.gelu(a @ w, approximate="tanh").pow(2).sum()  # noqa: E731

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from lesson_training import train_watched
 
 import torchtrace as tt
 
@@ -55,6 +56,9 @@ class Gated(torch.nn.Module):
         super().__init__()
         self.features, self.gate, self.head = torch.nn.Linear(6, 8), torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)
 
+    def forward(self, x):  # the lesson's bug: the gate's weights detached (the values are those of the repair)
+        return self.head(torch.relu(self.features(x)) * torch.sigmoid(self.gate(x)).detach())
+
 
 def test_detached_branch_checks_every_parameter_against_torch_autograd(capsys):
     torch.manual_seed(0)
@@ -66,26 +70,18 @@ def test_detached_branch_checks_every_parameter_against_torch_autograd(capsys):
     def still_detached(x):
         return F.cross_entropy(model.head(torch.relu(model.features(x)) * torch.sigmoid(model.gate(x)).detach()), Y)
 
-    right = printed(capsys, checkers.detached_branch, fixed, model, tt.as_tracer(X))
+    right = printed(capsys, checkers.detached_branch, fixed, model, tt.as_tracer(X), Y)
     assert right.startswith("right") and "7 gradients" in right  # the input and the six parameters
-    wrong = printed(capsys, checkers.detached_branch, still_detached, model, tt.as_tracer(X))
+    wrong = printed(capsys, checkers.detached_branch, still_detached, model, tt.as_tracer(X), Y)
     assert wrong.startswith("wrong") and "gate.weight, gate.bias" in wrong and ".detach()" in wrong
+    other_loss = printed(capsys, checkers.detached_branch, lambda x: 2 * fixed(x), model, tt.as_tracer(X), Y)
+    assert other_loss.startswith("wrong") and "not the model's cross entropy" in other_loss  # gradients alone agree
     assert all(isinstance(p, torch.nn.Parameter) for p in model.parameters())  # the parameters are put back
 
 
 def test_learning_rate(capsys):
     def train(lr):
-        net = mlp()
-        optimizer = tt.optim.SGD(net.parameters(), lr=lr)
-        losses = []
-        with tt.diagnose.training(net, optimizer) as doctor:
-            for _ in range(6):
-                optimizer.zero_grad()
-                loss = F.cross_entropy(net(X), Y)
-                loss.backward()
-                optimizer.step()
-                losses.append(loss.item())
-        return doctor, losses
+        return train_watched(mlp(), X, Y, lr, steps=6)
 
     assert printed(capsys, checkers.learning_rate, 0.1, train).startswith("right")
     too_large = printed(capsys, checkers.learning_rate, 100.0, train)
