@@ -6,7 +6,10 @@ EXAMPLES = VIZ + ["tqdm", "scikit-learn", "gymnasium"]
 # pip install -e ".[notebooks]" && jupyter lab examples/notebooks (anywidget: tt.explore's player in Jupyter)
 NOTEBOOKS = EXAMPLES + ["jupyterlab", "ipykernel", "anywidget"]
 BENCH = ["micrograd"]  # bench/vs_micrograd.py
-DOCS = ["mkdocs", "mkdocs-material", "pymdown-extensions", "mkdocstrings[python]", "mkdocs-jupyter", "mkdocs-gen-files",
+# mkdocs-jupyter below 0.27: 0.27 adds a MathJax loader fetched from a CDN to every page (the site renders its math
+# with the vendored KaTeX and loads nothing from the network)
+DOCS = ["mkdocs", "mkdocs-material", "pymdown-extensions", "mkdocstrings[python]", "mkdocs-jupyter<0.27",
+        "mkdocs-gen-files",
         "mkdocs-literate-nav"]  # pip install -e ".[docs]" && mkdocs serve
 # the tests also build the docs site strictly, run tt.explore's widget and drive its page in headless Chromium
 TEST = EXAMPLES + DOCS + ["pytest", "hypothesis", "ruff", "nbclient", "nbformat", "ipykernel", "expecttest",
