@@ -27,7 +27,7 @@ BACKWARD_WATCHERS: List[Callable[[Any, bool], ContextManager]] = []  # watcher(o
 TOOLS: Dict[str, Callable[[Any], None]] = {}  # "show": print the backprop trace of a tracer (y.backward(show=True))
 
 # Rules shipped with torchtrace: their backward returns new tensors or views of its gradient, and keeps neither.
-OUR_RULES = ("torchtrace.ops.", "torchtrace.nn.", "torchtrace.autograd.")
+OUR_RULES = ("torchtrace.ops.", "torchtrace.nn.", "torchtrace.autograd.", "torchtrace.compiler.")
 
 
 def tensor_backward(self: torch.Tensor, gradient: Optional[torch.Tensor] = None, retain_graph: Optional[bool] = None,

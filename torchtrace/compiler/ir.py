@@ -15,6 +15,7 @@ import torch
 REPLAY, PASS, EAGER = "replay", "pass", "eager"  # the kinds of statement (see Statement)
 TENSOR = object()  # a tensor argument's place in a key
 NUMBER = object()  # a Python float's place in a key: a number slot, read on every call
+_SIMPLE = (bool, int, str, type(None))  # kept in a key as (type, value)
 
 
 def describe(args: tuple, kwargs: dict) -> Tuple[tuple, List[torch.Tensor]]:
@@ -63,12 +64,15 @@ class Statement:
     """
 
     __slots__ = ("func", "kind", "rule", "key", "sources", "needs", "mask", "torch_leaf", "edges", "results",
-                 "first_value", "new_slots", "module", "line", "slot_names", "example", "arity")
+                 "first_value", "new_slots", "module", "line", "slot_names", "example", "flat", "plan")
 
     def __init__(self, func: Callable, kind: str, key: tuple, sources: tuple, needs: tuple):
         self.func, self.kind, self.key, self.sources, self.needs = func, kind, key, sources, needs
-        # n for a call of n tensor arguments and nothing else (its key is then known without describing the call)
-        self.arity = len(key) if all(k is TENSOR for k in key) else -1
+        # one key entry per positional argument (a tensor, a float, or a bool/int/str/None by value), or None: such a
+        # call is checked argument by argument, without describing it
+        self.flat = key if all(k is TENSOR or k is NUMBER or (type(k) is tuple and k[0] in _SIMPLE) for k in key) \
+            else None
+        self.plan: Any = None  # (targets, local, new edges): where its gradients go, the same on every call (replay.py)
         self.rule: Optional[type] = None
         self.mask = 0  # bit i: argument i needs a gradient (the rule's ctx.needs_input_grad)
         self.torch_leaf = False  # an argument is a plain tensor with torch's requires_grad (torch's grad mode goes off)

@@ -19,12 +19,13 @@ from torch.overrides import TorchFunctionMode
 
 from torchtrace.autograd.arguments import keywords_to_positions
 from torchtrace.autograd.dispatch import _fresh, _grad_edges, _link_outputs, _rebuild
+from torchtrace.autograd.engine import OUR_RULES
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.inplace import inplace_requested, remember_base
 from torchtrace.autograd.node import Context, Edge, Node, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
-from torchtrace.compiler.ir import EAGER, PASS, REPLAY, Block, Program, Statement, describe
+from torchtrace.compiler.ir import EAGER, NUMBER, PASS, REPLAY, TENSOR, Block, Program, Statement, describe
 from torchtrace.compiler.segment import LOCAL, OUTSIDE, Segment, Step, output_meta
 from torchtrace.tracer import tracer
 
@@ -101,6 +102,35 @@ def _tensor_results(out: Any) -> List[torch.Tensor]:
     return []
 
 
+MISS = object()  # replay_next: the call is not the common case
+_NO_SIBLINGS: list = []
+
+
+def _fitting(flat: tuple, args: tuple) -> Optional[List[torch.Tensor]]:
+    """The tensors of args if each argument fits its key entry (a tensor, a float, a simple value by value)."""
+    if len(args) != len(flat):
+        return None
+    tensors = []
+    for a, entry in zip(args, flat):
+        if entry is TENSOR:
+            if not isinstance(a, T):
+                return None
+            tensors.append(a)
+        elif entry is NUMBER:
+            if type(a) is not float:
+                return None
+        elif type(a) is not entry[0] or a != entry[1]:
+            return None
+    return tensors
+
+
+def _held(out: torch.Tensor, tensors: tuple) -> bool:
+    for t in tensors:
+        if t is out:
+            return True
+    return False
+
+
 def _argument_at(args: tuple, kwargs: dict, rule: type, position: Any) -> torch.Tensor:
     """The tensor an edge's position names (i, or (i, j) for item j of a list argument)."""
     index, item = (position, None) if type(position) is int else position
@@ -153,40 +183,118 @@ class Run:
             st = self._match(func, args_, kwargs_)
             if st is None:
                 return None
-            self.path.append(st)
             if st.kind != EAGER:
                 return (self._rule(st, func, rule, args_, kwargs_),)
         return (self._eager(st, func, args, kwargs),)  # through the tracer's dispatch: outside plain_torch
+
+    def replay_next(self, func: Callable, args: tuple) -> Any:
+        """`replay` of the common case: the program's next statement is a REPLAY of `func`, called as it was recorded
+        with positional arguments of one key entry each. MISS when that is not so (nothing has run then)."""
+        block, at = self.block, self.at
+        if at >= len(block.statements):
+            return MISS
+        st = block.statements[at]
+        if st.func is not func or st.flat is None or st.kind != REPLAY or st.plan is None or st.torch_leaf \
+                or not _grad_enabled() or _any_autocast() or RULES.get(func) is not st.rule:
+            return MISS
+        with plain_torch():
+            tensors = _fitting(st.flat, args)
+            if tensors is None or not self._bind(st, tensors):
+                return MISS
+            self.before, self.at, self.siblings = (block, at), at + 1, _NO_SIBLINGS
+            self.path.append(st)
+            rule = st.rule
+            ctx = Context(rule, (), st.mask)
+            out = rule.forward(ctx, *args)
+            if type(out) is not T or len(st.results) != 1 or (out.shape, out.dtype) != st.results[0] \
+                    or out._is_view() or not out.is_floating_point() or _held(out, args) or _held(out, ctx._saved):
+                return self._link(st, func, rule, ctx, args, {}, out)
+            # a new floating tensor no one else holds becomes an output of the segment's node (link_output's common
+            # case, written out: this runs for every matched call)
+            segment = self.segment
+            if segment is None:
+                segment = self.segment = Segment()
+            value = self.n_values
+            self.n_values = value + 1
+            node, outputs = segment.node, segment.outputs
+            nr = len(outputs)
+            outputs.append(value)
+            segment.nr_of[value] = nr
+            node.n_outputs = nr + 1
+            out.__class__ = tracer
+            out._tt_node, out._tt_requires_grad, out._tt_nr, out._tt_version = node, True, nr, out._version
+            self.values[id(out)] = value
+            self.keep.append(out)
+            targets, local, _ = self._plan(st, segment, args, {}, rule)
+            step = Step(rule, ctx, [value], None, targets, local)
+            segment.steps.append(step)
+            segment.producer[value] = step
+            return out
+
+    @staticmethod
+    def _plan(st: Statement, segment: Segment, args: tuple, kwargs: dict, rule: type) -> tuple:
+        """(targets, local, opened): where the gradients of st's edges go — a value of this segment (LOCAL) or the
+        segment node's edge to an outside tensor (OUTSIDE), opened where the segment first reads it. Values are
+        numbered and edges opened in the order of the path, so every call that reaches st along the trie gets the
+        plan of the first: it is kept on the statement, and only its opened edges are made again for this call."""
+        plan = st.plan
+        if plan is not None:
+            for source, position, where in plan[2]:
+                if segment.edge_to(source, _argument_at(args, kwargs, rule, position)) != where:
+                    plan = None  # cannot happen on a path of the trie; a plan of its own for this call
+                    break
+            if plan is not None:
+                return plan
+        targets, local, opened = [], [], []
+        nr_of, outside = segment.nr_of, segment.outside
+        for edge, source in st.edges:
+            if source in nr_of:  # a value this segment made (leaf slots, negative, never are)
+                targets.append((edge, (LOCAL, source)))
+                local.append(source)
+            else:  # the source number (value j, or ~slot) names the outside tensor
+                where = outside.get(source)
+                if where is None:
+                    where = segment.edge_to(source, _argument_at(args, kwargs, rule, edge.position))
+                    opened.append((source, edge.position, where))
+                targets.append((edge, (OUTSIDE, where)))
+        if st.plan is None:
+            st.plan = targets, local, opened
+        return targets, local, opened
+
+    def _matched(self, block: Block, at: int, st: Statement) -> None:
+        self.before = (block, at)  # where a call that ran but then did not fit leaves the trie
+        self.at = at + 1
+        self.siblings = []
+        self.path.append(st)
 
     def _match(self, func: Callable, args: tuple, kwargs: dict) -> Optional[Statement]:
         block, at = self.block, self.at
         if at < len(block.statements):  # the common case: one statement to match, no siblings
             st = block.statements[at]
-            if st.func is not func:
-                return None
-            if not kwargs and st.arity == len(args):  # a call of tensors only: its key is st.key if each is one
-                for a in args:
-                    if not isinstance(a, T):
-                        return None  # describing `a` would put another entry in the key
-                tensors: Any = args
+            if st.func is not func or (st.kind == REPLAY and RULES.get(func) is not st.rule):
+                return None  # another callable, or a rule registered for it since
+            if not kwargs and st.flat is not None:  # its key is st.key exactly when each argument fits its entry
+                tensors = _fitting(st.flat, args)
+                if tensors is None:
+                    return None
             else:
                 key, tensors = describe(args, kwargs)
                 if st.key != key:
                     return None
             if not self._bind(st, tensors):
                 return None
-            self.before = (block, at)  # where a call that ran but then did not fit leaves the trie
-            self.at = at + 1
-            self.siblings = []
+            self._matched(block, at, st)
             return st
         key, tensors = describe(args, kwargs)
         options = [(child, child.statements[0]) for child in block.children]
         for owner, st in options:
-            if st.same_call(func, key) and self._bind(st, tensors):
+            if st.same_call(func, key) and (st.kind != REPLAY or RULES.get(func) is st.rule) \
+                    and self._bind(st, tensors):
                 self.before = (block, at)
                 self.block, self.at = owner, 1
                 self.siblings = [(o, s) for o, s in options if s is not st and s.same_call(func, key)
                                  and s.sources == st.sources and s.needs == st.needs]
+                self.path.append(st)
                 return st
         return None
 
@@ -203,14 +311,17 @@ class Run:
         return None
 
     def _bind(self, st: Statement, tensors: Any) -> bool:
-        """Does every tensor come from where the statement's did? Binds new leaf slots (undone on a mismatch)."""
+        """Does every tensor come from where the statement's did, needing a gradient as it did? Binds new leaf slots
+        (undone on a mismatch)."""
         values, slot_of = self.values, self.slot_of
         bound = None
         for t, source, needs in zip(tensors, st.sources, st.needs):
-            flag = getattr(t, "_tt_requires_grad", None)
-            if (t.requires_grad if flag is None else flag) != needs or (
-                    getattr(t, "_tt_node", None) is not None and t._version != t._tt_version):
-                ok = False
+            if isinstance(t, tracer):  # and not changed in place since it was made (eager's version check)
+                ok = t._tt_requires_grad == needs and (t._tt_node is None or t._version == t._tt_version)
+            else:
+                ok = t.requires_grad == needs
+            if not ok:
+                pass
             elif source >= 0:
                 ok = values.get(id(t)) == source
             else:
@@ -243,6 +354,11 @@ class Run:
                 _set_grad_enabled(True)
         else:
             out = rule.forward(ctx, *args, **kwargs)
+        return self._link(st, func, rule, ctx, args, kwargs, out)
+
+    def _link(self, st: Statement, func: Callable, rule: type, ctx: Context, args: tuple, kwargs: dict,
+              out: Any) -> Any:
+        """The results of a statement's forward become outputs of the segment's node (when they fit the statement)."""
         first = args[0] if args else None
         if out is first and st.kind == PASS:
             return out
@@ -280,20 +396,9 @@ class Run:
             self.keep.append(t)
             values.append(value)
             linked.append(t)
-        targets = []
-        local = []
-        nr_of, outside = segment.nr_of, segment.outside
-        for edge, source in st.edges:
-            if source in nr_of:  # a value this segment made (leaf slots, negative, never are)
-                targets.append((edge, (LOCAL, source)))
-                local.append(source)
-            else:  # the source number (value j, or ~slot) names the outside tensor
-                where = outside.get(source)
-                if where is None:
-                    where = segment.edge_to(source, _argument_at(args, kwargs, rule, edge.position))
-                targets.append((edge, (OUTSIDE, where)))
+        targets, local, _ = self._plan(st, segment, args, kwargs, rule)
         segment.add_step(Step(rule, ctx, values, [output_meta(r) for r in raw] if len(raw) > 1 else None,
-                                  targets, local))
+                              targets, local))
         return linked[0] if isinstance(out, torch.Tensor) else _rebuild(out, _relinked(out, raw, linked))
 
     def _diverge_after(self, st: Statement, func: Callable, rule: type, ctx: Context, args: tuple, kwargs: dict,
@@ -381,8 +486,8 @@ class Run:
         inplace = is_inplace(func, pargs, pkwargs)
         first = pargs[0] if pargs else None
         if RULES.get(func) is not None and not inplace and len(nodes) == 1 and nodes[0].func is func and \
-                nodes[0].autocast is None:
-            kind = REPLAY
+                nodes[0].autocast is None and rule.__module__.startswith(OUR_RULES):
+            kind = REPLAY  # (a user's own rule runs eagerly: the engine hands what its backward sees to user code)
         elif RULES.get(func) is not None and not inplace and not nodes and out is first:
             kind = PASS
         else:
@@ -493,12 +598,16 @@ class ReplayMode(TorchFunctionMode):
         self.run = run
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        run = self.run
+        if run.replaying and not kwargs:
+            found = run.replay_next(func, args)
+            if found is not MISS:
+                return found
         kwargs = kwargs or {}
         if func in METADATA:
             return _disabled(func, types, args, kwargs)
         if not _grad_enabled() or not _may_record(func, args, kwargs) or not _wants_gradient(args, kwargs):
             return func(*args, **kwargs)  # records nothing (x > 0, .item(), no_grad): it simply runs
-        run = self.run
         if run.replaying and not _any_autocast():  # under autocast every call runs eagerly (its backward casts)
             found = run.replay(func, args, kwargs)
             if found is not None:
