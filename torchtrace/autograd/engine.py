@@ -159,7 +159,8 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
         _add(buffers, ready, node, nr, g)
     observers = STATE.on_backward  # read once per backward: tools add theirs before it starts
     ownership = Ownership([g for _, _, g in roots], enabled=not observers)
-    previous, STATE.create_graph = STATE.create_graph, create_graph
+    previous = STATE.create_graph, STATE.walk  # what a node's rule may ask of the walk running it
+    STATE.create_graph, STATE.walk = create_graph, (retain_graph, captured)
     try:  # rules run on plain tensors; with create_graph on tracers, recording, so they build the gradient's graph
         with torch.set_grad_enabled(create_graph), plain_torch() if not create_graph else contextlib.nullcontext():
             while ready:
@@ -176,7 +177,7 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
                 if not retain_graph:
                     node.ctx.release()
     finally:
-        STATE.create_graph = previous
+        STATE.create_graph, STATE.walk = previous
 
 
 def _add(buffers: Dict[Any, List[Any]], ready: List[Tuple[int, Any]], node: Any, nr: int, g: Any) -> None:

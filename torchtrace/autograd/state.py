@@ -1,11 +1,11 @@
-"""What changes while code runs, kept per thread: create_graph, the running modules, the watching tools.
+"""What changes while code runs, kept per thread: the running backward, the running modules, the watching tools.
 
 torch keeps its grad-mode flag per thread, and so does torchtrace with everything below: a backward
 with create_graph=True in one thread, or a tt.detect_anomaly() block, never affects another thread.
 """
 import contextlib
 import threading
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional, Tuple
 
 
 class ThreadState(threading.local):
@@ -13,6 +13,7 @@ class ThreadState(threading.local):
 
     def __init__(self) -> None:
         self.create_graph = False  # a backward with create_graph=True is running in this thread
+        self.walk: Tuple[bool, Optional[dict]] = (False, None)  # the running backward's retain_graph, tt.grad's capture
         self.module_stack: List[object] = []  # the modules running now, outermost first
         self.on_record: List[Callable] = []  # fn(node, args, kwargs, result) after forward records a node
         self.on_backward: List[Callable] = []  # fn(node, grads_of_outputs, grads_of_inputs) after a backward

@@ -5,7 +5,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from torchtrace.autograd.state import STATE, observing
+from torchtrace.autograd.state import STATE
 from torchtrace.compiler.checking import argument_names, compare_with_eager, flat_tensors
 from torchtrace.compiler.ir import Program, Statement
 from torchtrace.compiler.render import render_path, render_tree
@@ -52,15 +52,15 @@ class Compiled:
         run = Run(self.program, lambda: self._names(args, kwargs))
         _DEPTH.value = 1
         try:
-            with observing(on_record=run.on_record), ReplayMode(run):
+            with ReplayMode(run):
                 out = self.fn(*args, **kwargs)
         finally:
             _DEPTH.value = 0
             run.segment = None
         self.calls += 1
         self.replayed += run.replaying
-        full = len(self.program.blocks()) >= MAX_BLOCKS
-        if run.finish(out, full) is False and full and not run.replaying and not self.warned:
+        if run.finish(out, lambda: len(self.program.blocks()) >= MAX_BLOCKS) is None and not run.replaying \
+                and not self.warned:
             self.warned = True
             warnings.warn(f"tt.compile: {self.program.title} has taken {MAX_BLOCKS} different paths; new ones run "
                           "eagerly from where they leave the recorded program, and are not recorded", stacklevel=4)

@@ -64,7 +64,7 @@ class Statement:
     """
 
     __slots__ = ("func", "kind", "rule", "key", "sources", "needs", "mask", "torch_leaf", "edges", "results",
-                 "first_value", "new_slots", "module", "line", "slot_names", "example", "flat", "plan")
+                 "first_value", "new_slots", "module", "line", "slot_names", "example", "flat", "plan", "checks")
 
     def __init__(self, func: Callable, kind: str, key: tuple, sources: tuple, needs: tuple):
         self.func, self.kind, self.key, self.sources, self.needs = func, kind, key, sources, needs
@@ -73,6 +73,7 @@ class Statement:
         self.flat = key if all(k is TENSOR or k is NUMBER or (type(k) is tuple and k[0] in _SIMPLE) for k in key) \
             else None
         self.plan: Any = None  # (targets, local, new edges): where its gradients go, the same on every call (replay.py)
+        self.checks: Optional[tuple] = None  # (key entry, source, requires_grad) per argument, once it has a plan
         self.rule: Optional[type] = None
         self.mask = 0  # bit i: argument i needs a gradient (the rule's ctx.needs_input_grad)
         self.torch_leaf = False  # an argument is a plain tensor with torch's requires_grad (torch's grad mode goes off)

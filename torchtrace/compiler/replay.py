@@ -24,9 +24,9 @@ from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.inplace import inplace_requested, remember_base
 from torchtrace.autograd.node import Context, Edge, Node, link_output
 from torchtrace.autograd.plain import plain_torch
-from torchtrace.autograd.state import STATE
+from torchtrace.autograd.state import STATE, observing
 from torchtrace.compiler.ir import EAGER, NUMBER, PASS, REPLAY, TENSOR, Block, Program, Statement, describe
-from torchtrace.compiler.segment import LOCAL, OUTSIDE, Segment, Step, output_meta
+from torchtrace.compiler.segment import Segment, Step, output_meta
 from torchtrace.tracer import tracer
 
 _grad_enabled = torch.is_grad_enabled
@@ -172,8 +172,7 @@ class Run:
 
     # observer of the eager engine --------------------------------------------------------------------------
     def on_record(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
-        if self.nodes is not None:
-            self.nodes.append(node)
+        self.nodes.append(node)
 
     # replay --------------------------------------------------------------------------------------------------
     def replay(self, func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -188,53 +187,95 @@ class Run:
         return (self._eager(st, func, args, kwargs),)  # through the tracer's dispatch: outside plain_torch
 
     def replay_next(self, func: Callable, args: tuple) -> Any:
-        """`replay` of the common case: the program's next statement is a REPLAY of `func`, called as it was recorded
-        with positional arguments of one key entry each. MISS when that is not so (nothing has run then)."""
+        """`replay` of the common case: the program's next statement is a REPLAY of `func` that ran before, called with
+        positional arguments of one key entry each (`Statement.checks`). MISS when that is not so (nothing has run)."""
         block, at = self.block, self.at
         if at >= len(block.statements):
             return MISS
         st = block.statements[at]
-        if st.func is not func or st.flat is None or st.kind != REPLAY or st.plan is None or st.torch_leaf \
-                or not _grad_enabled() or _any_autocast() or RULES.get(func) is not st.rule:
+        checks = st.checks
+        if st.func is not func or checks is None or len(args) != len(checks) or not _grad_enabled() \
+                or _any_autocast() or RULES.get(func) is not st.rule:
             return MISS
         with plain_torch():
-            tensors = _fitting(st.flat, args)
-            if tensors is None or not self._bind(st, tensors):
+            if not self._fits(st, checks, args):
                 return MISS
             self.before, self.at, self.siblings = (block, at), at + 1, _NO_SIBLINGS
             self.path.append(st)
-            rule = st.rule
-            ctx = Context(rule, (), st.mask)
-            out = rule.forward(ctx, *args)
-            if type(out) is not T or len(st.results) != 1 or (out.shape, out.dtype) != st.results[0] \
-                    or out._is_view() or not out.is_floating_point() or _held(out, args) or _held(out, ctx._saved):
-                return self._link(st, func, rule, ctx, args, {}, out)
-            # a new floating tensor no one else holds becomes an output of the segment's node (link_output's common
-            # case, written out: this runs for every matched call)
-            segment = self.segment
-            if segment is None:
-                segment = self.segment = Segment()
-            value = self.n_values
-            self.n_values = value + 1
-            node, outputs = segment.node, segment.outputs
-            nr = len(outputs)
-            outputs.append(value)
-            segment.nr_of[value] = nr
-            node.n_outputs = nr + 1
-            out.__class__ = tracer
-            out._tt_node, out._tt_requires_grad, out._tt_nr, out._tt_version = node, True, nr, out._version
-            self.values[id(out)] = value
-            self.keep.append(out)
+            return self._run_matched(st, func, args)
+
+    def _fits(self, st: Statement, checks: tuple, args: tuple) -> bool:
+        """`_fitting` and `_bind` in one pass over the arguments (new leaf slots bound, and unbound on a mismatch)."""
+        values, slot_of, slots = self.values, self.slot_of, self.slots
+        bound = 0
+        for a, (entry, source, needs) in zip(args, checks):
+            if entry is TENSOR:
+                if isinstance(a, tracer):  # and not changed in place since it was made (eager's version check)
+                    ok = a._tt_requires_grad == needs and (a._tt_node is None or a._version == a._tt_version)
+                else:
+                    ok = type(a) is T and a.requires_grad == needs
+                if not ok:
+                    pass
+                elif source >= 0:
+                    ok = values.get(id(a)) == source
+                else:
+                    have = slot_of.get(id(a))
+                    if have is None:  # a leaf slot read for the first time in this call
+                        slot = ~source
+                        shape, dtype = st.new_slots.get(slot, (None, None))
+                        ok = slot == len(slots) and id(a) not in values and a.shape == shape and a.dtype == dtype
+                        if ok:
+                            slot_of[id(a)] = slot
+                            slots.append(a)
+                            bound += 1
+                    else:
+                        ok = have == ~source
+            elif entry is NUMBER:
+                ok = type(a) is float
+            else:
+                ok = type(a) is entry[0] and a == entry[1]
+            if not ok:
+                for _ in range(bound):
+                    del slot_of[id(slots.pop())]
+                return False
+        return True
+
+    def _run_matched(self, st: Statement, func: Callable, args: tuple) -> Any:
+        """The rule's forward of a matched statement; a new floating result no one else holds becomes an output of
+        the segment's node here (`link_output`'s common case, written out: this runs for every matched call)."""
+        rule = st.rule
+        ctx = Context(rule, (), st.mask)
+        out = rule.forward(ctx, *args)
+        if type(out) is not T or out._is_view() or ((out.shape, out.dtype),) != st.results \
+                or not out.dtype.is_floating_point or _held(out, args) or _held(out, ctx._saved):
+            return self._link(st, func, rule, ctx, args, {}, out)
+        segment = self.segment
+        if segment is None:
+            segment = self.segment = Segment()
+        value = self.n_values
+        self.n_values = value + 1
+        node, outputs = segment.node, segment.outputs
+        nr = len(outputs)
+        outputs.append(value)
+        segment.nr_of[value] = nr
+        node.n_outputs = nr + 1
+        out.__class__ = tracer
+        out._tt_node, out._tt_requires_grad, out._tt_nr, out._tt_version = node, True, nr, out._version
+        self.values[id(out)] = value
+        self.keep.append(out)
+        targets, local, opened = st.plan
+        if opened:
             targets, local, _ = self._plan(st, segment, args, {}, rule)
-            step = Step(rule, ctx, [value], None, targets, local)
-            segment.steps.append(step)
-            segment.producer[value] = step
-            return out
+        step = Step(rule, ctx, [value], None, targets, local)
+        segment.steps.append(step)
+        segment.producer[value] = step
+        return out
 
     @staticmethod
     def _plan(st: Statement, segment: Segment, args: tuple, kwargs: dict, rule: type) -> tuple:
-        """(targets, local, opened): where the gradients of st's edges go — a value of this segment (LOCAL) or the
-        segment node's edge to an outside tensor (OUTSIDE), opened where the segment first reads it. Values are
+        """(targets, local, opened): where the gradients of st's edges go — (position, shape, dtype, True, value) for a
+        value of this segment, (..., False, edge) for the segment node's edge to an outside tensor, opened where the
+        segment first reads it. Values are
         numbered and edges opened in the order of the path, so every call that reaches st along the trie gets the
         plan of the first: it is kept on the statement, and only its opened edges are made again for this call."""
         plan = st.plan
@@ -249,16 +290,19 @@ class Run:
         nr_of, outside = segment.nr_of, segment.outside
         for edge, source in st.edges:
             if source in nr_of:  # a value this segment made (leaf slots, negative, never are)
-                targets.append((edge, (LOCAL, source)))
+                targets.append((edge.position, edge.shape, edge.dtype, True, source))
                 local.append(source)
             else:  # the source number (value j, or ~slot) names the outside tensor
                 where = outside.get(source)
                 if where is None:
                     where = segment.edge_to(source, _argument_at(args, kwargs, rule, edge.position))
                     opened.append((source, edge.position, where))
-                targets.append((edge, (OUTSIDE, where)))
+                targets.append((edge.position, edge.shape, edge.dtype, False, where))
         if st.plan is None:
             st.plan = targets, local, opened
+            if st.flat is not None and st.kind == REPLAY and not st.torch_leaf:  # replay_next may take it from now
+                facts = iter(zip(st.sources, st.needs))
+                st.checks = tuple((k, *next(facts)) if k is TENSOR else (k, 0, False) for k in st.flat)
         return targets, local, opened
 
     def _matched(self, block: Block, at: int, st: Statement) -> None:
@@ -478,7 +522,8 @@ class Run:
                 sources.append(~slot)
         self.nodes = []
         try:
-            out = func(*args, **kwargs)
+            with observing(on_record=self.on_record):  # the nodes the eager engine records for this call
+                out = func(*args, **kwargs)
         finally:
             nodes, self.nodes = self.nodes, None
         if rule is None and len(nodes) == 1:  # Function.apply, an in-place twin: rendered as that one rule
@@ -551,16 +596,17 @@ class Run:
         path = self.names.get(id(module))
         return f"{path}: {type(module).__name__}" if isinstance(path, str) and path else type(module).__name__
 
-    def finish(self, returned: Any, limit_reached: bool) -> bool:
-        """The call returned: a new branch joins the trie (unless the trie is full). True if one was added."""
+    def finish(self, returned: Any, trie_full: Callable[[], bool]) -> Optional[bool]:
+        """The call returned: a new branch joins the trie, unless the trie is full (None then). True if one was added,
+        False if the call ended where a recorded one did."""
         self.segment = None
         self.outputs = [self.values[id(t)] for t in tensors_in(returned) if id(t) in self.values]
         block, at = self.branch_at if not self.replaying else (self.block, self.at)
         if self.replaying and at == len(block.statements) and (block.ended or not block.children):
             block.ended, block.outputs = True, block.outputs or self.outputs
             return False
-        if limit_reached:
-            return False
+        if trie_full():
+            return None
         self.program.attach(block, at, [] if self.replaying else self.recorded, self.outputs)
         return True
 

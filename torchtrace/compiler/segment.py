@@ -7,22 +7,23 @@ statements in reverse: each rule's backward on its Context, each edge's gradient
 gradient summed to the input's shape and cast to its dtype) summed into the value it came from, or handed to the
 engine as the gradient of an outside tensor — which the engine sums into `.grad` as for any node.
 """
-import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from torchtrace.autograd import engine
-from torchtrace.autograd.node import Edge, Node, edge_gradient, leaf_accumulator
+from torchtrace.autograd.node import Edge, Node, leaf_accumulator
 from torchtrace.autograd.plain import plain_torch
+from torchtrace.autograd.state import STATE
 from torchtrace.errors import UnsupportedOperationError
 
 _new_edge = tuple.__new__
-LOCAL, OUTSIDE = 0, 1
 
 
 class Step:
-    """A statement as it ran in this call: its rule and Context, the values it made, where each gradient goes."""
+    """A statement as it ran in this call: its rule and Context, the values it made, where each gradient goes
+    (`targets`: (position, shape, dtype, local, where) per edge: the rule's gradient at `position` of what backward
+    returns, summed to `shape` and cast to `dtype` as `edge_gradient` does, goes to value `where` of this segment if
+    `local`, else to the segment node's edge `where`)."""
 
     __slots__ = ("rule", "ctx", "outputs", "metas", "targets", "local", "released")
 
@@ -93,7 +94,8 @@ class Segment:
                 "tt.compile: backward(create_graph=True) through a compiled call (or tt.grad with create_graph) is "
                 "not supported — its statements' backward runs on plain tensors; call the function uncompiled for "
                 "higher derivatives")
-        self._refuse_partial_gradients()
+        retain, captured = STATE.walk
+        self._refuse_partial_gradients(captured)
         buffers: Dict[int, torch.Tensor] = {}
         for nr, g in enumerate(grads):
             if g is not None:
@@ -110,26 +112,35 @@ class Segment:
                 gs = [buffers.pop(v, None) for v in step.outputs]
                 if all(g is None for g in gs):
                     continue
+                # as the engine: zeros for the outputs no gradient reached
+                gs = [torch.zeros(m[0], dtype=m[1], device=m[2]) if g is None and m is not None else g
+                      for g, m in zip(gs, step.metas)]
             if step.released:
                 raise RuntimeError(
                     f"Trying to backward through the graph a second time ({step.rule.__name__}Backward, inside a "
                     "compiled call): its saved tensors were freed after the first backward. Pass retain_graph=True "
                     "to the first backward().")
-            if len(gs) > 1:  # as the engine: zeros for the outputs no gradient reached
-                gs = [torch.zeros(m[0], dtype=m[1], device=m[2]) if g is None and m is not None else g
-                      for g, m in zip(gs, step.metas)]
             out = step.rule.backward(step.ctx, *gs)
-            out = out if type(out) is tuple else (out,)
-            ran.append(step)
-            for edge, (kind, where) in step.targets:
-                g = edge_gradient(edge, out)
+            if type(out) is not tuple:
+                out = (out,)
+            if retain:
+                ran.append(step)
+            else:  # freed at once, as the engine frees each node's: memory the next steps reuse
+                step.released, step.ctx = True, None
+            for position, shape, dtype, local, where in step.targets:  # edge_gradient, written out
+                g = out[position] if type(position) is int else out[position[0]][position[1]]
                 if g is None:
                     continue
-                if kind == LOCAL:
+                if g.shape != shape:
+                    g = g.sum_to_size(shape)
+                if g.dtype != dtype:
+                    g = g.to(dtype)
+                if local:
                     have = buffers.get(where)
                     buffers[where] = g if have is None else have + g
                 else:
-                    result[where] = g if result[where] is None else result[where] + g
+                    have = result[where]
+                    result[where] = g if have is None else have + g
         self.ran = ran
         return tuple(result)
 
@@ -147,30 +158,21 @@ class Segment:
                     stack.append(step)
         return [step for step in reversed(self.steps) if step in reached]
 
-    def _refuse_partial_gradients(self) -> None:
+    def _refuse_partial_gradients(self, captured: Optional[dict]) -> None:
         """A hook, retain_grad or tt.grad on a value that later statements of this node read would see only part of
         its gradient (the rest is summed inside this backward): refuse rather than give a wrong one."""
-        consumed = {where for step in self.steps for _, (kind, where) in step.targets if kind == LOCAL}
         asked = set(self.node.hooks or ()) | set(self.node.retained or ())
-        captured = _captured_by_engine()
         if captured:
             asked |= {nr for (node, nr) in captured if node is self.node}
+        if not asked:
+            return
+        consumed = {where for step in self.steps for *_, local, where in step.targets if local}
         for nr in asked:
             if self.outputs[nr] in consumed:
                 raise UnsupportedOperationError(
                     "tt.compile: a hook, retain_grad() or tt.grad(..., inputs=) on a value computed inside a compiled "
                     "call and used again inside it: its gradient is summed inside the compiled backward — register "
                     "it outside the compiled function, or call the function uncompiled")
-
-
-def _captured_by_engine() -> Optional[dict]:
-    """tt.grad's capture dict of the engine walk running this backward (None for backward())."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code is engine._walk.__code__:
-            return frame.f_locals.get("captured")
-        frame = frame.f_back
-    return None
 
 
 def output_meta(raw: torch.Tensor) -> tuple:
