@@ -41,6 +41,8 @@ METADATA = {getattr(T, name).__get__ for name in (
     "is_nested")} | {T.size, T.dim, T.stride, T.numel, T.is_contiguous, T.is_floating_point,
                               T.is_complex, T.storage_offset, T.element_size, T.__len__, T.nelement, T.ndimension,
                               T.data_ptr, T._is_view}
+# autograd attributes user code and torch.nn read (`if h.requires_grad:`, `p.grad is None`): they never record
+AUTOGRAD_READS = {getattr(T, name).__get__ for name in ("requires_grad", "grad_fn", "is_leaf", "grad", "_base")}
 _PACKAGE_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
 
 
@@ -241,13 +243,13 @@ class Run:
         return True
 
     def _run_matched(self, st: Statement, func: Callable, args: tuple) -> Any:
-        """The rule's forward of a matched statement; a new floating result no one else holds becomes an output of
-        the segment's node here (`link_output`'s common case, written out: this runs for every matched call)."""
+        """The rule's forward of a matched statement; a new floating result becomes an output of the segment's node
+        here (`link_output`'s common case, written out: this runs for every matched call)."""
         rule = st.rule
         ctx = Context(rule, (), st.mask)
         out = rule.forward(ctx, *args)
         if type(out) is not T or out._is_view() or ((out.shape, out.dtype),) != st.results \
-                or not out.dtype.is_floating_point or _held(out, args) or _held(out, ctx._saved):
+                or not out.dtype.is_floating_point or _held(out, args):
             return self._link(st, func, rule, ctx, args, {}, out)
         segment = self.segment
         if segment is None:
@@ -259,7 +261,10 @@ class Run:
         outputs.append(value)
         segment.nr_of[value] = nr
         node.n_outputs = nr + 1
-        out.__class__ = tracer
+        if _held(out, ctx._saved):  # the Context keeps it plain: the caller gets a tracer alias (as eager's)
+            out = out.as_subclass(tracer)
+        else:  # no one else holds it: it becomes the tracer itself
+            out.__class__ = tracer
         out._tt_node, out._tt_requires_grad, out._tt_nr, out._tt_version = node, True, nr, out._version
         self.values[id(out)] = value
         self.keep.append(out)
@@ -652,6 +657,8 @@ class ReplayMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in METADATA:
             return _disabled(func, types, args, kwargs)
+        if func in AUTOGRAD_READS:  # answered as eager answers them: a tracer's own, a plain tensor's torch's
+            return func(*args, **kwargs)
         if not _grad_enabled() or not _may_record(func, args, kwargs) or not _wants_gradient(args, kwargs):
             return func(*args, **kwargs)  # records nothing (x > 0, .item(), no_grad): it simply runs
         if run.replaying and not _any_autocast():  # under autocast every call runs eagerly (its backward casts)
