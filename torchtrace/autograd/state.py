@@ -13,7 +13,9 @@ class ThreadState(threading.local):
 
     def __init__(self) -> None:
         self.create_graph = False  # a backward with create_graph=True is running in this thread
-        self.walk: Tuple[bool, Optional[dict]] = (False, None)  # the running backward's retain_graph, tt.grad's capture
+        # the running backward's retain_graph and tt.grad's capture (outside a backward, a rule's backward run by a tool
+        # frees nothing)
+        self.walk: Tuple[bool, Optional[dict]] = (True, None)
         self.module_stack: List[object] = []  # the modules running now, outermost first
         self.on_record: List[Callable] = []  # fn(node, args, kwargs, result) after forward records a node
         self.on_backward: List[Callable] = []  # fn(node, grads_of_outputs, grads_of_inputs) after a backward
