@@ -701,3 +701,153 @@ def test_many_threads_calling_one_compiled_function_get_eagers_results():
     for t in threads:
         t.join()
     same(got, expected)
+
+
+# --- the fast path of a matched call: positional arguments checked one by one, plans kept on statements ------------
+
+def test_positional_numbers_and_flags_read_on_every_call():
+    def build():
+        w = leaf(3, 4)
+        knobs = {"shift": 1, "scale": 0.5, "dim": 1}
+
+        def between(i):
+            knobs["shift"] = [1, 2, 1, 3, 1][i]
+            knobs["scale"] = [0.5, -2.0, 0.5, 1e-3, 7.0][i]
+            knobs["dim"] = [1, 1, 0, 1, 0][i]
+
+        def fn(x):
+            h = torch.roll(x * w, knobs["shift"], knobs["dim"]) * knobs["scale"]
+            return (h.cumsum(knobs["dim"]) * h).sum()
+
+        return fn, [w], between
+
+    twins(build, X)
+
+
+def test_the_same_tensor_for_two_parameters_then_two_tensors():
+    a, b = leaf(3, 4, seed=1), leaf(3, 4, seed=2)
+    calls = [(X[0][0], a, b), (X[1][0], a, a), (X[2][0], b, a), (X[3][0], a, b), (X[4][0], b, b)]
+
+    def build():
+        return (lambda x, p, q: (x * p * q + p).sum()), [a, b], nothing
+
+    compiled = twins(build, calls)
+    assert len(compiled.program.paths()) == 2  # p and q one tensor, or two
+
+
+def test_a_tensor_made_without_gradient_inside_is_a_new_leaf_on_each_call():
+    def build():
+        w = leaf(3, 4)
+
+        def fn(x):
+            mask = (x > 0).to(x.dtype)  # records nothing: a leaf of this call
+            scale = torch.ones(3, 4, dtype=x.dtype) * 2
+            return ((x * w) * mask * scale).sum()
+
+        return fn, [w], nothing
+
+    compiled = twins(build, X)
+    assert compiled.replayed == len(X) - 1
+
+
+def test_keyword_and_positional_spellings_of_one_call_alternate():
+    def build():
+        w = leaf(3, 4)
+        spelling = {"keyword": True}
+
+        def between(i):
+            spelling["keyword"] = not spelling["keyword"]
+
+        def fn(x):
+            h = x * w
+            s = h.sum(dim=1) if spelling["keyword"] else h.sum(1)
+            return (s * s).sum() + torch.add(h, w, alpha=0.5).sum()
+
+        return fn, [w], between
+
+    twins(build, X)
+
+
+def test_a_rule_registered_between_calls_is_the_one_that_runs(monkeypatch):
+    calls = []
+
+    class CountedSinh(tt.Function):
+        """y = sinh x  ->  dy/dx = cosh x"""
+
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.sinh(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            calls.append(1)
+            x, = ctx.saved_tensors
+            return g * torch.cosh(x)
+
+    from torchtrace.autograd.function import RULES
+    w = leaf(3, 4)
+    compiled = tt.compile(lambda x: torch.sinh(x * w).sum(), X[0])
+    expected = []
+    for i, (x,) in enumerate(X):
+        if i == 2:
+            monkeypatch.setitem(RULES, torch.sinh, CountedSinh)
+        w.grad = None
+        compiled(x).backward()
+        got = plain(w.grad).clone()
+        w.grad = None
+        torch.sinh(x * w).sum().backward()
+        same(got, plain(w.grad))
+        x_ = x.clone()
+        w_ = plain(w).clone().requires_grad_()
+        torch.sinh(x_ * w_).sum().backward()
+        torch.testing.assert_close(got, w_.grad)
+        expected.append(2 if i >= 2 else 0)
+    assert len(calls) == sum(expected)  # the registered rule ran on every call after it was registered
+
+
+def test_backward_twice_through_a_compiled_call_as_eager():
+    w = leaf(3, 4)
+
+    def fn(x):
+        return ((x * w).exp() * w).sum()
+
+    compiled = tt.compile(fn, X[0])
+    compiled(X[0][0])
+    outcomes = []
+    for f in (compiled, fn):
+        w.grad = None
+        loss = f(X[1][0])
+        loss.backward(retain_graph=True)
+        loss.backward()
+        grad = plain(w.grad).clone()
+        with pytest.raises(RuntimeError, match="second time"):
+            loss.backward()
+        outcomes.append(grad)
+    same(outcomes[0], outcomes[1])
+    w_ = plain(w).clone().requires_grad_()
+    loss = ((X[1][0] * w_).exp() * w_).sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    torch.testing.assert_close(outcomes[0], w_.grad)
+
+
+def test_finite_differences_agree_with_a_replayed_gradient():
+    w = leaf(3, 4)
+
+    def fn(x, v):
+        return ((x * v).tanh() * v + (x / (1.5 + v * v))).sum()
+
+    compiled = tt.compile(fn, (X[0][0], w))
+    for (x,) in X[:3]:
+        w.grad = None
+        compiled(x, w).backward()
+        numeric = torch.zeros(3, 4, dtype=torch.float64)
+        base = plain(w).clone()
+        for k in range(base.numel()):
+            step = torch.zeros(base.numel(), dtype=torch.float64)
+            step[k] = 1e-6
+            step = step.view(3, 4)
+            numeric.view(-1)[k] = (fn(x, base + step) - fn(x, base - step)).item() / 2e-6
+        torch.testing.assert_close(plain(w.grad), numeric, rtol=1e-6, atol=1e-7)
+    assert compiled.replayed == 2
