@@ -161,8 +161,11 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
     ownership = Ownership([g for _, _, g in roots], enabled=not observers)
     previous = STATE.create_graph, STATE.walk  # what a node's rule may ask of the walk running it
     STATE.create_graph, STATE.walk = create_graph, (retain_graph, captured)
-    try:  # rules run on plain tensors; with create_graph on tracers, recording, so they build the gradient's graph
-        with torch.set_grad_enabled(create_graph), plain_torch() if not create_graph else contextlib.nullcontext():
+    # rules run on plain tensors, unseen by any TorchFunctionMode (as torch's backward runs in C++); with create_graph
+    # on tracers, recording, so they build the gradient's graph
+    try:
+        with torch.set_grad_enabled(create_graph), \
+                torch._C.DisableTorchFunction() if not create_graph else contextlib.nullcontext():
             while ready:
                 node = heappop(ready)[1]
                 grads = buffers.pop(node)

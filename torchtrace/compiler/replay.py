@@ -189,15 +189,16 @@ class Run:
         return (self._eager(st, func, args, kwargs),)  # through the tracer's dispatch: outside plain_torch
 
     def replay_next(self, func: Callable, args: tuple) -> Any:
-        """`replay` of the common case: the program's next statement is a REPLAY of `func` that ran before, called with
-        positional arguments of one key entry each (`Statement.checks`). MISS when that is not so (nothing has run)."""
+        """`replay` of the common case (grad mode on): the program's next statement is a REPLAY of `func` that ran
+        before, called with positional arguments of one key entry each (`Statement.checks`). MISS when that is not so
+        (nothing has run then)."""
         block, at = self.block, self.at
         if at >= len(block.statements):
             return MISS
         st = block.statements[at]
         checks = st.checks
-        if st.func is not func or checks is None or len(args) != len(checks) or not _grad_enabled() \
-                or _any_autocast() or RULES.get(func) is not st.rule:
+        if st.func is not func or checks is None or len(args) != len(checks) or _any_autocast() \
+                or RULES.get(func) is not st.rule:
             return MISS
         with plain_torch():
             if not self._fits(st, checks, args):
@@ -649,6 +650,8 @@ class ReplayMode(TorchFunctionMode):
         self.run = run
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        if not _grad_enabled():  # records nothing (no_grad, an optimizer's update, a backward's rules): it simply runs
+            return func(*args, **(kwargs or {}))
         run = self.run
         if run.replaying and not kwargs:
             found = run.replay_next(func, args)
@@ -659,8 +662,8 @@ class ReplayMode(TorchFunctionMode):
             return _disabled(func, types, args, kwargs)
         if func in AUTOGRAD_READS:  # answered as eager answers them: a tracer's own, a plain tensor's torch's
             return func(*args, **kwargs)
-        if not _grad_enabled() or not _may_record(func, args, kwargs) or not _wants_gradient(args, kwargs):
-            return func(*args, **kwargs)  # records nothing (x > 0, .item(), no_grad): it simply runs
+        if not _may_record(func, args, kwargs) or not _wants_gradient(args, kwargs):
+            return func(*args, **kwargs)  # records nothing (x > 0, .item()): it simply runs
         if run.replaying and not _any_autocast():  # under autocast every call runs eagerly (its backward casts)
             found = run.replay(func, args, kwargs)
             if found is not None:
