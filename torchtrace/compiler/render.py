@@ -76,7 +76,7 @@ def render_listing(listing: Listing, title: str, teaching: bool, suffix: str = "
 
 
 def render_path(program: Program, path: List[Statement], outputs: List[int], teaching: bool) -> str:
-    """The module source of one path of the program (the fast form runs as tt.compile's code)."""
+    """The module source of one path of the program (`.code`: the fast form; `to_code()`: the teaching form)."""
     return render_listing(lower(path, outputs), program.title, teaching)
 
 
