@@ -851,3 +851,21 @@ def test_finite_differences_agree_with_a_replayed_gradient():
             numeric.view(-1)[k] = (fn(x, base + step) - fn(x, base - step)).item() / 2e-6
         torch.testing.assert_close(plain(w.grad), numeric, rtol=1e-6, atol=1e-7)
     assert compiled.replayed == 2
+
+
+def test_leaf_gradients_never_share_memory_with_a_users_tensor_or_each_other():
+    w, v = leaf(3, 4, seed=1), leaf(3, 4, seed=2)
+
+    def fn(x):
+        return x + w + v  # Add's backward hands its incoming gradient on, as it is, to both leaves
+
+    compiled = tt.compile(fn, X[0])
+    for f in (compiled, compiled, fn):
+        w.grad = v.grad = None
+        g = torch.ones(3, 4, dtype=torch.float64)
+        f(X[1][0]).backward(g)
+        f(X[2][0]).backward(g)  # accumulates into .grad in place
+        same(g, torch.ones(3, 4, dtype=torch.float64))
+        same(plain(w.grad), torch.full((3, 4), 2.0, dtype=torch.float64))
+        assert w.grad.untyped_storage().data_ptr() != v.grad.untyped_storage().data_ptr()
+        assert w.grad.untyped_storage().data_ptr() != g.untyped_storage().data_ptr()
