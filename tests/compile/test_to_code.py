@@ -162,3 +162,41 @@ def test_a_tensor_read_from_a_closure_or_a_global_keeps_its_python_name():
 
 def plain(t):
     return t.detach().as_subclass(torch.Tensor)
+
+
+def _run_both_forms(fn, *inputs):
+    """The teaching and the fast form of fn's code, each run on `inputs`: [outputs..., gradients...]."""
+    compiled = tt.compile(fn, tuple(tt.as_tracer(t, requires_grad=True) for t in inputs))
+    results = []
+    for code in (compiled.to_code(), compiled.code):
+        namespace: dict = {}
+        exec(code, namespace)
+        outputs, saved = namespace["forward"](*inputs, {})
+        seeds = [torch.ones_like(o) for o in outputs]
+        results.append([*outputs, *namespace["backward"]({}, saved, *seeds)])
+    return compiled.code, results
+
+
+@pytest.mark.parametrize("case", ["chain", "broadcast", "view_then_scale", "shared_operand"])
+def test_the_fast_form_writing_into_dying_gradients_gives_torchs_gradients(case):
+    """Both forms, run with the arguments in the function's own order (the generated forward takes them so), give
+    torch autograd's gradients; gradient buffers written in place never change a value still to be read."""
+    g = torch.Generator().manual_seed(3)
+    x, w, b = (torch.randn(*s, dtype=torch.float64, generator=g) for s in ((5, 4), (5, 4), (4,)))
+    fns = {
+        "chain": lambda x, w, b: ((((x * w) * w + b) * x) / (w * w + 1)).sum(),
+        "broadcast": lambda x, w, b: ((x * b) * (w - b) / (b * b + 1)).sum(),
+        "view_then_scale": lambda x, w, b: (((x * w).t() * 3).t() * (x * w) * w + b).sum(),
+        "shared_operand": lambda x, w, b: (((x * w) * (x * w)) * w - w * b).sum(),
+    }
+    fn = fns[case]
+    code, (teaching, fast) = _run_both_forms(fn, x, w, b)
+    assert "_(" in code  # some gradient buffer is reused in place
+    refs = [t.clone().requires_grad_() for t in (x, w, b)]
+    fn(*refs).backward()
+    for a, c in zip(teaching, fast):
+        torch.testing.assert_close(a, c, rtol=0, atol=1e-15)
+    for got, ref in zip(fast[1:], refs):
+        torch.testing.assert_close(got, ref.grad, rtol=1e-12, atol=1e-12)
+    numeric = torch.autograd.gradcheck  # finite differences of the function itself, the same reference
+    assert numeric(lambda *t: fn(*t), [r.detach().clone().requires_grad_() for r in refs])

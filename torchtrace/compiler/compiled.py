@@ -82,6 +82,7 @@ class Compiled:
         for name, value in kwargs.items():
             flat_tensors(value, name, found)
         names.update({id(t): (name, "input") for name, t in found})
+        self.program.inputs = [name for name, _ in found]  # the generated forward takes them in this order
         code = getattr(self.fn, "__code__", None)
         if code is not None:  # tensors of closure cells and globals keep their Python names
             cells = zip(code.co_freevars, self.fn.__closure__ or ())

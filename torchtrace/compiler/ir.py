@@ -117,6 +117,7 @@ class Program:
 
     def __init__(self, title: str):
         self.title = title
+        self.inputs: List[str] = []  # the names of the function's tensor arguments, in its order
         self.root = Block()
 
     def blocks(self) -> List[Block]:
@@ -161,11 +162,12 @@ class Program:
 class Value:
     """A tensor of the generated code: named by the naming pass (`h_fc1`, `d_fc1_weight`, `t3`) from its hint."""
 
-    __slots__ = ("hint", "name", "kind")
+    __slots__ = ("hint", "name", "kind", "meta")
 
-    def __init__(self, hint: str = "", kind: str = "t"):
+    def __init__(self, hint: str = "", kind: str = "t", meta: Optional[tuple] = None):
         self.hint, self.kind = hint, kind  # kind: "t" forward value, "g" gradient, "input", "param", "grad_out"
         self.name = hint
+        self.meta = meta  # (shape, dtype) of the tensor it stands for, the same on every call of its path
 
 
 class Op:

@@ -6,7 +6,7 @@ that Context, and what each edge receives (`edge_gradient`: unbroadcast and cast
 So the code is the rules' code, op by op. The random generator and any tensor a rule changes in place (running
 statistics) are put back afterwards.
 """
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -31,7 +31,7 @@ class Writer(TorchFunctionMode):
     def value(self, t: torch.Tensor, hint: str = "") -> Value:
         found = self.listing.of.get(id(t))
         if found is None:
-            found = self.listing.of[id(t)] = Value(hint, self.kind)
+            found = self.listing.of[id(t)] = Value(hint, self.kind, (t.shape, t.dtype))
             self.keep.append(t)
         return found
 
@@ -57,14 +57,17 @@ def _doc(rule: type) -> str:
     return f"{rule.__name__}: {lines[0].strip()}" if lines else rule.__name__
 
 
-def lower(path: List[Statement], outputs: List[int]) -> Listing:
-    """The forward and backward code of `path`, whose call returned the values numbered `outputs`."""
+def lower(path: List[Statement], outputs: List[int], argument_order: Sequence[str] = ()) -> Listing:
+    """The forward and backward code of `path`, whose call returned the values numbered `outputs`; the inputs in
+    the function's own order of its arguments (`argument_order`, their names)."""
     listing = Listing()
     state = torch.get_rng_state()
     restore: List[Any] = []
     try:
         with torch._C.DisableTorchFunctionSubclass():
             contexts = _forward(path, listing, restore)
+            order = {name: i for i, name in enumerate(argument_order)}
+            listing.inputs.sort(key=lambda v: order.get(v.hint, len(order)))
             _backward(path, listing, contexts, outputs)
     finally:
         torch.set_rng_state(state)

@@ -4,16 +4,16 @@
   backward block under the rule's math (`# Tanh: y = tanh(x) -> dy/dx = 1 - y^2`), aten-internal kernels in
   their chain-rule reading (`torch.where(y <= 0, 0.0, g)` for threshold_backward), and, for a function whose
   calls took several paths, every path and where it leaves the others;
-* the **fast** form (`.code`): the same Ops with aten kernels as the rules call them and `del` after each value's
-  last use.
+* the **fast** form (`.code`): the same Ops with aten kernels as the rules call them, `del` after each value's
+  last use, and elementwise arithmetic writing into a dying gradient's memory (`g1.mul_(g2)`).
 
 Both come from the same Listing (lower.py) named by passes.py; tests run both and compare their numbers.
 """
 from typing import List, Optional
 
 from torchtrace.compiler import passes
-from torchtrace.compiler.codegen import call_source, fit, plain_form
-from torchtrace.compiler.ir import Listing, Op, Program, Statement
+from torchtrace.compiler.codegen import call_source, fit, plain_form, value_source
+from torchtrace.compiler.ir import Listing, Op, Program, Statement, Value
 from torchtrace.compiler.lower import lower
 
 HEADER = '''"""{title}: forward and backward as code
@@ -26,10 +26,12 @@ import torch
 '''
 
 
-def _line(op: Op, listing: Listing, teaching: bool) -> str:
+def _line(op: Op, listing: Listing, teaching: bool, into: Optional[Value] = None) -> str:
     if op.func is None:
         return "# " + op.comment
     name = lambda t: listing.of[id(t)].name  # noqa: E731
+    if into is not None:  # the result takes over the first operand's memory (passes.reused_buffers)
+        return f"{into.name}.{passes.IN_PLACE[op.func]}({value_source(op.args[1], name)})"
     source = (plain_form(op.func, op.args, op.kwargs, name) if teaching else None) or call_source(
         op.func, op.args, op.kwargs, name)
     targets = ", ".join(t.name if t is not None else "_" for t in op.targets)
@@ -45,10 +47,15 @@ def _body(ops: List[Op], listing: Listing, teaching: bool, live_out: list) -> Li
     lines = [f'{v.name} = params["{v.hint}"]' for v in listing.params if not v.name.startswith("params[")
              and id(v) in read]
     dying = {} if teaching else passes.last_uses(ops, listing, live_out)
+    reused = {} if teaching else passes.reused_buffers(ops, listing, live_out)
     for i, op in enumerate(ops):
-        lines.append(_line(op, listing, teaching))
-        if i in dying:
-            lines.append(f"del {', '.join(v.name for v in dying[i])}")
+        into = reused.get(i)
+        lines.append(_line(op, listing, teaching, into))
+        if into is not None:  # the result lives on under the operand's name
+            op.targets[0].name = into.name
+        gone = [v for v in dying.get(i, ()) if v is not into]
+        if gone:
+            lines.append(f"del {', '.join(v.name for v in gone)}")
     return lines
 
 
@@ -77,14 +84,14 @@ def render_listing(listing: Listing, title: str, teaching: bool, suffix: str = "
 
 def render_path(program: Program, path: List[Statement], outputs: List[int], teaching: bool) -> str:
     """The module source of one path of the program (`.code`: the fast form; `to_code()`: the teaching form)."""
-    return render_listing(lower(path, outputs), program.title, teaching)
+    return render_listing(lower(path, outputs, program.inputs), program.title, teaching)
 
 
 def render_tree(program: Program) -> str:
     """The teaching form of every path; with several, a note of where each leaves the one before."""
     found = program.paths_with_outputs()
     if len(found) == 1:
-        return render_listing(lower(*found[0]), program.title, teaching=True)
+        return render_listing(lower(*found[0], program.inputs), program.title, teaching=True)
     parts = [HEADER.format(title=program.title), "", f"# The calls took {len(found)} paths through the torch calls "
              "that record gradients. Each is a forward_k / backward_k pair below."]
     for k, (path, _) in enumerate(found[1:], start=2):
@@ -95,6 +102,6 @@ def render_tree(program: Program) -> str:
         parts.append(f"# path {k} leaves path 1 {shared} — "
                      + (f"its next torch call is {where.line or where.describe()}" if where else "it ends there"))
     for k, (path, outputs) in enumerate(found, start=1):
-        parts += ["", "", render_listing(lower(path, outputs), f"{program.title}, path {k}", True, f"_{k}",
-                                         header=False)]
+        listing = lower(path, outputs, program.inputs)
+        parts += ["", "", render_listing(listing, f"{program.title}, path {k}", True, f"_{k}", header=False)]
     return "\n".join(parts)
