@@ -593,14 +593,65 @@ def test_an_in_place_change_of_a_saved_value_raises_as_eager():
             compiled(torch.randn(4, dtype=torch.float64)).backward()
 
 
-def test_a_hook_on_a_value_used_again_inside_is_refused_not_wrong():
-    w = leaf(3)
-    compiled = tt.compile(lambda x: (lambda h: (h, (h * h).sum()))(x * w), (torch.randn(3),))
-    compiled(torch.randn(3, dtype=torch.float64))
-    h, loss = compiled(torch.randn(3, dtype=torch.float64))
-    h.register_hook(lambda g: g)
-    with pytest.raises(tt.UnsupportedOperationError, match="used again inside"):
+def _inside_values(x, w, seen):
+    """h and k are made inside and read again inside; a hook doubles h's gradient, k's gradient is kept."""
+    h = x * w
+    h.register_hook(lambda g: seen.append(plain(g).clone()) or g * 2)
+    k = h.tanh()
+    k.retain_grad()
+    loss = (k * h).sum() + (k * k * w).sum()
+    return h, k, loss
+
+
+def test_hooks_and_retain_grad_on_values_read_again_inside_see_the_whole_gradient():
+    w = leaf(3, 4)
+    compiled = tt.compile(lambda x, seen: _inside_values(x, w, seen), (X[0][0], []))
+    for (x,) in X:
+        results = []
+        for fn in (compiled, lambda x, seen: _inside_values(x, w, seen)):
+            w.grad, seen = None, []
+            h, k, loss = fn(x, seen)
+            loss.backward()
+            results.append((seen, plain(k.grad), plain(w.grad)))
+        same(results[0], results[1])
+        w_ = plain(w).clone().requires_grad_()  # torch autograd, the same hook and retain_grad
+        seen_ = []
+        h, k, loss = _inside_values(x, w_, seen_)
         loss.backward()
+        torch.testing.assert_close(results[0][0], seen_)
+        torch.testing.assert_close(results[0][1], k.grad)
+        torch.testing.assert_close(results[0][2], w_.grad)
+    assert compiled.replayed == len(X) - 1
+
+
+def test_tt_grad_of_values_made_and_read_again_inside():
+    w = leaf(3, 4)
+
+    def fn(x, w):
+        h = x * w
+        k = h.exp()
+        return h, k, (k * h).sum() + k.sum()
+
+    compiled = tt.compile(fn, (X[0][0], w))
+    for (x,) in X:
+        results = []
+        for f in (compiled, fn):
+            h, k, loss = f(x, w)
+            results.append([plain(g) for g in tt.grad(loss, [h, k, w])])
+        same(results[0], results[1])
+        w_ = plain(w).clone().requires_grad_()
+        h, k, loss = fn(x, w_)
+        torch.testing.assert_close(results[0], list(torch.autograd.grad(loss, [h, k, w_])))
+    assert compiled.replayed == len(X) - 1
+
+
+def test_create_graph_through_a_compiled_call_is_refused_not_wrong():
+    w = leaf(3)
+    compiled = tt.compile(lambda x: (x * w).exp().sum(), (torch.randn(3),))
+    compiled(torch.randn(3, dtype=torch.float64))
+    loss = compiled(torch.randn(3, dtype=torch.float64))
+    with pytest.raises(tt.UnsupportedOperationError, match="create_graph"):
+        tt.grad(loss, [w], create_graph=True)
 
 
 PROBE_SCALE = 2.0

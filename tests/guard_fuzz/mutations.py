@@ -136,6 +136,7 @@ MUTATIONS: Dict[str, Callable] = {
     "train/eval": lambda a, b, rng, x: (a.train(not a.training), b.train(not b.training), x)[-1],
     "dropout p": _dropout_p,
     "hook added/removed": _hook,
+    "tensor hook inside": _set("watch", lambda rng, m: not m.watch),
     "submodule swapped": _activation,
     "dtype": _dtype,
     "closure cell": _closure,

@@ -4,8 +4,8 @@ A program is a module (linear layers, an activation, optional dropout and batch 
 list) whose forward reads its own plain attributes (`scale`, `flip`), a class attribute through a property that
 reads a global, a config object, a closure cell, a generator, a mutable default argument, torch's anomaly flag and
 a slice, fills a log list and prints, and takes a branch on a value read from tensor data through one of several
-APIs (after a dropout draw: a divergence mid-call). Two copies are built from one seed: one is called compiled,
-the other eagerly, and every mutation is applied to both.
+APIs (after a dropout draw: a divergence mid-call); it may hook a value it reads again. Two copies are built from
+one seed: one is called compiled, the other eagerly, and every mutation is applied to both.
 """
 import itertools
 import random
@@ -56,11 +56,15 @@ class Program(tt.nn.Module):
         self.counter = itertools.count(1)  # a generator the forward steps
         self.columns = slice(0, width)
         self.log: List[float] = []
+        self.watch = rng.random() < 0.3  # a tensor hook and retain_grad on a value read again inside
 
     def forward(self, x: torch.Tensor, seen: list = []) -> torch.Tensor:  # noqa: B006 (a default list, on purpose)
         seen.append(1)
         h = self.activation(self.norm(self.first(x))) * self.scale + SHIFT["value"] * self.closure()
         h = (-h if self.flip else h) * self.gain * CONFIG.SCALE + next(self.counter) % 3 * 0.1
+        if self.watch and h.requires_grad:
+            h.register_hook(lambda g: g * 0.5)  # changes what flows on: every parameter before it sees it
+            h.retain_grad()
         if torch.is_anomaly_enabled():
             h = h * 0.5
         h = self.drop(h)  # a random draw before the branch: a divergence mid-call draws once, as eager

@@ -48,7 +48,7 @@ def _run(side, model, x: torch.Tensor, seed: int) -> Tuple[torch.Tensor, list]:
     out = side(x)
     (out * torch.linspace(0.5, 1.5, out.numel(), dtype=out.dtype).reshape(out.shape)).sum().backward()
     grads = [None if p.grad is None else _plain(p.grad).clone() for p in model.parameters()]
-    return _plain(out).clone(), grads + ([_plain(x.grad).clone()] if leaf else [])
+    return _plain(out).clone(), grads + ([None if x.grad is None else _plain(x.grad).clone()] if leaf else [])
 
 
 def _step_of(model, x: torch.Tensor):

@@ -30,14 +30,21 @@ def run_hooks(hooks: List[Callable], g: Any, where: str, hand_out: Callable[[Any
 def non_leaf_hooks(node: Node, grads: List[Any], captured: Optional[dict], hand_out: Callable[[Any], None]) -> None:
     """Hooks and retain_grad of non-leaf tracers, and tt.grad's capture of non-leaf inputs (grads, one per output
     of node, is updated in place)."""
-    for nr, fns in (node.hooks or {}).items():
-        if grads[nr] is not None:
-            grads[nr] = run_hooks(fns, grads[nr], f"an output of {node.name}", hand_out)
-    for nr, ref in (node.retained or {}).items():
-        t = ref()
-        if t is not None and grads[nr] is not None:
-            t._tt_grad = grads[nr].clone() if t._tt_grad is None else t._tt_grad + grads[nr]
-    if captured is not None:
-        for nr, g in enumerate(grads):
-            if (node, nr) in captured:
-                captured[(node, nr)] = g
+    for nr, g in enumerate(grads):
+        if g is not None:
+            grads[nr] = output_hooks(node, nr, g, captured, hand_out)
+
+
+def output_hooks(node: Node, nr: int, g: Any, captured: Optional[dict], hand_out: Callable[[Any], None]) -> Any:
+    """What the walk does with the whole gradient g of output nr of node: its hooks (which may replace it), its
+    retain_grad, tt.grad's capture. Returns the gradient that flows on."""
+    fns = node.hooks.get(nr) if node.hooks else None
+    if fns:
+        g = run_hooks(fns, g, f"an output of {node.name}", hand_out)
+    ref = node.retained.get(nr) if node.retained else None
+    t = ref() if ref is not None else None
+    if t is not None:
+        t._tt_grad = g.clone() if t._tt_grad is None else t._tt_grad + g
+    if captured is not None and (node, nr) in captured:
+        captured[(node, nr)] = g
+    return g

@@ -5,7 +5,11 @@ with create_graph=True in one thread, or a tt.detect_anomaly() block, never affe
 """
 import contextlib
 import threading
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+
+def _nobody(g: Any) -> None:
+    """Outside a backward no leaf is filled: a gradient handed to user code needs no note."""
 
 
 class ThreadState(threading.local):
@@ -13,9 +17,9 @@ class ThreadState(threading.local):
 
     def __init__(self) -> None:
         self.create_graph = False  # a backward with create_graph=True is running in this thread
-        # the running backward's retain_graph and tt.grad's capture (outside a backward, a rule's backward run by a tool
-        # frees nothing)
-        self.walk: Tuple[bool, Optional[dict]] = (True, None)
+        # the running backward's retain_graph, tt.grad's capture and what reports a gradient handed to user code
+        # (outside a backward, a rule's backward run by a tool frees nothing)
+        self.walk: Tuple[bool, Optional[dict], Callable[[Any], None]] = (True, None, _nobody)
         self.module_stack: List[object] = []  # the modules running now, outermost first
         self.on_record: List[Callable] = []  # fn(node, args, kwargs, result) after forward records a node
         self.on_backward: List[Callable] = []  # fn(node, grads_of_outputs, grads_of_inputs) after a backward

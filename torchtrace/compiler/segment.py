@@ -7,10 +7,11 @@ statements in reverse: each rule's backward on its Context, each edge's gradient
 gradient summed to the input's shape and cast to its dtype) summed into the value it came from, or handed to the
 engine as the gradient of an outside tensor — which the engine sums into `.grad` as for any node.
 """
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from torchtrace.autograd.hooks import output_hooks
 from torchtrace.autograd.node import Edge, Node, leaf_accumulator
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
@@ -36,8 +37,11 @@ class Step:
 class CompiledCall:
     """y = the compiled statements -> dy/dx by each statement's rule, in reverse
 
-    The rule of a segment's node: the engine calls backward(ctx, *grads), and ctx is the Segment.
+    The rule of a segment's node: the engine calls backward(ctx, *grads), and ctx is the Segment. It runs the hooks,
+    retain_grad and tt.grad captures of the values it made itself, each on the value's whole gradient.
     """
+
+    _tt_hooks_inside = True
 
     @staticmethod
     def backward(segment: "Segment", *grads: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], ...]:
@@ -94,8 +98,9 @@ class Segment:
                 "tt.compile: backward(create_graph=True) through a compiled call (or tt.grad with create_graph) is "
                 "not supported — its statements' backward runs on plain tensors; call the function uncompiled for "
                 "higher derivatives")
-        retain, captured = STATE.walk
-        self._refuse_partial_gradients(captured)
+        retain, captured, hand_out = STATE.walk
+        node = self.node
+        asked = node.hooks or node.retained or (captured is not None and any(n is node for n, _ in captured))
         buffers: Dict[int, torch.Tensor] = {}
         for nr, g in enumerate(grads):
             if g is not None:
@@ -112,6 +117,9 @@ class Segment:
                 gs = [buffers.pop(v, None) for v in step.outputs]
                 if all(g is None for g in gs):
                     continue
+            if asked:  # each value's gradient is whole now (every statement reading it has run): as eager's walk
+                gs = self._hooks(step, gs, captured, hand_out)  # runs hooks, retain_grad and tt.grad's capture
+            if len(gs) > 1:
                 # as the engine: zeros for the outputs no gradient reached
                 gs = [torch.zeros(m[0], dtype=m[1], device=m[2]) if g is None and m is not None else g
                       for g, m in zip(gs, step.metas)]
@@ -158,22 +166,14 @@ class Segment:
                     stack.append(step)
         return [step for step in reversed(self.steps) if step in reached]
 
-    def _refuse_partial_gradients(self, captured: Optional[dict]) -> None:
-        """A hook, retain_grad or tt.grad on a value that later statements of this node read would see only part of
-        its gradient (the rest is summed inside this backward): refuse rather than give a wrong one."""
-        asked = set(self.node.hooks or ()) | set(self.node.retained or ())
-        if captured:
-            asked |= {nr for (node, nr) in captured if node is self.node}
-        if not asked:
-            return
-        consumed = {where for step in self.steps for *_, local, where in step.targets if local}
-        for nr in asked:
-            if self.outputs[nr] in consumed:
-                raise UnsupportedOperationError(
-                    "tt.compile: a hook, retain_grad() or tt.grad(..., inputs=) on a value computed inside a compiled "
-                    "call and used again inside it: its gradient is summed inside the compiled backward — register "
-                    "it outside the compiled function, or call the function uncompiled")
-
+    def _hooks(self, step: Step, gs: List[Optional[torch.Tensor]], captured: Optional[dict],
+               hand_out: Callable[[Any], None]) -> List[Optional[torch.Tensor]]:
+        """The whole gradient of each value the step made goes through its hooks, retain_grad and tt.grad's capture
+        (the engine leaves them to this node: what reaches the node from outside is only part of a value that its
+        own statements read too)."""
+        nr_of = self.nr_of
+        return [g if g is None else output_hooks(self.node, nr_of[value], g, captured, hand_out)
+                for value, g in zip(step.outputs, gs)]
 
 def output_meta(raw: torch.Tensor) -> tuple:
     with plain_torch():
