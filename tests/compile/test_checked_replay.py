@@ -645,13 +645,42 @@ def test_tt_grad_of_values_made_and_read_again_inside():
     assert compiled.replayed == len(X) - 1
 
 
-def test_create_graph_through_a_compiled_call_is_refused_not_wrong():
-    w = leaf(3)
-    compiled = tt.compile(lambda x: (x * w).exp().sum(), (torch.randn(3),))
-    compiled(torch.randn(3, dtype=torch.float64))
-    loss = compiled(torch.randn(3, dtype=torch.float64))
-    with pytest.raises(tt.UnsupportedOperationError, match="create_graph"):
-        tt.grad(loss, [w], create_graph=True)
+def _penalised(x, w):
+    """A loss whose rules save their own results (tanh, exp, sigmoid) and read w twice."""
+    return ((x * w).tanh() * w).exp().sum() + (x @ w.t()).sigmoid().sum()
+
+
+def test_second_derivatives_through_a_compiled_call():
+    gen = torch.Generator().manual_seed(5)
+    w0 = torch.randn(3, 4, dtype=torch.float64, generator=gen)
+    w = tt.as_tracer(w0.clone(), requires_grad=True)
+    compiled = tt.compile(_penalised, (tt.as_tracer(X[0][0], requires_grad=True), w))
+
+    def penalty(f, x, w):
+        """|d loss / dx|^2: a gradient penalty, whose gradient needs loss's second derivatives."""
+        x = tt.as_tracer(x.clone(), requires_grad=True) if f is not None else x.clone().requires_grad_()
+        loss = (f or _penalised)(x, w)
+        grad_x, = (tt.grad if f is not None else torch.autograd.grad)(loss, [x], create_graph=True)
+        return (grad_x * grad_x).sum()
+
+    for (x,) in X[:4]:
+        results = []
+        for f in (compiled, _penalised):
+            w.grad = None
+            penalty(f, x, w).backward()
+            results.append(plain(w.grad).clone())
+        same(results[0], results[1], exact=False)
+        w_ = w0.clone().requires_grad_()
+        penalty(None, x, w_).backward()
+        torch.testing.assert_close(results[0], w_.grad, rtol=1e-10, atol=1e-12)
+        numeric = torch.zeros_like(w0)  # central differences of the penalty itself
+        for k in range(w0.numel()):
+            step = torch.zeros(w0.numel(), dtype=torch.float64)
+            step[k] = 1e-6
+            up, down = (penalty(None, x, (w0 + s * step.view(3, 4)).requires_grad_()).item() for s in (1, -1))
+            numeric.view(-1)[k] = (up - down) / 2e-6
+        torch.testing.assert_close(results[0], numeric, rtol=1e-5, atol=1e-6)
+    assert compiled.replayed == 3
 
 
 PROBE_SCALE = 2.0

@@ -90,9 +90,13 @@ def test_tt_grad_through_a_compiled_call():
     torch.testing.assert_close(gw, ew)
 
 
-def test_second_derivatives_through_compiled_code_are_refused():
+def test_second_derivatives_through_compiled_code():
     f = tt.compile(lambda x: (x ** 3).sum(), (tt.randn(3, requires_grad=True),))
-    x = tt.randn(3, requires_grad=True)
+    x = tt.randn(3, requires_grad=True, dtype=torch.float64)
     f(x)
-    with pytest.raises(tt.UnsupportedOperationError, match=r"create_graph=True\) through a compiled call"):
-        tt.grad(f(x), [x], create_graph=True)
+    g, = tt.grad(f(x), [x], create_graph=True)  # 3 x^2
+    h, = tt.grad(g.sum(), [x])  # 6 x
+    x_ = x.detach().as_subclass(torch.Tensor).clone().requires_grad_()
+    g_, = torch.autograd.grad((x_ ** 3).sum(), [x_], create_graph=True)
+    torch.testing.assert_close(h.as_subclass(torch.Tensor), torch.autograd.grad(g_.sum(), [x_])[0])
+    torch.testing.assert_close(h.as_subclass(torch.Tensor), 6 * x_.detach())

@@ -144,10 +144,10 @@ def compile(fn: Callable, example_inputs: Any, check_inputs: Optional[Sequence[A
     as eager does. The first call that differs ends the match: the call goes on eagerly from there, and the
     new path joins the recorded program as a branch — nothing runs twice. In-place changes, `Function.apply`
     and calls that record several nodes run eagerly inside a matched program. Hooks, `retain_grad()` and
-    `tt.grad` inputs on values made inside see each value's whole gradient, as in eager. Not supported through
-    the compiled node: `create_graph=True` (it raises, naming what to do). A call under `torch.autocast`,
-    inside another compiled call or while a tool watches every op (`tt.recording()`, `tt.detect_anomaly`) runs
-    eagerly. Calls of one compiled function from several threads run one at a time.
+    `tt.grad` inputs on values made inside see each value's whole gradient, and `create_graph=True` records
+    the gradient's graph through the compiled node, as in eager. A call under `torch.autocast`, inside another
+    compiled call or while a tool watches every op (`tt.recording()`, `tt.detect_anomaly`) runs eagerly. Calls
+    of one compiled function from several threads run one at a time.
 
     `example_inputs` are what `.code` and `.to_code()` record on when no call has run yet. `check_inputs`
     compares compiled and eager on each given input now; `verify=N` does so before each of the first N calls

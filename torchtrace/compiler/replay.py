@@ -262,7 +262,10 @@ class Run:
         outputs.append(value)
         segment.nr_of[value] = nr
         node.n_outputs = nr + 1
-        if _held(out, ctx._saved):  # the Context keeps it plain: the caller gets a tracer alias (as eager's)
+        saved = ctx._saved
+        kept: tuple = ()
+        if _held(out, saved):  # the Context keeps it plain: the caller gets a tracer alias (as eager's)
+            kept = tuple((i, nr) for i, s in enumerate(saved) if s is out)
             out = out.as_subclass(tracer)
         else:  # no one else holds it: it becomes the tracer itself
             out.__class__ = tracer
@@ -272,7 +275,7 @@ class Run:
         targets, local, opened = st.plan
         if opened:
             targets, local, _ = self._plan(st, segment, args, {}, rule)
-        step = Step(rule, ctx, [value], None, targets, local)
+        step = Step(rule, ctx, [value], None, targets, local, kept)
         segment.steps.append(step)
         segment.producer[value] = step
         return out
@@ -432,6 +435,7 @@ class Run:
         values = []
         linked = []
         saved = ctx._saved
+        kept = []  # (saved index, output nr) of each result the rule saved
         for r in raw:
             value = self.n_values
             self.n_values += 1
@@ -439,7 +443,9 @@ class Run:
             # a saved one stays plain in the Context, with a tracer alias (as a tracer it would hold the node)
             fresh = _fresh(r, args) and (not saved or id(r) not in map(id, saved)) and (
                 len(raw) == 1 or sum(x is r for x in raw) == 1)
-            t = link_output(r, segment.node, segment.add_output(value), tracer, fresh)
+            nr = segment.add_output(value)
+            kept += [(i, nr) for i, s in enumerate(saved) if s is r]
+            t = link_output(r, segment.node, nr, tracer, fresh)
             if t._tt_view:
                 remember_base(t, args)
             self.values[id(t)] = value
@@ -448,7 +454,7 @@ class Run:
             linked.append(t)
         targets, local, _ = self._plan(st, segment, args, kwargs, rule)
         segment.add_step(Step(rule, ctx, values, [output_meta(r) for r in raw] if len(raw) > 1 else None,
-                              targets, local))
+                              targets, local, tuple(kept)))
         return linked[0] if isinstance(out, torch.Tensor) else _rebuild(out, _relinked(out, raw, linked))
 
     def _diverge_after(self, st: Statement, func: Callable, rule: type, ctx: Context, args: tuple, kwargs: dict,

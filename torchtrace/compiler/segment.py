@@ -12,10 +12,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from torchtrace.autograd.hooks import output_hooks
-from torchtrace.autograd.node import Edge, Node, leaf_accumulator
+from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
-from torchtrace.errors import UnsupportedOperationError
+from torchtrace.tracer import tracer
 
 _new_edge = tuple.__new__
 
@@ -26,12 +26,14 @@ class Step:
     returns, summed to `shape` and cast to `dtype` as `edge_gradient` does, goes to value `where` of this segment if
     `local`, else to the segment node's edge `where`)."""
 
-    __slots__ = ("rule", "ctx", "outputs", "metas", "targets", "local", "released")
+    __slots__ = ("rule", "ctx", "outputs", "metas", "targets", "local", "released", "saved_outputs")
 
-    def __init__(self, rule: type, ctx: Any, outputs: List[int], metas: list, targets: list, local: List[int]):
+    def __init__(self, rule: type, ctx: Any, outputs: List[int], metas: list, targets: list, local: List[int],
+                 saved_outputs: Tuple[Tuple[int, int], ...] = ()):
         self.rule, self.ctx, self.outputs, self.metas, self.targets = rule, ctx, outputs, metas, targets
         self.local = local  # the values of this segment the step reads (whose steps its gradients go to), in order
         self.released = False
+        self.saved_outputs = saved_outputs  # (saved index, output nr of the node): results the rule saved plain
 
 
 class CompiledCall:
@@ -93,11 +95,7 @@ class Segment:
             step.released, step.ctx = True, None
 
     def backward(self, grads: tuple) -> tuple:
-        if torch.is_grad_enabled():
-            raise UnsupportedOperationError(
-                "tt.compile: backward(create_graph=True) through a compiled call (or tt.grad with create_graph) is "
-                "not supported — its statements' backward runs on plain tensors; call the function uncompiled for "
-                "higher derivatives")
+        create_graph = torch.is_grad_enabled()  # the rules' torch calls record the gradient's graph (on tracers)
         retain, captured, hand_out = STATE.walk
         node = self.node
         asked = node.hooks or node.retained or (captured is not None and any(n is node for n, _ in captured))
@@ -128,7 +126,10 @@ class Segment:
                     f"Trying to backward through the graph a second time ({step.rule.__name__}Backward, inside a "
                     "compiled call): its saved tensors were freed after the first backward. Pass retain_graph=True "
                     "to the first backward().")
-            out = step.rule.backward(step.ctx, *gs)
+            if create_graph and step.saved_outputs:  # the results it saved plain, as outputs of this node again
+                out = self._with_saved_outputs_linked(step, gs)
+            else:
+                out = step.rule.backward(step.ctx, *gs)
             if type(out) is not tuple:
                 out = (out,)
             if retain:
@@ -165,6 +166,18 @@ class Segment:
                     reached.add(step)
                     stack.append(step)
         return [step for step in reversed(self.steps) if step in reached]
+
+    def _with_saved_outputs_linked(self, step: Step, gs: List[Any]) -> Any:
+        """rule.backward with the results the step saved as tracers made by this node (output nr each), so that a
+        second derivative flows back through them (as the engine re-links a node's saved outputs)."""
+        saved = list(step.ctx._saved)
+        for index, nr in step.saved_outputs:
+            saved[index] = link_output(saved[index], self.node, nr, tracer)
+        step.ctx.use_graph_saved(tuple(saved))
+        try:
+            return step.rule.backward(step.ctx, *gs)
+        finally:
+            step.ctx.use_graph_saved(None)
 
     def _hooks(self, step: Step, gs: List[Optional[torch.Tensor]], captured: Optional[dict],
                hand_out: Callable[[Any], None]) -> List[Optional[torch.Tensor]]:
