@@ -949,3 +949,43 @@ def test_leaf_gradients_never_share_memory_with_a_users_tensor_or_each_other():
         same(plain(w.grad), torch.full((3, 4), 2.0, dtype=torch.float64))
         assert w.grad.untyped_storage().data_ptr() != v.grad.untyped_storage().data_ptr()
         assert w.grad.untyped_storage().data_ptr() != g.untyped_storage().data_ptr()
+
+
+def test_a_training_step_with_a_gradient_penalty_inside_compiles_and_trains_as_eager():
+    def build():
+        model = mlp(0)
+        optimizer = tt.optim.Adam(model.parameters(), lr=1e-2)
+
+        def step(x, target):
+            optimizer.zero_grad()
+            x = tt.as_tracer(x.clone(), requires_grad=True)
+            out = model(x)
+            grad_x, = tt.grad(out.sum(), [x], create_graph=True)  # the rules' backward, recorded
+            loss = F.mse_loss(out, target) + ((grad_x.norm(dim=1) - 1) ** 2).mean()
+            loss.backward()
+            optimizer.step()
+            return loss.detach()
+
+        return step, list(model.parameters()), nothing
+
+    compiled = twins(build, batches(6))
+    assert compiled.replayed == 5
+
+
+def test_backward_between_statements_of_one_call_on_some_calls_only():
+    def build():
+        w = leaf(4, 2)
+        calls = {"n": 0}
+
+        def fn(x):
+            calls["n"] += 1
+            first = (x @ w).tanh().sum()
+            if calls["n"] % 2:  # no torch call differs: the backward alone splits the compiled node
+                first.backward()
+            second = ((x * 2) @ w).exp().sum()
+            return second + first.detach()
+
+        return fn, [w], nothing
+
+    compiled = twins(build, X)
+    assert compiled.replayed == len(X) - 1

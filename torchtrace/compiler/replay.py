@@ -253,8 +253,8 @@ class Run:
                 or not out.dtype.is_floating_point or _held(out, args):
             return self._link(st, func, rule, ctx, args, {}, out)
         segment = self.segment
-        if segment is None:
-            segment = self.segment = Segment()
+        if segment is None or segment.sealed:
+            segment = self.segment = Segment(self.n_values)
         value = self.n_values
         self.n_values = value + 1
         node, outputs = segment.node, segment.outputs
@@ -272,9 +272,9 @@ class Run:
         out._tt_node, out._tt_requires_grad, out._tt_nr, out._tt_version = node, True, nr, out._version
         self.values[id(out)] = value
         self.keep.append(out)
-        targets, local, opened = st.plan
-        if opened:
-            targets, local, _ = self._plan(st, segment, args, {}, rule)
+        targets, local, opened, first = st.plan
+        if opened or first != segment.first_value:
+            targets, local, _, _ = self._plan(st, segment, args, {}, rule)
         step = Step(rule, ctx, [value], None, targets, local, kept)
         segment.steps.append(step)
         segment.producer[value] = step
@@ -282,13 +282,14 @@ class Run:
 
     @staticmethod
     def _plan(st: Statement, segment: Segment, args: tuple, kwargs: dict, rule: type) -> tuple:
-        """(targets, local, opened): where the gradients of st's edges go — (position, shape, dtype, True, value) for a
-        value of this segment, (..., False, edge) for the segment node's edge to an outside tensor, opened where the
-        segment first reads it. Values are
-        numbered and edges opened in the order of the path, so every call that reaches st along the trie gets the
-        plan of the first: it is kept on the statement, and only its opened edges are made again for this call."""
+        """(targets, local, opened, first value): where the gradients of st's edges go — (position, shape, dtype,
+        True, value) for a value of this segment, (..., False, edge) for the segment node's edge to an outside
+        tensor, opened where the segment first reads it. Values are numbered and edges opened in the order of the
+        path, so a call that reaches st along the trie in a segment begun at the same value gets the plan of the
+        first call: it is kept on the statement, and only its opened edges are made again for this call. (A segment
+        begins after an eager statement, or after a backward through the one before: not a fact of the trie.)"""
         plan = st.plan
-        if plan is not None:
+        if plan is not None and plan[3] == segment.first_value:
             for source, position, where in plan[2]:
                 if segment.edge_to(source, _argument_at(args, kwargs, rule, position)) != where:
                     plan = None  # cannot happen on a path of the trie; a plan of its own for this call
@@ -308,11 +309,11 @@ class Run:
                     opened.append((source, edge.position, where))
                 targets.append((edge.position, edge.shape, edge.dtype, False, where))
         if st.plan is None:
-            st.plan = targets, local, opened
+            st.plan = targets, local, opened, segment.first_value
             if st.flat is not None and st.kind == REPLAY and not st.torch_leaf:  # replay_next may take it from now
                 facts = iter(zip(st.sources, st.needs))
                 st.checks = tuple((k, *next(facts)) if k is TENSOR else (k, 0, False) for k in st.flat)
-        return targets, local, opened
+        return targets, local, opened, segment.first_value
 
     def _matched(self, block: Block, at: int, st: Statement) -> None:
         self.before = (block, at)  # where a call that ran but then did not fit leaves the trie
@@ -430,8 +431,8 @@ class Run:
                 return out
             st = other
         segment = self.segment
-        if segment is None:
-            segment = self.segment = Segment()
+        if segment is None or segment.sealed:
+            segment = self.segment = Segment(self.n_values)
         values = []
         linked = []
         saved = ctx._saved
@@ -452,7 +453,7 @@ class Run:
             self.keep.append(t)
             values.append(value)
             linked.append(t)
-        targets, local, _ = self._plan(st, segment, args, kwargs, rule)
+        targets, local, _, _ = self._plan(st, segment, args, kwargs, rule)
         segment.add_step(Step(rule, ctx, values, [output_meta(r) for r in raw] if len(raw) > 1 else None,
                               targets, local, tuple(kept)))
         return linked[0] if isinstance(out, torch.Tensor) else _rebuild(out, _relinked(out, raw, linked))

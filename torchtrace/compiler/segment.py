@@ -57,7 +57,9 @@ class Segment:
     _n_inputs = None
     _saved: tuple = ()
 
-    def __init__(self) -> None:
+    def __init__(self, first_value: int) -> None:
+        self.first_value = first_value  # the number of the first value it makes: every later one until it closes
+        self.sealed = False  # its backward has started: statements from now on make a node of their own
         self.steps: List[Step] = []
         self.nr_of: Dict[int, int] = {}  # value number -> output nr of the node
         self.producer: Dict[int, Step] = {}  # value number -> the step that made it
@@ -97,6 +99,7 @@ class Segment:
     def backward(self, grads: tuple) -> tuple:
         create_graph = torch.is_grad_enabled()  # the rules' torch calls record the gradient's graph (on tracers)
         retain, captured, hand_out = STATE.walk
+        self.sealed = True
         node = self.node
         asked = node.hooks or node.retained or (captured is not None and any(n is node for n, _ in captured))
         buffers: Dict[int, torch.Tensor] = {}
