@@ -58,7 +58,7 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
             raise UnsupportedOperationError(
                 f"{_name(func, rule)}: out= cannot be recorded (no gradient can flow into a preallocated output) "
                 "— assign the result instead, or run the call under tt.no_grad()")
-        node = Node(rule, Context(rule, edges, needs), edges, func, tuple(STATE.module_stack))
+        node = Node(rule, Context(rule, edges, needs), edges, func, STATE.module_stack)
         if func is None:  # Function.apply: backward must return one gradient per argument, as torch checks
             node.ctx._n_inputs = len(args) + len(kwargs)
         if torch_leaf:  # torch's autograd must not record the plain tensors that require grad

@@ -5,7 +5,7 @@ with create_graph=True in one thread, or a tt.detect_anomaly() block, never affe
 """
 import contextlib
 import threading
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional, Tuple
 
 
 class ThreadState(threading.local):
@@ -13,7 +13,9 @@ class ThreadState(threading.local):
 
     def __init__(self) -> None:
         self.create_graph = False  # a backward with create_graph=True is running in this thread
-        self.module_stack: List[object] = []  # the modules running now, outermost first
+        # the modules running now, outermost first: a tuple replaced on a module's entry and exit, never changed, so
+        # every node recorded meanwhile keeps this very object as its module_path
+        self.module_stack: Tuple[object, ...] = ()
         self.on_record: List[Callable] = []  # fn(node, args, kwargs, result) after forward records a node
         self.on_backward: List[Callable] = []  # fn(node, grads_of_outputs, grads_of_inputs) after a backward
 
