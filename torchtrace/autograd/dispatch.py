@@ -99,11 +99,15 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
                 catch_up(arg, tracer_type, run_rule)
             if arg._tt_requires_grad:
                 needs |= 1 << position
-                node = arg._tt_node  # _edge(position, arg) written out for an unchanged result: the hottest loop
-                if node is None or arg._version != arg._tt_version:
-                    edges.append(_edge(position, arg))
-                else:
-                    edges.append(_new_edge(Edge, (position, node, arg._tt_nr, arg.shape, arg.dtype)))
+                node = arg._tt_node  # _edge(position, arg) written out: the hottest loop
+                if node is None:
+                    acc = arg._tt_acc
+                    node = acc() if acc is not None else None
+                    if node is None:
+                        node = leaf_accumulator(arg)
+                elif arg._version != arg._tt_version:
+                    _edge(position, arg)  # raises: changed in place outside the graph
+                edges.append(_new_edge(Edge, (position, node, arg._tt_nr, arg.shape, arg.dtype)))
         elif isinstance(arg, torch.Tensor):
             if arg.requires_grad:
                 needs |= 1 << position

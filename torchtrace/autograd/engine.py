@@ -26,9 +26,6 @@ Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
 BACKWARD_WATCHERS: List[Callable[[Any, bool], ContextManager]] = []  # watcher(output, create_graph) -> a block
 TOOLS: Dict[str, Callable[[Any], None]] = {}  # "show": print the backprop trace of a tracer (y.backward(show=True))
 
-# Rules shipped with torchtrace: their backward returns new tensors or views of its gradient, and keeps neither.
-OUR_RULES = ("torchtrace.ops.", "torchtrace.nn.", "torchtrace.autograd.")
-
 
 def tensor_backward(self: torch.Tensor, gradient: Optional[torch.Tensor] = None, retain_graph: Optional[bool] = None,
                     create_graph: bool = False, show: bool = False) -> None:
@@ -173,7 +170,7 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
                 if node.hooks or node.retained or captured is not None:
                     non_leaf_hooks(node, grads, captured, ownership.hand_out)
                 _send(node, _call_rule(node, grads, create_graph, tracer_type, ownership, observers), buffers, ready)
-                if not retain_graph:
+                if not retain_graph and node.ctx._saved:
                     node.ctx.release()
     finally:
         STATE.create_graph = previous
@@ -218,7 +215,7 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
     it, observers see the call, and what user code receives or returns no leaf keeps."""
     if node.output_meta is not None or node.pre_hooks:
         grads = _prepared_gradients(node, grads)
-    trusted = node.rule.__module__.startswith(OUR_RULES)
+    trusted = getattr(node.rule, "_tt_trusted", False)
     if not trusted:
         ownership.hand_out(grads)
     if node.autocast or (create_graph and node.saved_outputs):

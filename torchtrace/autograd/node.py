@@ -71,7 +71,7 @@ class Context:
     def save_for_backward(self, *tensors: Any) -> None:
         """Keep tensors for backward; an in-place change of one of them before backward is an error."""
         try:
-            self._saved, self._versions = tensors, [getattr(t, "_version", None) for t in tensors]
+            self._saved, self._versions = tensors, _versions(tensors)
         except RuntimeError:  # an inference tensor has no version counter
             raise saved_inference_tensor(self._rule.__name__) from None
 
@@ -81,7 +81,7 @@ class Context:
 
     @property
     def saved_tensors(self) -> Tuple[Any, ...]:
-        if self._released or [getattr(t, "_version", None) for t in self._saved] != self._versions:
+        if self._released or _versions(self._saved) != self._versions:
             self._refuse()
         return self._saved if self._graph_saved is None else self._graph_saved
 
@@ -106,6 +106,11 @@ class Context:
         """Free what forward saved (after the node ran, unless retain_graph)."""
         if self._saved:
             self._saved, self._versions, self._released = (), _UNSAVED, True
+
+
+def _versions(tensors: tuple) -> List[Any]:
+    """The version counter of each saved tensor (None for None, or anything without one)."""
+    return [None if t is None else getattr(t, "_version", None) for t in tensors]
 
 
 _NEEDS: Dict[int, Tuple[bool, ...]] = {}  # bit mask of the arguments needing a gradient -> needs_input_grad flags
@@ -207,7 +212,10 @@ def link_output(raw: torch.Tensor, node: Node, nr: int, tracer_type: type, fresh
                                         "or run this call under tt.no_grad()")
     t = raw if fresh else raw.as_subclass(tracer_type)
     t.__class__ = tracer_type  # a fresh result becomes the tracer itself (an alias already is one)
-    if floating:
-        t._tt_node, t._tt_requires_grad, t._tt_nr, t._tt_version = node, True, nr, raw._version
-    t._tt_view = view
+    if floating:  # only what differs from the class defaults is set: the Python object is new
+        t._tt_node, t._tt_requires_grad, t._tt_version = node, True, raw._version
+        if nr:
+            t._tt_nr = nr
+    if view:
+        t._tt_view = True
     return t
