@@ -71,7 +71,7 @@ class Context:
     def save_for_backward(self, *tensors: Any) -> None:
         """Keep tensors for backward; an in-place change of one of them before backward is an error."""
         try:
-            self._saved, self._versions = tensors, _versions(tensors)
+            self._saved, self._versions = tensors, [None if t is None else getattr(t, "_version", None) for t in tensors]
         except RuntimeError:  # an inference tensor has no version counter
             raise saved_inference_tensor(self._rule.__name__) from None
 
@@ -81,8 +81,11 @@ class Context:
 
     @property
     def saved_tensors(self) -> Tuple[Any, ...]:
-        if self._released or _versions(self._saved) != self._versions:
+        if self._released:
             self._refuse()
+        for t, version in zip(self._saved, self._versions):
+            if version is not None and t._version != version:
+                self._refuse()
         return self._saved if self._graph_saved is None else self._graph_saved
 
     def _refuse(self) -> None:
@@ -106,11 +109,6 @@ class Context:
         """Free what forward saved (after the node ran, unless retain_graph)."""
         if self._saved:
             self._saved, self._versions, self._released = (), _UNSAVED, True
-
-
-def _versions(tensors: tuple) -> List[Any]:
-    """The version counter of each saved tensor (None for None, or anything without one)."""
-    return [None if t is None else getattr(t, "_version", None) for t in tensors]
 
 
 _NEEDS: Dict[int, Tuple[bool, ...]] = {}  # bit mask of the arguments needing a gradient -> needs_input_grad flags
