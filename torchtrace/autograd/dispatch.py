@@ -178,9 +178,10 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     alias (as a tracer it would hold the node that holds it); a fresh one becomes the tracer itself."""
     saved = node.ctx._saved
     if isinstance(out, torch.Tensor):
-        kept = [(i, 0) for i, s in enumerate(saved) if s is out] if saved else None
-        if kept:  # which saved tensors are the output: create_graph re-links them to the node
-            node.saved_outputs = tuple(kept)
+        kept = ()  # which saved tensors are the output: create_graph re-links them to the node
+        for i, s in enumerate(saved):
+            if s is out:
+                kept = node.saved_outputs = (*kept, (i, 0))
         t = link_output(out, node, 0, tracer_type, not kept and _fresh(out, args))
         node.value_refs = (weakref.ref(t),)
         if t._tt_view:
