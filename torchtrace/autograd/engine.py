@@ -8,7 +8,7 @@ Hooks, tt.grad's capture and create_graph's re-linked outputs only run when aske
 """
 import contextlib
 from heapq import heappop, heappush
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, ContextManager, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -16,7 +16,7 @@ from torchtrace.autograd import function_contract, grad_fn_hooks
 from torchtrace.autograd.dispatch import run_rule
 from torchtrace.autograd.hooks import non_leaf_hooks, run_hooks
 from torchtrace.autograd.inplace import catch_up
-from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for, leaf_accumulator, link_output
+from torchtrace.autograd.node import AccumulateGrad, Edge, Node, gradient_for, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 
@@ -152,8 +152,8 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
     buffers: Dict[Any, List[Any]]  # node -> the gradient of each of its outputs, summed as they arrive
     ready: List[Tuple[int, Any]]  # (-sequence_nr, node): a heap, newest node first
     buffers, ready = {}, []
-    for node, nr, g in roots:
-        _add(buffers, ready, node, nr, g)
+    _send(_Root([Edge(i, node, nr, g.shape, g.dtype) for i, (node, nr, g) in enumerate(roots)]),
+          tuple(g for _, _, g in roots), buffers, ready)  # the roots' gradients, buffered as any node's result
     observers = STATE.on_backward  # read once per backward: tools add theirs before it starts
     ownership = Ownership([g for _, _, g in roots], enabled=not observers)
     previous, STATE.create_graph = STATE.create_graph, create_graph
@@ -176,14 +176,10 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
         STATE.create_graph = previous
 
 
-def _add(buffers: Dict[Any, List[Any]], ready: List[Tuple[int, Any]], node: Any, nr: int, g: Any) -> None:
-    """Buffer g for output nr of node (a node's first gradient makes it ready); gradients arriving along several
-    edges (fan-out) are summed."""
-    buf = buffers.get(node)
-    if buf is None:
-        buffers[node] = buf = [None] * node.n_outputs
-        heappush(ready, (-node.sequence_nr, node))
-    buf[nr] = g if buf[nr] is None else buf[nr] + g
+class _Root(NamedTuple):
+    """Where backward starts (torch's GraphRoot): a node whose result is the roots' gradients, one edge per root."""
+
+    edges: List[Edge]
 
 
 def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]], ready: List[Tuple[int, Any]]) -> None:
@@ -202,8 +198,8 @@ def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]], ready: List[
             g = _unbroadcast(node, g, shape)
         if g.dtype != dtype:
             g = g.to(dtype)
-        buf = buffers.get(target)  # _add(buffers, ready, target, nr, g), written out: this runs for every edge
-        if buf is None:
+        buf = buffers.get(target)  # a node's first gradient makes it ready; gradients arriving along several edges
+        if buf is None:  # (fan-out) are summed
             buffers[target] = buf = [None] * target.n_outputs
             heappush(ready, (-target.sequence_nr, target))
         buf[nr] = g if buf[nr] is None else buf[nr] + g
@@ -213,8 +209,11 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
                observers: List[Callable]) -> tuple:
     """rule.backward(ctx, *grads) as a tuple, with zeros for outputs no gradient reached; grad_fn hooks run around
     it, observers see the call, and what user code receives or returns no leaf keeps."""
-    if node.output_meta is not None or node.pre_hooks:
-        grads = _prepared_gradients(node, grads)
+    if node.output_meta is not None or node.pre_hooks:  # zeros for the outputs of a multi-output node no gradient
+        grads = grads if node.output_meta is None else [  # reached; then the grad_fn pre-hooks
+            torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
+            for g, meta in zip(grads, node.output_meta)]
+        grads = grad_fn_hooks.run_pre_hooks(node, grads) if node.pre_hooks else grads
     trusted = getattr(node.rule, "_tt_trusted", False)
     if not trusted:
         ownership.hand_out(grads)
@@ -231,34 +230,21 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
     return result
 
 
-def _prepared_gradients(node: Node, grads: List[Any]) -> List[Any]:
-    """Zeros for the outputs of a multi-output node that no gradient reached; then the grad_fn pre-hooks."""
-    if node.output_meta is not None:
-        grads = [torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
-                 for g, meta in zip(grads, node.output_meta)]
-    return grad_fn_hooks.run_pre_hooks(node, grads) if node.pre_hooks else grads
-
-
 def _call_in_forward_state(node: Node, grads: List[Any], create_graph: bool, tracer_type: type) -> Any:
     """rule.backward under the torch.autocast state forward ran in, and with create_graph with the saved outputs
     re-linked to this node, so their second derivative flows back through it."""
     relink = create_graph and node.saved_outputs
-    if relink:
-        _relink_saved_outputs(node, tracer_type)
+    if relink:  # the node's saved outputs become tracers produced by this node
+        saved = list(node.ctx._saved)
+        for i, nr in node.saved_outputs:
+            saved[i] = link_output(saved[i], node, nr, tracer_type)
+        node.ctx.use_graph_saved(tuple(saved))
     try:
         with torch.autocast(*node.autocast) if node.autocast else contextlib.nullcontext():
             return node.rule.backward(node.ctx, *grads)
     finally:
         if relink:
             node.ctx.use_graph_saved(None)
-
-
-def _relink_saved_outputs(node: Node, tracer_type: type) -> None:
-    """create_graph: the node's saved outputs become tracers produced by this node."""
-    saved = list(node.ctx._saved)
-    for i, nr in node.saved_outputs:
-        saved[i] = link_output(saved[i], node, nr, tracer_type)
-    node.ctx.use_graph_saved(tuple(saved))
 
 
 def _as_tuple(node: Node, result: Any) -> tuple:

@@ -62,16 +62,14 @@ class Context:
     _graph_saved: Optional[Tuple[Any, ...]] = None
     _n_inputs: Optional[int] = None  # set for Function.apply: how many arguments backward returns gradients for
 
-    def __init__(self, rule: type, edges: Any = (), needs_mask: Optional[int] = None):
-        if needs_mask is None:  # bit i set: argument i needs a gradient
-            needs_mask = sum({1 << (p if type(p) is int else p[0]) for p, *_ in edges})
+    def __init__(self, rule: type, edges: Any = (), needs_mask: int = 0):  # mask bit i set: argument i needs a gradient
         self._rule, self._edges, self._mask, self._saved, self._versions = rule, edges, needs_mask, (), _UNSAVED
         self.needs_input_grad = _NEEDS.get(needs_mask) or _needs_flags(needs_mask)
 
     def save_for_backward(self, *tensors: Any) -> None:
         """Keep tensors for backward; an in-place change of one of them before backward is an error."""
         try:
-            self._saved, self._versions = tensors, [None if t is None else getattr(t, "_version", None) for t in tensors]
+            self._saved, self._versions = tensors, [getattr(t, "_version", None) for t in tensors]
         except RuntimeError:  # an inference tensor has no version counter
             raise saved_inference_tensor(self._rule.__name__) from None
 
