@@ -155,7 +155,8 @@ class ForwardInModule:
         self.module, self.own = module, own
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return call_in_module(self.module, self.__wrapped__, args, kwargs)
+        module = self.module
+        return call_in_module(module, self.own or type(module).forward.__get__(module), args, kwargs)
 
     @property
     def __wrapped__(self) -> Callable:
