@@ -98,6 +98,7 @@ def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequenc
         raise ValueError(f"{name}: uses must name, for each of the {n} gradients, some of {sorted(known)} (got {uses})")
     keep, keep_meta = _what_to_keep(n, uses, ""), _what_to_keep(n, uses, ".meta")
     keep = {needs: saving if any(saving) else None for needs, saving in keep.items()}  # None: nothing to save
+    keep_meta = {needs: kept if any(kept) else None for needs, kept in keep_meta.items()}
     option_names = list(options) if isinstance(options, dict) else []
     input_names = tuple(inputs or names[:n])
 
@@ -118,9 +119,9 @@ def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequenc
         saving = keep[needs]
         if saving is not None:  # nothing saved: a second backward through this node is no error (as in torch)
             ctx.save_for_backward(*[value if save else None for value, save in zip((*args[:n], out), saving)])
-        if any(keep_meta[needs]):
-            ctx.metas = [Meta(t.shape, t.dtype, t.device) if meta else None
-                         for t, meta in zip(args[:n], keep_meta[needs])]
+        metas = keep_meta[needs]
+        if metas is not None:
+            ctx.metas = [Meta(t.shape, t.dtype, t.device) if meta else None for t, meta in zip(args[:n], metas)]
         return out
 
     def backward(ctx: Any, g: Any) -> Tuple[Any, ...]:
