@@ -28,10 +28,10 @@ backward: 1,251. Then, each closing a wrong or missing result: keywords under th
 (`torch.mul(x1=, x2=)`), deepcopy of a non-leaf refused as torch refuses it, a view as backward's root brought up to
 date first, tt.grad's message naming grad_outputs=, a ctx that saves for forward mode (`save_for_forward`), and the
 weak references to each node's outputs that let the player show every value: 1,281. Speed work then added a
-little (a leaf's edge taken without a call, a rule's trust flag set once per class) and simplified more: backward
-starts from a root node whose result is sent like any node's (no separate buffering step), one edge helper for view
-tracers, plain torch leaves and list items, a Context's mask given by every caller, single-use helpers folded into
-their one caller: 1,277.
+little (a leaf's edge taken without a call, a rule's trust flag set once per class, read by module for a rule class
+that is no Function) and simplified more: backward starts from a root node whose result is sent like any node's (no
+separate buffering step), one edge helper for view tracers, plain torch leaves and list items, a Context's mask given
+by every caller, single-use helpers folded into their one caller: 1,276.
 """
 import ast
 import pathlib
