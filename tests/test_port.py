@@ -6,6 +6,7 @@ under torch autograd. Both run the same float64 batch: outputs, every parameter 
 The models here (LeNet, GPT) are also the ones bench/models.py times.
 """
 import copy
+import inspect
 import io
 import math
 import pickle
@@ -537,12 +538,31 @@ def test_common_torch_layers_differentiate_like_torch(name):
 
 def test_a_ported_model_names_its_layers_in_the_trace(capsys):
     model = port(nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 1)))
-    port(model)  # hooks are installed once
+    forward = model[0].forward
+    port(model)  # the module stack's forward is installed once
     model(torch.randn(2, 4)).sum().backward(show=True)
     lines = capsys.readouterr().out.splitlines()
     assert lines[1:5] == ["↘︎ Sum()", "↘︎ Linear(in_features=3, out_features=1, bias=True)", "↘︎ ReLU()",
                           "↘︎ Linear(in_features=4, out_features=3, bias=True)"]
-    assert len(model[0]._forward_pre_hooks) == 1
+    assert model[0].forward is forward and not model[0]._forward_pre_hooks and not model[0]._forward_hooks
+    assert list(inspect.signature(model[0].forward).parameters) == ["input"]
+
+
+def test_copies_of_a_ported_model_run_their_own_forward():
+    torch.manual_seed(0)
+    model = port(nn.Sequential(nn.Linear(3, 2), nn.Tanh()))
+    x = torch.randn(4, 3)
+    before = plain(model(x))
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):  # parameters of their own
+        with torch.no_grad():
+            copied[0].weight.mul_(2.0)
+        y = copied(x)
+        assert y.grad_fn.module_path == (copied, copied[1])
+        assert y.grad_fn.edges[0].node.module_path == (copied, copied[0])
+        torch.testing.assert_close(plain(y), torch.tanh(F.linear(x, plain(copied[0].weight), plain(copied[0].bias))))
+        torch.testing.assert_close(plain(model(x)), before)
+    shallow = port(copy.copy(model))  # copy.copy shares the layers (and their parameters) with the original
+    assert shallow(x).grad_fn.module_path == (shallow, model[1])
 
 
 def test_an_optimizer_created_before_port_updates_the_model_as_torch():

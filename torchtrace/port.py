@@ -6,7 +6,7 @@ import torch
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.nn.attention import MultiheadAttention
 from torchtrace.nn.local_response_norm import CrossMapLRN2d
-from torchtrace.nn.module import Module, Parameter, module_entered, module_left
+from torchtrace.nn.module import ForwardInModule, Module, Parameter
 from torchtrace.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from torchtrace.tracer import as_tracer, tracer
 
@@ -58,8 +58,10 @@ def port(module: M) -> M:
       nn.PReLU, SELU, Hardswish, Hardsigmoid, AlphaDropout, Upsample, PixelShuffle, Unfold) raises
       tt.UnsupportedOperationError naming that callable at its first forward that needs a gradient.
     - Lazy modules (nn.LazyLinear, ...) must run one forward before they are ported.
-    - Forward hooks on every sub-module record which module made each graph node, as tt.nn modules do, so
-      `backward(show=True)`, `tt.draw` and `tt.trace` name the layers of a ported model.
+    - Every sub-module's forward runs with the module on torchtrace's module stack (`nn.module.ForwardInModule`,
+      set on the instance: no forward hooks, which would slow every call), so each graph node knows its module,
+      as with tt.nn modules, and `backward(show=True)`, `tt.draw` and `tt.trace` name the layers of a ported
+      model.
     """
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"tt.port expects a torch.nn.Module, got {type(module).__name__}")
@@ -78,10 +80,20 @@ def port(module: M) -> M:
         _swap(sub)
         if _plain_state_dict not in sub._state_dict_hooks.values():
             sub.register_state_dict_post_hook(_plain_state_dict)
-        if not isinstance(sub, Module) and module_entered not in sub._forward_pre_hooks.values():
-            sub.register_forward_pre_hook(module_entered)  # so traces and drawings know each op's module
-            sub.register_forward_hook(module_left, always_call=True)
+        if not isinstance(sub, Module):
+            _join_module_stack(sub)
     return module
+
+
+def _join_module_stack(sub: torch.nn.Module) -> None:
+    """sub's forward runs with sub on the module stack, so traces and drawings know each op's module (a copy made by
+    copy.copy shares its original's forward object: porting the copy gives it its own)."""
+    own = sub.__dict__.get("forward")  # a forward set on the instance itself runs inside, in the class's stead
+    if isinstance(own, ForwardInModule):
+        if own.module is sub:
+            return
+        own = own.own
+    sub.__dict__["forward"] = ForwardInModule(sub, own)
 
 
 def as_parameter(param: torch.Tensor) -> Parameter:

@@ -15,15 +15,6 @@ from torchtrace.errors import NON_LEAF_GRAD_WARNING
 from torchtrace.tensor_protocols import TensorProtocols
 
 
-def _check_differentiable(t: torch.Tensor) -> None:
-    with plain_torch():
-        if not (t.is_floating_point() or t.is_complex()):
-            raise RuntimeError(
-                f"Only floating point tracers can require gradients, but this one has dtype {t.dtype}. "
-                "Convert it first, e.g. x = x.float()."
-            )
-
-
 def _to_tensor(data: Any, dtype: Optional[torch.dtype], device: Any) -> torch.Tensor:
     """Copy `data` into a tensor; Python numbers and lists of ints become float32 (legacy torch.Tensor)."""
     if isinstance(data, torch.Tensor):
@@ -100,7 +91,10 @@ class tracer(TensorProtocols, torch.Tensor):
         if self._tt_node is not None and not requires_grad:
             raise RuntimeError("you can only change requires_grad of leaf tracers; use .detach() on a non-leaf")
         if requires_grad:
-            _check_differentiable(self)
+            with plain_torch():
+                if not (self.is_floating_point() or self.is_complex()):
+                    raise RuntimeError(f"Only floating point tracers can require gradients, but this one has dtype "
+                                       f"{self.dtype}. Convert it first, e.g. x = x.float().")
         self._tt_requires_grad = bool(requires_grad)
         return self
 

@@ -8,7 +8,7 @@ from torchtrace.autograd.arguments import KEYWORD_PLANS, keywords_to_positions, 
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.function_contract import returned_outputs
 from torchtrace.autograd.inplace import catch_up, inplace_requested, record_inplace, record_inplace_flag, remember_base
-from torchtrace.autograd.node import Context, Edge, Node, leaf_accumulator, link_output
+from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 from torchtrace.errors import UnsupportedOperationError
@@ -50,15 +50,15 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
     if func in INPLACE_FLAG and inplace_requested(INPLACE_FLAG[func], args, kwargs):
         return record_inplace_flag(tracer_type, rule, func, *call, run_rule)
     with plain_torch():
-        edges, torch_leaf, needs = _grad_edges(tracer_type, rule, args, kwargs) if _grad_enabled() else _NONE
+        edges, torch_leaf, needs = _grad_edges(tracer_type, rule, args, kwargs) if _grad_enabled() else ((), 0, 0)
         if not edges:
             out = func(*call[0], **call[1]) if func is not None else rule.forward(Context(rule), *args, **kwargs)
             return _as_tracers(out, tracer_type, args)
         if kwargs and kwargs.get("out") is not None:
             raise UnsupportedOperationError(
-                f"{_name(func, rule)}: out= cannot be recorded (no gradient can flow into a preallocated output) "
-                "— assign the result instead, or run the call under tt.no_grad()")
-        node = Node(rule, Context(rule, edges, needs), edges, func, tuple(STATE.module_stack))
+                f"{callable_name(func) if func else rule.__name__ + '.apply'}: out= cannot be recorded (no gradient "
+                "can flow into a preallocated output) — assign the result instead, or run the call under tt.no_grad()")
+        node = Node(rule, Context(rule, edges, needs), edges, func, STATE.module_stack)
         if func is None:  # Function.apply: backward must return one gradient per argument, as torch checks
             node.ctx._n_inputs = len(args) + len(kwargs)
         if torch_leaf:  # torch's autograd must not record the plain tensors that require grad
@@ -72,17 +72,10 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
             if torch_leaf:
                 _set_grad_enabled(True)
         if _any_autocast():
-            node.autocast = _autocast_state(edges[0].shape, args)
+            node.autocast = _autocast_state(args)
     for observe in STATE.on_record:
         observe(node, args, kwargs, result)
     return result
-
-
-def _name(func: Optional[Callable], rule: type) -> str:
-    return callable_name(func) if func is not None else f"{rule.__name__}.apply"
-
-
-_NONE = (None, False, 0)
 
 
 def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tuple[List[Edge], bool, int]:
@@ -94,48 +87,44 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
     pairs = enumerate(args) if not kwargs else [
         *enumerate(args), *((rule.param_index(k), v) for k, v in kwargs.items() if k != "out" and wants_gradient(v))]
     for position, arg in pairs:
-        if isinstance(arg, tracer_type):
-            if arg._tt_view:
-                catch_up(arg, tracer_type, run_rule)
+        if isinstance(arg, tracer_type) and not arg._tt_view:  # _edge(position, arg) written out: the hottest loop
             if arg._tt_requires_grad:
+                node = arg._tt_node
+                if node is None:  # a leaf: its AccumulateGrad, while the graph keeps it, else a new one
+                    acc = arg._tt_acc
+                    node = acc() if acc is not None else None
+                    if node is None:
+                        node = AccumulateGrad(arg)
+                elif arg._version != arg._tt_version:
+                    _changed_in_place(arg)
+                edges.append(_new_edge(Edge, (position, node, arg._tt_nr, arg.shape, arg.dtype)))
                 needs |= 1 << position
-                node = arg._tt_node  # _edge(position, arg) written out for an unchanged result: the hottest loop
-                if node is None or arg._version != arg._tt_version:
-                    edges.append(_edge(position, arg))
-                else:
-                    edges.append(_new_edge(Edge, (position, node, arg._tt_nr, arg.shape, arg.dtype)))
-        elif isinstance(arg, torch.Tensor):
-            if arg.requires_grad:
-                needs |= 1 << position
-                edges.append(_torch_leaf_edge(position, arg))
-                torch_leaf = True
-        elif isinstance(arg, _containers):
-            for j, item in enumerate(arg):
-                if isinstance(item, tracer_type):
-                    if item._tt_view:
-                        catch_up(item, tracer_type, run_rule)
-                    if item._tt_requires_grad:
-                        needs |= 1 << position
-                        edges.append(_edge((position, j), item))
-                elif isinstance(item, torch.Tensor) and item.requires_grad:
+        elif isinstance(arg, tracer_type) or (isinstance(arg, torch.Tensor) and arg.requires_grad) or (
+                isinstance(arg, _containers)):
+            items = [((position, j), item) for j, item in enumerate(arg)] if isinstance(arg, _containers) else [
+                (position, arg)]
+            for where, item in items:
+                edge = _edge(where, item, tracer_type)
+                if edge is not None:
+                    edges.append(edge)
                     needs |= 1 << position
-                    edges.append(_torch_leaf_edge((position, j), item))
-                    torch_leaf = True
+                    torch_leaf = torch_leaf or not isinstance(item, tracer_type)
     return edges, torch_leaf, needs
 
 
-def _edge(position: Any, t: torch.Tensor) -> Edge:
-    """The edge to the node that produced t (a leaf's: its AccumulateGrad), which must not have changed since."""
-    if t._tt_node is not None and t._version != t._tt_version:
-        raise RuntimeError(
-            f"A tracer produced by {t._tt_node.name} was modified in place (through itself or a view sharing its "
-            "storage) outside the recorded graph, so its gradient would be wrong. Use out-of-place ops."
-        )
-    return _new_edge(Edge, (position, t._tt_node or leaf_accumulator(t), t._tt_nr, t.shape, t.dtype))
-
-
-def _torch_leaf_edge(position: Any, t: torch.Tensor) -> Edge:
-    """A plain tensor with torch's requires_grad=True met a tracer: torchtrace treats it as a leaf."""
+def _edge(position: Any, t: Any, tracer_type: type) -> Optional[Edge]:
+    """The edge to the node that produced t (a leaf's: its AccumulateGrad), None when t needs no gradient. A view whose
+    base changed in place is brought up to date first; a plain tensor with torch's requires_grad=True is a leaf."""
+    if isinstance(t, tracer_type):
+        if t._tt_view:
+            catch_up(t, tracer_type, run_rule)
+        if not t._tt_requires_grad:
+            return None
+        if t._tt_node is not None and t._version != t._tt_version:
+            _changed_in_place(t)
+        return _new_edge(Edge, (position, t._tt_node or leaf_accumulator(t), t._tt_nr, t.shape, t.dtype))
+    if not isinstance(t, torch.Tensor) or not t.requires_grad:
+        return None
     if t.grad_fn is not None:
         raise RuntimeError(
             f"A tensor computed by torch autograd (grad_fn={t.grad_fn.name()}) met a tracer: torchtrace cannot follow "
@@ -144,7 +133,13 @@ def _torch_leaf_edge(position: Any, t: torch.Tensor) -> Edge:
     return _new_edge(Edge, (position, leaf_accumulator(t), 0, t.shape, t.dtype))
 
 
-def _autocast_state(shape: Any, args: tuple) -> Optional[Tuple[str, torch.dtype]]:
+def _changed_in_place(t: torch.Tensor) -> None:
+    raise RuntimeError(
+        f"A tracer produced by {t._tt_node.name} was modified in place (through itself or a view sharing its "
+        "storage) outside the recorded graph, so its gradient would be wrong. Use out-of-place ops.")
+
+
+def _autocast_state(args: tuple) -> Optional[Tuple[str, torch.dtype]]:
     """(device type, dtype) of the torch.autocast region this op ran in, so backward runs in it too."""
     device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
     return (device, torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else None
@@ -174,9 +169,10 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     alias (as a tracer it would hold the node that holds it); a fresh one becomes the tracer itself."""
     saved = node.ctx._saved
     if isinstance(out, torch.Tensor):
-        kept = id(out) in map(id, saved)
-        if kept:
-            _note_saved_outputs(node, saved, (out,))
+        kept = ()  # which saved tensors are the output: create_graph re-links them to the node
+        for i, s in enumerate(saved):
+            if s is out:
+                kept = node.saved_outputs = (*kept, (i, 0))
         t = link_output(out, node, 0, tracer_type, not kept and _fresh(out, args))
         node.value_refs = (weakref.ref(t),)
         if t._tt_view:
@@ -187,8 +183,7 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     outputs = tuple(out)
     node.n_outputs = len(outputs)
     node.output_meta = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outputs]
-    if saved:
-        _note_saved_outputs(node, saved, outputs)
+    node.saved_outputs = tuple((i, nr) for i, s in enumerate(saved) for nr, o in enumerate(outputs) if s is o)
     kept = {id(s) for s in saved}
     linked = [link_output(o, node, nr, tracer_type, id(o) not in kept and _fresh(o, args))
               if isinstance(o, torch.Tensor) else o for nr, o in enumerate(outputs)]
@@ -197,12 +192,6 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
         if isinstance(t, torch.Tensor) and t._tt_view:
             remember_base(t, args)
     return _rebuild(out, linked)
-
-
-def _note_saved_outputs(node: Node, saved: tuple, outputs: tuple) -> None:
-    """Which saved tensors are this node's own outputs: create_graph re-links them to the node."""
-    node.saved_outputs = tuple((i, nr) for i, s in enumerate(saved) for nr, o in enumerate(outputs)
-                               if s is o and s is not None)
 
 
 def _as_tracers(out: Any, tracer_type: type, args: tuple) -> Any:

@@ -8,15 +8,16 @@ Hooks, tt.grad's capture and create_graph's re-linked outputs only run when aske
 """
 import contextlib
 from heapq import heappop, heappush
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, ContextManager, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
 from torchtrace.autograd import function_contract, grad_fn_hooks
 from torchtrace.autograd.dispatch import run_rule
+from torchtrace.autograd.function import OUR_RULES
 from torchtrace.autograd.hooks import non_leaf_hooks, run_hooks
 from torchtrace.autograd.inplace import catch_up
-from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for, leaf_accumulator, link_output
+from torchtrace.autograd.node import AccumulateGrad, Edge, Node, gradient_for, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 
@@ -25,9 +26,6 @@ Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
 # Tools watch a tracer's backward by registering here when they load (the core imports none of them):
 BACKWARD_WATCHERS: List[Callable[[Any, bool], ContextManager]] = []  # watcher(output, create_graph) -> a block
 TOOLS: Dict[str, Callable[[Any], None]] = {}  # "show": print the backprop trace of a tracer (y.backward(show=True))
-
-# Rules shipped with torchtrace: their backward returns new tensors or views of its gradient, and keeps neither.
-OUR_RULES = ("torchtrace.ops.", "torchtrace.nn.", "torchtrace.autograd.", "torchtrace.compiler.")
 
 
 def tensor_backward(self: torch.Tensor, gradient: Optional[torch.Tensor] = None, retain_graph: Optional[bool] = None,
@@ -155,8 +153,8 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
     buffers: Dict[Any, List[Any]]  # node -> the gradient of each of its outputs, summed as they arrive
     ready: List[Tuple[int, Any]]  # (-sequence_nr, node): a heap, newest node first
     buffers, ready = {}, []
-    for node, nr, g in roots:
-        _add(buffers, ready, node, nr, g)
+    _send(_Root([Edge(i, node, nr, g.shape, g.dtype) for i, (node, nr, g) in enumerate(roots)]),
+          tuple(g for _, _, g in roots), buffers, ready)  # the roots' gradients, buffered as any node's result
     observers = STATE.on_backward  # read once per backward: tools add theirs before it starts
     ownership = Ownership([g for _, _, g in roots], enabled=not observers)
     previous = STATE.create_graph, STATE.walk  # what a node's rule may ask of the walk running it
@@ -178,20 +176,16 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
                         node.rule, "_tt_hooks_inside", False):  # (a compiled call's node runs them itself)
                     non_leaf_hooks(node, grads, captured, ownership.hand_out)
                 _send(node, _call_rule(node, grads, create_graph, tracer_type, ownership, observers), buffers, ready)
-                if not retain_graph:
+                if not retain_graph and node.ctx._saved:
                     node.ctx.release()
     finally:
         STATE.create_graph, STATE.walk = previous
 
 
-def _add(buffers: Dict[Any, List[Any]], ready: List[Tuple[int, Any]], node: Any, nr: int, g: Any) -> None:
-    """Buffer g for output nr of node (a node's first gradient makes it ready); gradients arriving along several
-    edges (fan-out) are summed."""
-    buf = buffers.get(node)
-    if buf is None:
-        buffers[node] = buf = [None] * node.n_outputs
-        heappush(ready, (-node.sequence_nr, node))
-    buf[nr] = g if buf[nr] is None else buf[nr] + g
+class _Root(NamedTuple):
+    """Where backward starts (torch's GraphRoot): a node whose result is the roots' gradients, one edge per root."""
+
+    edges: List[Edge]
 
 
 def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]], ready: List[Tuple[int, Any]]) -> None:
@@ -210,8 +204,8 @@ def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]], ready: List[
             g = _unbroadcast(node, g, shape)
         if g.dtype != dtype:
             g = g.to(dtype)
-        buf = buffers.get(target)  # _add(buffers, ready, target, nr, g), written out: this runs for every edge
-        if buf is None:
+        buf = buffers.get(target)  # a node's first gradient makes it ready; gradients arriving along several edges
+        if buf is None:  # (fan-out) are summed
             buffers[target] = buf = [None] * target.n_outputs
             heappush(ready, (-target.sequence_nr, target))
         buf[nr] = g if buf[nr] is None else buf[nr] + g
@@ -221,9 +215,14 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
                observers: List[Callable]) -> tuple:
     """rule.backward(ctx, *grads) as a tuple, with zeros for outputs no gradient reached; grad_fn hooks run around
     it, observers see the call, and what user code receives or returns no leaf keeps."""
-    if node.output_meta is not None or node.pre_hooks:
-        grads = _prepared_gradients(node, grads)
-    trusted = node.rule.__module__.startswith(OUR_RULES)
+    if node.output_meta is not None or node.pre_hooks:  # zeros for the outputs of a multi-output node no gradient
+        grads = grads if node.output_meta is None else [  # reached; then the grad_fn pre-hooks
+            torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
+            for g, meta in zip(grads, node.output_meta)]
+        grads = grad_fn_hooks.run_pre_hooks(node, grads) if node.pre_hooks else grads
+    trusted = getattr(node.rule, "_tt_trusted", None)
+    if trusted is None:  # a rule class that is no Function: one of OUR_RULES by its module
+        trusted = node.rule.__module__.startswith(OUR_RULES)
     if not trusted:
         ownership.hand_out(grads)
     if node.autocast or (create_graph and node.saved_outputs):
@@ -239,34 +238,21 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
     return result
 
 
-def _prepared_gradients(node: Node, grads: List[Any]) -> List[Any]:
-    """Zeros for the outputs of a multi-output node that no gradient reached; then the grad_fn pre-hooks."""
-    if node.output_meta is not None:
-        grads = [torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
-                 for g, meta in zip(grads, node.output_meta)]
-    return grad_fn_hooks.run_pre_hooks(node, grads) if node.pre_hooks else grads
-
-
 def _call_in_forward_state(node: Node, grads: List[Any], create_graph: bool, tracer_type: type) -> Any:
     """rule.backward under the torch.autocast state forward ran in, and with create_graph with the saved outputs
     re-linked to this node, so their second derivative flows back through it."""
     relink = create_graph and node.saved_outputs
-    if relink:
-        _relink_saved_outputs(node, tracer_type)
+    if relink:  # the node's saved outputs become tracers produced by this node
+        saved = list(node.ctx._saved)
+        for i, nr in node.saved_outputs:
+            saved[i] = link_output(saved[i], node, nr, tracer_type)
+        node.ctx.use_graph_saved(tuple(saved))
     try:
         with torch.autocast(*node.autocast) if node.autocast else contextlib.nullcontext():
             return node.rule.backward(node.ctx, *grads)
     finally:
         if relink:
             node.ctx.use_graph_saved(None)
-
-
-def _relink_saved_outputs(node: Node, tracer_type: type) -> None:
-    """create_graph: the node's saved outputs become tracers produced by this node."""
-    saved = list(node.ctx._saved)
-    for i, nr in node.saved_outputs:
-        saved[i] = link_output(saved[i], node, nr, tracer_type)
-    node.ctx.use_graph_saved(tuple(saved))
 
 
 def _as_tuple(node: Node, result: Any) -> tuple:

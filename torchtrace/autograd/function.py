@@ -12,6 +12,8 @@ from torchtrace.naming import callable_name
 RULES: Dict[Callable, type] = {}  # torch callable -> the Function whose forward/backward it runs
 INPLACE: Dict[Callable, tuple] = {}  # in-place twin (Tensor.add_, torch.relu_, F.elu_) -> (rule, out-of-place callable)
 INPLACE_FLAG: Dict[Callable, int] = {}  # callable with an `inplace` parameter (F.relu) -> its position
+# Rules shipped with torchtrace: their backward returns new tensors or views of its gradient, and keeps neither.
+OUR_RULES = ("torchtrace.ops.", "torchtrace.nn.", "torchtrace.autograd.")
 
 
 class Function:
@@ -28,6 +30,12 @@ class Function:
     @staticmethod
     def backward(ctx: Context, *grads: Any) -> Any:
         raise NotImplementedError("a Function must define backward(ctx, *grads)")
+
+    _tt_trusted = False  # one of OUR_RULES: the engine need not note what its backward receives or returns
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._tt_trusted = cls.__module__.startswith(OUR_RULES)  # each class its own flag: a user's subclass is not
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise instantiated_function(type(self).__name__)

@@ -38,11 +38,9 @@ def non_leaf_hooks(node: Node, grads: List[Any], captured: Optional[dict], hand_
 def output_hooks(node: Node, nr: int, g: Any, captured: Optional[dict], hand_out: Callable[[Any], None]) -> Any:
     """What the walk does with the whole gradient g of output nr of node: its hooks (which may replace it), its
     retain_grad, tt.grad's capture. Returns the gradient that flows on."""
-    fns = node.hooks.get(nr) if node.hooks else None
-    if fns:
-        g = run_hooks(fns, g, f"an output of {node.name}", hand_out)
-    ref = node.retained.get(nr) if node.retained else None
-    t = ref() if ref is not None else None
+    if node.hooks and nr in node.hooks:
+        g = run_hooks(node.hooks[nr], g, f"an output of {node.name}", hand_out)
+    t = node.retained[nr]() if node.retained and nr in node.retained else None
     if t is not None:
         t._tt_grad = g.clone() if t._tt_grad is None else t._tt_grad + g
     if captured is not None and (node, nr) in captured:

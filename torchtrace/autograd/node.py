@@ -62,9 +62,7 @@ class Context:
     _graph_saved: Optional[Tuple[Any, ...]] = None
     _n_inputs: Optional[int] = None  # set for Function.apply: how many arguments backward returns gradients for
 
-    def __init__(self, rule: type, edges: Any = (), needs_mask: Optional[int] = None):
-        if needs_mask is None:  # bit i set: argument i needs a gradient
-            needs_mask = sum({1 << (p if type(p) is int else p[0]) for p, *_ in edges})
+    def __init__(self, rule: type, edges: Any = (), needs_mask: int = 0):  # mask bit i set: argument i needs a gradient
         self._rule, self._edges, self._mask, self._saved, self._versions = rule, edges, needs_mask, (), _UNSAVED
         self.needs_input_grad = _NEEDS.get(needs_mask) or _needs_flags(needs_mask)
 
@@ -81,8 +79,11 @@ class Context:
 
     @property
     def saved_tensors(self) -> Tuple[Any, ...]:
-        if self._released or [getattr(t, "_version", None) for t in self._saved] != self._versions:
+        if self._released:
             self._refuse()
+        for t, version in zip(self._saved, self._versions):
+            if version is not None and t._version != version:
+                self._refuse()
         return self._saved if self._graph_saved is None else self._graph_saved
 
     def _refuse(self) -> None:
@@ -207,7 +208,10 @@ def link_output(raw: torch.Tensor, node: Node, nr: int, tracer_type: type, fresh
                                         "or run this call under tt.no_grad()")
     t = raw if fresh else raw.as_subclass(tracer_type)
     t.__class__ = tracer_type  # a fresh result becomes the tracer itself (an alias already is one)
-    if floating:
-        t._tt_node, t._tt_requires_grad, t._tt_nr, t._tt_version = node, True, nr, raw._version
-    t._tt_view = view
+    if floating:  # only what differs from the class defaults is set: the Python object is new
+        t._tt_node, t._tt_requires_grad, t._tt_version = node, True, raw._version
+        if nr:
+            t._tt_nr = nr
+    if view:
+        t._tt_view = True
     return t

@@ -8,19 +8,17 @@ import threading
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 
-def _nobody(g: Any) -> None:
-    """Outside a backward no leaf is filled: a gradient handed to user code needs no note."""
-
-
 class ThreadState(threading.local):
     """One instance per thread (threading.local runs __init__ afresh in each thread)."""
 
     def __init__(self) -> None:
         self.create_graph = False  # a backward with create_graph=True is running in this thread
         # the running backward's retain_graph, tt.grad's capture and what reports a gradient handed to user code
-        # (outside a backward, a rule's backward run by a tool frees nothing)
-        self.walk: Tuple[bool, Optional[dict], Callable[[Any], None]] = (True, None, _nobody)
-        self.module_stack: List[object] = []  # the modules running now, outermost first
+        # (outside a backward, a rule's backward run by a tool frees nothing and hands out nothing to note)
+        self.walk: Tuple[bool, Optional[dict], Callable[[Any], None]] = (True, None, lambda g: None)
+        # the modules running now, outermost first: a tuple replaced on a module's entry and exit, never changed, so
+        # every node recorded meanwhile keeps this very object as its module_path
+        self.module_stack: Tuple[object, ...] = ()
         self.on_record: List[Callable] = []  # fn(node, args, kwargs, result) after forward records a node
         self.on_backward: List[Callable] = []  # fn(node, grads_of_outputs, grads_of_inputs) after a backward
 

@@ -19,7 +19,6 @@ from torch.overrides import TorchFunctionMode
 
 from torchtrace.autograd.arguments import keywords_to_positions
 from torchtrace.autograd.dispatch import _fresh, _grad_edges, _link_outputs, _rebuild
-from torchtrace.autograd.engine import OUR_RULES
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.inplace import inplace_requested, remember_base
 from torchtrace.autograd.node import Context, Edge, Node, link_output
@@ -544,7 +543,7 @@ class Run:
         inplace = is_inplace(func, pargs, pkwargs)
         first = pargs[0] if pargs else None
         if RULES.get(func) is not None and not inplace and len(nodes) == 1 and nodes[0].func is func and \
-                nodes[0].autocast is None and rule.__module__.startswith(OUR_RULES):
+                nodes[0].autocast is None and rule._tt_trusted:
             kind = REPLAY  # (a user's own rule runs eagerly: the engine hands what its backward sees to user code)
         elif RULES.get(func) is not None and not inplace and not nodes and out is first:
             kind = PASS

@@ -44,6 +44,7 @@ class CompiledCall:
     """
 
     _tt_hooks_inside = True
+    _tt_trusted = True  # its statements' rules are torchtrace's own (a user's rule runs eagerly): see Function
 
     @staticmethod
     def backward(segment: "Segment", *grads: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], ...]:
@@ -65,7 +66,6 @@ class Segment:
         self.producer: Dict[int, Step] = {}  # value number -> the step that made it
         self.outputs: List[int] = []  # output nr -> value number
         self.outside: Dict[int, int] = {}  # source (value j, or ~slot for leaf slot) -> edge position
-        self.ran: List[Step] = []  # the steps the last backward ran (released unless retain_graph)
         self.node = Node(CompiledCall, self, [], None, ())
         self.node.n_outputs = 0
 
@@ -91,11 +91,7 @@ class Segment:
             self.node.edges.append(_new_edge(Edge, (position, target[0], target[1], t.shape, t.dtype)))
         return position
 
-    # what the engine reads of a node's ctx --------------------------------------------------------------
-    def release(self) -> None:
-        for step in self.ran:
-            step.released, step.ctx = True, None
-
+    # what the engine reads of a node's ctx: _released, _saved (nothing: each step frees its own), backward ------
     def backward(self, grads: tuple) -> tuple:
         create_graph = torch.is_grad_enabled()  # the rules' torch calls record the gradient's graph (on tracers)
         retain, captured, hand_out = STATE.walk
@@ -107,7 +103,6 @@ class Segment:
             if g is not None:
                 buffers[self.outputs[nr]] = g
         result: List[Optional[torch.Tensor]] = [None] * len(self.node.edges)
-        ran = []
         for step in self._order(buffers):
             if len(step.outputs) == 1:
                 g = buffers.pop(step.outputs[0], None)
@@ -135,9 +130,7 @@ class Segment:
                 out = step.rule.backward(step.ctx, *gs)
             if type(out) is not tuple:
                 out = (out,)
-            if retain:
-                ran.append(step)
-            else:  # freed at once, as the engine frees each node's: memory the next steps reuse
+            if not retain:  # freed at once, as the engine frees each node's: memory the next steps reuse
                 step.released, step.ctx = True, None
             for position, shape, dtype, local, where in step.targets:  # edge_gradient, written out
                 g = out[position] if type(position) is int else out[position[0]][position[1]]
@@ -153,7 +146,8 @@ class Segment:
                 else:
                     have = result[where]
                     result[where] = g if have is None else have + g
-        self.ran = ran
+        if not retain and all(step.released for step in self.steps):
+            self._released = True  # what tools show of a node whose saved tensors are gone
         return tuple(result)
 
     def _order(self, seeded: Dict[int, torch.Tensor]) -> List[Step]:

@@ -13,7 +13,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from torchtrace.autograd.state import STATE
-from torchtrace.nn.module import Module, module_entered
+from torchtrace.nn.module import ForwardInModule, Module
 
 _LOCK = threading.Lock()
 _USERS: List[int] = [0]  # how many module_scope blocks are open (in any thread)
@@ -22,18 +22,18 @@ _HANDLES: List[Any] = []
 
 def _pushes_itself(module: torch.nn.Module) -> bool:
     """tt.nn modules and ported modules push themselves; the global hooks must not push them twice."""
-    return isinstance(module, Module) or module_entered in module._forward_pre_hooks.values()
+    return isinstance(module, Module) or isinstance(module.__dict__.get("forward"), ForwardInModule)
 
 
 def _enter(module: torch.nn.Module, args: tuple) -> None:
     if not _pushes_itself(module):
-        STATE.module_stack.append(module)
+        STATE.module_stack = (*STATE.module_stack, module)
 
 
 def _leave(module: torch.nn.Module, args: tuple, output: object) -> None:
     stack = STATE.module_stack
     if stack and stack[-1] is module and not _pushes_itself(module):
-        stack.pop()
+        STATE.module_stack = stack[:-1]
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ def _layer_text(module: torch.nn.Module, node: Node) -> str:
     describe = getattr(module, "original_repr", None)
     text = (describe() if callable(describe) else None) or repr(module).splitlines()[0]
     shapes = (node.notes or {}).get("call_shapes")
-    if getattr(module, "trace_grad_shapes", False) and shapes:
+    if shapes:  # noted only for layers whose class sets trace_grad_shapes
         text += f"   GRAD:{shapes[1]} -> {shapes[0]}"
     return text
 

@@ -29,6 +29,8 @@ class LinearFunction(Function):
         grad_x = g @ w if need_x else None
         if not need_w:
             return grad_x, None, grad_b
+        if x.dim() == 2:  # a batch of rows: dW = g^T x as it is
+            return grad_x, g.t() @ x, grad_b
         n_out, n_in = w.shape
         rows = x.numel() // n_in if n_in else g.numel() // n_out if n_out else 0  # no -1: 0-wide
         return grad_x, g.reshape(rows, n_out).t() @ x.reshape(rows, n_in), grad_b

@@ -101,6 +101,7 @@ def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mea
     names = list(defaults)
     weight_position = names.index("weight") if "weight" in names else None
     drops_weight = weight_position is not None and _drops_weight(fn)
+    option_names = [name for name in names if name in ("beta", "delta")]  # what the slope reads besides d
 
     def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
         out = fn(*args, **kwargs)  # fn checks the arguments (too many, unknown, missing) before anything is noted
@@ -110,7 +111,7 @@ def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mea
         if weight_position is not None:
             _refuse_grad(ctx, weight_position, fn.__name__, "weight")
         ctx.reduction = _reduction(arguments.get("size_average"), arguments.get("reduce"), arguments["reduction"])
-        ctx.options = {k: v for k, v in arguments.items() if k in ("beta", "delta")}
+        ctx.options = {name: arguments[name] for name in option_names}
         ctx.save_for_backward(arguments["input"], arguments["target"], arguments.get("weight"))
         return out
 

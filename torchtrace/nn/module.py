@@ -5,7 +5,7 @@ A parameter is a `Parameter`: a tracer that torch's Module machinery accepts as 
 named_parameters, state_dict, load_state_dict, to(), double(), deepcopy and the optimizers all work,
 while torch's own requires_grad stays False underneath and gradients come from torchtrace's engine.
 """
-from typing import Any, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Optional
 
 import torch
 
@@ -92,6 +92,9 @@ class PlainInput(Function):
         return g
 
 
+_SEQUENCES = (tuple, list)
+
+
 def _is_plain_leaf(value: Any) -> bool:
     return type(value) is torch.Tensor and value.requires_grad and value.grad_fn is None
 
@@ -102,8 +105,8 @@ def _plain_leaves_as_tracers(module: torch.nn.Module, args: tuple) -> Optional[t
     leaf's .grad, as when a plain leaf meets a tracer in an op: so torch code run on the input inside the module (a
     transpose, a module backward hook) is recorded by torchtrace. None: nothing to replace (a module whose
     parameters are plain, as under torch.func.functional_call, stays torch's)."""
-    for a in args:  # a plain loop: this runs on every module call
-        if _is_plain_leaf(a) or (type(a) in (tuple, list) and any(map(_is_plain_leaf, a))):
+    for a in args:
+        if _is_plain_leaf(a) or (type(a) in _SEQUENCES and any(map(_is_plain_leaf, a))):
             break
     else:
         return None
@@ -113,24 +116,55 @@ def _plain_leaves_as_tracers(module: torch.nn.Module, args: tuple) -> Optional[t
     def enter(value: Any) -> Any:
         return run_rule(tracer, PlainInput, None, (value,), {}) if _is_plain_leaf(value) else value
 
-    return tuple(type(a)(map(enter, a)) if type(a) in (tuple, list) else enter(a) for a in args)
+    return tuple(type(a)(map(enter, a)) if type(a) in _SEQUENCES else enter(a) for a in args)
 
 
-def module_entered(module: torch.nn.Module, args: tuple) -> Optional[tuple]:
-    """A module starts running: nodes recorded from now on belong to it (its innermost running module); plain
-    torch leaves requiring grad among its arguments become tracers (a forward pre-hook's new arguments)."""
-    STATE.module_stack.append(module)
-    return _plain_leaves_as_tracers(module, args)
+def call_in_module(module: torch.nn.Module, forward: Callable, args: tuple, kwargs: dict) -> Any:
+    """forward(*args, **kwargs) with `module` on the module stack: the nodes recorded meanwhile belong to it (their
+    innermost running module). Plain torch leaves requiring grad among its arguments become tracers first; the node
+    it returned notes the call's shapes when its class asks for them (`trace_grad_shapes`: trace's GRAD: line)."""
+    outer = STATE.module_stack  # a tuple, replaced (never changed) on entry and exit: nodes share it as it is
+    STATE.module_stack = (*outer, module)
+    try:
+        for a in args:  # a plain loop, the common case first: this runs on every module call
+            if (type(a) is torch.Tensor and a.requires_grad) or type(a) in _SEQUENCES:
+                args = _plain_leaves_as_tracers(module, args) or args
+                break
+        out = forward(*args, **kwargs)
+    finally:
+        STATE.module_stack = outer
+    if isinstance(module, Module) and module.trace_grad_shapes and args and isinstance(args[0], torch.Tensor):
+        node = getattr(out, "_tt_node", None)
+        if node is not None and node.module_path[-1:] == (module,):
+            with plain_torch():
+                node.note(call_shapes=(args[0].shape, out.shape))
+    return out
 
 
-def module_left(module: torch.nn.Module, args: tuple, out: Any) -> None:
-    """A module finished: pop it, and note the shapes of its call on the node it returned (trace's GRAD:)."""
-    STATE.module_stack.pop()
-    path = getattr(getattr(out, "_tt_node", None), "module_path", None)  # node.module, without the property call
-    if path and path[-1] is module and args and isinstance(args[0], torch.Tensor):
-        node = out._tt_node
-        with plain_torch():
-            node.note(call_shapes=(args[0].shape, out.shape))
+class ForwardInModule:
+    """A ported module's `forward` (set on the instance): its class's forward (or the one the user had set on the
+    instance, `own`), run by `call_in_module`.
+
+    torch's Module.__call__ calls `self.forward`, so the module joins the module stack without forward hooks (which
+    would send every call down torch's slower hooked path). `deepcopy` and pickling copy it with its module.
+    """
+
+    __slots__ = ("module", "own")
+
+    def __init__(self, module: torch.nn.Module, own: Optional[Callable] = None):
+        self.module, self.own = module, own
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        module = self.module
+        return call_in_module(module, self.own or type(module).forward.__get__(module), args, kwargs)
+
+    @property
+    def __wrapped__(self) -> Callable:
+        """The forward it runs (what inspect.signature and help() show)."""
+        return self.own or type(self.module).forward.__get__(self.module)
+
+    def __reduce__(self) -> tuple:
+        return ForwardInModule, (self.module, self.own)
 
 
 class Module(torch.nn.Module):
@@ -142,6 +176,8 @@ class Module(torch.nn.Module):
     without sub-modules) is what traces print; every node recorded while a module runs has `node.module`,
     the innermost tt.nn module running at the time.
     """
+
+    trace_grad_shapes = False  # True: the backprop trace shows the layer's GRAD: out -> in shapes (conv layers)
 
     def register_parameter(self, name: str, param: Optional[torch.Tensor]) -> None:
         if isinstance(param, torch.nn.Parameter) and not isinstance(param, Parameter):
@@ -161,13 +197,7 @@ class Module(torch.nn.Module):
                     destination[prefix + name] = value.as_subclass(torch.Tensor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        args = module_entered(self, args) or args
-        out = None
-        try:
-            out = super().__call__(*args, **kwargs)
-        finally:
-            module_left(self, args, out)
-        return out
+        return call_in_module(self, super().__call__, args, kwargs)
 
     def original_repr(self) -> Optional[str]:
         """How the original torchtrace printed this layer inside a `Sequence(...)`; None: it has no such form.

@@ -97,6 +97,8 @@ def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequenc
     if len(uses) != n or unknown:
         raise ValueError(f"{name}: uses must name, for each of the {n} gradients, some of {sorted(known)} (got {uses})")
     keep, keep_meta = _what_to_keep(n, uses, ""), _what_to_keep(n, uses, ".meta")
+    keep = {needs: saving if any(saving) else None for needs, saving in keep.items()}  # None: nothing to save
+    keep_meta = {needs: kept if any(kept) else None for needs, kept in keep_meta.items()}
     option_names = list(options) if isinstance(options, dict) else []
     input_names = tuple(inputs or names[:n])
 
@@ -114,16 +116,17 @@ def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequenc
                 ctx.args, ctx.kwargs = _call_options(args[n:], kwargs)  # ctx.args: what a trace line shows
             out = op(*args, **kwargs)
         needs = ctx.needs_input_grad[:n]
-        if any(keep[needs]):  # nothing saved: a second backward through this node is no error (as in torch)
-            ctx.save_for_backward(*[value if save else None for value, save in zip((*args[:n], out), keep[needs])])
-        if any(keep_meta[needs]):
-            ctx.metas = [Meta(t.shape, t.dtype, t.device) if meta else None
-                         for t, meta in zip(args[:n], keep_meta[needs])]
+        saving = keep[needs]
+        if saving is not None:  # nothing saved: a second backward through this node is no error (as in torch)
+            ctx.save_for_backward(*[value if save else None for value, save in zip((*args[:n], out), saving)])
+        metas = keep_meta[needs]
+        if metas is not None:
+            ctx.metas = [Meta(t.shape, t.dtype, t.device) if meta else None for t, meta in zip(args[:n], metas)]
         return out
 
     def backward(ctx: Any, g: Any) -> Tuple[Any, ...]:
         needs = ctx.needs_input_grad
-        values = list(ctx.saved_tensors) if any(keep[needs[:n]]) else [None] * (n + 1)
+        values = list(ctx.saved_tensors) if keep[needs[:n]] is not None else [None] * (n + 1)
         for k, meta in enumerate(getattr(ctx, "metas", ())):
             if meta is not None and values[k] is None:
                 values[k] = meta
@@ -131,8 +134,8 @@ def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequenc
             args, kwargs = ctx.args, ctx.kwargs
         else:
             args, kwargs = (), ctx.options if isinstance(options, dict) else {}
-        computed = (grad(g, *values, *args, **kwargs) if need else None for grad, need in zip(grads, needs))
-        return (*computed, *(None for _ in args))  # the other arguments (view_as's `other`) get none
+        computed = [grad(g, *values, *args, **kwargs) if need else None for grad, need in zip(grads, needs)]
+        return (*computed, *[None] * len(args))  # the other arguments (view_as's `other`) get none
 
     forward.__signature__ = _signature(input_names, options)
     rule = make_rule(name, math, forward, backward, targets, module=module or grads[0].__module__)
