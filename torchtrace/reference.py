@@ -7,6 +7,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from torchtrace.autograd.plain import plain_torch
+from torchtrace.nn.loss import with_dropped_weight
 from torchtrace.nn.module import PlainInput
 from torchtrace.tracer import tracer
 
@@ -48,7 +49,7 @@ class PlainCopies(TorchFunctionMode):
         return found[1]
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
-        return func(*self._plain(args), **self._plain(kwargs or {}))
+        return func(*self._plain(args), **self._plain(with_dropped_weight(func, kwargs or {})))
 
     def leaves(self) -> List[Tuple[tracer, torch.Tensor]]:
         """(tracer, its copy) for every leaf tracer requiring grad that the run met (parameters, captured leaves)."""

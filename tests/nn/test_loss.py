@@ -180,13 +180,22 @@ def test_weights_that_require_grad_are_refused(call, name):
 
 
 @pytest.mark.parametrize("call", [lambda x, w: F.l1_loss(x, T, weight=w),
-                                  lambda x, w: F.l1_loss(x, T, None, None, "sum", w)])
-def test_a_weight_torch_does_not_pass_on_is_refused(call):
-    """torch's F.l1_loss hands a tensor subclass its arguments without weight=: refused, not the unweighted loss."""
-    x = tt.tracer(X.clone(), requires_grad=True)
-    with pytest.raises(tt.UnsupportedOperationError, match="does not pass weight= on"):
-        call(x, W)
-    check_op(lambda x: F.l1_loss(x, T, weight=None), X)  # no weight: the rule as ever
+                                  lambda x, w: F.l1_loss(x, T, None, None, "sum", w),
+                                  lambda x, w: F.l1_loss(x, T, reduction="none", weight=w) * 2])
+def test_a_weight_torch_does_not_pass_on_is_used(call):
+    """torch's F.l1_loss hands a tensor subclass (and a TorchFunctionMode: tt.check's reference run) its arguments
+    without weight=: the rule and tt.check's reference read the caller's weight, recording or not, and compiled."""
+    check_op(lambda x: call(x, W), X)
+    with torch.no_grad():
+        torch.testing.assert_close(call(tt.tracer(X), W).as_subclass(torch.Tensor), call(X, W))
+    compiled = tt.compile(lambda x, w: call(x * 1.5, w), (tt.tracer(X, requires_grad=True), W))
+    for scale in (1.0, 2.0, -0.5):  # a new weight on every call
+        x, x_ = tt.tracer(X.clone(), requires_grad=True), X.clone().requires_grad_()
+        compiled(x, W * scale).sum().backward()
+        call(x_ * 1.5, W * scale).sum().backward()
+        torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), x_.grad)
+    with pytest.raises(RuntimeError, match="not differentiable with respect to 'weight'"):
+        call(tt.tracer(X, requires_grad=True), tt.tracer(W, requires_grad=True))
 
 
 @pytest.mark.parametrize("fn, inputs", [

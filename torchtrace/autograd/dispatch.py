@@ -52,7 +52,8 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
     with plain_torch():
         edges, torch_leaf, needs = _grad_edges(tracer_type, rule, args, kwargs) if _grad_enabled() else ((), 0, 0)
         if not edges:
-            out = func(*call[0], **call[1]) if func is not None else rule.forward(Context(rule), *args, **kwargs)
+            out = func(*call[0], **call[1]) if func is not None and not rule.forward_when_not_recording else \
+                rule.forward(Context(rule), *args, **kwargs)
             return _as_tracers(out, tracer_type, args)
         if kwargs and kwargs.get("out") is not None:
             raise UnsupportedOperationError(

@@ -32,6 +32,7 @@ class Function:
         raise NotImplementedError("a Function must define backward(ctx, *grads)")
 
     _tt_trusted = False  # one of OUR_RULES: the engine need not note what its backward receives or returns
+    forward_when_not_recording = False  # forward runs (on a throwaway ctx) even when no gradient is recorded
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from torchtrace.autograd.function import Function, register
-from torchtrace.errors import UnsupportedOperationError
 from torchtrace.nn.module import Module
 
 
@@ -35,10 +34,12 @@ def _scale(g: torch.Tensor, reduction: str, divisor: Any) -> torch.Tensor:
 def _refuse_grad(ctx: Any, position: int, op: str, name: str) -> None:
     """Raise when the argument at `position` (a class / sample weight) requires a gradient."""
     if ctx.needs_input_grad[position]:
-        raise RuntimeError(
-            f"torchtrace's rule for {op} is not differentiable with respect to '{name}' (nor is torch's): "
-            f"pass {name}.detach()."
-        )
+        raise _not_differentiable(op, name)
+
+
+def _not_differentiable(op: str, name: str) -> RuntimeError:
+    return RuntimeError(f"torchtrace's rule for {op} is not differentiable with respect to '{name}' (nor is torch's): "
+                        f"pass {name}.detach().")
 
 
 REDUCTIONS = ("none", "mean", "sum")  # torch's internal enum: 0, 1, 2
@@ -77,18 +78,33 @@ def _drops_weight(fn: Callable) -> bool:
     return "weight" not in seen.keywords
 
 
-def _refuse_a_dropped_weight(fn: Callable) -> None:
-    """Raise when the call of fn that led to this rule (a few frames up) was given a weight the rule did not receive."""
+DROPS_WEIGHT: set = set()  # losses that do not hand weight= on to __torch_function__ (torch 2.13's F.l1_loss)
+
+
+def with_dropped_weight(fn: Callable, kwargs: dict) -> dict:
+    """The keywords of a call of fn as __torch_function__ got them, with the caller's weight back where fn dropped
+    it (for its rule, recording or not, and for tt.check's reference run of torch)."""
+    if fn not in DROPS_WEIGHT or kwargs.get("weight") is not None:
+        return kwargs
+    weight = _dropped_weight(fn)
+    return kwargs if weight is None else {**kwargs, "weight": weight}
+
+
+def _dropped_weight(fn: Callable) -> Optional[torch.Tensor]:
+    """The weight the caller gave fn, read from fn's frame a few calls up (fn -> handle_torch_function ->
+    __torch_function__ -> ... -> this rule's forward), where fn did not hand it on. Frames of fn between are its own
+    re-dispatch (tt.compile's mode calling it again): the first weight found is the caller's."""
     frame = sys._getframe(2)
-    for _ in range(8):  # fn -> handle_torch_function -> __torch_function__ -> run_rule -> this rule's forward
-        if frame is None or frame.f_code is fn.__code__:
-            break
+    for _ in range(24):
+        if frame is None:
+            return None
+        if frame.f_code is fn.__code__ and frame.f_locals.get("weight") is not None:
+            weight = frame.f_locals["weight"]
+            if getattr(weight, "requires_grad", False):
+                raise _not_differentiable(fn.__name__, "weight")
+            return weight
         frame = frame.f_back
-    if frame is not None and frame.f_code is fn.__code__ and frame.f_locals.get("weight") is not None:
-        raise UnsupportedOperationError(
-            f"torch's {fn.__name__} does not pass weight= on to tensor subclasses, so torchtrace cannot weight this "
-            f"loss: write it out, e.g. ({fn.__name__}(input, target, reduction='none') * weight).sum() / weight.sum() "
-            "for reduction='mean'")
+    return None
 
 
 def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mean_over_weights: bool) -> type:
@@ -101,13 +117,15 @@ def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mea
     names = list(defaults)
     weight_position = names.index("weight") if "weight" in names else None
     drops_weight = weight_position is not None and _drops_weight(fn)
+    if drops_weight:
+        DROPS_WEIGHT.add(fn)
     option_names = [name for name in names if name in ("beta", "delta")]  # what the slope reads besides d
 
     def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        if drops_weight and len(args) <= weight_position:  # the caller's weight, which fn did not hand on
+            kwargs = with_dropped_weight(fn, kwargs)
         out = fn(*args, **kwargs)  # fn checks the arguments (too many, unknown, missing) before anything is noted
         arguments = {**defaults, **dict(zip(names, args)), **kwargs}
-        if drops_weight and arguments["weight"] is None:
-            _refuse_a_dropped_weight(fn)
         if weight_position is not None:
             _refuse_grad(ctx, weight_position, fn.__name__, "weight")
         ctx.reduction = _reduction(arguments.get("size_average"), arguments.get("reduce"), arguments["reduction"])
@@ -127,7 +145,7 @@ def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mea
         need_input, need_target = ctx.needs_input_grad[:2]
         return (grad if need_input else None), (-grad if need_target else None)
 
-    body = {"__doc__": math_line, "_param_names": names,
+    body = {"__doc__": math_line, "_param_names": names, "forward_when_not_recording": drops_weight,
             "forward": staticmethod(forward), "backward": staticmethod(backward)}
     return register(fn, rule=type(name, (Function,), body))
 
