@@ -64,16 +64,17 @@ class Statement:
     """
 
     __slots__ = ("func", "kind", "rule", "key", "sources", "needs", "mask", "torch_leaf", "edges", "results",
-                 "first_value", "new_slots", "module", "line", "slot_names", "example", "flat", "plan", "checks")
+                 "first_value", "new_slots", "module", "line", "slot_names", "example", "checks", "plan", "fast")
 
     def __init__(self, func: Callable, kind: str, key: tuple, sources: tuple, needs: tuple):
         self.func, self.kind, self.key, self.sources, self.needs = func, kind, key, sources, needs
-        # one key entry per positional argument (a tensor, a float, or a bool/int/str/None by value), or None: such a
-        # call is checked argument by argument, without describing it
-        self.flat = key if all(k is TENSOR or k is NUMBER or (type(k) is tuple and k[0] in _SIMPLE) for k in key) \
-            else None
-        self.plan: Any = None  # (targets, local, new edges): where its gradients go, the same on every call (replay.py)
-        self.checks: Optional[tuple] = None  # (key entry, source, requires_grad) per argument, once it has a plan
+        # (key entry, source, requires_grad) per positional argument, when the key has one entry for each (a tensor, a
+        # float, or a bool/int/str/None by value): such a call is checked argument by argument, without describing it
+        facts = iter(zip(sources, needs))
+        self.checks = tuple((k, *next(facts)) if k is TENSOR else (k, 0, False) for k in key) if all(
+            k is TENSOR or k is NUMBER or (type(k) is tuple and k[0] in _SIMPLE) for k in key) else None
+        self.plan: Any = None  # (targets, local, new edges, first value): where its gradients go (replay.py)
+        self.fast = False  # a REPLAY with checks and a plan: replay_next may take it
         self.rule: Optional[type] = None
         self.mask = 0  # bit i: argument i needs a gradient (the rule's ctx.needs_input_grad)
         self.torch_leaf = False  # an argument is a plain tensor with torch's requires_grad (torch's grad mode goes off)

@@ -107,24 +107,6 @@ MISS = object()  # replay_next: the call is not the common case
 _NO_SIBLINGS: list = []
 
 
-def _fitting(flat: tuple, args: tuple) -> Optional[List[torch.Tensor]]:
-    """The tensors of args if each argument fits its key entry (a tensor, a float, a simple value by value)."""
-    if len(args) != len(flat):
-        return None
-    tensors = []
-    for a, entry in zip(args, flat):
-        if entry is TENSOR:
-            if not isinstance(a, T):
-                return None
-            tensors.append(a)
-        elif entry is NUMBER:
-            if type(a) is not float:
-                return None
-        elif type(a) is not entry[0] or a != entry[1]:
-            return None
-    return tensors
-
-
 def _held(out: torch.Tensor, tensors: tuple) -> bool:
     for t in tensors:
         if t is out:
@@ -195,19 +177,20 @@ class Run:
         if at >= len(block.statements):
             return MISS
         st = block.statements[at]
-        checks = st.checks
-        if st.func is not func or checks is None or len(args) != len(checks) or _any_autocast() \
+        if st.func is not func or not st.fast or len(args) != len(st.checks) or _any_autocast() \
                 or RULES.get(func) is not st.rule:
             return MISS
         with plain_torch():
-            if not self._fits(st, checks, args):
+            if not self._fits(st, st.checks, args):
                 return MISS
             self.before, self.at, self.siblings = (block, at), at + 1, _NO_SIBLINGS
             self.path.append(st)
             return self._run_matched(st, func, args)
 
     def _fits(self, st: Statement, checks: tuple, args: tuple) -> bool:
-        """`_fitting` and `_bind` in one pass over the arguments (new leaf slots bound, and unbound on a mismatch)."""
+        """Does each argument fit its check — a tensor from where the statement's came (value j, or leaf slot L: one
+        object per slot, one slot per object, new slots bound and unbound on a mismatch), needing a gradient as it
+        did; a float; a simple value equal to the recorded one?"""
         values, slot_of, slots = self.values, self.slot_of, self.slots
         bound = 0
         for a, (entry, source, needs) in zip(args, checks):
@@ -215,7 +198,7 @@ class Run:
                 if isinstance(a, tracer):  # and not changed in place since it was made (eager's version check)
                     ok = a._tt_requires_grad == needs and (a._tt_node is None or a._version == a._tt_version)
                 else:
-                    ok = type(a) is T and a.requires_grad == needs
+                    ok = isinstance(a, T) and a.requires_grad == needs
                 if not ok:
                     pass
                 elif source >= 0:
@@ -309,9 +292,7 @@ class Run:
                 targets.append((edge.position, edge.shape, edge.dtype, False, where))
         if st.plan is None:
             st.plan = targets, local, opened, segment.first_value
-            if st.flat is not None and st.kind == REPLAY and not st.torch_leaf:  # replay_next may take it from now
-                facts = iter(zip(st.sources, st.needs))
-                st.checks = tuple((k, *next(facts)) if k is TENSOR else (k, 0, False) for k in st.flat)
+            st.fast = st.checks is not None and st.kind == REPLAY and not st.torch_leaf  # for replay_next from now
         return targets, local, opened, segment.first_value
 
     def _matched(self, block: Block, at: int, st: Statement) -> None:
@@ -326,16 +307,13 @@ class Run:
             st = block.statements[at]
             if st.func is not func or (st.kind == REPLAY and RULES.get(func) is not st.rule):
                 return None  # another callable, or a rule registered for it since
-            if not kwargs and st.flat is not None:  # its key is st.key exactly when each argument fits its entry
-                tensors = _fitting(st.flat, args)
-                if tensors is None:
+            if not kwargs and st.checks is not None:  # its key is st.key exactly when each argument fits its entry
+                if len(args) != len(st.checks) or not self._fits(st, st.checks, args):
                     return None
             else:
                 key, tensors = describe(args, kwargs)
-                if st.key != key:
+                if st.key != key or not self._bind(st, tensors):
                     return None
-            if not self._bind(st, tensors):
-                return None
             self._matched(block, at, st)
             return st
         key, tensors = describe(args, kwargs)
@@ -364,37 +342,8 @@ class Run:
         return None
 
     def _bind(self, st: Statement, tensors: Any) -> bool:
-        """Does every tensor come from where the statement's did, needing a gradient as it did? Binds new leaf slots
-        (undone on a mismatch)."""
-        values, slot_of = self.values, self.slot_of
-        bound = None
-        for t, source, needs in zip(tensors, st.sources, st.needs):
-            if isinstance(t, tracer):  # and not changed in place since it was made (eager's version check)
-                ok = t._tt_requires_grad == needs and (t._tt_node is None or t._version == t._tt_version)
-            else:
-                ok = t.requires_grad == needs
-            if not ok:
-                pass
-            elif source >= 0:
-                ok = values.get(id(t)) == source
-            else:
-                slot = ~source
-                have = slot_of.get(id(t))
-                if have is None:
-                    shape, dtype = st.new_slots.get(slot, (None, None))
-                    ok = slot == len(self.slots) and id(t) not in values and t.shape == shape and t.dtype == dtype
-                    if ok:
-                        slot_of[id(t)] = slot
-                        self.slots.append(t)
-                        bound = [t] if bound is None else bound + [t]
-                else:
-                    ok = have == slot
-            if not ok:
-                for t in bound or ():
-                    del slot_of[id(t)]
-                    self.slots.pop()
-                return False
-        return True
+        """Do the tensors of a described call come from where the statement's did (see `_fits`)?"""
+        return self._fits(st, tuple((TENSOR, source, needs) for source, needs in zip(st.sources, st.needs)), tensors)
 
     def _rule(self, st: Statement, func: Callable, rule: type, args: tuple, kwargs: dict) -> Any:
         """A REPLAY or PASS statement: the rule's forward into a Context of its own, results on the segment."""
