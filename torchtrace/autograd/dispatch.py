@@ -96,8 +96,6 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
                     node = acc() if acc is not None else None
                     if node is None:
                         node = AccumulateGrad(arg)
-                elif arg._version != arg._tt_version:
-                    _changed_in_place(arg)
                 edges.append(_new_edge(Edge, (position, node, arg._tt_nr, arg.shape, arg.dtype)))
                 needs |= 1 << position
         elif isinstance(arg, tracer_type) or (isinstance(arg, torch.Tensor) and arg.requires_grad) or (
@@ -121,8 +119,6 @@ def _edge(position: Any, t: Any, tracer_type: type) -> Optional[Edge]:
             catch_up(t, tracer_type, run_rule)
         if not t._tt_requires_grad:
             return None
-        if t._tt_node is not None and t._version != t._tt_version:
-            _changed_in_place(t)
         return _new_edge(Edge, (position, t._tt_node or leaf_accumulator(t), t._tt_nr, t.shape, t.dtype))
     if not isinstance(t, torch.Tensor) or not t.requires_grad:
         return None
@@ -132,12 +128,6 @@ def _edge(position: Any, t: Any, tracer_type: type) -> Optional[Edge]:
             "torch autograd's graph back to its leaves. Make the leaf a tracer instead "
             "(tt.as_tracer(x, requires_grad=True)), or detach the tensor first.")
     return _new_edge(Edge, (position, leaf_accumulator(t), 0, t.shape, t.dtype))
-
-
-def _changed_in_place(t: torch.Tensor) -> None:
-    raise RuntimeError(
-        f"A tracer produced by {t._tt_node.name} was modified in place (through itself or a view sharing its "
-        "storage) outside the recorded graph, so its gradient would be wrong. Use out-of-place ops.")
 
 
 def _autocast_state(args: tuple) -> Optional[Tuple[str, torch.dtype]]:

@@ -26,31 +26,49 @@ Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
 # Tools watch a tracer's backward by registering here when they load (the core imports none of them):
 BACKWARD_WATCHERS: List[Callable[[Any, bool], ContextManager]] = []  # watcher(output, create_graph) -> a block
 TOOLS: Dict[str, Callable[[Any], None]] = {}  # "show": print the backprop trace of a tracer (y.backward(show=True))
+INTO_GRAD = object()  # backward(inputs=): a leaf among the inputs sums into its .grad instead of being captured
 
 
 def tensor_backward(self: torch.Tensor, gradient: Optional[torch.Tensor] = None, retain_graph: Optional[bool] = None,
-                    create_graph: bool = False, show: bool = False) -> None:
-    """tracer.backward: back-propagate from this tracer into every leaf's `.grad`; `show=True` prints the trace."""
+                    create_graph: bool = False, inputs: Optional[Tensors] = None, show: bool = False) -> None:
+    """tracer.backward: back-propagate from this tracer into every leaf's `.grad` (only into `inputs`' when given);
+    `show=True` prints the trace."""
     if not (show or BACKWARD_WATCHERS):
-        return backward(self, gradient, retain_graph, create_graph)
+        return backward(self, gradient, retain_graph, create_graph, inputs=inputs)
     if show:
         TOOLS["show"](self)
     with contextlib.ExitStack() as watching:
         for watcher in BACKWARD_WATCHERS:
             watching.enter_context(watcher(self, create_graph))
-        backward(self, gradient, retain_graph, create_graph)
+        backward(self, gradient, retain_graph, create_graph, inputs=inputs)
 
 
 def backward(tensors: Tensors, grad_tensors: Optional[Tensors] = None, retain_graph: Optional[bool] = None,
-             create_graph: bool = False) -> None:
-    """Accumulate d(tensors)/d(leaf) * grad_tensors into every leaf's `.grad`."""
+             create_graph: bool = False, *, inputs: Optional[Tensors] = None) -> None:
+    """Accumulate d(tensors)/d(leaf) * grad_tensors into every leaf's `.grad`; with `inputs`, only into theirs (a
+    non-leaf's too, as torch), running only the nodes that lead to them."""
     roots, tracer_type = _roots(tensors, grad_tensors, create_graph)
-    _walk(roots, create_graph if retain_graph is None else retain_graph, create_graph, None, tracer_type)
+    if inputs is None:
+        return _walk(roots, create_graph if retain_graph is None else retain_graph, create_graph, None, tracer_type)
+    inputs = _as_list(inputs)
+    if not inputs:
+        raise RuntimeError("`inputs` argument to `backward()` cannot be empty.")
+    targets = [_edge_of(t, f"inputs[{i}]") for i, t in enumerate(inputs)]
+    captured = {edge: INTO_GRAD if type(edge[0]) is AccumulateGrad else None for edge in targets}
+    _walk(roots, create_graph if retain_graph is None else retain_graph, create_graph, captured, tracer_type)
+    for t, (node, nr) in zip(inputs, targets):  # a non-leaf input's gradient, captured, summed into its .grad
+        g = captured.pop((node, nr), None)
+        if g is not None and g is not INTO_GRAD and not (node.retained and nr in node.retained):
+            t._tt_grad = g.clone() if t._tt_grad is None else t._tt_grad + g
 
 
 def grad(outputs: Tensors, inputs: Tensors, grad_outputs: Optional[Tensors] = None, retain_graph: Optional[bool] = None,
-         create_graph: bool = False, allow_unused: bool = False) -> Tuple[Optional[torch.Tensor], ...]:
-    """Return d(outputs)/d(inputs) * grad_outputs without touching any `.grad`."""
+         create_graph: bool = False, allow_unused: bool = False,
+         is_grads_batched: bool = False) -> Tuple[Optional[torch.Tensor], ...]:
+    """Return d(outputs)/d(inputs) * grad_outputs without touching any `.grad`. `is_grads_batched`: each
+    grad_outputs has a leading batch dimension; one backward per row, the results stacked (torch vmaps it)."""
+    if is_grads_batched:
+        return _batched_grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused)
     inputs = _as_list(inputs)
     targets = [_edge_of(t, f"input {i}") for i, t in enumerate(inputs)]
     captured: Dict[Tuple[Any, int], Any] = {edge: None for edge in targets}
@@ -61,6 +79,19 @@ def grad(outputs: Tensors, inputs: Tensors, grad_outputs: Optional[Tensors] = No
         raise RuntimeError("One of the differentiated tracers was not used to compute the outputs. "
                            "Pass allow_unused=True to get None for it.")
     return result
+
+
+def _batched_grad(outputs: Tensors, inputs: Tensors, grad_outputs: Optional[Tensors], retain_graph: Optional[bool],
+                  create_graph: bool, allow_unused: bool) -> Tuple[Optional[torch.Tensor], ...]:
+    """grad once per row of the batched grad_outputs (the graph kept until the last row), results stacked."""
+    batches = _as_list(grad_outputs)
+    if not batches or any(g is None or g.dim() == 0 for g in batches) or len({g.shape[0] for g in batches}) != 1:
+        raise RuntimeError("is_grads_batched=True needs grad_outputs: one tensor per output, each with a leading "
+                           "batch dimension of the same size (grad_outputs[k][i] is row i's gradient of output k)")
+    n = batches[0].shape[0]
+    rows = [grad(outputs, inputs, [g[i] for g in batches], True if i < n - 1 else retain_graph, create_graph,
+                 allow_unused) for i in range(n)]
+    return tuple(None if column[0] is None else torch.stack(column) for column in zip(*rows))
 
 
 def _as_list(tensors: Any) -> List[Any]:
@@ -300,7 +331,7 @@ def accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Option
     leaf = acc.variable
     if not acc.torch_leaf and leaf._tt_hooks:
         g = run_hooks(leaf._tt_hooks, g, "a leaf", ownership.hand_out)
-    if captured is not None:
+    if captured is not None and captured.get((acc, 0)) is not INTO_GRAD:  # tt.grad: capture, keep .grad as it is
         if (acc, 0) in captured:
             captured[(acc, 0)] = g
         return
