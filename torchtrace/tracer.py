@@ -59,7 +59,7 @@ class tracer(TensorProtocols, torch.Tensor):
     _tt_base: Optional["tracer"] = None  # the tracer a view shares memory with (None: not a view, or not known)
 
     __torch_function__ = classmethod(dispatch.torch_function)
-    backward = engine.tensor_backward  # y.backward(gradient=None, retain_graph=None, create_graph=False, inputs=None, show=False)
+    backward = engine.tensor_backward  # y.backward(gradient, retain_graph, create_graph, inputs, show=False)
 
     def __new__(cls, data: Any = (), requires_grad: bool = False, dtype: Any = None, device: Any = None) -> "tracer":
         t = _to_tensor(data, dtype, device).as_subclass(cls)
