@@ -1,15 +1,19 @@
 """Symbolic tracing of rules: each category decided by mechanism on named rules, and the refusals behind it."""
+import io
 import math
+import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import torchtrace as tt
-from torchtrace.compiler.tracing import straight_line, trace_rule
+from torchtrace.__main__ import parser
+from torchtrace.compiler.tracing import report, straight_line, trace_rule
 from torchtrace.compiler.tracing.calls import calls_of
 from torchtrace.compiler.tracing.judge import BRANCHES, CLEAN, CLEAN_FLOATS, ESCAPES, perturb
 from torchtrace.compiler.tracing.symbolic_float import Apply, Const, FloatSteering, SymbolicFloat, Var
+from torchtrace.ops.listing import rules
 
 
 def _leaf(*shape, dtype=torch.float64):
@@ -216,3 +220,29 @@ def test_a_layout_read_becomes_a_check_of_the_generated_code():
     assert torch.equal(code.backward(*saved, torch.ones(6, dtype=torch.float64)), torch.ones(2, 3, dtype=torch.float64))
     with pytest.raises(ValueError, match="x0.shape is torch.Size"):
         code.forward(torch.randn(3, 2, dtype=torch.float64))
+
+
+# --- the command ----------------------------------------------------------------------------------------------
+
+def test_ops_compile_prints_each_unclean_rule_with_its_reason_and_the_totals():
+    out = io.StringIO()
+    verdicts = report.main(only=["mul", "nn.functional.cross_entropy", "prod"], per_op=2, out=out)
+    text = out.getvalue()
+    assert re.search(r"^branches or reads +CrossEntropy +branches on a float of the call: .+ "
+                     r"\[nn\.functional\.cross_entropy\]$", text, flags=re.MULTILINE), text
+    assert re.search(r"^branches or reads +Prod +reads a value: .+ \[prod\]$", text, flags=re.MULTILINE), text
+    totals = re.search(r"rules: (\d+) registered, (\d+) exercised by OpInfo samples \(2 per entry\) -- clean (\d+), "
+                       r"clean, floats in arithmetic (\d+), branches or reads (\d+), float escapes (\d+); "
+                       r"not exercised (\d+)", text)
+    registered, exercised, *categories, unexercised = map(int, totals.groups())
+    assert registered == len(rules()) == len(verdicts) and exercised + unexercised == registered
+    assert sum(categories) == exercised and categories[0] >= 1  # Mul at least
+    assert parser().parse_args(["ops", "--compile"]).compile
+
+
+def test_ops_traced_prints_a_rules_straight_line_code():
+    out = io.StringIO()
+    verdict = report.show_traced("Mul", out=out)
+    assert verdict.category == CLEAN and "def backward(x0, x1, g0):" in out.getvalue()
+    with pytest.raises(SystemExit, match="no registered rule"):
+        report.find_rule("NoSuchRule")

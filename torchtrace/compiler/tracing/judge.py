@@ -110,7 +110,7 @@ def _copy(tree: Any, numbers: List[float], recorder: RuleRecorder, names: List[i
     return tree
 
 
-def _incoming(out: Any, seed: int) -> List[Optional[torch.Tensor]]:
+def incoming(out: Any, seed: int) -> List[Optional[torch.Tensor]]:
     """One gradient per output, as the engine passes them: random for a floating output, zeros for another tensor
     (no gradient reaches it), None where the output is not a tensor."""
     generator = torch.Generator().manual_seed(seed)
@@ -141,7 +141,7 @@ def run_rule_recorded(rule: type, args: tuple, kwargs: dict, mask: int, numbers:
     with recorder:
         out = rule.forward(ctx, *call_args, **call_kwargs)
     trace.forward_result = recorder.template(out)
-    grads = _incoming(out, seed + 1)
+    grads = incoming(out, seed + 1)
     trace.gradients = [None if g is None else recorder.declare(g, f"g{i}") for i, g in enumerate(grads)]
     recorder.phase = "backward"
     with torch.no_grad(), recorder:
