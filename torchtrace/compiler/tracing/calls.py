@@ -56,9 +56,9 @@ def calls_of(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> List[RuleCall
     return order
 
 
-def rule_calls(only: Optional[Iterable[str]] = None, per_op: int = 2, per_rule: int = 3) -> Dict[type, List[RuleCall]]:
-    """rule -> up to `per_rule` calls, from the first `per_op` samples of each OpInfo entry (or of those named in
-    `only`, by name or name.variant), run in their function form."""
+def rule_calls(only: Optional[Iterable[str]] = None, per_op: int = 2, per_rule: int = 2) -> Dict[type, List[RuleCall]]:
+    """rule -> its calls from the first `per_op` samples of each OpInfo entry (or of those named in `only`, by name or
+    name.variant), run in their function form: up to `per_rule` calls of a rule from each entry."""
     wanted = set(only) if only is not None else None
     found: Dict[type, List[RuleCall]] = {}
     for op in judged_ops():
@@ -68,7 +68,8 @@ def rule_calls(only: Optional[Iterable[str]] = None, per_op: int = 2, per_rule: 
 
         def collect(node: Any, args: tuple, kwargs: dict, result: Any, source: str = name) -> None:
             calls = found.setdefault(node.rule, [])
-            call = _as_call(node, args, kwargs, source) if len(calls) < per_rule else None
+            from_here = sum(c.source == source for c in calls)
+            call = _as_call(node, args, kwargs, source) if from_here < per_rule else None
             if call is not None:
                 calls.append(call)
 

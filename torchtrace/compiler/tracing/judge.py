@@ -222,7 +222,8 @@ def _difference(concrete: Trace, symbolic: Trace, perturbed: Trace) -> Optional[
         if not (a.kind == b.kind == c.kind and a.phase == b.phase == c.phase and a.func == b.func == c.func):
             return BRANCHES, f"the calls differ between runs at {where} (with perturbed floats: {short_name(c.func)})"
         if a.kind == "read" and not (_equal(a.value, b.value) and _equal(a.value, c.value)):
-            return BRANCHES, f"{where} reads differently between runs"
+            return BRANCHES, (f"{where} reads {a.value!r}, and {c.value!r} when the floats change: a float of the "
+                              "call decides a layout")
         found = _template_difference((a.args, a.kwargs, a.outputs), (b.args, b.kwargs, b.outputs),
                                      (c.args, c.kwargs, c.outputs), values)
         if found:

@@ -27,7 +27,7 @@ def judge_rule(calls: List[RuleCall]) -> Verdict:
     return floats or verdicts[0]
 
 
-def judge_all(only: Optional[Iterable[str]] = None, per_op: int = 3, per_rule: int = 3) -> Dict[type, Verdict]:
+def judge_all(only: Optional[Iterable[str]] = None, per_op: int = 3, per_rule: int = 4) -> Dict[type, Verdict]:
     """Every registered rule (refusals included) -> its verdict; a rule no sample calls: NOT_EXERCISED."""
     found = rule_calls(only, per_op, per_rule)
     return {rule: judge_rule(found[rule]) if found.get(rule) else Verdict(rule, NOT_EXERCISED)
@@ -70,8 +70,8 @@ def show_traced(name: str, out: Any = None) -> Optional[Verdict]:
     rule = find_rule(name)
     spellings = {getattr(func, "__name__", "") for func, r in RULES.items() if r is rule}
     entries = [op_key(op) for op in judged_ops() if op.name.rsplit(".", 1)[-1] in spellings]
-    calls = rule_calls(entries, per_op=3, per_rule=3).get(rule) if entries else None
-    calls = calls or rule_calls(None, per_op=3, per_rule=3).get(rule)
+    calls = rule_calls(entries, per_op=3, per_rule=1).get(rule) if entries else None
+    calls = calls or rule_calls(None, per_op=3, per_rule=1).get(rule)
     if not calls:
         print(f"{rule.__name__}: no OpInfo sample calls this rule, so there is no trace to show", file=out)
         return None
