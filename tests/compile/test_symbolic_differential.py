@@ -10,11 +10,9 @@ from typing import Any, Dict, List
 import pytest
 import torch
 
-from torchtrace.autograd.node import Context
-from torchtrace.compiler.tracing import straight_line, trace_rule
+from torchtrace.compiler.tracing import trace_rule
 from torchtrace.compiler.tracing.calls import RuleCall, rule_calls
-from torchtrace.compiler.tracing.judge import call_values, incoming, perturb
-from torchtrace.nested import flatten
+from torchtrace.compiler.tracing.differential import Replay, copies, differs_from_rule, replay, tensors_of
 
 FAMILIES: Dict[str, List[str]] = {  # rule family (the file holding the rules) -> OpInfo entries that call them
     "arithmetic": ["mul", "add", "div.no_rounding_mode", "pow"],
@@ -44,54 +42,6 @@ def calls() -> Dict[type, List[RuleCall]]:
     return rule_calls([e for entries in FAMILIES.values() for e in entries], per_op=2, per_rule=2)
 
 
-def _moved(tree: Any, generator: torch.Generator) -> Any:
-    """New inputs of the same layout: float tensors moved by ~1% (signs and domains kept), floats perturbed."""
-    if isinstance(tree, torch.Tensor):
-        if not tree.is_floating_point():
-            return tree.clone()
-        noise = torch.randn(tree.shape, generator=generator, dtype=tree.dtype)
-        return torch.empty_strided(tree.shape, tree.stride(), dtype=tree.dtype).copy_(tree * (1 + 0.01 * noise))
-    if isinstance(tree, float):
-        return perturb(tree)
-    if isinstance(tree, list):
-        return [_moved(item, generator) for item in tree]
-    if isinstance(tree, tuple) and not isinstance(tree, torch.Size):
-        return type(tree)(_moved(item, generator) for item in tree)
-    if isinstance(tree, dict):
-        return {k: _moved(v, generator) for k, v in tree.items()}
-    return tree
-
-
-def _copies(tree: Any) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return tree.clone()
-    if isinstance(tree, (list, tuple)) and not isinstance(tree, torch.Size):
-        return type(tree)(_copies(item) for item in tree)
-    if isinstance(tree, dict):
-        return {k: _copies(v) for k, v in tree.items()}
-    return tree
-
-
-def _tensors(tree: Any) -> list:
-    return [t for t in flatten(tree)[0] if isinstance(t, torch.Tensor)] if tree is not None else []
-
-
-def _same(ours: Any, theirs: Any, what: str) -> None:
-    a, b = _tensors(ours), _tensors(theirs)
-    assert len(a) == len(b), what
-    for x, y in zip(a, b):
-        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True, msg=what)
-
-
-def _rule_run(call: RuleCall, args: tuple, kwargs: dict) -> tuple:
-    ctx = Context(call.rule, (), call.mask)
-    torch.manual_seed(0)
-    out = call.rule.forward(ctx, *args, **kwargs)
-    grads = incoming(out, 1)
-    with torch.no_grad():
-        return out, grads, call.rule.backward(ctx, *grads)
-
-
 def _finite_differences(f: Any, leaves: List[torch.Tensor], eps: float = 1e-6) -> List[torch.Tensor]:
     found = []
     for leaf in leaves:
@@ -109,24 +59,26 @@ def _finite_differences(f: Any, leaves: List[torch.Tensor], eps: float = 1e-6) -
     return found
 
 
-def _against_torch(call: RuleCall, args: tuple, kwargs: dict, rule_out: Any, grads: list, traced: Any) -> bool:
+def _against_torch(call: RuleCall, run: Replay) -> bool:
     """Compare the traced gradients with torch autograd's on the same call; False when torch cannot run the call
     as the rule received it (its arguments were moved to the rule's positions) or computes something else."""
+    args, kwargs, grads, traced = run.args, run.kwargs, run.grads, run.gradients
     positions = [i for i, a in enumerate(args) if call.mask >> i & 1 and isinstance(a, torch.Tensor)
                  and a.is_floating_point()]
     if not positions:
         return False
-    args = list(_copies(args))
+    args = list(copies(args))
     for i in positions:
         args[i].requires_grad_(True)
 
     def weighted() -> torch.Tensor:
-        outputs = _tensors(call.func(*args, **kwargs))
+        outputs = tensors_of(call.func(*args, **kwargs))
         return sum((o * g).sum() for o, g in zip(outputs, grads) if g is not None and o.is_floating_point())
 
     try:
         out = call.func(*args, **kwargs)
-        _same(tuple(o.detach() for o in _tensors(out)), tuple(_tensors(rule_out)), "")
+        if differs_from_rule(run._replace(result=[o.detach() for o in tensors_of(out)])):
+            return False  # torch's callable, called as the rule received the call, computes something else
         expected = torch.autograd.grad(weighted(), [args[i] for i in positions], allow_unused=True)
     except Exception:
         return False
@@ -138,7 +90,7 @@ def _against_torch(call: RuleCall, args: tuple, kwargs: dict, rule_out: Any, gra
         if torch.allclose(got, want, rtol=1e-6, atol=1e-7, equal_nan=True):
             continue
         with torch.no_grad():  # torch and the traced code disagree: finite differences decide
-            leaf = args[i].detach()
+            leaf = args[i].detach().clone(memory_format=torch.contiguous_format)
             args[i] = leaf
             (numeric,) = _finite_differences(lambda: weighted().item(), [leaf])
         assert torch.allclose(got, numeric, rtol=1e-4, atol=1e-5), (
@@ -157,19 +109,10 @@ def test_traced_backward_equals_the_rule_and_torch(calls, family):
             verdict = trace_rule(call.rule, call.args, call.kwargs, call.mask)
             if not verdict.clean:
                 continue
-            code = straight_line(verdict)
-            generator = torch.Generator().manual_seed(len(checked))
-            args, kwargs = _moved(call.args, generator), _moved(call.kwargs, generator)
-            rule_out, grads, rule_grads = _rule_run(call, _copies(args), _copies(kwargs))
-            tensors, floats = call_values(_copies(args), _copies(kwargs))
-            torch.manual_seed(0)
-            out, saved = code.forward(*tensors, *floats)
-            with torch.no_grad():
-                traced = code.backward(*saved, *(g for g in grads if g is not None), *floats)
+            run = replay(call, verdict, seed=len(checked))
             where = f"{rule.__name__} ({call.source})"
-            _same(out, rule_out, f"{where}: traced forward differs from the rule's")
-            _same(traced, rule_grads, f"{where}: traced backward differs from the rule's")
-            against_torch += _against_torch(call, _copies(args), _copies(kwargs), rule_out, grads, traced)
+            assert differs_from_rule(run) is None, f"{where}: {differs_from_rule(run)}"
+            against_torch += _against_torch(call, run)
             checked.append(where)
     assert checked, f"no clean call of a {family} rule was traced"
     assert against_torch, f"no traced {family} call could be compared with torch autograd ({checked})"

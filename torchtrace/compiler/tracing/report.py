@@ -6,6 +6,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from torchtrace.autograd.function import RULES
 from torchtrace.compiler.tracing.calls import RuleCall, rule_calls
+from torchtrace.compiler.tracing.differential import differs_from_rule, replay
 from torchtrace.compiler.tracing.judge import CATEGORIES, CLEAN, CLEAN_FLOATS, Verdict, trace_rule
 from torchtrace.compiler.tracing.straight_line import straight_line
 from torchtrace.coverage import judged_ops, op_key
@@ -13,12 +14,24 @@ from torchtrace.naming import callable_name
 from torchtrace.ops.listing import rules
 
 NOT_EXERCISED = "not exercised"  # no OpInfo sample made a call of this rule
+CODE_DIFFERS = "code differs"  # clean, but its generated code did not reproduce the rule on new inputs (a defect here)
+
+
+def _checked(call: RuleCall, verdict: Verdict) -> Verdict:
+    """A clean verdict whose generated code, run on moved inputs, equals the rule bit for bit; else CODE_DIFFERS."""
+    try:
+        difference = differs_from_rule(replay(call, verdict))
+    except Exception as exc:
+        difference = f"raised {type(exc).__name__}: {str(exc).strip()[:200]}"
+    return verdict if difference is None else Verdict(verdict.rule, CODE_DIFFERS, difference, verdict.trace)
 
 
 def judge_rule(calls: List[RuleCall]) -> Verdict:
     """A rule is as clean as its least clean call: the first unclean verdict (naming its OpInfo entry), else clean,
-    with floats in arithmetic when any call's backward computes with them."""
+    with floats in arithmetic when any call's backward computes with them. Every clean call's generated code is run
+    against the rule on new inputs."""
     verdicts = [trace_rule(c.rule, c.args, c.kwargs, c.mask) for c in calls]
+    verdicts = [_checked(c, v) if v.clean else v for c, v in zip(calls, verdicts)]
     for call, verdict in zip(calls, verdicts):
         if not verdict.clean:
             verdict.reason = f"{verdict.reason} [{call.source}]"
@@ -35,7 +48,8 @@ def judge_all(only: Optional[Iterable[str]] = None, per_op: int = 3, per_rule: i
 
 
 def main(only: Optional[Iterable[str]] = None, per_op: int = 3, out: Any = None) -> Dict[type, Verdict]:
-    """Print the unclean rules with their reasons, then the totals."""
+    """Print the unclean rules with their reasons, then the totals (clean counts only rules whose generated code
+    reproduced the rule on every call tried)."""
     out = out or sys.stdout
     verdicts = judge_all(only, per_op)
     for verdict in sorted(verdicts.values(), key=lambda v: (v.category, v.rule.__name__)):
@@ -45,7 +59,7 @@ def main(only: Optional[Iterable[str]] = None, per_op: int = 3, out: Any = None)
     print(f"\n{CLEAN_FLOATS}: {', '.join(floats)}", file=out)
     counts = Counter(v.category for v in verdicts.values())
     exercised = len(verdicts) - counts[NOT_EXERCISED]
-    parts = ", ".join(f"{category} {counts[category]}" for category in CATEGORIES)
+    parts = ", ".join(f"{category} {counts[category]}" for category in (*CATEGORIES, CODE_DIFFERS))
     print(f"\nrules: {len(verdicts)} registered, {exercised} exercised by OpInfo samples ({per_op} per entry) -- "
           f"{parts}; {NOT_EXERCISED} {counts[NOT_EXERCISED]}", file=out)
     return verdicts

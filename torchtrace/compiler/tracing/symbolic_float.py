@@ -8,6 +8,7 @@ parameters. Everything that would let the value decide what Python does next rai
 C code reads a float subclass's value directly (`math.sqrt(p)` returns a plain float): such an escape cannot
 be caught here; the judge finds it by running the rule again with every number perturbed.
 """
+import math
 import operator
 from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
@@ -41,6 +42,8 @@ class Const:
         return self.value
 
     def render(self) -> str:
+        if isinstance(self.value, float) and not math.isfinite(self.value):  # nan, inf: no literal spells them
+            return f"float({float.__repr__(self.value)!r})"
         return float.__repr__(self.value) if isinstance(self.value, float) else int.__repr__(self.value)
 
 
