@@ -84,15 +84,20 @@ def show_traced(name: str, out: Any = None) -> Optional[Verdict]:
     rule = find_rule(name)
     spellings = {getattr(func, "__name__", "") for func, r in RULES.items() if r is rule}
     entries = [op_key(op) for op in judged_ops() if op.name.rsplit(".", 1)[-1] in spellings]
-    calls = rule_calls(entries, per_op=3, per_rule=1).get(rule) if entries else None
+    calls = rule_calls(entries, per_op=3, per_rule=4).get(rule) if entries else None
     calls = calls or rule_calls(None, per_op=3, per_rule=1).get(rule)
     if not calls:
         print(f"{rule.__name__}: no OpInfo sample calls this rule, so there is no trace to show", file=out)
         return None
     verdicts = [trace_rule(c.rule, c.args, c.kwargs, c.mask) for c in calls]
+    unclean = next(((c, v) for c, v in zip(calls, verdicts) if not v.clean), None)
     for call, verdict in zip(calls, verdicts):
         if verdict.clean:
-            print(f"# {verdict.category}, traced on a call from OpInfo's {call.source}\n", file=out)
+            print(f"# {verdict.category}, traced on a call from OpInfo's {call.source}", file=out)
+            if unclean:
+                print(f"# not every call is clean: {unclean[1].category} -- {unclean[1].reason} [{unclean[0].source}]",
+                      file=out)
+            print(file=out)
             print(straight_line(verdict).source, file=out)
             return verdict
     print(f"{rule.__name__}: {verdicts[0].category} -- {verdicts[0].reason} [{calls[0].source}]", file=out)

@@ -89,6 +89,8 @@ class _Writer:
             return f"{self.value(s.args[0])}.{attribute}"
         arguments = [self.value(a) for a in s.args] + [f"{k}={self.value(v)}" for k, v in s.kwargs.items()]
         name = callable_name(s.func)
+        if name.startswith("torch._ops."):  # an aten op: torch.ops.aten.x is how it is written
+            name = "torch.ops." + name[len("torch._ops."):]
         if _resolve(name) is not None and _resolve(name) == s.func:
             owner, _, method = name.rpartition(".")
             if owner == "torch.Tensor" and s.args and isinstance(s.args[0], TensorRef):
