@@ -7,7 +7,7 @@ call the trace does not describe. `forward(x..., f...)` returns the rule's resul
 `backward(those..., g..., f...)` returns what the rule's backward returns.
 """
 import os
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set
+from typing import Any, Callable, Dict, List, NamedTuple, Set
 
 import torch
 
@@ -177,11 +177,3 @@ def straight_line(trace_or_verdict: Any) -> StraightLine:
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 (our own generated code)
     return StraightLine(source, namespace["forward"], namespace["backward"], inputs, saved, gradients, len(floats))
 
-
-def run_straight_line(code: StraightLine, args_by_name: Dict[str, torch.Tensor], floats: List[float],
-                      grads: List[Optional[torch.Tensor]]) -> Any:
-    """forward then backward of the generated code: (the forward's result, the backward's result)."""
-    result, saved = code.forward(*(args_by_name[n] for n in code.inputs), *floats)
-    with torch.no_grad():
-        gradients = code.backward(*saved, *(g for g in grads if g is not None), *floats)
-    return result, gradients
