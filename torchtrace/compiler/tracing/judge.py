@@ -21,7 +21,7 @@ import torch
 
 from torchtrace.autograd.node import Context
 from torchtrace.compiler.tracing.recorder import Number, Refusal, RuleRecorder, Statement, TensorRef, short_name
-from torchtrace.compiler.tracing.symbolic_float import STEERED, Const, FloatSteering, SymbolicFloat, Var
+from torchtrace.compiler.tracing.symbolic_float import Const, FloatSteering, SymbolicFloat, Var, steered
 
 CLEAN = "clean"  # no float of the call reaches the backward
 CLEAN_FLOATS = "clean, floats in arithmetic"  # the backward computes with the call's floats, never branches on them
@@ -158,7 +158,7 @@ def trace_rule(rule: type, args: tuple, kwargs: dict, mask: int, seed: int = 0) 
     for label, numbers in (("", floats),
                            ("symbolic floats: ", [SymbolicFloat(f, Var(i)) for i, f in enumerate(floats)]),
                            ("perturbed floats: ", [perturb(f) for f in floats])):
-        del STEERED[:]
+        steered().clear()
         recorder: Optional[RuleRecorder] = None
         try:
             trace, recorder = run_rule_recorded(rule, args, kwargs, mask, numbers, seed)
@@ -167,11 +167,11 @@ def trace_rule(rule: type, args: tuple, kwargs: dict, mask: int, seed: int = 0) 
         except Refusal as exc:
             return Verdict(rule, BRANCHES, f"{exc.kind}: {exc.what}")
         except Exception as exc:  # the rule itself failed on these arguments (or the perturbed floats)
-            if STEERED:
-                return _steered(rule, STEERED[0])
+            if steered():
+                return _steered(rule, steered()[0])
             return Verdict(rule, BRANCHES, f"{label}the rule raised {type(exc).__name__}: {_first_line(exc)}")
-        if STEERED:
-            return _steered(rule, STEERED[0])
+        if steered():
+            return _steered(rule, steered()[0])
         if recorder.refusals:
             first = recorder.refusals[0]
             return Verdict(rule, BRANCHES, f"{first.kind}: {first.what} (the rule caught the refusal)")

@@ -10,6 +10,7 @@ be caught here; the judge finds it by running the rule again with every number p
 """
 import math
 import operator
+import threading
 from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 Expression = Union["Var", "Const", "Apply"]
@@ -84,7 +85,19 @@ class FloatSteering(Exception):
         self.what, self.escapes = what, escapes
 
 
-STEERED: List[FloatSteering] = []  # every refusal raised, kept even when the code that caused it caught it
+class _Steered(threading.local):
+    """Every refusal raised in this thread, kept even when the code that caused it caught it."""
+
+    def __init__(self) -> None:
+        self.refusals: List[FloatSteering] = []
+
+
+_STEERED = _Steered()
+
+
+def steered() -> List[FloatSteering]:
+    """The refusals raised in this thread since the list was last emptied (`steered().clear()`)."""
+    return _STEERED.refusals
 
 
 def expression_of(x: Any) -> Expression:
@@ -120,8 +133,8 @@ def _plain(x: Union[int, float]) -> Union[int, float]:
 
 def _refuse(what: str, escapes: bool = False) -> Callable:
     def refuse(self: "SymbolicFloat", *args: Any) -> Any:
-        STEERED.append(FloatSteering(what, escapes))
-        raise STEERED[-1]
+        _STEERED.refusals.append(FloatSteering(what, escapes))
+        raise _STEERED.refusals[-1]
 
     return refuse
 
