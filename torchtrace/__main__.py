@@ -28,6 +28,11 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def _ops(args: argparse.Namespace) -> None:
+    if args.compile or args.traced:
+        from torchtrace.compiler.tracing import report
+
+        report.show_traced(args.traced) if args.traced else report.main(args.only, args.samples)
+        return
     if not args.coverage:
         list_ops()
         return
@@ -61,11 +66,19 @@ def parser() -> argparse.ArgumentParser:
     ops = commands.add_parser("ops", help="list the torch callables that have gradient rules",
                               description="The public names of the torch callables with gradient rules, by family; "
                                           "or, with --coverage, PyTorch's OpInfo database run on tracers and "
-                                          "compared with torch autograd.")
+                                          "compared with torch autograd; or, with --compile, every rule traced "
+                                          "symbolically on those samples (clean: straight-line code).")
     ops.add_argument("--coverage", action="store_true", help="judge every OpInfo op against torch autograd")
     ops.add_argument("--full", action="store_true", help="with --coverage: every sample (default: the first few)")
-    ops.add_argument("--samples", type=int, default=3, help="with --coverage: samples per op without --full")
-    ops.add_argument("--only", nargs="+", help="with --coverage: judge only these ops (name or name.variant)")
+    ops.add_argument("--samples", type=int, default=3,
+                     help="with --coverage or --compile: samples per op (--coverage: without --full)")
+    ops.add_argument("--only", nargs="+", help="with --coverage or --compile: only these OpInfo entries (name or "
+                                               "name.variant)")
+    ops.add_argument("--compile", action="store_true",
+                     help="trace every rule symbolically on OpInfo samples: clean (straight-line code for tt.compile) "
+                          "or why not; --samples per entry (default 3)")
+    ops.add_argument("--traced", metavar="NAME",
+                     help="the straight-line forward and backward traced from rule NAME (e.g. Mul, LeakyRelu)")
     ops.set_defaults(run=_ops)
     diagnose = commands.add_parser("diagnose", help="run a training script with the gradient doctor watching",
                                    description="Run SCRIPT as python would, diagnosing its first backward passes "
