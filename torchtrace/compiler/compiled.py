@@ -27,7 +27,7 @@ class Compiled:
         self.calls = self.replayed = 0  # calls, and calls whose every recorded torch call matched the program
         self.last_path: List[Statement] = []
         self.lock = threading.RLock()  # one call at a time: a call reads the trie another may grow
-        self.warned = False
+        self.warned = self.warned_eager = False
         for inputs in check_inputs or ():
             self.check(*_as_args(inputs), tolerance=check_tolerance)
 
@@ -58,7 +58,12 @@ class Compiled:
             _DEPTH.value = 0
             run.segment = None
         self.calls += 1
-        self.replayed += run.replaying
+        self.replayed += run.replaying and not run.eager_from
+        if run.eager_from and not self.warned_eager:
+            self.warned_eager = True
+            warnings.warn(f"tt.compile: {self.program.title} runs eagerly from {run.eager_from}: from there on the "
+                          "call is watched op by op (torch.utils.checkpoint learns the parameters its block reads "
+                          "that way), which replay cannot serve; the calls before it are replayed", stacklevel=4)
         if run.finish(out, lambda: len(self.program.blocks()) >= MAX_BLOCKS) is None and not run.replaying \
                 and not self.warned:
             self.warned = True
