@@ -106,7 +106,9 @@ class tracer(TensorProtocols, torch.Tensor):
     @property
     def grad_fn(self) -> Optional[Node]:
         self._follow_base()
-        return self._tt_node
+        node = self._tt_node
+        per_output = getattr(node.ctx, "grad_fn_of", None) if node is not None else None
+        return node if per_output is None else per_output(self._tt_nr)  # a compiled call's: its statement's node
 
     @property
     def grad(self) -> Optional[torch.Tensor]:
