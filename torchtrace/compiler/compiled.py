@@ -150,9 +150,14 @@ def compile(fn: Callable, example_inputs: Any, check_inputs: Optional[Sequence[A
     new path joins the recorded program as a branch — nothing runs twice. In-place changes, `Function.apply`
     and calls that record several nodes run eagerly inside a matched program. Hooks, `retain_grad()` and
     `tt.grad` inputs on values made inside see each value's whole gradient, and `create_graph=True` records
-    the gradient's graph through the compiled node, as in eager. A call under `torch.autocast`, inside another
-    compiled call or while a tool watches every op (`tt.recording()`, `tt.detect_anomaly`) runs eagerly. Calls
-    of one compiled function from several threads run one at a time.
+    the gradient's graph through the compiled node, as in eager. A result's `grad_fn` is the node of the
+    statement that made it (as in eager): its `register_prehook` / `register_hook` hooks run around that
+    statement's rule. Calls inside a `torch.autocast` region of the function replay as eager statements (the
+    eager engine runs each, so its backward casts as its forward did). From a call watched op by op on (the
+    discovery run of `torch.utils.checkpoint`), the rest of the call runs eagerly, and so do later calls from
+    that point (a warning names the line once). A call made under `torch.autocast`, inside another compiled
+    call or while a tool watches every op (`tt.recording()`, `tt.detect_anomaly`) runs eagerly. Calls of one
+    compiled function from several threads run one at a time.
 
     `example_inputs` are what `.code` and `.to_code()` record on when no call has run yet. `check_inputs`
     compares compiled and eager on each given input now; `verify=N` does so before each of the first N calls

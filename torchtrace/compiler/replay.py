@@ -163,7 +163,7 @@ class Run:
         """Run the call as the program's next statement; None when it does not match (nothing has run then)."""
         with plain_torch():
             rule, args_, kwargs_ = _normalise(func, args, kwargs)
-            st = self._match(func, args_, kwargs_)
+            st = self._match(func, args_, kwargs_, _any_autocast())
             if st is None:
                 return None
             if st.kind != EAGER:
@@ -302,12 +302,16 @@ class Run:
         self.siblings = []
         self.path.append(st)
 
-    def _match(self, func: Callable, args: tuple, kwargs: dict) -> Optional[Statement]:
+    def _match(self, func: Callable, args: tuple, kwargs: dict, eager_only: bool = False) -> Optional[Statement]:
+        """The statement the call is, now bound (None: no statement fits). Under autocast (`eager_only`) only an
+        EAGER statement fits: the eager engine runs it in the autocast state of the call, and its node's backward
+        casts as its forward did (a rule's forward run on plain tensors would be cast without its backward)."""
         block, at = self.block, self.at
         if at < len(block.statements):  # the common case: one statement to match, no siblings
             st = block.statements[at]
-            if not same_func(st.func, func) or (st.kind == REPLAY and RULES.get(func) is not st.rule):
-                return None  # another callable, or a rule registered for it since
+            if not same_func(st.func, func) or (st.kind == REPLAY and RULES.get(func) is not st.rule) or (
+                    eager_only and st.kind != EAGER):
+                return None  # another callable, a rule registered for it since, or a rule's forward under autocast
             if not kwargs and st.checks is not None:  # its key is st.key exactly when each argument fits its entry
                 if len(args) != len(st.checks) or not self._fits(st, st.checks, args):
                     return None
@@ -321,7 +325,7 @@ class Run:
         options = [(child, child.statements[0]) for child in block.children]
         for owner, st in options:
             if st.same_call(func, key) and (st.kind != REPLAY or RULES.get(func) is st.rule) \
-                    and self._bind(st, tensors):
+                    and (not eager_only or st.kind == EAGER) and self._bind(st, tensors):
                 self.before = (block, at)
                 self.block, self.at = owner, 1
                 self.siblings = [(o, s) for o, s in options if s is not st and s.same_call(func, key)
@@ -644,7 +648,7 @@ class ReplayMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if not _may_record(func, args, kwargs) or not _wants_gradient(args, kwargs):
             return func(*args, **kwargs)  # records nothing (x > 0, .item()): it simply runs
-        if run.replaying and not _any_autocast():  # under autocast every call runs eagerly (its backward casts)
+        if run.replaying:
             found = run.replay(func, args, kwargs)
             if found is not None:
                 return found[0]
