@@ -70,7 +70,7 @@ class tracer(TensorProtocols, torch.Tensor):
     def __repr__(self, **kwargs: Any) -> str:
         with plain_torch():
             text = torch.Tensor.__repr__(self, **kwargs)
-        return text.replace("grad_fn=<Node>", f"grad_fn=<{self._tt_node.name}>") if self._tt_node else text
+        return text.replace("grad_fn=<Node>", f"grad_fn=<{self.grad_fn.name}>") if self._tt_node else text
 
     def _follow_base(self) -> None:
         """A view whose base changed in place since is now a view of the new value (as torch rebases it)."""

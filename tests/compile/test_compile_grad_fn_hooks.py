@@ -77,5 +77,40 @@ def test_grad_fn_of_a_replayed_result_is_the_node_of_its_statement():
         out = compiled(tt.tracer(torch.randn(2, 4)))
         eager = (tt.tracer(torch.randn(2, 4)) @ w.t()).relu()
         assert out.grad_fn.name() == eager.grad_fn.name() == "ReluBackward"
-        assert out.grad_fn is out.grad_fn
+        assert out.grad_fn is out.grad_fn and "grad_fn=<ReluBackward>" in repr(out)
+        later = compiled(tt.tracer(torch.randn(2, 4)))
+        later.sum().backward()
+        assert later.grad_fn.name() == "ReluBackward" and later.grad_fn.released  # read first once freed
+    assert compiled.replayed == 5
+
+
+def test_module_full_backward_hooks_inside_a_compiled_call_see_eagers_and_torchs_gradients():
+    """torch.nn's full backward hooks are built on grad_fn hooks of the module's results."""
+    import copy
+
+    from torchtrace.port import port
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
+    ported = port(copy.deepcopy(model))
+    seen: list = []
+    for m in (model, ported):
+        m[2].register_full_backward_hook(lambda mod, gi, go: seen.append((plain(gi[0]), plain(go[0]))))
+        m[0].register_full_backward_pre_hook(lambda mod, go: (go[0] * 3,))
+    compiled = tt.compile(lambda x: ported(x).pow(2).sum(), ())
+    for _ in range(3):
+        x = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+        runs = []
+        for fn, m, inputs in ((compiled, ported, tt.tracer(x.detach(), requires_grad=True)),
+                              (lambda t: ported(t).pow(2).sum(), ported, tt.tracer(x.detach(), requires_grad=True)),
+                              (lambda t: model(t).pow(2).sum(), model, x)):
+            seen.clear()
+            m.zero_grad(set_to_none=True)
+            fn(inputs).backward()
+            runs.append(([plain(p.grad) for p in m.parameters()] + [plain(inputs.grad)], list(seen)))
+        (ours, ours_seen), (eager, eager_seen), (expected, torch_seen) = runs
+        assert len(ours_seen) == len(eager_seen) == len(torch_seen) == 1
+        for a, b, c in zip(ours + list(ours_seen[0]), eager + list(eager_seen[0]), expected + list(torch_seen[0])):
+            assert torch.equal(a, b)
+            torch.testing.assert_close(a, c)
     assert compiled.replayed == 2

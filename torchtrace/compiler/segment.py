@@ -13,7 +13,7 @@ import torch
 
 from torchtrace.autograd.grad_fn_hooks import run_post_hooks, run_pre_hooks
 from torchtrace.autograd.hooks import output_hooks
-from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
+from torchtrace.autograd.node import Context, Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 from torchtrace.tracer import tracer
@@ -99,8 +99,11 @@ class Segment:
         segment's node or to the node's edges)."""
         step = self.producer[self.outputs[nr]]
         if step.node is None:
-            edges = self.node.edges
-            step.node = Node(step.rule, step.ctx, [
+            edges, ctx = self.node.edges, step.ctx
+            if ctx is None:  # a backward freed it already: what the node shows is a freed Context
+                ctx = Context(step.rule)
+                ctx._released = True
+            step.node = Node(step.rule, ctx, [
                 _new_edge(Edge, (position, self.node, self.nr_of[where], shape, dtype)) if local else
                 _new_edge(Edge, (position, edges[where].node, edges[where].output_nr, shape, dtype))
                 for position, shape, dtype, local, where in step.targets], None, ())
