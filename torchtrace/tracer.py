@@ -70,7 +70,7 @@ class tracer(TensorProtocols, torch.Tensor):
     def __repr__(self, **kwargs: Any) -> str:
         with plain_torch():
             text = torch.Tensor.__repr__(self, **kwargs)
-        return text.replace("grad_fn=<Node>", f"grad_fn=<{self._tt_node.name}>") if self._tt_node else text
+        return text.replace("grad_fn=<Node>", f"grad_fn=<{self.grad_fn.name}>") if self._tt_node else text
 
     def _follow_base(self) -> None:
         """A view whose base changed in place since is now a view of the new value (as torch rebases it)."""
@@ -106,7 +106,9 @@ class tracer(TensorProtocols, torch.Tensor):
     @property
     def grad_fn(self) -> Optional[Node]:
         self._follow_base()
-        return self._tt_node
+        node = self._tt_node
+        per_output = getattr(node.ctx, "grad_fn_of", None) if node is not None else None
+        return node if per_output is None else per_output(self._tt_nr)  # a compiled call's: its statement's node
 
     @property
     def grad(self) -> Optional[torch.Tensor]:

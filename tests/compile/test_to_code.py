@@ -200,3 +200,32 @@ def test_the_fast_form_writing_into_dying_gradients_gives_torchs_gradients(case)
         torch.testing.assert_close(got, ref.grad, rtol=1e-12, atol=1e-12)
     numeric = torch.autograd.gradcheck  # finite differences of the function itself, the same reference
     assert numeric(lambda *t: fn(*t), [r.detach().clone().requires_grad_() for r in refs])
+
+
+def test_a_tensor_argument_the_path_does_not_read_stays_in_the_generated_signature():
+    """Both forms take the function's own arguments, in order, and backward gives one gradient per argument (None
+    for the one never read), then the parameters'; the numbers are torch autograd's and finite differences'."""
+    from references import finite_differences
+
+    g = torch.Generator().manual_seed(5)
+    x, unused, y, w = (torch.randn(*s, dtype=torch.float64, generator=g) for s in ((2, 4), (5,), (2, 3), (3, 4)))
+    w_ = tt.as_tracer(w.clone(), requires_grad=True)
+
+    def fn(x, unused, y):
+        return ((x @ w_.t()).tanh() * y).sum()
+
+    compiled = tt.compile(fn, tuple(tt.as_tracer(t.clone(), requires_grad=True) for t in (x, unused, y)))
+    refs = [t.clone().requires_grad_() for t in (x, unused, y, w)]
+    ((refs[0] @ refs[3].t()).tanh() * refs[2]).sum().backward()
+    numeric = finite_differences(lambda: ((x @ w.t()).tanh() * y).sum(), [x, y, w])
+    for code in (compiled.to_code(), compiled.code):
+        assert "def forward(x, unused, y, params):" in code
+        namespace: dict = {}
+        exec(code, namespace)
+        outputs, saved = namespace["forward"](x, unused, y, {"w_": w})
+        grads = namespace["backward"]({"w_": w}, saved, torch.ones(()))
+        assert len(grads) == 4 and grads[1] is None
+        torch.testing.assert_close(outputs[0], ((x @ w.t()).tanh() * y).sum())
+        for got, ref, fd in zip((grads[0], grads[2], grads[3]), (refs[0], refs[2], refs[3]), numeric):
+            torch.testing.assert_close(got, ref.grad)
+            torch.testing.assert_close(got, fd, rtol=1e-5, atol=1e-6)

@@ -3,7 +3,8 @@
 A program is a module (linear layers, an activation, optional dropout and batch norm, three unnamed heads in a
 list) whose forward reads its own plain attributes (`scale`, `flip`), a class attribute through a property that
 reads a global, a config object, a closure cell, a generator, a mutable default argument, torch's anomaly flag and
-a slice, fills a log list and prints, and takes a branch on a value read from tensor data through one of several
+a slice, fills a log list and prints, applies one of `floats.FLOAT_OPS` (floats drawn anew on each call that reach
+a rule's backward, `.T`, `Function.apply`), and takes a branch on a value read from tensor data through one of several
 APIs (after a dropout draw: a divergence mid-call); it may hook a value it reads again. Two copies are built from
 one seed: one is called compiled, the other eagerly, and every mutation is applied to both.
 """
@@ -15,6 +16,8 @@ from typing import Callable, List, Tuple
 import torch
 
 import torchtrace as tt
+
+from .floats import FLOAT_OPS
 
 SHIFT = {"value": 0.5}  # a global the programs read (mutations change it)
 CONFIG = types.SimpleNamespace(SCALE=1.0)  # a config object (mutations change it)
@@ -57,11 +60,14 @@ class Program(tt.nn.Module):
         self.columns = slice(0, width)
         self.log: List[float] = []
         self.watch = rng.random() < 0.3  # a tensor hook and retain_grad on a value read again inside
+        self.float_op = rng.randrange(len(FLOAT_OPS))  # floats drawn anew on each call reach a rule's backward
+        self.floats = random.Random(rng.random())
 
     def forward(self, x: torch.Tensor, seen: list = []) -> torch.Tensor:  # noqa: B006 (a default list, on purpose)
         seen.append(1)
         h = self.activation(self.norm(self.first(x))) * self.scale + SHIFT["value"] * self.closure()
         h = (-h if self.flip else h) * self.gain * CONFIG.SCALE + next(self.counter) % 3 * 0.1
+        h = FLOAT_OPS[self.float_op](h, self.floats)
         if self.watch and h.requires_grad:
             h.register_hook(lambda g: g * 0.5)  # changes what flows on: every parameter before it sees it
             h.retain_grad()

@@ -14,6 +14,7 @@ import torch
 
 import torchtrace as tt
 
+from .floats import FLOAT_NAMES
 from .mutations import MUTATIONS
 from .programs import CONFIG, READ_NAMES, SHIFT, Program, build
 
@@ -91,7 +92,8 @@ def run_program(seed: int, calls: int, tally: Tally) -> None:
     a, b, width = build(seed)
     x = torch.randn(4, width, dtype=torch.float64)
     training = seed % 2 == 1  # every other program is compiled as a whole training step
-    history = [f"program {seed} (reads the branch with {READ_NAMES[a.read]}{', a training step' if training else ''})"]
+    history = [f"program {seed} (reads the branch with {READ_NAMES[a.read]}, {FLOAT_NAMES[a.float_op]}"
+               f"{', a training step' if training else ''})"]
     side_a, side_b = (_step_of(a, x), _step_of(b, x)) if training else (a, b)
     run = (lambda side, model, inputs, at: _run_step(side, model, inputs, at)) if training else _run
     with warnings.catch_warnings():

@@ -27,7 +27,7 @@ class Compiled:
         self.calls = self.replayed = 0  # calls, and calls whose every recorded torch call matched the program
         self.last_path: List[Statement] = []
         self.lock = threading.RLock()  # one call at a time: a call reads the trie another may grow
-        self.warned = False
+        self.warned = self.warned_eager = False
         for inputs in check_inputs or ():
             self.check(*_as_args(inputs), tolerance=check_tolerance)
 
@@ -58,7 +58,12 @@ class Compiled:
             _DEPTH.value = 0
             run.segment = None
         self.calls += 1
-        self.replayed += run.replaying
+        self.replayed += run.replaying and not run.eager_from
+        if run.eager_from and not self.warned_eager:
+            self.warned_eager = True
+            warnings.warn(f"tt.compile: {self.program.title} runs eagerly from {run.eager_from}: from there on the "
+                          "call is watched op by op (torch.utils.checkpoint learns the parameters its block reads "
+                          "that way), which replay cannot serve; the calls before it are replayed", stacklevel=4)
         if run.finish(out, lambda: len(self.program.blocks()) >= MAX_BLOCKS) is None and not run.replaying \
                 and not self.warned:
             self.warned = True
@@ -145,9 +150,14 @@ def compile(fn: Callable, example_inputs: Any, check_inputs: Optional[Sequence[A
     new path joins the recorded program as a branch — nothing runs twice. In-place changes, `Function.apply`
     and calls that record several nodes run eagerly inside a matched program. Hooks, `retain_grad()` and
     `tt.grad` inputs on values made inside see each value's whole gradient, and `create_graph=True` records
-    the gradient's graph through the compiled node, as in eager. A call under `torch.autocast`, inside another
-    compiled call or while a tool watches every op (`tt.recording()`, `tt.detect_anomaly`) runs eagerly. Calls
-    of one compiled function from several threads run one at a time.
+    the gradient's graph through the compiled node, as in eager. A result's `grad_fn` is the node of the
+    statement that made it (as in eager): its `register_prehook` / `register_hook` hooks run around that
+    statement's rule. Calls inside a `torch.autocast` region of the function replay as eager statements (the
+    eager engine runs each, so its backward casts as its forward did). From a call watched op by op on (the
+    discovery run of `torch.utils.checkpoint`), the rest of the call runs eagerly, and so do later calls from
+    that point (a warning names the line once). A call made under `torch.autocast`, inside another compiled
+    call or while a tool watches every op (`tt.recording()`, `tt.detect_anomaly`) runs eagerly. Calls of one
+    compiled function from several threads run one at a time.
 
     `example_inputs` are what `.code` and `.to_code()` record on when no call has run yet. `check_inputs`
     compares compiled and eager on each given input now; `verify=N` does so before each of the first N calls

@@ -16,6 +16,14 @@ REPLAY, PASS, EAGER = "replay", "pass", "eager"  # the kinds of statement (see S
 TENSOR = object()  # a tensor argument's place in a key
 NUMBER = object()  # a Python float's place in a key: a number slot, read on every call
 _SIMPLE = (bool, int, str, type(None))  # kept in a key as (type, value)
+_BOUND = (type(torch.Tensor.T.__get__), type(torch.autograd.Function.apply))  # method-wrapper, bound method
+
+
+def same_func(a: Callable, b: Callable) -> bool:
+    """Is b the callable a is? By identity, or by what it is where each access makes a new object: a property's
+    getter (`x.T` hands over `Tensor.T.__get__`, a new method-wrapper of the same descriptor each time) and a
+    classmethod bound to its class (`Cls.apply`) compare equal by their descriptor or function and owner."""
+    return a is b or (type(a) is type(b) and type(a) in _BOUND and a == b)
 
 
 def describe(args: tuple, kwargs: dict) -> Tuple[tuple, List[torch.Tensor]]:
@@ -88,7 +96,7 @@ class Statement:
         self.example: Any = None  # for rendering: (args, kwargs, out) of the recording call, plain and detached
 
     def same_call(self, func: Callable, key: tuple) -> bool:
-        return self.func is func and self.key == key
+        return same_func(self.func, func) and self.key == key
 
     def describe(self) -> str:
         name = getattr(self.func, "__qualname__", getattr(self.func, "__name__", repr(self.func)))
@@ -98,19 +106,24 @@ class Statement:
 class Block:
     """A straight run of statements, then the blocks a later call took instead of going on (a trie node)."""
 
-    __slots__ = ("statements", "children", "ended", "outputs")
+    __slots__ = ("statements", "children", "ended", "outputs", "eager_after")
 
     def __init__(self, statements: Optional[List[Statement]] = None):
         self.statements: List[Statement] = statements or []
         self.children: List["Block"] = []
         self.ended = False  # a call ended after this block's last statement
         self.outputs: List[int] = []  # the values the call that ended here returned
+        # a call went on eagerly after this block's last statement (an observer of every recorded op, such as
+        # torch.utils.checkpoint's discovery run, began there): a call that reaches it and matches no child does too
+        self.eager_after = False
 
     def split(self, at: int) -> None:
         """Statements from `at` on (and the children) move into one child: a new branch can start at `at`."""
         rest = Block(self.statements[at:])
-        rest.children, rest.ended, rest.outputs = self.children, self.ended, self.outputs
+        rest.children, rest.ended, rest.outputs, rest.eager_after = (
+            self.children, self.ended, self.outputs, self.eager_after)
         self.statements, self.children, self.ended, self.outputs = self.statements[:at], [rest], False, []
+        self.eager_after = False
 
 
 class Program:
@@ -144,18 +157,21 @@ class Program:
             stack.extend((child, here) for child in reversed(block.children))
         return out
 
-    def attach(self, block: Block, at: int, statements: List[Statement], outputs: List[int]) -> None:
-        """A call left the trie at (block, at) and went on with `statements`: they become a branch there."""
-        if block is self.root and not block.statements and not block.children:
+    def attach(self, block: Block, at: int, statements: List[Statement], outputs: List[int],
+               eager_after: bool = False) -> None:
+        """A call left the trie at (block, at) and went on with `statements`: they become a branch there. With
+        `eager_after` the call went on eagerly after them (it did not end there)."""
+        if block is self.root and not block.statements and not block.children and not block.eager_after:
             block.statements.extend(statements)
-            block.ended, block.outputs = True, outputs
-            return
-        if at < len(block.statements):
-            block.split(at)
-        if statements:
-            child = Block(statements)
-            child.ended, child.outputs = True, outputs
-            block.children.append(child)
+        else:
+            if at < len(block.statements):
+                block.split(at)
+            if statements:
+                child = Block(statements)
+                block.children.append(child)
+                block = child
+        if eager_after:
+            block.eager_after = True
         else:
             block.ended, block.outputs = True, outputs
 

@@ -66,6 +66,8 @@ def lower(path: List[Statement], outputs: List[int], argument_order: Sequence[st
     try:
         with torch._C.DisableTorchFunctionSubclass():
             contexts = _forward(path, listing, restore)
+            read = {v.hint for v in listing.inputs}  # a tensor argument the path never reads is still an argument
+            listing.inputs += [Value(name, "input") for name in argument_order if name not in read]
             order = {name: i for i, name in enumerate(argument_order)}
             listing.inputs.sort(key=lambda v: order.get(v.hint, len(order)))
             _backward(path, listing, contexts, outputs)
@@ -168,7 +170,7 @@ def _backward(path: List[Statement], listing: Listing, contexts: Dict[int, Any],
     listing.backward = writer.ops
     slot_of = {id(v): slot for slot, v in listing.slots.items()}
     for leaf in (*listing.inputs, *listing.params):
-        g = buffers.get(("slot", slot_of[id(leaf)]))
+        g = buffers.get(("slot", slot_of.get(id(leaf))))
         listing.gradients.append((leaf, None if g is None else writer.value(g)))
     used = {id(v) for op in listing.backward for v in _read_values(op, listing)}
     listing.saved = [v for v in _forward_values(listing) if id(v) in used]

@@ -24,7 +24,7 @@ from torchtrace.autograd.inplace import inplace_requested, remember_base
 from torchtrace.autograd.node import Context, Edge, Node, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE, observing
-from torchtrace.compiler.ir import EAGER, NUMBER, PASS, REPLAY, TENSOR, Block, Program, Statement, describe
+from torchtrace.compiler.ir import EAGER, NUMBER, PASS, REPLAY, TENSOR, Block, Program, Statement, describe, same_func
 from torchtrace.compiler.segment import Segment, Step, output_meta
 from torchtrace.tracer import tracer
 
@@ -131,7 +131,8 @@ class Run:
         self.program = program
         self.block: Block = program.root
         self.at = 0
-        self.replaying = bool(program.root.statements or program.root.children)
+        self.replaying = bool(program.root.statements or program.root.children or program.root.eager_after)
+        self.eager_from = ""  # the user's line from where this call runs eagerly, unrecorded (see go_eager)
         self.values: Dict[int, int] = {}  # id(tensor object) -> value number
         self.keep: List[Any] = []  # every object numbered stays alive, so no id is reused during the call
         self.slot_of: Dict[int, int] = {}  # id(tensor object) -> leaf slot
@@ -162,7 +163,7 @@ class Run:
         """Run the call as the program's next statement; None when it does not match (nothing has run then)."""
         with plain_torch():
             rule, args_, kwargs_ = _normalise(func, args, kwargs)
-            st = self._match(func, args_, kwargs_)
+            st = self._match(func, args_, kwargs_, _any_autocast())
             if st is None:
                 return None
             if st.kind != EAGER:
@@ -177,8 +178,8 @@ class Run:
         if at >= len(block.statements):
             return MISS
         st = block.statements[at]
-        if st.func is not func or not st.fast or len(args) != len(st.checks) or _any_autocast() \
-                or RULES.get(func) is not st.rule:
+        if not (st.func is func or same_func(st.func, func)) or not st.fast or len(args) != len(st.checks) \
+                or _any_autocast() or RULES.get(func) is not st.rule:
             return MISS
         with plain_torch():
             if not self._fits(st, st.checks, args):
@@ -301,12 +302,16 @@ class Run:
         self.siblings = []
         self.path.append(st)
 
-    def _match(self, func: Callable, args: tuple, kwargs: dict) -> Optional[Statement]:
+    def _match(self, func: Callable, args: tuple, kwargs: dict, eager_only: bool = False) -> Optional[Statement]:
+        """The statement the call is, now bound (None: no statement fits). Under autocast (`eager_only`) only an
+        EAGER statement fits: the eager engine runs it in the autocast state of the call, and its node's backward
+        casts as its forward did (a rule's forward run on plain tensors would be cast without its backward)."""
         block, at = self.block, self.at
         if at < len(block.statements):  # the common case: one statement to match, no siblings
             st = block.statements[at]
-            if st.func is not func or (st.kind == REPLAY and RULES.get(func) is not st.rule):
-                return None  # another callable, or a rule registered for it since
+            if not same_func(st.func, func) or (st.kind == REPLAY and RULES.get(func) is not st.rule) or (
+                    eager_only and st.kind != EAGER):
+                return None  # another callable, a rule registered for it since, or a rule's forward under autocast
             if not kwargs and st.checks is not None:  # its key is st.key exactly when each argument fits its entry
                 if len(args) != len(st.checks) or not self._fits(st, st.checks, args):
                     return None
@@ -320,7 +325,7 @@ class Run:
         options = [(child, child.statements[0]) for child in block.children]
         for owner, st in options:
             if st.same_call(func, key) and (st.kind != REPLAY or RULES.get(func) is st.rule) \
-                    and self._bind(st, tensors):
+                    and (not eager_only or st.kind == EAGER) and self._bind(st, tensors):
                 self.before = (block, at)
                 self.block, self.at = owner, 1
                 self.siblings = [(o, s) for o, s in options if s is not st and s.same_call(func, key)
@@ -454,6 +459,21 @@ class Run:
             self._number(r)
         return out
 
+    # eagerly, from a point on -------------------------------------------------------------------------------
+    def at_eager_mark(self) -> bool:
+        """Has the call reached the end of a block after which recorded calls went on eagerly?"""
+        return self.replaying and self.block.eager_after and self.at == len(self.block.statements)
+
+    def go_eager(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        """Run the call eagerly, and the rest of this call too, without recording it: something watches every op
+        the eager engine records (torch.utils.checkpoint learns the parameters its block reads that way) and
+        would miss the ones replay runs. The segment so far is closed, so that a node made from here (the
+        checkpoint's) reads its values as any later node would."""
+        if not self.eager_from:
+            self.eager_from = user_line() or getattr(func, "__name__", repr(func))
+            self.segment = None
+        return func(*args, **kwargs)
+
     # recording -------------------------------------------------------------------------------------------------
     def _diverge(self) -> None:
         if self.replaying:
@@ -491,7 +511,7 @@ class Run:
             rule = nodes[0].rule
         inplace = is_inplace(func, pargs, pkwargs)
         first = pargs[0] if pargs else None
-        if RULES.get(func) is not None and not inplace and len(nodes) == 1 and nodes[0].func is func and \
+        if RULES.get(func) is not None and not inplace and len(nodes) == 1 and same_func(nodes[0].func, func) and \
                 nodes[0].autocast is None and rule._tt_trusted:
             kind = REPLAY  # (a user's own rule runs eagerly: the engine hands what its backward sees to user code)
         elif RULES.get(func) is not None and not inplace and not nodes and out is first:
@@ -563,6 +583,13 @@ class Run:
         self.segment = None
         self.outputs = [self.values[id(t)] for t in tensors_in(returned) if id(t) in self.values]
         block, at = self.branch_at if not self.replaying else (self.block, self.at)
+        if self.eager_from:  # it went on eagerly from (block, at): later calls reaching it do so at once
+            if self.replaying and at == len(block.statements) and block.eager_after:
+                return False
+            if trie_full():
+                return None
+            self.program.attach(block, at, [] if self.replaying else self.recorded, [], eager_after=True)
+            return True
         if self.replaying and at == len(block.statements) and (block.ended or not block.children):
             block.ended, block.outputs = True, block.outputs or self.outputs
             return False
@@ -608,6 +635,8 @@ class ReplayMode(TorchFunctionMode):
         if not _grad_enabled():  # records nothing (no_grad, an optimizer's update, a backward's rules): it simply runs
             return func(*args, **(kwargs or {}))
         run = self.run
+        if run.eager_from or STATE.on_record:  # watched op by op (a checkpoint's discovery run): eagerly from here
+            return run.go_eager(func, args, kwargs or {})
         if run.replaying and not kwargs:
             found = run.replay_next(func, args)
             if found is not MISS:
@@ -619,8 +648,10 @@ class ReplayMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if not _may_record(func, args, kwargs) or not _wants_gradient(args, kwargs):
             return func(*args, **kwargs)  # records nothing (x > 0, .item()): it simply runs
-        if run.replaying and not _any_autocast():  # under autocast every call runs eagerly (its backward casts)
+        if run.replaying:
             found = run.replay(func, args, kwargs)
             if found is not None:
                 return found[0]
+        if run.at_eager_mark():
+            return run.go_eager(func, args, kwargs)
         return run.record(func, args, kwargs)

@@ -11,8 +11,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from torchtrace.autograd.grad_fn_hooks import run_post_hooks, run_pre_hooks
 from torchtrace.autograd.hooks import output_hooks
-from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
+from torchtrace.autograd.node import Context, Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 from torchtrace.tracer import tracer
@@ -26,7 +27,7 @@ class Step:
     returns, summed to `shape` and cast to `dtype` as `edge_gradient` does, goes to value `where` of this segment if
     `local`, else to the segment node's edge `where`)."""
 
-    __slots__ = ("rule", "ctx", "outputs", "metas", "targets", "local", "released", "saved_outputs")
+    __slots__ = ("rule", "ctx", "outputs", "metas", "targets", "local", "released", "saved_outputs", "node")
 
     def __init__(self, rule: type, ctx: Any, outputs: List[int], metas: list, targets: list, local: List[int],
                  saved_outputs: Tuple[Tuple[int, int], ...] = ()):
@@ -34,6 +35,7 @@ class Step:
         self.local = local  # the values of this segment the step reads (whose steps its gradients go to), in order
         self.released = False
         self.saved_outputs = saved_outputs  # (saved index, output nr of the node): results the rule saved plain
+        self.node: Optional[Node] = None  # the grad_fn its results show (made when first read: `Segment.grad_fn_of`)
 
 
 class CompiledCall:
@@ -91,6 +93,22 @@ class Segment:
             self.node.edges.append(_new_edge(Edge, (position, target[0], target[1], t.shape, t.dtype)))
         return position
 
+    def grad_fn_of(self, nr: int) -> Node:
+        """The grad_fn of output nr, as eager's: a node of the statement that made it (its rule's name, its own
+        grad_fn hooks, which the segment's backward runs around that statement's rule; its edges lead to this
+        segment's node or to the node's edges)."""
+        step = self.producer[self.outputs[nr]]
+        if step.node is None:
+            edges, ctx = self.node.edges, step.ctx
+            if ctx is None:  # a backward freed it already: what the node shows is a freed Context
+                ctx = Context(step.rule)
+                ctx._released = True
+            step.node = Node(step.rule, ctx, [
+                _new_edge(Edge, (position, self.node, self.nr_of[where], shape, dtype)) if local else
+                _new_edge(Edge, (position, edges[where].node, edges[where].output_nr, shape, dtype))
+                for position, shape, dtype, local, where in step.targets], None, ())
+        return step.node
+
     # what the engine reads of a node's ctx: _released, _saved (nothing: each step frees its own), backward ------
     def backward(self, grads: tuple) -> tuple:
         create_graph = torch.is_grad_enabled()  # the rules' torch calls record the gradient's graph (on tracers)
@@ -119,6 +137,9 @@ class Segment:
                 # as the engine: zeros for the outputs no gradient reached
                 gs = [torch.zeros(m[0], dtype=m[1], device=m[2]) if g is None and m is not None else g
                       for g, m in zip(gs, step.metas)]
+            shown = step.node
+            if shown is not None and shown.pre_hooks:  # grad_fn.register_prehook on one of its results
+                gs = run_pre_hooks(shown, gs)
             if step.released:
                 raise RuntimeError(
                     f"Trying to backward through the graph a second time ({step.rule.__name__}Backward, inside a "
@@ -130,7 +151,11 @@ class Segment:
                 out = step.rule.backward(step.ctx, *gs)
             if type(out) is not tuple:
                 out = (out,)
+            if shown is not None and shown.post_hooks:  # grad_fn.register_hook: sees (and may replace) grad_inputs
+                out = run_post_hooks(shown, out, gs)
             if not retain:  # freed at once, as the engine frees each node's: memory the next steps reuse
+                if shown is not None:
+                    step.ctx.release()
                 step.released, step.ctx = True, None
             for position, shape, dtype, local, where in step.targets:  # edge_gradient, written out
                 g = out[position] if type(position) is int else out[position[0]][position[1]]

@@ -1,0 +1,102 @@
+"""Callables that are a new object on every access (`x.T`'s getter, `Cls.apply`) are matched by what they are: a
+function that uses them takes one path, and its calls replay."""
+import copy
+
+import pytest
+import torch
+from references import finite_differences, plain, torch_grads
+
+import torchtrace as tt
+from torchtrace.port import port
+
+
+class Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+class Cube(tt.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * g
+
+
+FUNCTIONS = {
+    "T": lambda x, w: (x @ w.T).tanh().sum(),
+    "mT": lambda x, w: (x @ w.mT).tanh().sum(),
+    "mH": lambda x, w: (x @ w.mH).tanh().sum(),
+    "autograd.Function.apply": lambda x, w: Square.apply(x @ w.T).sum(),
+    "tt.Function.apply": lambda x, w: Cube.apply(torch.tanh(x @ w.t())).sum(),
+}
+CALLS = 6
+
+
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_calls_replay_on_one_path_with_eagers_torchs_and_finite_differences_gradients(name):
+    fn = FUNCTIONS[name]
+    torch.manual_seed(0)
+    w0 = torch.randn(3, 4, dtype=torch.float64)
+    w = tt.tracer(w0, requires_grad=True)
+    compiled = tt.compile(fn, ())
+    for _ in range(CALLS):
+        x0 = torch.randn(2, 4, dtype=torch.float64)
+        x = tt.tracer(x0, requires_grad=True)
+        w.grad = None
+        out = compiled(x, w)
+        out.backward()
+        ours = plain(w.grad), plain(x.grad)
+        w.grad = x.grad = None
+        eager = fn(x, w)
+        eager.backward()
+        assert torch.equal(plain(out), plain(eager))
+        assert torch.equal(ours[0], plain(w.grad)) and torch.equal(ours[1], plain(x.grad))
+        leaves = [x0.clone().requires_grad_(), w0.clone().requires_grad_()]
+        expected = torch_grads(lambda: fn(*leaves), leaves)
+        numeric = finite_differences(lambda: fn(*(t.detach() for t in leaves)), [t.data for t in leaves])
+        for a, b, c in zip((ours[1], ours[0]), expected, numeric):
+            torch.testing.assert_close(a, b)
+            torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-6)
+    assert len(compiled.program.paths()) == 1
+    assert compiled.replayed == CALLS - 1
+
+
+@pytest.mark.parametrize("name", ["encoder layer", "attention"])
+def test_a_ported_transformer_replays_on_one_path(name):
+    torch.manual_seed(0)
+    if name == "attention":
+        model = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
+        loss = lambda m, x: m(x, x, x)[0].pow(2).sum()  # noqa: E731
+    else:
+        model = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double()
+        loss = lambda m, x: m(x).pow(2).sum()  # noqa: E731
+    ported = port(copy.deepcopy(model))
+    compiled = tt.compile(lambda x: loss(ported, x), ())
+    for _ in range(4):
+        x = torch.randn(2, 5, 8, dtype=torch.float64)
+        ported.zero_grad(set_to_none=True)
+        out = compiled(tt.tracer(x))
+        out.backward()
+        ours = [plain(p.grad) for p in ported.parameters()]
+        ported.zero_grad(set_to_none=True)
+        eager = loss(ported, tt.tracer(x))
+        eager.backward()
+        assert torch.equal(plain(out), plain(eager))
+        expected = torch_grads(lambda: loss(model, x), list(model.parameters()))
+        for a, p, e in zip(ours, ported.parameters(), expected):
+            assert torch.equal(a, plain(p.grad))
+            torch.testing.assert_close(a, e)
+    assert len(compiled.program.paths()) == 1
+    assert compiled.replayed == 3
