@@ -66,12 +66,13 @@ class TinyHead(nn.Module):
             self.head.weight.fill_(1e-5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.body(x)).sum() * 1e-4
+        return self.head(self.body(x)).float().sum() * 1e-4  # the loss in float32, as autocast's losses are
 
 
 class Forced(nn.Module):
-    """A linear layer, a multiplication by `boost` and a head: with a large boost the gradient the multiplication
-    sends back is boost times the incoming one, so in float16 a scaled backward overflows there first."""
+    """A linear layer and a head, and a term `boost` times the mean of the hidden layer: with a large boost the
+    gradient that multiplication sends back is boost times the scaled incoming one, so a float16 backward overflows
+    there first, and the inf reaches the first layer's parameters only."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -79,5 +80,5 @@ class Forced(nn.Module):
         self.boost = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.tanh(self.first(x)) * self.boost  # the forced overflow
-        return self.head(h / self.boost).pow(2).mean()
+        h = torch.tanh(self.first(x))
+        return self.head(h).pow(2).mean() + h.mean() * self.boost  # the forced overflow

@@ -6,8 +6,10 @@ torch.autocast sorts ops into lists (PyTorch's "Autocast Op Reference", CPU sect
 - the float32 list: ops whose results need float32's range or resolution (losses, reductions like prod,
   decompositions, 3-D pooling): their inputs are cast up to float32;
 - the promote list (cat, stack, index_copy): inputs are cast to the widest input type.
-Every other op runs in the type its inputs promote to ("promoted": the widest floating input type), so a
-low-precision tensor stays low until an op of the float32 list meets it.
+Every other op is left alone ("promoted"): it runs in the type its inputs give it, as without autocast -- the
+widest floating input type for an add of a float32 residual and a float16 branch, the input's own type for a
+normalisation with float32 statistics -- so a low-precision tensor stays low until an op of the float32 list,
+or a float32 operand, meets it.
 """
 from typing import Any, Callable, Optional
 
@@ -48,8 +50,8 @@ def op_name(func: Optional[Callable]) -> str:
 
 
 def why(func: Any) -> str:
-    """'lower-precision list', 'float32 list', or 'promoted' (the widest input type: the promote list, and every op
-    on no list)."""
+    """'lower-precision list', 'float32 list', or 'promoted' (the promote list's widest input type, and every op on
+    no list: the type its inputs give it)."""
     name = op_name(func)
     if name in LOWER_PRECISION:
         return WHY_LOWER

@@ -14,7 +14,9 @@ def _device(args: tuple) -> str:
 
 
 def under_autocast(fn: Callable, device: str, dtype: torch.dtype, scale: float) -> Callable:
-    """fn run under torch.autocast(device, dtype), its scalar result multiplied by `scale` (the loss scaling)."""
+    """fn run under torch.autocast(device, dtype), its scalar result multiplied by `scale` (the loss scaling) as
+    GradScaler.scale multiplies it: by a float32 tensor (a float16 loss times 2**16 would be inf: 65504 is the
+    largest float16)."""
     def run(*args: Any, **kwargs: Any) -> Any:
         with torch.autocast(device, dtype=dtype):
             loss = fn(*args, **kwargs)
@@ -22,7 +24,7 @@ def under_autocast(fn: Callable, device: str, dtype: torch.dtype, scale: float) 
             return loss
         if not isinstance(loss, torch.Tensor):
             raise TypeError("tt.precision(fn, ..., scale=): fn must return the scalar loss itself")
-        return loss * scale
+        return loss * torch.tensor(scale, dtype=torch.float32, device=loss.device)
     return run
 
 

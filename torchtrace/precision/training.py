@@ -16,7 +16,7 @@ and the parameters whose gradient it reached. Everything is put back as it was w
 """
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import torch
 
@@ -25,6 +25,23 @@ from torchtrace.autograd.state import observing
 from torchtrace.doctor.values import all_finite
 from torchtrace.doctor.where import math_line, user_line
 from torchtrace.inspect.scope import module_names, module_scope, path_name
+
+
+@contextlib.contextmanager
+def _replaced(obj: Any, name: str, value: Any) -> Iterator[None]:
+    """obj.name is `value` inside the block (an instance attribute); what obj had before is put back after."""
+    had = vars(obj).get(name, _MISSING)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        if had is _MISSING:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, had)
+
+
+_MISSING = object()
 
 
 @dataclass
@@ -91,11 +108,8 @@ class PrecisionTraining:
 
         scale = float(self.scaler.get_scale())
         first = self._first_inf()
-        optimizer.step = step
-        try:
+        with _replaced(optimizer, "step", step):
             result = self._scaler_step(optimizer, *args, **kwargs)
-        finally:
-            del optimizer.step  # the instance attribute goes; the class's step is seen again
         self.steps.append(Step(len(self.steps), scale, not called, first if not called else None))
         self._first = None
         return result
@@ -113,8 +127,7 @@ class PrecisionTraining:
         self._stack.enter_context(module_scope())
         self._stack.enter_context(observing(on_record=self._note, on_backward=self._backward))
         self._scaler_step = self.scaler.step
-        self.scaler.step = self._step
-        self._stack.callback(lambda: delattr(self.scaler, "step"))
+        self._stack.enter_context(_replaced(self.scaler, "step", self._step))
         return self
 
     def __exit__(self, *exc: Any) -> None:
