@@ -120,6 +120,7 @@ class PrecisionTraining:
             return None
         names = module_names(self.model)
         line, code = (node.notes or {}).get("user_line", ("", ""))
+        line = "" if line == "<unknown>" else line  # the op was written inside torchtrace (its own demo model)
         reached = [name for name, p in self.model.named_parameters() if p.grad is not None and not all_finite(p.grad)]
         return FirstInf(node.rule.__name__, math_line(node), path_name(node.module_path, names), line, code, reached)
 
