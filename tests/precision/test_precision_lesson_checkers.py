@@ -105,6 +105,7 @@ def test_needs_scaling(capsys):
 @pytest.mark.parametrize("name", ["09_mixed_precision.ipynb", "solutions/09_mixed_precision_solutions.ipynb"])
 def test_the_lesson_calls_every_checker(name):
     text = (Path(__file__).resolve().parents[2] / "examples" / "notebooks" / name).read_text()
+    assert "import precision_checkers as check" in text
     for check in ("largest_float16", "smallest_subnormal_float16", "first_underflow", "scale_trajectory",
                   "needs_scaling"):
-        assert f"precision_checkers.{check}(" in text
+        assert f"check.{check}(" in text
