@@ -43,6 +43,8 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module(f"torchtrace.inspect.{_INSPECT[name]}"), name)
     if name in ("diagnose", "diff"):  # the gradient doctor
         return getattr(importlib.import_module("torchtrace.doctor"), name)
+    if name == "precision":  # mixed precision explained: a callable package (tt.precision(...), .training)
+        return importlib.import_module("torchtrace.precision")
     raise AttributeError(f"module 'torchtrace' has no attribute '{name}'")
 
 
@@ -59,5 +61,5 @@ __all__ = [
     "no_grad", "enable_grad", "is_grad_enabled", "check", "gradcheck", "GradientMismatch",
     "UnsupportedOperationError", "nn", "optim", "draw", "recording", "flow", "trace", "show",
     "detect_anomaly", "AnomalyError", "port", "compile", "explore", "diagnose", "diff",
-    "jvp", "jacobian",
+    "jvp", "jacobian", "precision",
 ]

@@ -23,6 +23,7 @@ from torchtrace.doctor.watch import Watch
 from torchtrace.inspect.construction import by_construction, looks_zero
 from torchtrace.inspect.scope import module_names, module_scope
 from torchtrace.nested import flatten
+from torchtrace.precision.underflow import UnderflowWatch
 
 
 def _names(models: List[torch.nn.Module]) -> Dict[int, str]:
@@ -90,9 +91,10 @@ def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_le
                   cuts: Dict[int, Any], ran: Dict[int, torch.nn.Module], forward: bool) -> Diagnosis:
     order = topological_order([_root_node(loss)])
     loss_finite = all_finite(loss)
-    with observing(on_backward=watch.on_backward):
+    underflows = UnderflowWatch()
+    with observing(on_backward=watch.on_backward), observing(on_backward=underflows):
         loss.backward()
-    findings: List[Finding] = []
+    findings: List[Finding] = underflows.findings(watch)
     grads_finite = all(all_finite(g) for g in watch.leaf_grads.values())
     if not loss_finite or not grads_finite or watch.backward_first is not None:
         findings += watch.forward_findings(_root_node(loss))

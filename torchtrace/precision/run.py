@@ -1,0 +1,49 @@
+"""tt.precision(fn, *args, dtype=...): one run under torch.autocast and one in float32, on torchtrace's engine,
+recorded as tt.diff records them (the doctor's recording: values of every op and gradients of every rule)."""
+from typing import Any, Callable, Optional
+
+import torch
+
+from torchtrace.doctor.recording import Pass, record_pass
+from torchtrace.nested import flatten
+from torchtrace.precision.report import PrecisionReport
+
+
+def _device(args: tuple) -> str:
+    return next((t.device.type for t in flatten(list(args))[0] if isinstance(t, torch.Tensor)), "cpu")
+
+
+def under_autocast(fn: Callable, device: str, dtype: torch.dtype, scale: float) -> Callable:
+    """fn run under torch.autocast(device, dtype), its scalar result multiplied by `scale` (the loss scaling) as
+    GradScaler.scale multiplies it: by a float32 tensor (a float16 loss times 2**16 would be inf: 65504 is the
+    largest float16)."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device, dtype=dtype):
+            loss = fn(*args, **kwargs)
+        if scale == 1.0:
+            return loss
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError("tt.precision(fn, ..., scale=): fn must return the scalar loss itself")
+        return loss * torch.tensor(scale, dtype=torch.float32, device=loss.device)
+    return run
+
+
+def precision(fn: Callable, *args: Any, dtype: torch.dtype = torch.bfloat16, scale: float = 1.0,
+              device: Optional[str] = None, **kwargs: Any) -> PrecisionReport:
+    """Run fn(*args) and the backward of its scalar loss twice, in float32 and under torch.autocast(dtype) with the
+    loss multiplied by `scale`; report, per op and per rule, the dtype it ran in and why, the shares that underflowed
+    and overflowed, and the relative error against float32. The random state is the same for both runs."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"tt.precision compares a low-precision run with float32: dtype must be torch.bfloat16 or "
+                         f"torch.float16, not {dtype}")
+    low_fn = under_autocast(fn, device or _device(args), dtype, float(scale))
+    state = torch.random.get_rng_state()
+    reference = record_pass(fn, args, kwargs)
+    torch.random.set_rng_state(state)
+    low = record_pass(low_fn, args, kwargs)
+
+    def rerun() -> Pass:
+        torch.random.set_rng_state(state)
+        return record_pass(low_fn, args, kwargs, explore=True)
+
+    return PrecisionReport(low, reference, dtype, float(scale), rerun)
