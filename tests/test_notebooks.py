@@ -33,6 +33,7 @@ EXPECTED = [  # in learning order
     "06_higher_order.ipynb",
     "06a_forward_and_reverse_mode.ipynb",
     "08_debugging_gradients.ipynb",
+    "10_curvature.ipynb",
 ]
 COMPILE_NOTEBOOK = "07_backward_as_code.ipynb"  # executed below; its timings vary, so no stored-output comparison
 SOLUTIONS = [name.replace(".ipynb", "_solutions.ipynb") for name in EXPECTED + [COMPILE_NOTEBOOK]]

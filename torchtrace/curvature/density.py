@@ -37,9 +37,12 @@ class Density:
 
         ax = ax or plt.subplots(figsize=(6, 3.5))[1]
         t = self.grid()
-        ax.plot(t.numpy(), self(t).clamp_min(1e-12).numpy(), color="tab:blue")
+        values = self(t)
+        floor = float(values.max()) * 1e-6 if log else 0.0  # a log scale shows six decades below the peak
+        ax.plot(t.numpy(), values.clamp_min(floor).numpy(), color="tab:blue")
         if log:
             ax.set_yscale("log")
+            ax.set_ylim(bottom=floor)
         ax.set_xlabel("eigenvalue")
         ax.set_ylabel("density")
         ax.set_title(f"Hessian eigenvalue density (SLQ, {self.nodes.shape[0]} runs, σ = {self.sigma:.2g})")

@@ -72,7 +72,11 @@ class Landscape:
 
         ax = ax or plt.subplots(figsize=(5.5, 4.5) if self.losses.dim() == 2 else (6, 3.5))[1]
         a = self.alphas.numpy()
-        title = f"loss along {'the top eigenvector' if self.kind == 'eigen' else 'a ' + self.kind + ' direction'}"
+        one = self.losses.dim() == 1
+        if self.kind == "eigen":
+            title = "loss along the top eigenvector" + ("" if one else "s")
+        else:
+            title = f"loss along {'a' if one else 'two'} {self.kind} direction{'' if one else 's'}"
         if self.losses.dim() == 1:
             ax.plot(a, self.losses.numpy(), color="tab:blue")
             ax.set_xlabel("α")
@@ -92,7 +96,7 @@ class Landscape:
             ax.plot(coords[:, 0], coords[:, 1], "o-", color="tab:red", markersize=3, label="training path")
         ax.set_xlabel("α (direction 1)")
         ax.set_ylabel("β (direction 2)")
-        ax.set_title(title.replace("the top eigenvector", "the top two eigenvectors").replace(" a ", " two "))
+        ax.set_title(title)
         ax.legend(loc="upper right", fontsize=8)
         return ax
 

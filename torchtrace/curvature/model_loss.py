@@ -62,6 +62,7 @@ class ModelLoss:
             self.dtype = self.params[0].dtype
 
     def flatten(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """One tensor per parameter -> one flat plain vector (θ's order and dtype)."""
         with plain_torch():
             return torch.cat([plain(t).reshape(-1).to(self.dtype) for t in tensors])
 

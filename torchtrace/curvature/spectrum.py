@@ -30,12 +30,15 @@ class Spectrum:
         return f"Spectrum(top {len(self.eigenvalues)} of {self._loss.numel} parameters: [{values}])"
 
     def vector(self, i: int) -> Tuple[torch.Tensor, ...]:
+        """Eigenvector i as one tensor per parameter (of `names`), each shaped like it."""
         return self._loss.unflatten(self.eigenvectors[i])
 
     def hvp(self, v: torch.Tensor) -> torch.Tensor:
+        """H v for a flat v over the parameters `names` (one HVP per batch, weighted by batch size)."""
         return self._loss.hvp(v)
 
     def _generator(self, offset: int) -> torch.Generator:
+        """A generator of its own per estimate, so trace() and density() repeat exactly for a seed."""
         return torch.Generator().manual_seed(self.seed + offset)
 
     def trace(self, samples: int = 100) -> Estimate:
