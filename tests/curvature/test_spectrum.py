@@ -76,3 +76,20 @@ def test_spectrum_refuses_a_plain_model_and_a_one_shot_iterator():
         tt.spectrum(loss_fn, model, iter([data("mlp")]), k=1)
     with pytest.raises(ValueError, match="method"):
         tt.spectrum(loss_fn, model, data("mlp"), k=1, method="arnoldi")
+
+
+def test_a_data_loader_gives_the_full_batch_spectrum(mlp_case):
+    model, batch, _, exact = mlp_case
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*batch), batch_size=10)  # 10, 10, 10, 2
+    s = tt.spectrum(loss_fn, model, loader, k=1, iterations=60, progress=False)
+    torch.testing.assert_close(s.eigenvalues[0], exact[0], rtol=0, atol=1e-8)
+
+
+def test_long_runs_show_a_progress_bar_and_short_ones_do_not(mlp_case, capsys):
+    model, batch, _, _ = mlp_case
+    tt.spectrum(loss_fn, model, batch, k=1, iterations=60)  # 60 passes over the data: long
+    assert "Lanczos" in capsys.readouterr().err
+    tt.spectrum(loss_fn, model, batch, k=1, iterations=10).trace(samples=10)
+    assert capsys.readouterr().err == ""
+    tt.spectrum(loss_fn, model, batch, k=1, iterations=10, progress=True)
+    assert "Lanczos" in capsys.readouterr().err
