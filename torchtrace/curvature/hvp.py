@@ -106,9 +106,13 @@ class HVPReport:
             loss = self.f(*leaves)
         player = explore(loss, list(leaves), retain_graph=True)
         for key, tangent in dual.tangents.items():
-            if isinstance(key, tuple) and key[0] in player._ids:
+            if not isinstance(key, tuple):  # a seeded leaf: its tangent is v itself
+                continue
+            try:
                 player.annotate(key[0], "tangent", f"forward tangent of output {key[1]}: ẏ = J ẋ = "
                                 f"{_short(tangent)}", severity="info")
+            except ValueError:  # a node the player did not draw
+                continue
         return player
 
 
