@@ -157,7 +157,7 @@ def hvp(f: Callable[..., torch.Tensor], params: Tensors, v: Tensors, method: str
 
 def hessian(f: Callable[..., torch.Tensor], x: Tensors, method: str = "forward-over-reverse") -> Any:
     """The Hessian H_ij = ∂²f/∂x_i∂x_j of the scalar f at x, as torch.func.hessian: shape x.shape + x.shape for a
-    tensor x; for a tuple of inputs, a tuple of tuples H[i][j] of shape x_i.shape + x_j.shape.
+    tensor x; for a tuple of inputs, a tuple of tuples `H[i][j]` of shape x_i.shape + x_j.shape.
 
     It is the Jacobian of the recorded gradient x -> ∇f(x): one dual pass per input element (forward-over-reverse,
     a column H e_k each) or one backward per gradient element (reverse-over-reverse, a row e_kᵀ H each). Meant for
