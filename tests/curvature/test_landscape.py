@@ -68,3 +68,16 @@ def test_given_directions_must_fit():
         tt.landscape(loss_fn, model, data("mlp"), directions=[torch.ones(3)], dims=1)
     with pytest.raises(ValueError, match="directions must be"):
         tt.landscape(loss_fn, model, data("mlp"), directions="random")
+
+
+def test_one_dimensional_plot_marks_the_path_on_the_curve():
+    plain, model = twins(mlp)
+    batch = data("mlp", n=16)
+    L = tt.landscape(loss_fn, model, batch, dims=1, steps=5, span=0.5, progress=False)
+    assert L.losses.shape == (5,)
+    origin = {n: p.detach().clone() for n, p in plain.named_parameters()}
+    path = [{n: origin[n] + a * d for n, d in zip(origin, L.directions[0])} for a in (0.25, -0.5)]
+    torch.testing.assert_close(L.project(path)[:, 0], torch.tensor([0.25, -0.5], dtype=torch.float64))
+    marked = L.plot(path=path).get_lines()[-1].get_xydata()
+    assert marked[:, 0].tolist() == pytest.approx([0.25, -0.5])
+    assert marked[1, 1] == pytest.approx(float(L.losses[0]))  # α = -0.5 is the first grid point

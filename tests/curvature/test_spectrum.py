@@ -93,3 +93,14 @@ def test_long_runs_show_a_progress_bar_and_short_ones_do_not(mlp_case, capsys):
     assert capsys.readouterr().err == ""
     tt.spectrum(loss_fn, model, batch, k=1, iterations=10, progress=True)
     assert "Lanczos" in capsys.readouterr().err
+
+
+def test_the_density_plot_draws_the_smoothed_density(mlp_case):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    model, batch, _, _ = mlp_case
+    density = tt.spectrum(loss_fn, model, batch, k=1, iterations=5, progress=False).density(iterations=20, runs=1)
+    ax = density.plot()
+    (line,) = ax.get_lines()
+    assert line.get_xydata().shape == (1000, 2) and ax.get_yscale() == "log"
