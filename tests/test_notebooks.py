@@ -34,6 +34,7 @@ EXPECTED = [  # in learning order
     "06a_forward_and_reverse_mode.ipynb",
     "08_debugging_gradients.ipynb",
     "09_mixed_precision.ipynb",
+    "10_curvature.ipynb",
 ]
 COMPILE_NOTEBOOK = "07_backward_as_code.ipynb"  # executed below; its timings vary, so no stored-output comparison
 SOLUTIONS = [name.replace(".ipynb", "_solutions.ipynb") for name in EXPECTED + [COMPILE_NOTEBOOK]]

@@ -1,0 +1,144 @@
+"""tt.landscape: the loss along one or two directions through the trained parameters θ*,
+L(α) = L(θ* + α d) or L(α, β) = L(θ* + α d₁ + β d₂), on a grid of α, β in [−span, span].
+
+Directions:
+- "filter-normalized" (Li, Xu, Taylor, Studer and Goldstein, 2018): d ~ N(0, I), then each filter of each weight
+  (a slice along its first dimension: a row of a Linear's weight, an output channel of a Conv) is rescaled to the
+  norm of the same filter of θ*: d_f ← d_f ‖θ*_f‖ / ‖d_f‖. Scale-invariant layers (ReLU networks with BatchNorm)
+  then give comparable pictures. Biases and other 1-D parameters get d = 0 (the paper's choice of ignoring them).
+- "eigen": the top eigenvectors of the Hessian (tt.spectrum), unit vectors: along them the loss curves most.
+- or the directions themselves: a list of flat vectors or of per-parameter tuples.
+A training path (checkpoints) is drawn by least-squares coordinates: c = argmin ‖D c − (θ_t − θ*)‖, D = [d₁ d₂].
+"""
+from typing import Any, List, Optional, Sequence, Union
+
+import torch
+
+from torchtrace.autograd.grad_mode import no_grad
+from torchtrace.autograd.plain import plain_torch
+from torchtrace.curvature.model_loss import LossFn, ModelLoss
+from torchtrace.curvature.spectrum import spectrum
+from torchtrace.forward.transpose import plain
+
+DIRECTIONS = ("filter-normalized", "eigen")
+
+
+def filter_normalized(loss: ModelLoss, generator: torch.Generator) -> torch.Tensor:
+    """A random direction, each filter scaled to its parameter filter's norm; 1-D parameters get 0 (flat)."""
+    parts = []
+    for p in loss.params:
+        with plain_torch():
+            theta = plain(p)
+        if theta.dim() <= 1:
+            parts.append(torch.zeros_like(theta))
+            continue
+        d = torch.randn(theta.shape, generator=generator, dtype=theta.dtype)
+        d_rows, theta_rows = d.reshape(len(d), -1), theta.reshape(len(theta), -1)
+        scale = theta_rows.norm(dim=1, keepdim=True) / d_rows.norm(dim=1, keepdim=True).clamp_min(1e-30)
+        parts.append((d_rows * scale).reshape(theta.shape))
+    return loss.flatten(parts)
+
+
+class Landscape:
+    """`losses` (steps, or steps × steps: losses[i, j] at alphas[i] along d₁ and alphas[j] along d₂), `alphas`,
+    `directions` (one tuple of per-parameter tensors per direction) and `names` of the parameters moved."""
+
+    def __init__(self, loss: ModelLoss, origin: torch.Tensor, flat_directions: torch.Tensor, alphas: torch.Tensor,
+                 losses: torch.Tensor, kind: str) -> None:
+        self._loss, self._origin, self._flat, self.alphas, self.losses = loss, origin, flat_directions, alphas, losses
+        self.kind, self.names = kind, loss.names
+        self.directions = [loss.unflatten(d) for d in flat_directions]
+
+    def _flat_point(self, checkpoint: Any) -> torch.Tensor:
+        if isinstance(checkpoint, dict):
+            missing = [n for n in self.names if n not in checkpoint]
+            if missing:
+                raise KeyError(f"checkpoint has no {missing[0]}: pass model.state_dict() copies (or parameter lists)")
+            return self._loss.flatten([checkpoint[n] for n in self.names])
+        if isinstance(checkpoint, torch.Tensor):
+            return plain(checkpoint).reshape(-1).to(self._loss.dtype)
+        return self._loss.flatten(list(checkpoint))
+
+    def project(self, path: Sequence[Any]) -> torch.Tensor:
+        """The coordinates (points × directions) of checkpoints (state dicts, parameter lists or flat vectors):
+        least squares c = argmin ‖D c − (θ_t − θ*)‖."""
+        offsets = torch.stack([self._flat_point(c) - self._origin for c in path])
+        return torch.linalg.lstsq(self._flat.T, offsets.T).solution.T
+
+    def plot(self, path: Optional[Sequence[Any]] = None, ax: Any = None, levels: int = 30) -> Any:
+        """1-D: the loss curve; 2-D: its contours, with the training path projected on it when given."""
+        import matplotlib.pyplot as plt
+        import numpy as np
+
+        ax = ax or plt.subplots(figsize=(5.5, 4.5) if self.losses.dim() == 2 else (6, 3.5))[1]
+        a = self.alphas.numpy()
+        one = self.losses.dim() == 1
+        if self.kind == "eigen":
+            title = "loss along the top eigenvector" + ("" if one else "s")
+        else:
+            title = f"loss along {'a' if one else 'two'} {self.kind} direction{'' if one else 's'}"
+        if self.losses.dim() == 1:
+            ax.plot(a, self.losses.numpy(), color="tab:blue")
+            ax.set_xlabel("α")
+            ax.set_ylabel("loss")
+            if path is not None:  # each checkpoint at its coordinate, on the curve (its loss off the line differs)
+                coords = self.project(path)[:, 0]
+                on_curve = torch.from_numpy(np.interp(coords.numpy(), a, self.losses.numpy()))
+                ax.plot(coords.numpy(), on_curve.numpy(), "o-", color="tab:red", markersize=3, label="training path")
+                ax.legend(fontsize=8)
+            ax.set_title(title)
+            return ax
+        contours = ax.contour(a, a, self.losses.T.numpy(), levels=levels, cmap="viridis")
+        ax.clabel(contours, fontsize=7, fmt="%.3g")
+        ax.plot([0], [0], "k*", markersize=10, label="θ*")
+        if path is not None:
+            coords = self.project(path).numpy()
+            ax.plot(coords[:, 0], coords[:, 1], "o-", color="tab:red", markersize=3, label="training path")
+        ax.set_xlabel("α (direction 1)")
+        ax.set_ylabel("β (direction 2)")
+        ax.set_title(title)
+        ax.legend(loc="upper right", fontsize=8)
+        return ax
+
+
+def _directions(directions: Union[str, List[Any]], loss: ModelLoss, dims: int, seed: int,
+                loss_fn: LossFn, model: torch.nn.Module, data: Any, module: Optional[str]) -> torch.Tensor:
+    if isinstance(directions, str):
+        if directions not in DIRECTIONS:
+            raise ValueError(f"tt.landscape: directions must be one of {DIRECTIONS} or a list of directions, "
+                             f"not {directions!r}")
+        if directions == "eigen":
+            return spectrum(loss_fn, model, data, k=dims, module=module, seed=seed,
+                            progress=loss.show_progress).eigenvectors
+        generator = torch.Generator().manual_seed(seed)
+        return torch.stack([filter_normalized(loss, generator) for _ in range(dims)])
+    if len(directions) != dims:
+        raise ValueError(f"tt.landscape: {dims} dims need {dims} directions, got {len(directions)}")
+    flat = [plain(d).reshape(-1).to(loss.dtype) if isinstance(d, torch.Tensor) else loss.flatten(d)
+            for d in directions]
+    if any(d.numel() != loss.numel for d in flat):
+        raise ValueError(f"a direction must have one entry per parameter element ({loss.numel})")
+    return torch.stack(flat)
+
+
+def landscape(loss_fn: LossFn, model: torch.nn.Module, data: Any, directions: Union[str, List[Any]] =
+              "filter-normalized", steps: int = 21, span: float = 1.0, dims: int = 2, module: Optional[str] = None,
+              progress: Optional[bool] = None, seed: int = 0) -> Landscape:
+    """The loss of `loss_fn(model, batch)` over `data` on a line (dims=1) or a plane (dims=2) through the current
+    parameters, `steps` points per axis from −span to span. The parameters (and buffers) are left as they were."""
+    if dims not in (1, 2):
+        raise ValueError(f"tt.landscape: dims must be 1 or 2, not {dims}")
+    loss = ModelLoss(loss_fn, model, data, module, progress)
+    origin = loss.flatten(loss.params)
+    flat = _directions(directions, loss, dims, seed, loss_fn, model, data, module)
+    alphas = torch.linspace(-span, span, steps, dtype=loss.dtype)
+    grid = [(i,) for i in range(steps)] if dims == 1 else [(i, j) for i in range(steps) for j in range(steps)]
+    losses = torch.zeros((steps,) * dims, dtype=torch.float64)
+    with loss.kept(), loss.run("landscape", len(grid)):
+        for index in grid:
+            point = origin + sum(alphas[i] * flat[axis] for axis, i in enumerate(index))
+            with no_grad(), plain_torch():
+                for p, value in zip(loss.params, loss.unflatten(point)):
+                    p.copy_(value)
+            losses[index] = loss.loss()
+    return Landscape(loss, origin, flat, alphas, losses, directions if isinstance(directions, str) else "given")

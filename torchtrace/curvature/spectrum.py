@@ -1,0 +1,93 @@
+"""tt.spectrum: the top eigenvalues and eigenvectors of a model's loss Hessian, its trace and its density, from
+Hessian-vector products only (the Hessian itself is never formed: n² numbers for n parameters).
+
+- Lanczos (lanczos.py, the default) or power iteration (power.py): the top k;
+- Spectrum.trace: Hutchinson's estimator with its standard error (hutchinson.py);
+- Spectrum.density: stochastic Lanczos quadrature (density.py).
+"""
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from torchtrace.curvature.density import Density
+from torchtrace.curvature.hutchinson import Estimate, hutchinson, rademacher
+from torchtrace.curvature.lanczos import lanczos, ritz
+from torchtrace.curvature.model_loss import LossFn, ModelLoss
+from torchtrace.curvature.power import power_iteration
+
+
+class Spectrum:
+    """The top-k eigenpairs of H = ∇²L(θ): `eigenvalues` (largest first), `eigenvectors` (k × n rows, unit norm,
+    over the parameters `names` flattened in that order); `vector(i)` is eigenvector i shaped like the parameters.
+    `trace()` and `density()` estimate the rest of the spectrum; `hvp(v)` is H v on flat vectors."""
+
+    def __init__(self, loss: ModelLoss, eigenvalues: torch.Tensor, eigenvectors: torch.Tensor, seed: int) -> None:
+        self._loss, self.eigenvalues, self.eigenvectors, self.seed = loss, eigenvalues, eigenvectors, seed
+        self.names: List[str] = loss.names
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{float(v):.6g}" for v in self.eigenvalues)
+        return f"Spectrum(top {len(self.eigenvalues)} of {self._loss.numel} parameters: [{values}])"
+
+    def vector(self, i: int) -> Tuple[torch.Tensor, ...]:
+        """Eigenvector i as one tensor per parameter (of `names`), each shaped like it."""
+        return self._loss.unflatten(self.eigenvectors[i])
+
+    def hvp(self, v: torch.Tensor) -> torch.Tensor:
+        """H v for a flat v over the parameters `names` (one HVP per batch, weighted by batch size)."""
+        return self._loss.hvp(v)
+
+    def _generator(self, offset: int) -> torch.Generator:
+        """A generator of its own per estimate, so trace() and density() repeat exactly for a seed."""
+        return torch.Generator().manual_seed(self.seed + offset)
+
+    def trace(self, samples: int = 100) -> Estimate:
+        """tr H by Hutchinson: `.value` ± `.stderr` from `samples` Rademacher probes (one HVP each)."""
+        with self._loss.run("trace", samples):
+            return hutchinson(self._loss.hvp, self._loss.numel, self._loss.dtype, samples, self._generator(1))
+
+    def density(self, iterations: int = 50, runs: int = 3, sigma: Optional[float] = None) -> Density:
+        """The eigenvalue density by SLQ: `runs` Lanczos runs of `iterations` steps from random unit vectors."""
+        nodes, weights = [], []
+        generator = self._generator(2)
+        with self._loss.run("density", runs * iterations):
+            for _ in range(runs):
+                tri, basis = lanczos(self._loss.hvp, rademacher(self._loss.numel, self._loss.dtype, generator),
+                                     iterations)
+                values, _, vectors = ritz(tri, basis)
+                padded = torch.zeros(iterations, dtype=values.dtype)  # an early stop leaves zero weights
+                nodes.append(torch.cat([values, padded[len(values):] + values[-1]]))
+                weights.append(torch.cat([vectors[0] ** 2, padded[len(values):]]))
+        return Density(torch.stack(nodes), torch.stack(weights), sigma)
+
+
+def spectrum(loss_fn: LossFn, model: torch.nn.Module, data: Any, k: int = 5, method: str = "lanczos",
+             iterations: Optional[int] = None, module: Optional[str] = None, progress: Optional[bool] = None,
+             seed: int = 0, hvp_method: str = "forward-over-reverse") -> Spectrum:
+    """The top-k eigenvalues and eigenvectors of the Hessian of L(θ) = mean over `data` of loss_fn(model, batch).
+
+    method="lanczos": `iterations` (default max(2k, 20) + k, at most n) Lanczos steps with full
+    reorthogonalisation from a random start; the k largest Ritz values (largest algebraic value first).
+    method="power": power iteration with deflation, up to `iterations` (default 1000) steps per eigenvalue: the
+    k of largest magnitude, in the order found. module="layer3": the block of model.layer3's parameters only.
+    `data` is one batch or an iterable of batches; the model's parameters and buffers are left as they were.
+    """
+    if method not in ("lanczos", "power"):
+        raise ValueError(f"tt.spectrum: method must be 'lanczos' or 'power', not {method!r}")
+    loss = ModelLoss(loss_fn, model, data, module, progress, hvp_method)
+    if k < 1 or k > loss.numel:
+        raise ValueError(f"tt.spectrum: k must be between 1 and the {loss.numel} parameters, not {k}")
+    generator = torch.Generator().manual_seed(seed)
+    start = lambda: torch.randn(loss.numel, generator=generator, dtype=loss.dtype)  # noqa: E731
+    if method == "lanczos":
+        steps = min(loss.numel, iterations or max(2 * k, 20) + k)
+        with loss.run("Lanczos", steps):
+            tri, basis = lanczos(loss.hvp, start(), steps)
+        values, vectors, _ = ritz(tri, basis)
+        values, vectors = values[:k], vectors[:k]
+    else:
+        steps = iterations or 1000
+        with loss.run("power iteration", k * steps):
+            values, vectors = power_iteration(loss.hvp, start, k, steps)
+    vectors = vectors / vectors.norm(dim=1, keepdim=True)
+    return Spectrum(loss, values, vectors, seed)
