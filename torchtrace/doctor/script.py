@@ -15,6 +15,7 @@ from torchtrace.autograd.state import observing
 from torchtrace.doctor.diagnosis import diagnose_watched
 from torchtrace.doctor.findings import Finding
 from torchtrace.doctor.paths import CutWatcher, ModulesRan
+from torchtrace.doctor.unrecorded import FirstUnrecorded
 from torchtrace.doctor.watch import Watch
 from torchtrace.inspect.scope import module_scope
 from torchtrace.tracer import tracer
@@ -54,7 +55,7 @@ class Session:
                     self.seen.add(key)
                     self.findings.append((self.diagnosed, finding))
                     print(f"tt.diagnose, backward {self.diagnosed}: {finding}", file=self.out)
-            self.watch, self.cuts.cut_leaves = Watch({}), {}
+            self.watch, self.cuts.cut_leaves, self.cuts.unrecorded = Watch({}), {}, FirstUnrecorded()
         return backward
 
 

@@ -12,7 +12,7 @@ import torch
 
 from torchtrace.autograd.node import AccumulateGrad, Node, edge_gradient
 from torchtrace.autograd.plain import plain_torch
-from torchtrace.doctor import gates
+from torchtrace.doctor import gates, normalisation  # noqa: F401  (registers the normalisations' causes)
 from torchtrace.doctor.findings import Finding
 from torchtrace.doctor.nonfinite import backward_cause, forward_cause
 from torchtrace.doctor.values import all_finite, has_inf, has_nan, tensors_in
@@ -57,7 +57,7 @@ class Watch:
         self.nonfinite[node] = self.recorded
         inputs = [*args, *kwargs.values()]
         if (nan_out and not has_nan(inputs)) or (inf_out and all_finite(inputs) and _numbers_finite(args, kwargs)):
-            self.origins[node] = (nan_out, forward_cause(node.rule.__name__, args, result))
+            self.origins[node] = (nan_out, forward_cause(node.rule, args, kwargs, result))
 
     def forward_findings(self, root: Any) -> List[Finding]:
         """The ops that made a NaN or Inf out of values without one, on a chain of non-finite results that reaches
@@ -93,7 +93,7 @@ class Watch:
         if not incoming_finite:
             return
         if self.backward_first is None and not all_finite(list(result)):
-            message, advice = backward_cause(node.rule.__name__, list(node.saved))
+            message, advice = backward_cause(node, list(grads), result)
             self.backward_first = self.finding(node, "nonfinite", "backward", message, advice)
             return
         self._gate(node, grads, result)
