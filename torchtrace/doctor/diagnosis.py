@@ -7,7 +7,7 @@
 Like `loss.backward()`, it fills `.grad`. Watching costs only while it runs: the observers, the torch
 function mode and the module hook are registered for the duration of the call and removed after.
 """
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
@@ -24,6 +24,7 @@ from torchtrace.doctor.values import all_finite
 from torchtrace.doctor.watch import Watch
 from torchtrace.inspect.construction import by_construction, looks_zero
 from torchtrace.inspect.scope import module_names, module_scope, path_name
+from torchtrace.inspect.zeros_by_structure import BIAS_ADVICE, by_structure
 from torchtrace.nested import flatten
 
 
@@ -108,6 +109,7 @@ def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_le
             findings += _from_outside(forward, params, unrecorded, watch.names)
     findings += list(watch.gated.values())
     findings += _zero_by_construction(order, watch)
+    findings += _zero_by_structure(models, watch, set(by_construction(order)))
     findings += _no_path(order, params, models, cuts, ran, watch.names)
     checked = {"forward": forward, "recorded": watch.recorded, "ran": watch.ran, "params": len(params)}
     return Diagnosis(findings, checked)
@@ -148,6 +150,21 @@ def _zero_by_construction(order: List[Any], watch: Watch) -> List[Finding]:
             found.append(watch.finding(why.user, "zero_by_construction", "backward",
                                        f"the gradient of this layer's bias is {size:.1e}: {why.reason}", why.advice))
     return found
+
+
+def _zero_by_structure(models: List[torch.nn.Module], watch: Watch, said: Set[int]) -> List[Finding]:
+    """The biases zero by construction that the model's modules show (an attention's key bias) and the graph did
+    not already (`said`: their ids)."""
+    findings = []
+    for model in models:
+        for key, (name, why, weight) in by_structure(model).items():
+            grad, reference = watch.leaf_grads.get(key), watch.leaf_grads.get(id(weight))
+            if key not in said and looks_zero(grad, reference):
+                size = float(grad.abs().max().as_subclass(torch.Tensor)) if grad.numel() else 0.0
+                findings.append(Finding("zero_by_construction", "backward", "", "", name.rpartition(".")[0], "",
+                                        f"the gradient of {name} is {size:.1e}: {why}, and its gradient is 0 up to "
+                                        "rounding", BIAS_ADVICE))
+    return findings
 
 
 def _parameters(models: List[torch.nn.Module], arg_leaves: List[torch.Tensor]) -> List[Tuple[str, torch.Tensor]]:
