@@ -107,7 +107,7 @@ def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_le
             findings.append(watch.backward_first)
         if not findings:
             findings += _from_outside(forward, params, unrecorded, watch.names)
-    findings += list(watch.gated.values())
+    findings += watch.gated_findings()
     findings += _zero_by_construction(order, watch)
     findings += _zero_by_structure(models, watch, set(by_construction(order)))
     findings += _no_path(order, params, models, cuts, ran, watch.names)
