@@ -183,3 +183,9 @@ def test_no_grad_around_a_library_module_is_told_at_the_users_line_with_the_modu
     assert f.line == line_of("fault: library under no_grad", HERE)
     assert "torch.no_grad() around the call of backbone" in f.message and "backbone.inner.weight" in f.message
 
+
+
+def test_a_factory_is_not_an_origin_only_a_computation_from_finite_inputs_is():
+    w = tt.tracer([1.0, 2.0], requires_grad=True)
+    f = first(lambda: (w * torch.full((2,), float("nan"))).sum())  # a NaN constant enters: nothing computed it
+    assert f.rule == "" and "entered the graph" in f.message

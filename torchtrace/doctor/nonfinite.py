@@ -18,7 +18,9 @@ LOG_ADVICE = ("keep the argument away from 0: x.clamp_min(1e-12).log(), or use t
 SQRT_ADVICE = ("add a small constant inside the root, torch.sqrt(x + 1e-12), or clamp it, x.clamp_min(1e-12).sqrt() "
                "(a norm or a distance at exactly 0 has this problem too)")
 DIV_ADVICE = "add a small constant to the denominator, or mask the division where it is 0 (torch.where)"
-STANDARDISE_ADVICE = "add a small eps to the denominator: (x - mean) / (std + 1e-5), or use F.layer_norm / batch_norm"
+STANDARDISE_ADVICE = ("add a small eps to the variance inside the root: (x - mean) / torch.sqrt(var + 1e-5) (an eps "
+                      "added after the root keeps the values finite but not the gradient of sqrt at 0), or use "
+                      "F.layer_norm")
 MASK_ADVICE = ("make sure every row keeps at least one unmasked entry (a token can always attend to itself), or fill "
                "masked scores with torch.finfo(dtype).min instead of -inf")
 
@@ -85,6 +87,15 @@ def _places(mask: torch.Tensor, limit: int = 3) -> str:
     return f"{'index' if len(where) == 1 else 'indices'} {shown}" if where else ""
 
 
+def _all_over_broadcast(mask: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """mask reduced with all() to `shape` over the dimensions that `shape` broadcasts along."""
+    full = torch.broadcast_shapes(mask.shape, shape)
+    padded = (1,) * (len(full) - len(shape)) + tuple(shape)
+    dims = [i for i, (f, s) in enumerate(zip(full, padded)) if s == 1 and f != 1]
+    mask = mask.broadcast_to(full)
+    return (mask.all(dim=dims, keepdim=True) if dims else mask).reshape(shape)
+
+
 def _div(at: AtOp) -> Optional[Explained]:
     a, b = at.named.get("a"), at.named.get("b")
     if not isinstance(b, torch.Tensor):
@@ -96,10 +107,7 @@ def _div(at: AtOp) -> Optional[Explained]:
         numerator = _double(a, b)
         both = zero_b & (numerator == 0) if numerator.shape == b.shape or numerator.dim() == 0 else None
         if numerator.shape != b.shape and numerator.dim() > 0:  # (x - mean) / std: the numerator is broadcast
-            zero_numerator = (numerator == 0).broadcast_to(torch.broadcast_shapes(numerator.shape, b.shape))
-            zero_numerator = zero_numerator.reshape(-1, *b.shape).all(0) if zero_numerator.dim() > b.dim() \
-                else zero_numerator
-            both = zero_b & zero_numerator if zero_numerator.shape == b.shape else None
+            both = zero_b & _all_over_broadcast(numerator == 0, b.shape)
     where, zeros = _places(zero_b), count(zero_b)
     if both is not None and count(both) and numerator.numel() > b.numel():  # a statistic per feature divides
         return (f"0/0 = NaN: the denominator is exactly 0 at {_places(both)} (of shape {tuple(b.shape)}) where every "

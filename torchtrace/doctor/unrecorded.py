@@ -3,7 +3,8 @@
 No node remembers such an op, so the recorded graph can only say that a non-finite value entered it. While
 tt.diagnose(fn, ...) runs the forward, its torch function mode sees every call; for each result that no node
 produced it checks whether the values are finite, and keeps the first op that made a NaN or Inf from finite
-inputs, with its source line, the module it ran in and the cause read from its inputs.
+tensor inputs, with its source line, the module it ran in and the cause read from its inputs (a factory, such as
+torch.empty whose memory may hold NaN, computes nothing from inputs and is left out).
 """
 from typing import Any, Optional, Tuple
 
@@ -37,9 +38,9 @@ class FirstUnrecorded:
     def see(self, func: Any, args: tuple, kwargs: dict, result: Any) -> None:
         if self.origin is not None or getattr(result, "_tt_node", None) is not None:
             return  # a recorded op: the forward's observer checks it
-        outputs = tensors_in(result)
-        if not outputs or all_finite(outputs) or not all_finite([*args, *kwargs.values()]):
-            return
+        outputs, inputs = tensors_in(result), tensors_in([*args, *kwargs.values()])
+        if not outputs or not inputs or all_finite(outputs) or not all_finite(inputs):
+            return  # no tensor inputs: a factory (torch.empty's memory, a constant), not a computation
         rule = RULES.get(func)
         named = bind(rule.forward, args, kwargs) if rule is not None else {}
         at = AtOp(_op_name(func), "forward", args, kwargs, named, outputs)
