@@ -156,11 +156,18 @@ class Encoder(nn.Module):
 '''
 
 
-@pytest.fixture
-def installed_library(tmp_path, monkeypatch):
-    packages = tmp_path / "site-packages"
-    packages.mkdir()
-    (packages / "doctorlib.py").write_text(textwrap.dedent(LIBRARY))
+@pytest.fixture(params=["site-packages", "pip --target"])
+def installed_library(request, tmp_path, monkeypatch):
+    """A library module installed under site-packages, or as a package beside its .dist-info (pip --target)."""
+    if request.param == "site-packages":
+        packages = tmp_path / "site-packages"
+        packages.mkdir()
+        (packages / "doctorlib.py").write_text(textwrap.dedent(LIBRARY))
+    else:
+        packages = tmp_path / "target"
+        (packages / "doctorlib").mkdir(parents=True)
+        (packages / "doctorlib-1.0.dist-info").mkdir()
+        (packages / "doctorlib" / "__init__.py").write_text(textwrap.dedent(LIBRARY))
     monkeypatch.syspath_prepend(str(packages))
     yield __import__("doctorlib")
     sys.modules.pop("doctorlib", None)

@@ -1,5 +1,6 @@
 """Where an op was written (the user's source line: the innermost frame outside torchtrace and torch) and the math
 of the rule that recorded it."""
+import functools
 import linecache
 import os
 import sys
@@ -14,9 +15,29 @@ _SKIPPED_FILES = ("contextlib.py", "<frozen")
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 
 
+@functools.lru_cache(maxsize=4096)
+def is_installed(filename: str) -> bool:
+    """Is `filename` part of an installed distribution: under site-packages / dist-packages, or in a package whose
+    directory on sys.path also holds its `.dist-info` (pip install --target, an installed wheel elsewhere)?"""
+    if any(part in filename for part in _INSTALLED):
+        return True
+    path = os.path.abspath(filename)
+    for entry in sys.path:
+        root = os.path.abspath(entry or os.curdir) + os.sep
+        if path.startswith(root) and os.sep in path[len(root):]:
+            top = path[len(root):].split(os.sep)[0].lower().replace("-", "_")
+            try:
+                names = os.listdir(root)
+            except OSError:
+                continue
+            if any(n.endswith(".dist-info") and n.lower().replace("-", "_").startswith(top + "_") for n in names):
+                return True
+    return False
+
+
 def _is_user(filename: str, installed: bool) -> bool:
     return not filename.startswith(_LIBRARIES) and not any(skip in filename for skip in _SKIPPED_FILES) and \
-        not (installed and any(part in filename for part in _INSTALLED))
+        not (installed and is_installed(filename))
 
 
 def user_frame(installed: bool = False) -> Optional[FrameType]:
