@@ -18,8 +18,9 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout
 sys.path.insert(0, str(ROOT / "tests" / "diagnose"))
-import torchtrace as tt  # noqa: E402
 from doctor_models import MODELS, batch, build, loss_fn  # noqa: E402
+
+import torchtrace as tt  # noqa: E402
 
 
 def _ms(fn) -> float:
