@@ -189,6 +189,7 @@ def test_no_grad_around_a_library_module_is_told_at_the_users_line_with_the_modu
     (f,) = d.of_kind("no_path")
     assert f.line == line_of("fault: library under no_grad", HERE)
     assert "torch.no_grad() around the call of backbone" in f.message and "backbone.inner.weight" in f.message
+    assert "outside the torch.no_grad() block" in f.advice
 
 
 

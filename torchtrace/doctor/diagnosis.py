@@ -187,7 +187,9 @@ def _no_path(order: List[Any], params: List[Tuple[str, torch.Tensor]], models: L
     found = []
     for why, line, code, module, group in no_path_reasons(params, reached, cuts, module_of, ran, names):
         shown = ", ".join(group[:6]) + (f" and {len(group) - 6} more" if len(group) > 6 else "")
-        advice = ("use the tensor itself where its gradient should flow" if line else
+        advice = ("call it outside the torch.no_grad() block (or, to freeze it on purpose, requires_grad_(False) on "
+                  "its parameters and leave them out of the optimizer)" if "torch.no_grad()" in why else
+                  "use the tensor itself where its gradient should flow" if line else
                   "call the module in forward, or remove it (or pass its parameters to no optimizer)")
         found.append(Finding("no_path", "graph", "", "", module, line, f"no gradient reaches {shown}: {why}",
                              advice, code=code))

@@ -13,7 +13,6 @@ real one (about lr): the bias drifts by noise, and two runs that round different
 """
 from typing import Dict, Iterator, Tuple
 
-import torch
 from torch import nn
 
 from torchtrace.inspect.construction import looks_zero
@@ -64,9 +63,6 @@ def by_structure(model: nn.Module) -> Dict[int, Tuple[str, str, nn.Parameter]]:
 def zero_by_structure(model: nn.Module) -> Dict[int, Tuple[str, str]]:
     """After a backward: id(parameter) -> (name, why) for the biases of `model` that are zero by construction and
     whose `.grad` is rounding-sized next to their layer's weight's."""
+    grads = {id(p): p.grad for p in model.parameters()}
     return {key: (name, why) for key, (name, why, weight) in by_structure(model).items()
-            if _grad_of(model, key) is not None and looks_zero(_grad_of(model, key), weight.grad)}
-
-
-def _grad_of(model: nn.Module, key: int) -> torch.Tensor:
-    return next((p.grad for p in model.parameters() if id(p) == key), None)
+            if grads.get(key) is not None and looks_zero(grads[key], weight.grad)}
