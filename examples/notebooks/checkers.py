@@ -1192,3 +1192,86 @@ def repaired_rule(rule: type) -> None:
         print(first_wrong_step(lambda a: rule.apply(a @ w).pow(2).sum(), reference, tt.tracer(x, requires_grad=True)))
     except NotImplementedError:
         pass
+
+
+# ------------------------------------------------------------------------- 08 · a normalisation without eps
+
+STANDARDISE_EPS = 1e-5
+EPS_INSIDE = "add a small eps to the variance inside the root, (var + 1e-5).sqrt(), as nn.LayerNorm does"
+
+
+def _rows_with_a_blank(width: int = 16) -> torch.Tensor:
+    """Six rows of features; row 2 is blank (all values equal: variance 0)."""
+    rows = torch.randn(6, width, generator=torch.Generator().manual_seed(2)) * 3 + 1
+    rows[2] = 0.0
+    return rows
+
+
+def _deviation(t: torch.Tensor) -> torch.Tensor:
+    return t - t.mean(-1, keepdim=True)
+
+
+def _standardise_mistakes() -> list:
+    """(what the usual slip computes, in plain torch, and its hint)."""
+    eps = STANDARDISE_EPS
+    return [
+        (lambda t: _deviation(t) / (t.var(-1, keepdim=True) + eps).sqrt(),
+         "torch.var and torch.std divide by n - 1 by default; a layer norm's variance is the mean of the squared "
+         "deviations, over n: var(-1, unbiased=False, keepdim=True)"),
+        (lambda t: (t - t.mean(-1, keepdim=True).detach()) / (_deviation(t).pow(2).mean(-1, keepdim=True).detach()
+                                                              + eps).sqrt(),
+         "the values are right but the mean and the variance were cut from the graph (.detach() or .data): they "
+         "depend on the row too, and their gradient is part of the layer's"),
+    ]
+
+
+def _plain_grad(fn: Callable, rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    leaf = rows.clone().requires_grad_(True)
+    (fn(leaf) * weight).sum().backward()
+    return leaf.grad
+
+
+def standardised(standardise: Callable) -> None:
+    """Does standardise(rows) give F.layer_norm(rows, (width,), eps=1e-5)'s values and torch autograd's gradients,
+    finite at a blank row (variance 0)?"""
+    rows = _rows_with_a_blank()
+    weight = torch.randn(rows.shape, generator=torch.Generator().manual_seed(3))
+    leaf = tt.tracer(rows.clone(), requires_grad=True)
+    try:
+        out = standardise(leaf)
+        (out * weight).sum().backward()
+    except NotImplementedError:
+        return print("not done yet: fill in the exercise above")
+    except Exception as error:
+        return _wrong(_explain(error), "standardise takes a tensor of rows and returns one of the same shape: a "
+                                       "statistic of each row keeps its dimension (keepdim=True) to broadcast")
+    values, grad = _plain(out), leaf.grad
+    if values.shape != rows.shape:
+        return _wrong(f"your result has shape {tuple(values.shape)}, the rows {tuple(rows.shape)}",
+                      "standardise each row on its own: keep the shape (mean and variance with keepdim=True)")
+    if not torch.isfinite(values).all():
+        return _wrong("row 2 (all its values are equal: variance 0) gives NaN: (x - mean) / sqrt(0) = 0 / 0",
+                      EPS_INSIDE)
+    if grad is None or not torch.isfinite(_plain(grad)).all():
+        return _wrong("the values are finite now, but the gradient at row 2 is not",
+                      "the slope of sqrt(v) is 1 / (2 sqrt v), infinite at v = 0: an eps added after the root keeps "
+                      "the forward finite but not the backward; " + EPS_INSIDE)
+    width = rows.shape[-1]
+    reference = lambda t: F.layer_norm(t, (width,), eps=STANDARDISE_EPS)  # noqa: E731
+    expected = reference(rows)
+    if not torch.allclose(values, expected, rtol=1e-4, atol=1e-5):
+        hint = next((h for slip, h in _standardise_mistakes() if torch.allclose(values, slip(rows), atol=1e-5)), None)
+        if hint is None and torch.allclose(values, expected, atol=1e-1):
+            hint = "eps only guards against a variance of 0: keep it small (1e-5), or it changes every row's values"
+        return _wrong(f"your values differ from F.layer_norm(rows, ({width},), eps=1e-5) by up to "
+                      f"{float((values - expected).abs().max()):.2g}",
+                      hint or "each row: subtract its mean, divide by the root of (the mean of the squared deviations "
+                              "+ eps)")
+    expected_grad = _plain_grad(reference, rows, weight)
+    if not torch.allclose(_plain(grad), expected_grad, rtol=1e-4, atol=1e-5):
+        hint = next((h for slip, h in _standardise_mistakes()
+                     if torch.allclose(_plain(grad), _plain_grad(slip, rows, weight), rtol=1e-4, atol=1e-5)), None)
+        return _wrong("your values are right, but the gradient differs from torch autograd's through F.layer_norm by "
+                      f"up to {float((_plain(grad) - expected_grad).abs().max()):.2g}",
+                      hint or "let the gradient flow through the mean and the variance as well as through x")
+    print("right: finite at the blank row, the values of F.layer_norm(eps=1e-5), and torch autograd's gradients")

@@ -68,7 +68,11 @@ class MLP(nn.Module):
         self.fault = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fault == "standardise":
+            x = (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True)  # fault: mlp standardise
         h = self.act1(self.fc1(x))
+        if self.fault == "data":
+            h = h.data  # fault: data mlp
         if self.fault == "sqrt":
             h = torch.sqrt(h - 0.5)  # fault: mlp sqrt
         if self.fault == "detach":

@@ -16,6 +16,8 @@ from doctor_models import batch, build, loss_fn  # noqa: E402
 import torchtrace as tt  # noqa: E402
 
 DEAD = {"mlp": "fc2", "cnn": "conv2", "gpt": "fc"}
+WHOLE_MESSAGE = ("standardised input with a blank row (no eps)", ".data cut",
+                 "dead ReLU stem (later layer dead as a consequence)", "a parameter holds NaN")  # said in full
 FAULTS: List[Tuple[str, str]] = (
     [("log(0) in a hand-written cross entropy", kind) for kind in ("mlp", "cnn", "gpt", "bert", "gpt2")]
     + [("sqrt of a negative", kind) for kind in ("mlp", "cnn")]
@@ -24,7 +26,8 @@ FAULTS: List[Tuple[str, str]] = (
     + [("saturated tanh pooler (weights x50)", "bert")]
     + [("detached branch", kind) for kind in ("mlp", "cnn", "gpt", "bert", "gpt2")]
     + [("planted wrong rule", kind) for kind in ("mlp", "cnn", "gpt", "gpt2")]
-    + [("lr x 1e3 (Adam lr=1)", kind) for kind in ("mlp", "cnn", "gpt", "bert", "gpt2")])
+    + [("lr x 1e3 (Adam lr=1)", kind) for kind in ("mlp", "cnn", "gpt", "bert", "gpt2")]
+    + [(fault, "mlp") for fault in WHOLE_MESSAGE])
 
 
 def _setup(fault: str, kind: str, port: bool):
@@ -39,12 +42,23 @@ def _setup(fault: str, kind: str, port: bool):
         model.fault = "detach"
     elif fault.startswith("planted"):
         model.fault = "wrong rule"
+    elif fault.startswith("standardised"):
+        model.fault = "standardise"
+    elif fault == ".data cut":
+        model.fault = "data"
     with torch.no_grad():
+        if fault.startswith("dead ReLU stem"):
+            model.fc1.bias.fill_(-100.0)
+            model.fc2.bias.copy_(-model.fc2.bias.abs())
+        if fault.startswith("a parameter holds NaN"):
+            model.fc2.weight[0, 0] = float("nan")
         if fault.startswith("dead"):
             model.get_submodule(DEAD[kind]).bias.fill_(-100.0)
         if fault.startswith("saturated"):
             model.pooler.weight.mul_(50.0)
     inputs, target = batch(kind, left_padded=left_padded)
+    if fault.startswith("standardised"):
+        inputs[0][3] = 0.0  # a blank example
     return model, lambda: loss_fn(model, kind, inputs, target, hand_written=hand_written)
 
 
@@ -79,10 +93,14 @@ def ours(fault: str, kind: str) -> str:
         flagged = sorted({f.module for f in doc.findings if "large updates" in f.message})
         return f"training doctor: large updates (median update/weight > 0.1) in {len(flagged)} layers, e.g. " \
                f"{', '.join(flagged[:3])}"
-    finding = tt.diagnose(loss).alarms[0]
-    where = " ".join(p for p in (finding.rule, f"in {finding.module}" if finding.module else "", f"at {finding.line}")
-                     if p)
-    return f"[{finding.kind}, {finding.phase}] {where}: {finding.message.split(' (')[0]}".replace("|", "\\|")
+    alarms = tt.diagnose(loss).alarms
+    said = []
+    for finding in alarms[:2] if fault.startswith("dead ReLU stem") else alarms[:1]:
+        where = " ".join(p for p in (finding.rule, f"in {finding.module}" if finding.module else "",
+                                     f"at {finding.line}" if finding.line else "") if p)
+        message = finding.message if (fault, kind) in FAULTS[-len(WHOLE_MESSAGE):] else finding.message.split(" (")[0]
+        said.append(f"[{finding.kind}, {finding.phase}] {where}: {message}".replace("|", "\\|"))
+    return " / ".join(said)
 
 
 def anomaly_mode(fault: str, kind: str) -> str:

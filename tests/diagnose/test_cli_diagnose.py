@@ -14,7 +14,7 @@ import torchtrace as tt
 
 torch.manual_seed(0)
 model = tt.port(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)))
-optimizer = tt.optim.SGD(model.parameters(), lr=0.1)
+optimizer = tt.optim.SGD(model.parameters(), lr={lr})
 x, y = tt.randn(32, 4), torch.randint(0, 3, (32,))
 for step in range(int(sys.argv[1])):
     optimizer.zero_grad()
@@ -26,9 +26,9 @@ print("trained", step + 1)
 """
 
 
-def run(tmp_path, loss, *args):
+def run(tmp_path, loss, *args, lr=0.1):
     path = tmp_path / "train.py"
-    path.write_text(textwrap.dedent(SCRIPT.format(loss=loss)))
+    path.write_text(textwrap.dedent(SCRIPT.format(loss=loss, lr=lr)))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "torchtrace", "diagnose", *args, str(path), "5"], capture_output=True,
                           text=True, env=env, timeout=300)
@@ -45,7 +45,7 @@ def test_a_log_of_zero_in_the_script_is_named_at_its_line_once(tmp_path):
     loss = "loss = -(logits * 1000).softmax(-1).gather(1, y[:, None]).log().mean()"
     result = run(tmp_path, loss, "--steps", "3")
     assert result.returncode == 1, result.stderr
-    line = textwrap.dedent(SCRIPT.format(loss=loss)).splitlines().index(f"    {loss}") + 1
+    line = textwrap.dedent(SCRIPT.format(loss=loss, lr=0.1)).splitlines().index(f"    {loss}") + 1
     assert f"tt.diagnose, backward 1: [nonfinite, forward] Log at train.py:{line}" in result.stdout
     assert result.stdout.count("[nonfinite, forward] Log") == 1
     assert "3 backward passes diagnosed" in result.stdout and "trained 5" in result.stdout
@@ -56,3 +56,13 @@ def test_the_subcommand_has_its_own_help():
     text = subprocess.run([sys.executable, "-m", "torchtrace", "diagnose", "--help"], capture_output=True, text=True,
                           env=env, timeout=120).stdout
     assert "--steps" in text and "script" in text
+
+
+def test_a_learning_rate_that_blows_up_is_named_with_the_first_step(tmp_path):
+    result = run(tmp_path, "loss = torch.nn.functional.cross_entropy(logits, y)", lr=20)
+    assert result.returncode == 1, result.stderr
+    out = result.stdout
+    assert "[exploding, training]" in out and "the learning rate lr=20 of SGD is too large: at optimizer step 1 " in out
+    ratio = float(out.split("the update was ")[1].split(" ")[0])
+    assert ratio > 0.1  # a healthy step changes the weights by about 1e-3 of their size
+    assert "lower the learning rate" in out and out.count("[exploding, training]") == 1

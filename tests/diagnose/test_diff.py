@@ -114,3 +114,19 @@ def test_explore_shows_both_passes_side_by_side_opened_at_the_first_divergence(t
     assert data["players"][0]["steps"][a_step]["node"] in marked
     assert both.save(tmp_path / "diff.html").endswith("diff.html")
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_two_deep_copies_of_one_model_are_matched_by_parameter_name():
+    import copy
+
+    model, x = mlp()
+    twin = copy.deepcopy(model)
+    assert all(p is not q for p, q in zip(model.parameters(), twin.parameters()))
+    report = tt.diff(lambda: model(x).pow(2).mean(), lambda: twin(x).pow(2).mean())
+    assert report.same and report.leaf_divergences == [], str(report)
+    with torch.no_grad():
+        twin[2].weight[0, 0] += 0.5  # the modified copy: the last layer's first row, and what flows from it
+    report = tt.diff(lambda: model(x).pow(2).mean(), lambda: twin(x).pow(2).mean())
+    leaves = {d.leaf for d in report.leaf_divergences}
+    assert {"0.weight", "0.bias"} <= leaves <= {f"{i}.{kind}" for i in (0, 2) for kind in ("weight", "bias")}
+    assert all(0 < d.error < 1 for d in report.leaf_divergences), str(report)  # finite: each leaf met its twin

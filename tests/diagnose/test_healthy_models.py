@@ -1,6 +1,6 @@
 """Zero alarms on the same five models when they are healthy: trained for a few steps under the training doctor
-(no flag), then diagnosed (no alarm; the CNN's bias before its batch norm is reported as zero by construction,
-which is information, not an alarm)."""
+(no flag), then diagnosed (no alarm; the CNN's bias before its batch norm and BERT's attention key biases are
+reported as zero by construction, which is information, not an alarm)."""
 import pytest
 from doctor_models import MODELS, batch, build, loss_fn
 
@@ -27,8 +27,9 @@ def test_a_healthy_model_trains_and_is_diagnosed_without_a_single_alarm(kind, se
     assert doc.findings == [], doc.table()
     d = tt.diagnose(lambda: loss_fn(model, kind, inputs, target))
     assert d.alarms == [], str(d)
-    expected = ["zero_by_construction"] if kind == "cnn" else []
-    assert [f.kind for f in d.findings] == expected
+    expected = {"cnn": ["conv1"], "bert": ["layers.0.attention.key", "layers.1.attention.key"]}.get(kind, [])
+    assert [f.module for f in d.findings if f.kind == "zero_by_construction"] == expected  # the key bias: softmax
+    assert [f.kind for f in d.findings] == ["zero_by_construction"] * len(expected)
 
 
 def test_the_cnn_bias_before_batch_norm_is_explained_not_called_vanishing():
@@ -45,7 +46,7 @@ def test_tt_flow_and_tt_draw_call_the_bias_before_batch_norm_zero_by_constructio
     inputs, target = batch("cnn")
     loss = loss_fn(model, "cnn", inputs, target)
     loss.backward()
-    assert tt.flow(model)["conv1.bias"].flag in ("zero", "vanishing")  # without the graph: just a tiny number
+    assert tt.flow(model)["conv1.bias"].flag == "zero by construction"  # without the graph: from the modules
     report = tt.flow(model, loss)
     assert report["conv1.bias"].flag == "zero by construction"
     assert [name for name in report.flagged] == ["conv1.bias"]

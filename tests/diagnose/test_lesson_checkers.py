@@ -124,3 +124,44 @@ def test_a_wrong_rule_is_pointed_at_by_tt_diff(capsys):
 def test_first_wrong_step_when_nothing_differs():
     x = tt.randn(3, requires_grad=True)
     assert "no step" in checkers.first_wrong_step(lambda v: v.sin().sum(), lambda v: v.sin().sum(), x)
+
+
+def _standardisations():
+    def deviation(h):
+        return h - h.mean(-1, keepdim=True)
+
+    def variance(h):
+        return deviation(h).pow(2).mean(-1, keepdim=True)
+
+    return {
+        "right": lambda h: deviation(h) / (variance(h) + 1e-5).sqrt(),
+        "clamped": lambda h: deviation(h) / variance(h).clamp_min(1e-5).sqrt(),
+        "no eps": lambda h: deviation(h) / variance(h).sqrt(),
+        "eps after the root": lambda h: deviation(h) / (variance(h).sqrt() + 1e-5),
+        "unbiased": lambda h: deviation(h) / (h.var(-1, keepdim=True) + 1e-5).sqrt(),
+        "detached": lambda h: (h - h.mean(-1, keepdim=True).detach()) / (variance(h).detach() + 1e-5).sqrt(),
+        "eps too large": lambda h: deviation(h) / (variance(h) + 0.1).sqrt(),
+        "no keepdim": lambda h: h - h.mean(-1),
+        "no centring": lambda h: h / (variance(h) + 1e-5).sqrt(),
+    }
+
+
+def test_standardised(capsys):
+    forms = _standardisations()
+    assert printed(capsys, checkers.standardised, forms["right"]).startswith("right")
+    assert printed(capsys, checkers.standardised, forms["clamped"]).startswith("right")
+    expected = {"no eps": ("gives NaN", "inside the root"),
+                "eps after the root": ("the gradient at row 2 is not", "an eps added after the root"),
+                "unbiased": ("differ from F.layer_norm", "n - 1"),
+                "detached": ("the gradient differs", "cut from the graph"),
+                "eps too large": ("differ from F.layer_norm", "keep it small"),
+                "no keepdim": ("raised RuntimeError", "keepdim=True"),
+                "no centring": ("differ from F.layer_norm", "subtract its mean")}
+    for name, (what, hint) in expected.items():
+        out = printed(capsys, checkers.standardised, forms[name])
+        assert out.startswith("wrong") and what in out and hint in out.split("\nhint: ")[1], (name, out)
+
+    def unfinished(h):
+        raise NotImplementedError
+
+    assert printed(capsys, checkers.standardised, unfinished).startswith("not done yet")

@@ -12,7 +12,7 @@ The error of a pair is max |a - b| / max(max |a|, max |b|, atol): relative to th
 """
 import difflib
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -82,6 +82,19 @@ def _aligned(a: List[Any], b: List[Any]) -> List[Tuple[int, int]]:
     return pairs
 
 
+def _leaf_pairs(a: Pass, b: Pass) -> List[Tuple[Any, Any]]:
+    """Each leaf of pass a with its leaf in pass b: the same object (a parameter both passes used), else the leaf
+    of the same name (two copies of one model, e.g. copy.deepcopy: different objects, the same paths)."""
+    by_name: Dict[str, List[Any]] = {}
+    for key in b.leaf_order:
+        by_name.setdefault(b.leaf_names.get(key, ""), []).append(key)
+    pairs = []
+    for key in a.leaf_order:
+        same_name = by_name.get(a.leaf_names.get(key, ""), [])
+        pairs.append((key, key if key in b.leaf_grads else same_name[0] if len(same_name) == 1 else key))
+    return pairs
+
+
 class DiffReport:
     """Two passes aligned: `first` (the first divergence beyond rtol, or None), `top(k)`, `divergences`."""
 
@@ -107,14 +120,16 @@ class DiffReport:
             if error > rtol:
                 self.forward_divergences.append(Divergence(fa.rule, fa.module, fa.line, error, 0.0, i,
                                                            fb.rule if fb.rule != fa.rule else "", phase="forward"))
+        self.leaf_pairs = _leaf_pairs(a, b)
         self.leaf_divergences = [
-            Divergence("", "", "", error, 0.0, -1, leaf=self._leaf_name(key)) for key, error in
-            ((key, relative_error(a.leaf_grads.get(key), b.leaf_grads.get(key), atol)) for key in a.leaf_order)
+            Divergence("", "", "", error, 0.0, -1, leaf=self._leaf_name(key, key_b)) for key, key_b, error in
+            ((key, key_b, relative_error(a.leaf_grads.get(key), b.leaf_grads.get(key_b), atol))
+             for key, key_b in self.leaf_pairs)
             if error > rtol]
 
-    def _leaf_name(self, key: Any) -> str:
+    def _leaf_name(self, key: Any, key_b: Any) -> str:
         """The fuller of the two passes' names (a pass that called a submodule directly knows less of the model)."""
-        return max((self.a.leaf_names.get(key, ""), self.b.leaf_names.get(key, "")), key=lambda n: n.count("."))
+        return max((self.a.leaf_names.get(key, ""), self.b.leaf_names.get(key_b, "")), key=lambda n: n.count("."))
 
     @property
     def first(self) -> Optional[Divergence]:

@@ -7,21 +7,24 @@
 Like `loss.backward()`, it fills `.grad`. Watching costs only while it runs: the observers, the torch
 function mode and the module hook are registered for the duration of the call and removed after.
 """
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, leaf_accumulator
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.doctor.findings import Diagnosis, Finding
 from torchtrace.doctor.paths import CutWatcher, ModulesRan, no_path_reasons
 from torchtrace.doctor.recording import record_pass
+from torchtrace.doctor.unrecorded import UnrecordedOrigin
 from torchtrace.doctor.values import all_finite
 from torchtrace.doctor.watch import Watch
 from torchtrace.inspect.construction import by_construction, looks_zero
-from torchtrace.inspect.scope import module_names, module_scope
+from torchtrace.inspect.scope import module_names, module_scope, path_name
+from torchtrace.inspect.zeros_by_structure import BIAS_ADVICE, by_structure
 from torchtrace.nested import flatten
 from torchtrace.precision.underflow import UnderflowWatch
 
@@ -66,7 +69,8 @@ def diagnose(fn_or_loss: Any, *args: Any, model: Optional[torch.nn.Module] = Non
     watch.names = _names(models)
     loss = _scalar(output)
     arg_leaves = [t for t in flatten(list(args))[0] if getattr(t, "_tt_requires_grad", False) and t._tt_node is None]
-    diagnosis = _run_backward(loss, watch, models, arg_leaves, cuts.cut_leaves, ran.ran, forward=True)
+    diagnosis = _run_backward(loss, watch, models, arg_leaves, cuts.cut_leaves, ran.ran, forward=True,
+                              unrecorded=cuts.unrecorded.origin)
     return Diagnosis(diagnosis.findings, diagnosis.checked, list(watch.lines),
                      lambda: record_pass(fn_or_loss, args, kwargs, explore=True))
 
@@ -84,38 +88,58 @@ def diagnose_watched(loss: Any, watch: Watch, cuts: CutWatcher, ran: ModulesRan)
     """The backward of `loss`, whose forward ran under `watch`, `cuts` and `ran` (a script run by the CLI)."""
     models = ran.roots()
     watch.names = _names(models)
-    return _run_backward(loss, watch, models, [], cuts.cut_leaves, ran.ran, forward=True)
+    return _run_backward(loss, watch, models, [], cuts.cut_leaves, ran.ran, forward=True,
+                         unrecorded=cuts.unrecorded.origin)
 
 
 def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_leaves: List[torch.Tensor],
-                  cuts: Dict[int, Any], ran: Dict[int, torch.nn.Module], forward: bool) -> Diagnosis:
+                  cuts: Dict[int, Any], ran: Dict[int, torch.nn.Module], forward: bool,
+                  unrecorded: Optional[UnrecordedOrigin] = None) -> Diagnosis:
     order = topological_order([_root_node(loss)])
     loss_finite = all_finite(loss)
     underflows = UnderflowWatch()
     with observing(on_backward=watch.on_backward), observing(on_backward=underflows):
         loss.backward()
     findings: List[Finding] = underflows.findings(watch)
+    params = _parameters(models, arg_leaves)
     grads_finite = all(all_finite(g) for g in watch.leaf_grads.values())
     if not loss_finite or not grads_finite or watch.backward_first is not None:
         findings += watch.forward_findings(_root_node(loss))
         if watch.backward_first is not None and loss_finite:
             findings.append(watch.backward_first)
         if not findings:
-            findings.append(_from_outside(forward))
-    findings += list(watch.gated.values())
+            findings += _from_outside(forward, params, unrecorded, watch.names)
+    findings += watch.gated_findings()
     findings += _zero_by_construction(order, watch)
-    params = _parameters(models, arg_leaves)
+    findings += _zero_by_structure(models, watch, set(by_construction(order)))
     findings += _no_path(order, params, models, cuts, ran, watch.names)
     checked = {"forward": forward, "recorded": watch.recorded, "ran": watch.ran, "params": len(params)}
     return Diagnosis(findings, checked)
 
 
-def _from_outside(forward: bool) -> Finding:
-    """A NaN or Inf that no recorded op made: it entered the graph as an input, a buffer or a constant."""
+def _from_outside(forward: bool, params: List[Tuple[str, torch.Tensor]], unrecorded: Optional[UnrecordedOrigin],
+                  names: Dict[int, str]) -> List[Finding]:
+    """A NaN or Inf that no recorded op made: a parameter that holds one, an op that recorded nothing (found while
+    the forward was watched), or else a value that entered the graph already non-finite."""
+    found = []
+    for name, p in params:
+        if not all_finite(p):
+            with plain_torch():
+                bad, total = int((~torch.isfinite(p)).sum()), p.numel()
+            found.append(Finding("nonfinite", "forward", "", "", name.rpartition(".")[0], "", f"the parameter {name} "
+                                 f"holds NaN or Inf itself ({bad} of {total} elements) before this forward ran: an "
+                                 "earlier optimizer step, an in-place edit or a loaded checkpoint wrote it",
+                                 "find the step that made it (tt.diagnose.training(model, optimizer) flags the first "
+                                 "non-finite step) and restore the weights from a finite checkpoint"))
+    if unrecorded is not None:
+        found.append(Finding("nonfinite", "forward", unrecorded.op, "", path_name(unrecorded.modules, names),
+                             unrecorded.line, *unrecorded.cause, code=unrecorded.code))
+    if found:
+        return found
     where = "no recorded op made it" if forward else "the forward was not watched (tt.diagnose(fn, *args) watches it)"
-    return Finding("nonfinite", "forward", "", "", "", "", f"the loss or a gradient is not finite, and {where}: a "
-                   "value that was already NaN or Inf entered the graph (an input, a buffer, a constant)",
-                   "check what goes in: torch.isfinite(t).all() for the inputs and the model's buffers")
+    return [Finding("nonfinite", "forward", "", "", "", "", f"the loss or a gradient is not finite, and {where}: a "
+                    "value that was already NaN or Inf entered the graph (an input, a buffer, a constant)",
+                    "check what goes in: torch.isfinite(t).all() for the inputs and the model's buffers")]
 
 
 def _zero_by_construction(order: List[Any], watch: Watch) -> List[Finding]:
@@ -128,6 +152,21 @@ def _zero_by_construction(order: List[Any], watch: Watch) -> List[Finding]:
             found.append(watch.finding(why.user, "zero_by_construction", "backward",
                                        f"the gradient of this layer's bias is {size:.1e}: {why.reason}", why.advice))
     return found
+
+
+def _zero_by_structure(models: List[torch.nn.Module], watch: Watch, said: Set[int]) -> List[Finding]:
+    """The biases zero by construction that the model's modules show (an attention's key bias) and the graph did
+    not already (`said`: their ids)."""
+    findings = []
+    for model in models:
+        for key, (name, why, weight) in by_structure(model).items():
+            grad, reference = watch.leaf_grads.get(key), watch.leaf_grads.get(id(weight))
+            if key not in said and looks_zero(grad, reference):
+                size = float(grad.abs().max().as_subclass(torch.Tensor)) if grad.numel() else 0.0
+                findings.append(Finding("zero_by_construction", "backward", "", "", name.rpartition(".")[0], "",
+                                        f"the gradient of {name} is {size:.1e}: {why}, and its gradient is 0 up to "
+                                        "rounding", BIAS_ADVICE))
+    return findings
 
 
 def _parameters(models: List[torch.nn.Module], arg_leaves: List[torch.Tensor]) -> List[Tuple[str, torch.Tensor]]:
@@ -148,9 +187,11 @@ def _no_path(order: List[Any], params: List[Tuple[str, torch.Tensor]], models: L
     module_of = {id(p): (names.get(id(m), type(m).__name__), m)
                  for model in models for m in model.modules() for p in m.parameters(recurse=False)}
     found = []
-    for why, line, code, module, group in no_path_reasons(params, reached, cuts, module_of, ran):
+    for why, line, code, module, group in no_path_reasons(params, reached, cuts, module_of, ran, names):
         shown = ", ".join(group[:6]) + (f" and {len(group) - 6} more" if len(group) > 6 else "")
-        advice = ("use the tensor itself where its gradient should flow" if line else
+        advice = ("call it outside the torch.no_grad() block (or, to freeze it on purpose, requires_grad_(False) on "
+                  "its parameters and leave them out of the optimizer)" if "torch.no_grad()" in why else
+                  "use the tensor itself where its gradient should flow" if line else
                   "call the module in forward, or remove it (or pass its parameters to no optimizer)")
         found.append(Finding("no_path", "graph", "", "", module, line, f"no gradient reaches {shown}: {why}",
                              advice, code=code))

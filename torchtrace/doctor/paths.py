@@ -2,9 +2,12 @@
 
 While tt.diagnose runs the forward, a torch function mode (`CutWatcher`) sees every torch call before
 the tracer does and notes the calls that leave the graph on purpose or by accident: `.detach()`,
-`.item()` / `.tolist()` / `.numpy()`, a cast to an integer dtype, and any op on a tensor that needs a
+`.data`, `.item()` / `.tolist()` / `.numpy()`, a cast to an integer dtype, and any op on a tensor that needs a
 gradient while grad mode is off (`torch.no_grad()`). Each cut remembers its source line and the leaves
-its input depended on, so a parameter that the loss does not reach can be told the line that cut it.
+its input depended on, so a parameter that the loss does not reach can be told the line that cut it. A
+`torch.no_grad()` cut inside a library's code is told at the user's line (the innermost frame outside torch,
+torchtrace and installed packages) with the module whose call is on that line. The same mode hands every
+call's result to `FirstUnrecorded`, which finds a NaN made by an op that records nothing.
 """
 import contextlib
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
@@ -14,7 +17,9 @@ from torch.overrides import TorchFunctionMode
 
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad
-from torchtrace.doctor.where import user_line
+from torchtrace.autograd.state import STATE
+from torchtrace.doctor.unrecorded import FirstUnrecorded
+from torchtrace.doctor.where import line_of, module_called_from, user_frame, user_line
 
 T = torch.Tensor
 _LEAVING = {T.detach: ".detach()", T.detach_: ".detach_()", T.item: ".item()", T.tolist: ".tolist()",
@@ -35,10 +40,21 @@ def leaves_of(t: torch.Tensor) -> List[torch.Tensor]:
 
 
 class Cut:
-    """A call that left the graph: how (".detach()", "integer cast", "torch.no_grad()") and where."""
+    """A call that left the graph: how (".detach()", "integer cast", "torch.no_grad()") and where; `module`: for
+    a cut inside a library's code, the module whose call is on the user's line."""
 
-    def __init__(self, how: str, line: str, code: str) -> None:
-        self.how, self.line, self.code = how, line, code
+    def __init__(self, how: str, line: str, code: str, module: Optional[torch.nn.Module] = None) -> None:
+        self.how, self.line, self.code, self.module = how, line, code, module
+
+
+def _is_data(func: Any) -> bool:
+    return getattr(func, "__self__", None) is T.data  # `t.data` arrives as a new method-wrapper each time
+
+
+def _no_grad_cut() -> Cut:
+    frame = user_frame(installed=True)
+    module = module_called_from(frame, STATE.module_stack) if user_frame() is not frame else None
+    return Cut("torch.no_grad()", *line_of(frame), module)
 
 
 class CutWatcher(TorchFunctionMode):
@@ -49,6 +65,7 @@ class CutWatcher(TorchFunctionMode):
         self.cut_leaves: Dict[int, Cut] = {}  # id(leaf) -> the first cut its values went through
         self._seen_nodes: Set[int] = set()
         self._paused = False
+        self.unrecorded = FirstUnrecorded()
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -64,9 +81,10 @@ class CutWatcher(TorchFunctionMode):
         result = func(*args, **kwargs)
         if self._paused:
             return result
+        self.unrecorded.see(func, args, kwargs, result)
         source = args[0] if args else None
         if _needs_grad(source):
-            how = _LEAVING.get(func)
+            how = ".data" if _is_data(func) else _LEAVING.get(func)
             if how is None and func in _CASTS and isinstance(result, torch.Tensor) and not result.is_floating_point():
                 how = f"a cast to {result.dtype}"
             if how is not None:
@@ -84,7 +102,7 @@ class CutWatcher(TorchFunctionMode):
             if key in self._seen_nodes:
                 continue
             self._seen_nodes.add(key)
-            cut = cut or Cut(how, *user_line())
+            cut = cut or (_no_grad_cut() if how == "torch.no_grad()" else Cut(how, *user_line()))
             for leaf in leaves_of(source):
                 self.cut_leaves.setdefault(id(leaf), cut)
 
@@ -105,8 +123,8 @@ class ModulesRan:
 
 
 def no_path_reasons(params: List[Tuple[str, torch.Tensor]], reached: Set[int], cuts: Dict[int, Cut],
-                    module_of: Dict[int, Tuple[str, torch.nn.Module]], ran: Dict[int, torch.nn.Module]
-                    ) -> List[Tuple[str, str, str, str, List[str]]]:
+                    module_of: Dict[int, Tuple[str, torch.nn.Module]], ran: Dict[int, torch.nn.Module],
+                    names: Optional[Dict[int, str]] = None) -> List[Tuple[str, str, str, str, List[str]]]:
     """(why, line, code, module, parameter names) for every group of parameters the loss does not reach (one group
     per reason and line; the module is the innermost one holding the whole group)."""
     groups: Dict[Tuple[str, str, str, str], List[str]] = {}  # (why, line, code, module or '') -> parameter names
@@ -117,8 +135,10 @@ def no_path_reasons(params: List[Tuple[str, torch.Tensor]], reached: Set[int], c
         cut = cuts.get(id(p))
         module_name, module = module_of.get(id(p), ("", None))
         if cut is not None:
-            key = (f"its value reaches the loss only through {cut.how}, which passes no gradient", cut.line, cut.code,
-                   "")
+            around = "" if cut.module is None else \
+                f" around the call of {(names or {}).get(id(cut.module), type(cut.module).__name__)}"
+            key = (f"its value reaches the loss only through {cut.how}{around}, which passes no gradient", cut.line,
+                   cut.code, "")
         elif module is not None and id(module) not in ran:
             key = (f"the module {module_name or type(module).__name__} never ran in the forward (an unused "
                    "submodule)", "", "", module_name)

@@ -12,9 +12,10 @@ import torch
 
 from torchtrace.autograd.node import AccumulateGrad, Node, edge_gradient
 from torchtrace.autograd.plain import plain_torch
-from torchtrace.doctor import gates
+from torchtrace.doctor import gates, normalisation  # noqa: F401  (registers the normalisations' causes)
 from torchtrace.doctor.findings import Finding
 from torchtrace.doctor.nonfinite import backward_cause, forward_cause
+from torchtrace.doctor.origins import DEAD_RULES, with_origins, zero_share
 from torchtrace.doctor.values import all_finite, has_inf, has_nan, tensors_in
 from torchtrace.doctor.where import math_line, user_line
 from torchtrace.inspect.scope import path_name
@@ -38,6 +39,7 @@ class Watch:
         self.backward_first: Optional[Finding] = None
         self.gated: Dict[Tuple[str, str, str], Finding] = {}
         self.leaf_grads: Dict[int, torch.Tensor] = {}
+        self.dead: Dict[Node, Tuple[int, float]] = {}  # each ReLU -> (its place in the recording, share of zeros)
         self.ran = 0
 
     def finding(self, node: Node, kind: str, phase: str, message: str, advice: str,
@@ -51,13 +53,15 @@ class Watch:
     def on_record(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
         self.recorded += 1
         self.lines[node] = user_line()
+        if node.rule.__name__ in DEAD_RULES:
+            self.dead[node] = (self.recorded, zero_share(result))
         nan_out, inf_out = has_nan(result), has_inf(result)
         if not (nan_out or inf_out):
             return
         self.nonfinite[node] = self.recorded
         inputs = [*args, *kwargs.values()]
         if (nan_out and not has_nan(inputs)) or (inf_out and all_finite(inputs) and _numbers_finite(args, kwargs)):
-            self.origins[node] = (nan_out, forward_cause(node.rule.__name__, args, result))
+            self.origins[node] = (nan_out, forward_cause(node.rule, args, kwargs, result))
 
     def forward_findings(self, root: Any) -> List[Finding]:
         """The ops that made a NaN or Inf out of values without one, on a chain of non-finite results that reaches
@@ -78,6 +82,13 @@ class Watch:
         chosen = sorted({n for n in (first_inf, first_nan) if n is not None}, key=self.nonfinite.__getitem__)
         return [self.finding(n, "nonfinite", "forward", *self.origins[n][1]) for n in chosen]
 
+    def gated_findings(self) -> List[Finding]:
+        """The killed and saturated rules, each dead layer that follows from an earlier one marked as its
+        consequence (and the earlier one added when no gradient reached it)."""
+        killed = [f for f in self.gated.values() if f.kind == "killed"]
+        make = lambda node, message, advice, share: self.finding(node, "killed", "forward", message, advice, share)  # noqa: E731
+        return with_origins(killed, self.dead, make) + [f for f in self.gated.values() if f.kind != "killed"]
+
     # --------------------------------------------------------------------------------------- backward
 
     def on_backward(self, node: Node, grads: List[Any], result: tuple) -> None:
@@ -93,7 +104,7 @@ class Watch:
         if not incoming_finite:
             return
         if self.backward_first is None and not all_finite(list(result)):
-            message, advice = backward_cause(node.rule.__name__, list(node.saved))
+            message, advice = backward_cause(node, list(grads), result)
             self.backward_first = self.finding(node, "nonfinite", "backward", message, advice)
             return
         self._gate(node, grads, result)

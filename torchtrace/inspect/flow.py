@@ -5,10 +5,12 @@
     report.plot("grad_flow.png")     # max and mean |grad| per layer, log scale
 
 Flags: "no grad" (no backward reached it), "non-finite" (nan or inf), "zero", "vanishing" (gradient
-norm below `vanishing`), "exploding" (gradient norm above `exploding`). Given the loss (`tt.flow(model, loss)`),
-a gradient that is zero or tiny *by construction* — a bias right before a batch norm, which subtracts the
-per-channel mean and so removes it — is flagged "zero by construction" instead: nothing to fix in training,
-the bias is useless (bias=False).
+norm below `vanishing`), "exploding" (gradient norm above `exploding`). A gradient that is zero or tiny *by
+construction* — a bias right before a batch norm, which subtracts the per-channel mean and so removes it, or the
+bias of an attention's key projection, which adds a constant to each row of scores that softmax ignores — is
+flagged "zero by construction" instead: nothing to fix in training, the bias is useless (bias=False). Given a
+module, this is decided from its structure (the graph may be freed); given the loss too (`tt.flow(model, loss)`),
+also from the recorded graph.
 """
 import functools
 import html
@@ -22,6 +24,7 @@ import torch
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.inspect.construction import zero_leaves
+from torchtrace.inspect.zeros_by_structure import zero_by_structure
 
 Named = Union[torch.nn.Module, Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]], Iterable[torch.Tensor]]
 FLAG_COLOURS = {"vanishing": "#fde2e2", "zero": "#fde2e2", "exploding": "#ffe8c2", "non-finite": "#ffd0d0",
@@ -231,10 +234,11 @@ def flow(params: Named, output: Optional[torch.Tensor] = None, vanishing: float 
     that is zero by construction (a bias before a batch norm) from a vanishing one.
     """
     rows = [_row(name, p, vanishing, exploding) for name, p in _named(params)]
+    structural = set(zero_by_structure(params)) if isinstance(params, torch.nn.Module) else set()
     if output is not None and getattr(output, "_tt_node", None) is not None:
-        structural = zero_leaves(topological_order([output._tt_node]))
-        ids = {name: id(p) for name, p in _named(params)}
-        for row in rows:
-            if row.flag in ("zero", "vanishing") and ids[row.name] in structural:
-                row.flag = BY_CONSTRUCTION
+        structural |= set(zero_leaves(topological_order([output._tt_node])))
+    ids = {name: id(p) for name, p in _named(params)}
+    for row in rows:
+        if row.flag in ("zero", "vanishing", "") and ids[row.name] in structural:
+            row.flag = BY_CONSTRUCTION
     return Flow(rows, vanishing, exploding)
