@@ -9,7 +9,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-ORDER = ("nonfinite", "killed", "saturated", "no_path", "exploding", "zero_by_construction")
+ORDER = ("nonfinite", "killed", "underflow", "saturated", "no_path", "exploding", "zero_by_construction")
 
 
 @dataclass
