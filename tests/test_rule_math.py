@@ -57,9 +57,10 @@ def undefined_symbols(math: str) -> List[str]:
     undefined = set()
     for m in _SYMBOL.finditer(math.split("->", 1)[1]):
         symbol = m.group(1)
-        if (symbol in _WORDS and m.group(2) is None) or symbol in known or symbol.startswith("g") or (symbol.startswith("d") and symbol[1:] in known | {""}):
-            continue
-        undefined.add(m.group(0))
+        word = symbol in _WORDS and m.group(2) is None  # "a", "in", "or" (a_nc is a symbol)
+        gradient = symbol.startswith("g") or (symbol.startswith("d") and symbol[1:] in known | {""})
+        if not (word or gradient or symbol in known):
+            undefined.add(m.group(0))
     return sorted(undefined)
 
 
