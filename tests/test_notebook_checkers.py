@@ -639,6 +639,30 @@ def decay_update(body):
     return update
 
 
+def training_step(reset="first", order=("backward", "step"), loss_of=lambda e: e.sum(dim=1).mean(), returns=True):
+    """A student's train_step(model, optimizer, x, y), right with the defaults."""
+    def step(model, optimizer, x, y):
+        if reset == "first":
+            optimizer.zero_grad()
+        loss = loss_of((model(x) - y) ** 2)
+        for part in order:
+            if part == "backward":
+                loss.backward()
+            if part == "step":
+                optimizer.step()
+            if part == "backward" and reset == "between":
+                optimizer.zero_grad()
+        return loss if returns else None
+    return step
+
+
+def test_training_step(capsys):
+    assert_right(capsys, checkers.training_step, training_step())
+    assert_right(capsys, checkers.training_step, training_step(loss_of=lambda e: e.sum(dim=1).mean().item() * 0 + (
+        e.sum(dim=1).mean())))  # the same loss, written otherwise
+    assert verdict(capsys, checkers.training_step, lambda *args: not_done(None)).startswith("not done yet")
+
+
 def wrong_answers(mlp_model, mlp_x):
     """checker -> (the arguments after the answer, {mistake: a wrong answer that makes it})."""
     sig = torch.sigmoid
@@ -767,6 +791,13 @@ def wrong_answers(mlp_model, mlp_x):
             "other values": compiled_step(lambda loss: torch.where(loss > 1, loss * 2, loss)),
             "zero": compiled_step(lambda loss: 0 * loss),
             "sign": compiled_step(lambda loss: -torch.where(loss > 1, loss * 0.5, loss))}),
+        "training_step": (checkers.training_step, (), {
+            "zero_grad forgotten": training_step(reset=None),
+            "reset between backward and step": training_step(reset="between"),
+            "step before backward": training_step(order=("step", "backward")),
+            "axes swapped": training_step(loss_of=lambda e: e.sum(dim=0).mean()),
+            "averaged over the outputs": training_step(loss_of=lambda e: e.mean()),
+            "the loss not returned": training_step(returns=False)}),
         **lesson_08_wrong_answers(),
     }
 
@@ -775,7 +806,7 @@ CHECKED = ["tanh", "sigmoid", "cube", "quartic", "softplus", "leaky", "mse", "sw
            "quartic_second_derivative", "hessian", "by_hand_numbers", "central_slope", "prediction", "value_pow_exp",
            "value_sub_div", "momentum_step", "weight_decay_step", "jvp_by_hand", "hvp_forward_over_reverse",
            "softplus_in_code", "step_with_one_path", "found_the_nan", "dead_layer", "detached_branch", "learning_rate",
-           "bf16_step", "repaired_rule"]
+           "bf16_step", "repaired_rule", "training_step"]
 
 
 def test_every_checker_of_the_notebooks_is_fed_mistakes():
@@ -961,6 +992,9 @@ OWN_HINTS = [
     ("softplus", "NaN above x = 88.7", "not a number (inf or NaN) at some edge points"),
     ("repaired_rule", "cubic term's slope dropped", "cubic term"),
     ("repaired_rule", "c dropped from u's slope", "the constant c in front of u"),
+    ("training_step", "zero_grad forgotten", "without a reset"), ("training_step", "axes swapped", "axes are swapped"),
+    ("training_step", "reset between backward and step", "never move"),
+    ("training_step", "step before backward", "never move"), ("training_step", "averaged over the outputs", "too"),
 ]
 
 

@@ -772,6 +772,75 @@ def weight_decay_step(update: Callable) -> None:
                   "step")
 
 
+def _per_example_loss(errors: torch.Tensor) -> torch.Tensor:
+    """The exercise's loss: squared errors summed over each example's outputs (dim 1), averaged over examples."""
+    return errors.sum(dim=1).mean()
+
+
+def _training_step(reset: str = "first", loss_of: Callable = _per_example_loss) -> Callable:
+    """A step of the loop with tt.optim.SGD; `reset`: where zero_grad runs ("first", "between" backward and the
+    step, or "never"); `loss_of`: how the squared errors become the loss."""
+    def step(model: torch.nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
+        if reset == "first":
+            optimizer.zero_grad()
+        loss = loss_of((model(x) - y) ** 2)
+        loss.backward()
+        if reset == "between":
+            optimizer.zero_grad()
+        optimizer.step()
+        return loss
+    return step
+
+
+def _training_run(step: Callable, calls: int = 3) -> Tuple[list, list, bool]:
+    """What `calls` calls of step(model, optimizer, x, y) return, the parameters after each, from one start, and
+    whether the parameters hold a gradient after the last call."""
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 3, generator=generator), torch.randn(8, 2, generator=generator)
+    model = tt.nn.Linear(3, 2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator))
+    optimizer = tt.optim.SGD(model.parameters(), lr=0.1)
+    returned, params = [], []
+    for _ in range(calls):
+        returned.append(step(model, optimizer, x, y))
+        params.append([_plain(p).clone() for p in model.parameters()])
+    return returned, params, all(p.grad is not None for p in model.parameters())
+
+
+def training_step(step: Callable) -> None:
+    """Three calls of the student's step(model, optimizer, x, y) in a row against an ordinary training loop's: the
+    parameters after each call (which tell a kept gradient, an erased one and a loss over the wrong axis apart) and
+    the loss each call returns."""
+    general = "one step forgets the old gradients, computes the loss, back-propagates it and steps, in that order"
+    try:
+        returned, params, kept = _training_run(step)
+    except NotImplementedError:
+        return print("not done yet: fill in the exercise above")
+    except Exception as error:
+        return _wrong(_explain(error), general)
+    expected_losses, expected, _ = _training_run(_training_step())
+    if not all(_all_close(got, want) for got, want in zip(params, expected)):
+        mistakes = [(_training_step(reset="never"), "backward adds into each gradient: without a reset each step "
+                     "follows the sum of every gradient so far; forget the old gradients before this step's backward"),
+                    (_training_step(reset="between"), "the parameters never move: the optimizer's step runs after "
+                     "backward but finds no gradient, because the reset ran in between; reset first"
+                     if not kept else "the parameters never move: the optimizer's step ran before this step's "
+                     "backward, when there was no gradient yet; back-propagate first, then step"),
+                    (_training_step(loss_of=lambda e: e.sum(dim=0).mean()), "the axes are swapped: sum over each "
+                     "example's outputs (dim 1), then average over the examples (dim 0)"),
+                    (_training_step(loss_of=lambda e: e.mean()), "you averaged over the outputs too: each example's "
+                     "squared errors are summed over its outputs, and only the examples are averaged")]
+        hint = next((text for mistake, text in mistakes
+                     if all(_all_close(got, want) for got, want in zip(params, _training_run(mistake)[1]))), general)
+        return _wrong("after three calls the parameters differ from those of an ordinary training loop", hint)
+    if not all(_close(got, want) for got, want in zip(returned, expected_losses)):
+        return _wrong("the parameters are right, but the step does not return its loss",
+                      "return the loss this step computed (the value before the update), a tensor or a number")
+    print("right: three calls move the parameters as an ordinary training loop does, and return each step's loss")
+
+
 # ------------------------------------------------------------------------- 06a · forward and reverse mode
 
 
