@@ -78,3 +78,13 @@ def test_the_player_pages_step_through_what_the_code_computes_now(site):
         assert "<script" in page and all(part in page for part in expected), name
     listing = text(site / "player" / "index.html")
     assert "micrograd.html" in listing and "mlp.html" in listing
+
+
+def test_notebook_outputs_keep_their_lines(site):
+    """mkdocs-jupyter wraps outputs anywhere (word-break: break-all), which cut generated code mid-word: the site's
+    own stylesheet, linked on every notebook page, keeps each printed line whole (a long one scrolls)."""
+    page = text(site / "notebooks" / "07_backward_as_code" / "index.html")
+    assert "assets/notebooks.css" in page and "d_fc2_weight" in page
+    css = text(site / "assets" / "notebooks.css")
+    rule = re.search(r"\.jp-OutputArea-output pre \{(.*?)\}", css, re.S).group(1)
+    assert "white-space: pre;" in rule and "word-break: normal;" in rule and "overflow-x: auto;" in rule

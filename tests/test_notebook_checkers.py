@@ -639,6 +639,30 @@ def decay_update(body):
     return update
 
 
+def training_step(reset="first", order=("backward", "step"), loss_of=lambda e: e.sum(dim=1).mean(), returns=True):
+    """A student's train_step(model, optimizer, x, y), right with the defaults."""
+    def step(model, optimizer, x, y):
+        if reset == "first":
+            optimizer.zero_grad()
+        loss = loss_of((model(x) - y) ** 2)
+        for part in order:
+            if part == "backward":
+                loss.backward()
+            if part == "step":
+                optimizer.step()
+            if part == "backward" and reset == "between":
+                optimizer.zero_grad()
+        return loss if returns else None
+    return step
+
+
+def test_training_step(capsys):
+    assert_right(capsys, checkers.training_step, training_step())
+    assert_right(capsys, checkers.training_step, training_step(loss_of=lambda e: e.sum(dim=1).mean().item() * 0 + (
+        e.sum(dim=1).mean())))  # the same loss, written otherwise
+    assert verdict(capsys, checkers.training_step, lambda *args: not_done(None)).startswith("not done yet")
+
+
 def wrong_answers(mlp_model, mlp_x):
     """checker -> (the arguments after the answer, {mistake: a wrong answer that makes it})."""
     sig = torch.sigmoid
@@ -669,7 +693,9 @@ def wrong_answers(mlp_model, mlp_x):
             "only the inner exponential": backward_of(torch.nn.functional.softplus, lambda x, g: g * torch.exp(x)),
             "exponent's sign": backward_of(torch.nn.functional.softplus, lambda x, g: g * sig(-x)),
             "upstream dropped": backward_of(torch.nn.functional.softplus, lambda x, g: sig(x)),
-            "sign": backward_of(torch.nn.functional.softplus, lambda x, g: -g * sig(x))}),
+            "sign": backward_of(torch.nn.functional.softplus, lambda x, g: -g * sig(x)),
+            "NaN above x = 88.7": backward_of(torch.nn.functional.softplus,
+                                              lambda x, g: g * torch.exp(x) / (1 + torch.exp(x)))}),
         "leaky": (checkers.leaky, (), {
             "slope 1 on both sides": leaky_rule(lambda x, g: (g, None)),
             "slopes swapped": leaky_rule(lambda x, g: (torch.where(x > 0, 0.1 * g, g), None)),
@@ -698,7 +724,9 @@ def wrong_answers(mlp_model, mlp_x):
         "quartic_second_derivative": (checkers.quartic_second_derivative, (), {
             "detached": backward_of(lambda x: x ** 4, lambda x, g: g * 4 * x.detach() ** 3),
             "half recorded": backward_of(lambda x: x ** 4, lambda x, g: g * 4 * x * x.detach() ** 2),
-            "first derivative wrong": backward_of(lambda x: x ** 4, lambda x, g: g * x ** 3)}),
+            "first derivative wrong": backward_of(lambda x: x ** 4, lambda x, g: g * x ** 3),
+            "zero": backward_of(lambda x: x ** 4, lambda x, g: 0 * g),
+            "sign": backward_of(lambda x: x ** 4, lambda x, g: -g * 4 * x ** 3)}),
         "hessian": (checkers.hessian, (x0,), {
             "cross term missing": lambda x: diag.clone(), "nothing recorded": lambda x: torch.zeros(3, 3),
             "the gradient": lambda x: 4 * x ** 3, "first derivatives": lambda x: torch.diag(4 * x ** 3) + torch.tensor(
@@ -709,7 +737,7 @@ def wrong_answers(mlp_model, mlp_x):
             "sine for cosine": (a, b, 2 * a * b + b * math.sin(a * b), a ** 2 + a * math.sin(a * b)),
             "minus cosine": (a, b, 2 * a * b - b * math.cos(a * b), a ** 2 - a * math.cos(a * b)),
             "inner factor dropped": (a, b, 2 * a * b + math.cos(a * b), a ** 2 + math.cos(a * b)),
-            "swapped": (a, b, db, da)}),
+            "swapped": (a, b, db, da), "zero": (a, b, 0.0, 0.0), "sign": (a, b, -da, -db)}),
         "central_slope": (checkers.central_slope, (), {
             "one-sided": lambda f, x, h: (f(x + h) - f(x)) / h,
             "the 2 forgotten": lambda f, x, h: (f(x + h) - f(x - h)) / h,
@@ -760,7 +788,16 @@ def wrong_answers(mlp_model, mlp_x):
             "still guarded": scaled_loss,
             "not strict": compiled_step(lambda loss: torch.where(loss >= 1, loss * 0.5, loss)),
             "detached": compiled_step(lambda loss: torch.where(loss > 1, loss.detach() * 0.5, loss)),
-            "other values": compiled_step(lambda loss: torch.where(loss > 1, loss * 2, loss))}),
+            "other values": compiled_step(lambda loss: torch.where(loss > 1, loss * 2, loss)),
+            "zero": compiled_step(lambda loss: 0 * loss),
+            "sign": compiled_step(lambda loss: -torch.where(loss > 1, loss * 0.5, loss))}),
+        "training_step": (checkers.training_step, (), {
+            "zero_grad forgotten": training_step(reset=None),
+            "reset between backward and step": training_step(reset="between"),
+            "step before backward": training_step(order=("step", "backward")),
+            "axes swapped": training_step(loss_of=lambda e: e.sum(dim=0).mean()),
+            "averaged over the outputs": training_step(loss_of=lambda e: e.mean()),
+            "the loss not returned": training_step(returns=False)}),
         **lesson_08_wrong_answers(),
     }
 
@@ -769,7 +806,7 @@ CHECKED = ["tanh", "sigmoid", "cube", "quartic", "softplus", "leaky", "mse", "sw
            "quartic_second_derivative", "hessian", "by_hand_numbers", "central_slope", "prediction", "value_pow_exp",
            "value_sub_div", "momentum_step", "weight_decay_step", "jvp_by_hand", "hvp_forward_over_reverse",
            "softplus_in_code", "step_with_one_path", "found_the_nan", "dead_layer", "detached_branch", "learning_rate",
-           "bf16_step", "repaired_rule"]
+           "bf16_step", "repaired_rule", "training_step"]
 
 
 def test_every_checker_of_the_notebooks_is_fed_mistakes():
@@ -885,6 +922,9 @@ def lesson_08_wrong_answers():
     whole = lambda a: phi(a) + a * dphi(a)  # noqa: E731
     exact = lambda a: 0.5 * (1 + torch.erf(a / math.sqrt(2))) + a * torch.exp(-a ** 2 / 2) / math.sqrt(  # noqa: E731
         2 * math.pi)
+    repaired = lesson["repaired"]
+    right_branches = two_branches_loss(lambda m, a: torch.sigmoid(m.gate(a)))
+    first_bf16 = tt.diff(lesson["float32_loss"], lesson["bfloat16_loss"], rtol=3e-3).first.rule
     return {
         "found_the_nan": (checkers.found_the_nan, (lesson["mystery_loss"],), {
             "a rule that only received the NaN": "Log", "the loss itself": "Mean", "a rule with finite values": "Mul",
@@ -895,18 +935,24 @@ def lesson_08_wrong_answers():
         "detached_branch": (checkers.detached_branch, (lesson["repaired"], lesson["x"], lesson["y"]), {
             "still detached": two_branches_loss(lambda m, a: torch.sigmoid(m.gate(a)).detach()),
             "cut by a Python number": two_branches_loss(lambda m, a: torch.sigmoid(m.gate(a)).mean().item()),
-            "other values": two_branches_loss(lambda m, a: torch.sigmoid(m.gate(a)) * 2)}),
+            "other values": two_branches_loss(lambda m, a: torch.sigmoid(m.gate(a)) * 2),
+            "the logits": lambda a: repaired.head(torch.relu(repaired.features(a)) * torch.sigmoid(repaired.gate(a))),
+            "zero": lambda a: 0 * right_branches(a), "sign": lambda a: -right_branches(a)}),
         "learning_rate": (checkers.learning_rate, (lesson["train"],), {
-            "too large": 50.0, "too small": 1e-7, "not positive": -0.1, "not a number": "0.1"}),
+            "too large": 50.0, "barely moves the loss": 1e-6, "ascent": -0.1, "zero": 0, "not a number": "0.1"}),
         "bf16_step": (checkers.bf16_step, (lesson["float32_loss"], lesson["bfloat16_loss"], 3e-3), {
             "after the first divergence": "Tanh", "never differs": "CrossEntropy", "never runs": "Relu",
-            "not a name": 2}),
+            "not a name": 2, "empty": "", "spelled otherwise": first_bf16.lower()}),
         "repaired_rule": (checkers.repaired_rule, (), {
             "Φ only": gelu_tanh_rule(phi), "x Φ' only": gelu_tanh_rule(lambda a: a * dphi(a)),
             "inner slope dropped": gelu_tanh_rule(
                 lambda a: phi(a) + a * 0.5 * (1 - gelu_tanh_parts(a)[1] ** 2)),
             "tanh's slope": gelu_tanh_rule(lambda a: phi(a) + a * 0.5 * (1 - gelu_tanh_parts(a)[1]) * gelu_tanh_parts(
                 a)[2]),
+            "cubic term's slope dropped": gelu_tanh_rule(
+                lambda a: phi(a) + a * 0.5 * (1 - gelu_tanh_parts(a)[1] ** 2) * math.sqrt(2 / math.pi)),
+            "c dropped from u's slope": gelu_tanh_rule(
+                lambda a: phi(a) + a * 0.5 * (1 - gelu_tanh_parts(a)[1] ** 2) * (1 + 3 * 0.044715 * a ** 2)),
             "the exact GELU's slope": gelu_tanh_rule(exact),
             "sign": gelu_tanh_rule(lambda a: -whole(a)),
             "upstream dropped": backward_of(lambda a: torch.nn.functional.gelu(a, approximate="tanh"),
@@ -929,3 +975,46 @@ def test_lesson_08_right_answers_pass(capsys):
     unfinished = two_branches_loss(lambda m, a: not_done(None))
     assert verdict(capsys, checkers.detached_branch, unfinished, lesson["repaired"], lesson["x"],
                    lesson["y"]).startswith("not done yet")
+
+
+# A zero answer, a sign error, an answer that only looks right (lr = 1e-6 moves the loss by 1e-6, a sigmoid written
+# with e^x is NaN above x = 88.7) and a forgotten inner factor each get a hint of their own.
+OWN_HINTS = [
+    ("by_hand_numbers", "zero", "your answer is zero"), ("by_hand_numbers", "sign", "opposite sign"),
+    ("quartic_second_derivative", "zero", "yours returns zero"),
+    ("quartic_second_derivative", "sign", "a minus sign too many"),
+    ("step_with_one_path", "zero", "your step returns zero"), ("step_with_one_path", "sign", "negated"),
+    ("detached_branch", "the logits", "scores (logits)"), ("detached_branch", "zero", "a zero loss"),
+    ("detached_branch", "sign", "a step uphill"),
+    ("learning_rate", "zero", "the weights never move"), ("learning_rate", "ascent", "gradient ascent"),
+    ("learning_rate", "barely moves the loss", "too small"),
+    ("bf16_step", "empty", "read the first rule it reports"), ("bf16_step", "spelled otherwise", "spelled otherwise"),
+    ("softplus", "NaN above x = 88.7", "not a number (inf or NaN) at some edge points"),
+    ("repaired_rule", "cubic term's slope dropped", "cubic term"),
+    ("repaired_rule", "c dropped from u's slope", "the constant c in front of u"),
+    ("training_step", "zero_grad forgotten", "without a reset"), ("training_step", "axes swapped", "axes are swapped"),
+    ("training_step", "reset between backward and step", "never move"),
+    ("training_step", "step before backward", "never move"), ("training_step", "averaged over the outputs", "too"),
+]
+
+
+@pytest.mark.parametrize("name, mistake, phrase", OWN_HINTS, ids=[f"{n}: {m}" for n, m, _ in OWN_HINTS])
+def test_a_mistake_that_looked_alike_gets_its_own_hint(capsys, mlp, name, mistake, phrase):
+    check, rest, answers = wrong_answers(*mlp)[name]
+    answer = answers[mistake]
+    assert phrase in hint_of(capsys, check, *(answer if rest is None else (answer, *rest)))
+
+
+def test_a_learning_rate_that_barely_moves_the_loss_is_too_small(capsys):
+    train = lesson_08()["train"]
+    losses = train(1e-4)[1]
+    assert losses[-1] < losses[0]  # it moves, by a few millionths: "the loss went down" is not enough
+    printed = assert_wrong(capsys, checkers.learning_rate, 1e-4, train)
+    assert "too small to train" in printed
+
+
+def test_a_wrong_rule_is_located_in_the_students_code_not_in_the_checker(capsys, mlp):
+    answers = wrong_answers(*mlp)["repaired_rule"][2]
+    printed = assert_wrong(capsys, checkers.repaired_rule, answers["Φ only"])
+    assert "the first wrong step (tt.diff): " in printed and "Rule.backward, test_notebook_checkers.py:" in printed
+    assert not re.search(r"(?<![\w_])checkers\.py", printed), printed

@@ -1,4 +1,5 @@
-"""Every Python block of the README runs, in a fresh interpreter, and prints exactly what its comments say.
+"""Every Python block of the README runs, in a fresh interpreter, and prints exactly what its comments say; every
+other listing of torchtrace's output in the README is generated (docs/gen/listings.py) and current.
 
 The README's convention, checked here strictly:
 - blocks fenced as ```python run in order, in one namespace, in a fresh `python` process (as a new user's);
@@ -10,6 +11,7 @@ The README's convention, checked here strictly:
   `# tracer(`, `# True`, `# False`, a number): values are shown only where the code prints them.
 """
 import ast
+import importlib.util
 import io
 import json
 import os
@@ -21,10 +23,14 @@ from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 _CLAIM = re.compile(r"^(tensor\(|tracer\(|True$|False$|-?\d)")
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+RUN_DOCS = [ROOT / "docs" / "forward_mode.md"]  # docs pages whose Python blocks run as the README's do
 
 
 def python_blocks(text: str) -> List[str]:
@@ -104,12 +110,48 @@ def test_readme_has_python_blocks():
     assert len(python_blocks(README.read_text(encoding="utf-8"))) >= 2
 
 
-def test_every_readme_block_prints_what_its_comments_say():
-    done = subprocess.run([sys.executable, __file__, str(README)], capture_output=True, text=True, timeout=300,
+@pytest.mark.parametrize("page", [README] + RUN_DOCS, ids=lambda p: p.name)
+def test_every_readme_block_prints_what_its_comments_say(page):
+    done = subprocess.run([sys.executable, __file__, str(page)], capture_output=True, text=True, timeout=300,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
     problems = json.loads(done.stdout.splitlines()[-1])
     assert not problems, "\n".join(problems)
+
+
+def listings():
+    """docs/gen/listings.py: the README's generated listings."""
+    spec = importlib.util.spec_from_file_location("readme_listings", ROOT / "docs" / "gen" / "listings.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_listing_of_output_is_generated():
+    """A fenced block that is neither Python (run above) nor a shell command shows output: a listing made by
+    running torchtrace, not text typed by hand."""
+    text = README.read_text(encoding="utf-8")
+    generated = {listings().shown(text, name) for name in listings().marked(text)}
+    typed = [body[:80] for language, body in _FENCE.findall(text)
+             if language not in ("python", "bash") and body not in generated]
+    assert not typed, f"listings typed by hand: {typed}"
+
+
+def test_generated_listings_are_what_torchtrace_prints_now():
+    module, text = listings(), README.read_text(encoding="utf-8")
+    names = module.marked(text)
+    assert {"mlp_backward_code", "original_snippet_output"} <= set(names)
+    stale = [name for name in names if module.shown(text, name) != module.LISTINGS[name]()]
+    assert not stale, f"stale listings {stale}: python examples/notebooks/refresh.py README rewrites them"
+
+
+def test_a_stale_listing_is_rewritten():
+    module = listings()
+    planted = "before\n<!-- listing: original_snippet_output -->\n```text\nSequence(typed by hand)\n```\nafter\n"
+    assert module.shown(planted, "original_snippet_output") == "Sequence(typed by hand)\n"
+    fresh = module.regenerated(planted)
+    assert fresh.startswith("before\n") and fresh.endswith("```\nafter\n")
+    assert module.shown(fresh, "original_snippet_output") == module.original_snippet_output()
 
 
 if __name__ == "__main__":

@@ -10,8 +10,11 @@ The hint depends on the mistake: each checker compares a wrong answer with what 
 would give, and names the idea behind the first one that explains it; never the code to write.
 """
 import functools
+import inspect
 import math
 import numbers
+import os
+import statistics
 import warnings
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
@@ -36,6 +39,8 @@ ALREADY_THE_OUTPUT = "the tensor you saved is already the output: write the slop
                      "applying the function to it a second time"
 INPUT_FOR_OUTPUT = "the slope written through the output needs the output, but you used the input: save the output " \
                    "in forward (or compute it from the saved input)"
+ZERO = "your answer is zero: nothing has been computed yet, or every contribution cancelled; follow the value from " \
+       "the output back to each input and multiply the local slopes along the way"
 NOT_FINITE = "your gradient is right at ordinary points but not a number (inf or NaN) at some edge points: avoid " \
              "dividing by what can be zero, and exponentials that overflow where the function saturates"
 
@@ -74,8 +79,9 @@ def _same_gradients(fn: Callable, reference: Callable, inputs: Inputs, rtol: flo
     (reference(*theirs) * weight).sum().backward()
     for i, (a, b) in enumerate(zip(ours, theirs)):
         got = a.grad if a.grad is not None else torch.zeros_like(b)
-        if not torch.allclose(_plain(got).double(), b.grad.double(), rtol=rtol, atol=atol, equal_nan=True):
-            where = ", ".join(f"{v:g}" for v in _plain(a).flatten()[((got - b.grad).abs() > atol).flatten()][:4])
+        differs = ~torch.isclose(_plain(got).double(), b.grad.double(), rtol=rtol, atol=atol, equal_nan=True)
+        if differs.any():
+            where = ", ".join(f"{v:g}" for v in _plain(a).flatten()[differs.flatten()][:4])  # NaN included
             raise tt.GradientMismatch(f"gradient of input {i} differs from torch's convention at x = {where}")
 
 
@@ -154,13 +160,15 @@ def rule_hint(fn: Callable, reference: Callable, shapes: Sequence[Tuple[int, ...
 
 
 def check_rule(fn: Callable, inputs: Inputs, hint: Union[str, Callable[[], str]], edges: Sequence[Inputs] = (),
-               reference: Optional[Callable] = None) -> bool:
+               reference: Optional[Callable] = None, far: Sequence[Inputs] = ()) -> bool:
     """tt.check of fn at `inputs` and at every tuple of `edges`; `reference`: the same math in torch, whose gradient
-    fixes the convention at kinks (tt.check alone compares your backward with your own forward). `hint`: a text,
-    or a function that finds the one for this mistake (called only when the answer is wrong). True when right."""
+    fixes the convention at kinks (tt.check alone compares your backward with your own forward) and is the only
+    judge at the points of `far` (where a textbook forward overflows, so torch autograd of your own forward cannot
+    be). `hint`: a text, or a function that finds the one for this mistake (called only when the answer is wrong).
+    True when right."""
     try:
         report = tt.check(fn, *inputs, check_inputs=list(edges))
-        for points in edges if reference is not None else ():
+        for points in [*edges, *far] if reference is not None else ():
             _same_gradients(fn, reference, points)
     except NotImplementedError:
         print("not done yet: fill in the exercise above")
@@ -168,7 +176,7 @@ def check_rule(fn: Callable, inputs: Inputs, hint: Union[str, Callable[[], str]]
         _wrong(_explain(error), hint() if callable(hint) else hint)
     else:
         print(f"right: the gradients match torch autograd ({report.n_gradients} gradients, "
-              f"{1 + len(edges)} sets of points including the edge cases)")
+              f"{1 + len(edges) + len(far)} sets of points including the edge cases)")
         return True
     return False
 
@@ -224,6 +232,11 @@ def by_hand_numbers(a_val: float, b_val: float, dq_da: Any, dq_db: Any) -> None:
         return print("right")
     if near(dq_da, right[1]) and near(dq_db, right[0]):
         hint = "your two answers are swapped: the first is the slope with respect to a"
+    elif near(dq_da, 0) and near(dq_db, 0):
+        hint = ZERO
+    elif near(dq_da, -right[0]) and near(dq_db, -right[1]):
+        hint = "both numbers have the opposite sign: check the sign of each local slope (the sine's slope is " \
+               "the cosine, with a plus sign) and multiply without negating"
     else:
         hint = next((text for wrong, text in _by_hand_mistakes(float(a_val), float(b_val))
                      if all(near(got, w) or near(got, r) for got, w, r in zip((dq_da, dq_db), wrong, right))), hint)
@@ -346,8 +359,10 @@ def _softplus_hint(rule: type, edge: torch.Tensor) -> Callable[[], str]:
 @_takes_rule
 def softplus(rule: type) -> None:
     edge = torch.tensor([-30.0, -2.0, 0.0, 2.0, 30.0])
-    check_rule(lambda x, w: rule.apply(x @ w), (torch.randn(4, 3), torch.randn(3, 2)), hint=_softplus_hint(rule, edge),
-               edges=[(edge.view(5, 1), torch.ones(1, 1))], reference=lambda x, w: F.softplus(x @ w))
+    far = torch.tensor([-100.0, 100.0])  # e^x overflows float32 above x = 88.7: the slope must not
+    check_rule(lambda x, w: rule.apply(x @ w), (torch.randn(4, 3), torch.randn(3, 2)), hint=_softplus_hint(rule, far),
+               edges=[(edge.view(5, 1), torch.ones(1, 1))], reference=lambda x, w: F.softplus(x @ w),
+               far=[(far.view(2, 1), torch.ones(1, 1))])
 
 
 @_takes_rule
@@ -499,6 +514,12 @@ def quartic_second_derivative(rule: type) -> None:
            "operations on the tensors the rule saved (nothing that turns them into numbers or detached tensors)"
     try:
         (g,) = tt.grad(rule.apply(x).sum(), x, create_graph=True)
+        if not _plain(g).any():
+            return _wrong("your first derivative is zero everywhere", "the backward must return the slope of x^4 "
+                          "times the gradient from above: yours returns zero, so there is nothing to differentiate")
+        if torch.allclose(_plain(g), -4 * _plain(x) ** 3):
+            return _wrong("your first derivative has the opposite sign", "the slope of x^4 is positive where x is "
+                          "positive: a minus sign too many in your backward")
         (h,) = tt.grad(g.sum(), x)
     except NotImplementedError:
         return print("not done yet: fill in the exercise above")
@@ -751,6 +772,75 @@ def weight_decay_step(update: Callable) -> None:
                   "step")
 
 
+def _per_example_loss(errors: torch.Tensor) -> torch.Tensor:
+    """The exercise's loss: squared errors summed over each example's outputs (dim 1), averaged over examples."""
+    return errors.sum(dim=1).mean()
+
+
+def _training_step(reset: str = "first", loss_of: Callable = _per_example_loss) -> Callable:
+    """A step of the loop with tt.optim.SGD; `reset`: where zero_grad runs ("first", "between" backward and the
+    step, or "never"); `loss_of`: how the squared errors become the loss."""
+    def step(model: torch.nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor) -> Any:
+        if reset == "first":
+            optimizer.zero_grad()
+        loss = loss_of((model(x) - y) ** 2)
+        loss.backward()
+        if reset == "between":
+            optimizer.zero_grad()
+        optimizer.step()
+        return loss
+    return step
+
+
+def _training_run(step: Callable, calls: int = 3) -> Tuple[list, list, bool]:
+    """What `calls` calls of step(model, optimizer, x, y) return, the parameters after each, from one start, and
+    whether the parameters hold a gradient after the last call."""
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 3, generator=generator), torch.randn(8, 2, generator=generator)
+    model = tt.nn.Linear(3, 2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator))
+    optimizer = tt.optim.SGD(model.parameters(), lr=0.1)
+    returned, params = [], []
+    for _ in range(calls):
+        returned.append(step(model, optimizer, x, y))
+        params.append([_plain(p).clone() for p in model.parameters()])
+    return returned, params, all(p.grad is not None for p in model.parameters())
+
+
+def training_step(step: Callable) -> None:
+    """Three calls of the student's step(model, optimizer, x, y) in a row against an ordinary training loop's: the
+    parameters after each call (which tell a kept gradient, an erased one and a loss over the wrong axis apart) and
+    the loss each call returns."""
+    general = "one step forgets the old gradients, computes the loss, back-propagates it and steps, in that order"
+    try:
+        returned, params, kept = _training_run(step)
+    except NotImplementedError:
+        return print("not done yet: fill in the exercise above")
+    except Exception as error:
+        return _wrong(_explain(error), general)
+    expected_losses, expected, _ = _training_run(_training_step())
+    if not all(_all_close(got, want) for got, want in zip(params, expected)):
+        mistakes = [(_training_step(reset="never"), "backward adds into each gradient: without a reset each step "
+                     "follows the sum of every gradient so far; forget the old gradients before this step's backward"),
+                    (_training_step(reset="between"), "the parameters never move: the optimizer's step runs after "
+                     "backward but finds no gradient, because the reset ran in between; reset first"
+                     if not kept else "the parameters never move: the optimizer's step ran before this step's "
+                     "backward, when there was no gradient yet; back-propagate first, then step"),
+                    (_training_step(loss_of=lambda e: e.sum(dim=0).mean()), "the axes are swapped: sum over each "
+                     "example's outputs (dim 1), then average over the examples (dim 0)"),
+                    (_training_step(loss_of=lambda e: e.mean()), "you averaged over the outputs too: each example's "
+                     "squared errors are summed over its outputs, and only the examples are averaged")]
+        hint = next((text for mistake, text in mistakes
+                     if all(_all_close(got, want) for got, want in zip(params, _training_run(mistake)[1]))), general)
+        return _wrong("after three calls the parameters differ from those of an ordinary training loop", hint)
+    if not all(_close(got, want) for got, want in zip(returned, expected_losses)):
+        return _wrong("the parameters are right, but the step does not return its loss",
+                      "return the loss this step computed (the value before the update), a tensor or a number")
+    print("right: three calls move the parameters as an ordinary training loop does, and return each step's loss")
+
+
 # ------------------------------------------------------------------------- 06a · forward and reverse mode
 
 
@@ -902,6 +992,10 @@ def _step_difference(fn: Callable, reference: Callable, model: torch.nn.Module, 
                                         for p in model.parameters()]))
     model.zero_grad()
     (ours, our_grads), (theirs, their_grads) = results
+    if ours.shape == theirs.shape and theirs.any() and not ours.any():
+        return "the value is zero where the original's is not"
+    if ours.shape == theirs.shape and theirs.any() and torch.allclose(ours, -theirs):
+        return "the value has the opposite sign of the original's"
     if ours.shape != theirs.shape or not torch.allclose(ours, theirs):
         return "the value differs from the original's"
     if not all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(our_grads, their_grads)):
@@ -920,7 +1014,11 @@ def step_with_one_path(fn: Callable, reference: Callable, model: torch.nn.Module
              "value": "the values differ from the original's: both candidate results, and which side of 1 takes which, "
                       "must be the original's",
              "gradients": "the values are right but a gradient is lost: both candidate results must stay connected "
-                          "to the model (nothing detached)"}
+                          "to the model (nothing detached)",
+             "zero": "your step returns zero: return the loss itself on one side of the branch and the scaled loss "
+                     "on the other, as the original does",
+             "sign": "your step returns the loss negated: minimising it would climb the original loss; keep the "
+                     "original's sign on both sides of the branch"}
     try:
         y = _plain(model(x))
         targets = {"a loss of 9": y - 3, "a loss of exactly 1 (the branch point)": _target_at_loss_one(y),
@@ -928,7 +1026,8 @@ def step_with_one_path(fn: Callable, reference: Callable, model: torch.nn.Module
         for label, target in targets.items():
             problem = _step_difference(fn, reference, model, x, target)
             if problem:
-                kind = "branch point" if "branch point" in label else "gradients" if "gradients" in problem else "value"
+                kind = "branch point" if "branch point" in label else "gradients" if "gradients" in problem else \
+                    "zero" if "is zero" in problem else "sign" if "opposite sign" in problem else "value"
                 return _wrong(f"at {label}: {problem}", hints[kind])
         compiled = tt.compile(fn, (x, targets["a loss of 9"]))
         replayed = [_plain(compiled(x, targets[label])) for label in ("a loss of 9", "a loss of 0.25", "a loss of 9")]
@@ -953,16 +1052,29 @@ def step_with_one_path(fn: Callable, reference: Callable, model: torch.nn.Module
 # finding is the answer, and for a rule, tt.diff points at the first step where yours departs from torch's.
 
 
-def first_wrong_step(yours: Callable, reference: Callable, *inputs: Any) -> str:
-    """Where two functions' backward passes first part (tt.diff): the rule, its line, and whether what it received
-    was already different — what a checker prints under a wrong rule."""
+def first_wrong_step(yours: Callable, reference: Callable, *inputs: Any, where: Optional[str] = None) -> str:
+    """Where two functions' backward passes first part (tt.diff): the rule, its line (or `where`, when the call was
+    made by a checker rather than in your cell), and whether what it received was already different — what a checker
+    prints under a wrong rule."""
     report = tt.diff(yours, reference, *inputs, titles=("yours", "the reference"))
     first = report.first
     if first is None:
         return "tt.diff finds no step where the two backward passes differ"
     received = "it received the right gradient, so this step is wrong" if first.incoming_error == 0 else \
         "the gradient it received was already wrong"
-    return f"the first wrong step (tt.diff): {first.rule} at {first.line or 'your code'} — {received}"
+    return f"the first wrong step (tt.diff): {first.rule} at {where or first.line or 'your code'} — {received}"
+
+
+def _backward_source(rule: type) -> str:
+    """Where the student wrote `rule`'s backward: its line in the notebook cell (or file) that defines it."""
+    try:
+        start = inspect.getsourcelines(rule.backward)[1]
+        path = inspect.getsourcefile(rule.backward) or ""
+    except (OSError, TypeError):
+        return f"your {rule.__name__}.backward"
+    cell = "ipykernel" in path or path.startswith("<")
+    return f"your {rule.__name__}.backward, " + (f"line {start} of its cell" if cell else
+                                                 f"{os.path.basename(path)}:{start}")
 
 
 def _doctor_says(loss: Callable, model: Optional[torch.nn.Module] = None) -> Any:
@@ -1070,8 +1182,12 @@ def detached_branch(forward: Callable, model: torch.nn.Module, x: torch.Tensor, 
     model, with torch autograd's gradients?"""
     hint = "the doctor, run on your forward, names the line that cuts the path: use the tensor itself there"
     try:
-        diagnosis = _doctor_says(lambda: forward(x), model)
         value = forward(x)
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return _wrong(f"your forward returns a tensor of shape {tuple(value.shape)}, not the loss (one number)",
+                          "those are the model's scores (logits), one row per example: the loss is the cross entropy "
+                          "of those scores against the labels y")
+        diagnosis = _doctor_says(lambda: forward(x), model)
     except NotImplementedError:
         return print("not done yet: fill in the exercise above")
     except Exception as error:
@@ -1081,6 +1197,12 @@ def detached_branch(forward: Callable, model: torch.nn.Module, x: torch.Tensor, 
         return _wrong(cut[0].message, _cut_hint(cut[0].message))
     with torch.no_grad():
         expected = F.cross_entropy(_plain(model(x)), y)
+    if _close(value, -expected):
+        return _wrong("your loss is the model's cross entropy negated",
+                      "a negated loss turns every optimizer step into a step uphill: keep the cross entropy's sign")
+    if _close(value, torch.zeros(())):
+        return _wrong("your loss is zero", "the repair keeps the loss: the cross entropy of the model's scores against "
+                                           "y, which is positive; a zero loss gives every parameter a zero gradient")
     if not _close(value, expected):
         return _wrong("your loss is not the model's cross entropy on these examples (repairing the path changes no "
                       "value)", "the repair removes only what cut the gate off: the loss must keep the same value as "
@@ -1102,6 +1224,9 @@ def detached_branch(forward: Callable, model: torch.nn.Module, x: torch.Tensor, 
     check_rule(with_parameters, (_plain(x), *(_plain(p).clone() for p in kept)), hint)
 
 
+TINY_UPDATE = 1e-4  # a median update/weight ratio below this in every layer: the loss barely moves
+
+
 def learning_rate(lr: Any, train: Callable) -> None:
     """Does `lr` train without a flag of the training doctor and lower the loss? train(lr) -> (doctor, losses)."""
     if lr is None:
@@ -1109,9 +1234,15 @@ def learning_rate(lr: Any, train: Callable) -> None:
     if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
         return _wrong(f"lr = {lr!r}: give a positive number", "the learning rate is a plain number, not text or a "
                                                                "container: the size of each step")
-    if not lr > 0:
-        return _wrong(f"lr = {lr!r}: give a positive number", "a step downhill needs a rate above zero: zero does "
-                                                               "not move the weights, and a negative rate climbs")
+    if lr == 0:
+        return _wrong("lr = 0: give a positive number", "a rate of zero multiplies every gradient by zero: the "
+                                                         "weights never move and the loss stays where it started")
+    if lr < 0:
+        return _wrong(f"lr = {lr!r}: give a positive number", "a negative rate is gradient ascent: each step goes "
+                      "along the gradient, uphill, so the loss grows; the rate sets only the size of a step downhill")
+    if not math.isfinite(lr):
+        return _wrong(f"lr = {lr!r}: give a positive number", "the learning rate is a finite number: the size of "
+                                                               "each step")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         doctor, losses = train(float(lr))
@@ -1120,10 +1251,13 @@ def learning_rate(lr: Any, train: Callable) -> None:
         return _wrong(f"the training doctor flags {', '.join(sorted(set(flags)))}",
                       "too large: each update moves the weights by a large share of their size; read the "
                       "update/weight ratios in the doctor's table and lower the rate until they sit near a thousandth")
-    if not losses[-1] < losses[0]:
-        return _wrong("no flag, but the loss did not go down: the learning rate is too small to learn",
-                      "too small: the updates are a tiny share of the weights, so the loss barely moves; raise the "
-                      "rate until the updates are near a thousandth of the weights")
+    ratios = [statistics.median(r) for r in ([s.update_ratio for s in h.steps if s.update_ratio is not None]
+                                             for h in doctor.history.values()) if r]
+    if not losses[-1] < losses[0] or not ratios or max(ratios) < TINY_UPDATE:
+        moved = f"the loss went from {losses[0]:.6f} to {losses[-1]:.6f}" if losses else "no step was taken"
+        return _wrong(f"no flag, but {moved}: the learning rate is too small to train",
+                      "too small: the updates are a tiny share of the weights (the doctor's update/weight column), "
+                      "so the loss barely moves; raise the rate until the updates are near a thousandth of the weights")
     print("right: no flag, and the loss went down")
 
 
@@ -1134,12 +1268,18 @@ def bf16_step(rule: Any, float32: Callable, bfloat16: Callable, rtol: float) -> 
         return print("not done yet: fill in the exercise above")
     if not isinstance(rule, str):
         return _wrong(f"answer is a {type(rule).__name__}; give the rule's name as a string", hint)
+    if not rule.strip():
+        return _wrong("the answer is empty", "run tt.diff on the two losses and read the first rule it reports: "
+                                             "its name is the answer")
     report = tt.diff(float32, bfloat16, rtol=rtol)
     first = report.first
     if first is not None and rule == first.rule:
         return print("right")
     differing = {d.rule for d in report.divergences}
-    if rule in differing:
+    if first is not None and rule.strip().lstrip("-+").lower() == first.rule.lower():
+        hint = "that is the rule, spelled otherwise: give its name exactly as the report prints it (capitals " \
+               "included, nothing added)"
+    elif rule in differing:
         hint = "that rule's gradient differs too, but later in backward order, where the gradient it received " \
                "already differed: the answer is the earliest differing rule in backward order"
     elif rule in {step.rule for step in report.a.steps}:
@@ -1173,6 +1313,10 @@ def _gelu_tanh_mistakes() -> list:
              "multiply by the slope of u with respect to x as well"),
             (slip(lambda x: parts(x)[0] + x * 0.5 * (1 - parts(x)[1]) * parts(x)[2]), "the slope of tanh is one "
              "minus its square, not one minus itself"),
+            (slip(lambda x: parts(x)[0] + x * 0.5 * (1 - parts(x)[1] ** 2) * c), "the chain rule through u = c (x + "
+             "k x^3): its slope is c times the slope of x + k x^3, whose cubic term you left out"),
+            (slip(lambda x: parts(x)[0] + x * 0.5 * (1 - parts(x)[1] ** 2) * parts(x)[2] / c), "the chain rule through "
+             "u = c (x + k x^3): the constant c in front of u multiplies its slope too"),
             (slip(exact), "that is the slope of the exact GELU, with the Gaussian's integral: this rule's forward is "
                           "the tanh approximation, so differentiate that one")]
 
@@ -1182,14 +1326,16 @@ def repaired_rule(rule: type) -> None:
     """The student's GELU-with-tanh rule against torch's F.gelu(approximate='tanh'); when wrong, tt.diff's first
     wrong step."""
     x, w = torch.randn(6, 5, generator=torch.Generator().manual_seed(1)), torch.randn(5, 3) / 3
-    general = "d/dx [x Φ(x)] = Φ(x) + x Φ'(x): product rule"
+    general = "d/dx [x Φ(x)] = Φ(x) + x Φ'(x) (the product rule), and Φ'(x) is the slope of tanh at u times the " \
+              "slope of u with respect to x (the chain rule, both factors of u = c (x + k x^3))"
     hint = lambda: rule_hint(rule.apply, lambda a: F.gelu(a, approximate="tanh"), [(8,)],  # noqa: E731
                              general=general, mistakes=_gelu_tanh_mistakes())
     if check_rule(lambda a: rule.apply(a @ w), (x,), hint):
         return
     try:
         reference = lambda a: F.gelu(a @ w, approximate="tanh").pow(2).sum()  # noqa: E731
-        print(first_wrong_step(lambda a: rule.apply(a @ w).pow(2).sum(), reference, tt.tracer(x, requires_grad=True)))
+        print(first_wrong_step(lambda a: rule.apply(a @ w).pow(2).sum(), reference, tt.tracer(x, requires_grad=True),
+                               where=_backward_source(rule)))
     except NotImplementedError:
         pass
 

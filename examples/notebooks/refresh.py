@@ -2,6 +2,10 @@
 
     python examples/notebooks/refresh.py              # re-execute every notebook (full size) and store it
     python examples/notebooks/refresh.py 00 04        # only the notebooks whose names start with these
+    python examples/notebooks/refresh.py README       # only README.md's generated code listings
+
+Every run also rewrites README.md's generated listings (docs/gen/listings.py): the blocks that show torchtrace's
+output, such as the code `to_code` writes, are made by running torchtrace, never typed by hand.
 
 Each notebook is executed twice: full size (what is stored and what a student sees) and smoke size
 (TORCHTRACE_SMOKE=1, what CI re-executes). Cells whose text output differs between the two (training curves,
@@ -12,6 +16,7 @@ and warnings go — are ignored, and so are the digits of numbers printed as 1e-
 which another CPU may do differently). A tagged cell must still produce the same kinds of outputs.
 """
 import html
+import importlib.util
 import os
 import re
 import sys
@@ -168,11 +173,21 @@ def refresh(path: Path) -> None:
     nbformat.write(full, path)
 
 
+def listings():
+    """docs/gen/listings.py, which writes README.md's generated listings."""
+    spec = importlib.util.spec_from_file_location("readme_listings", ROOT / "docs" / "gen" / "listings.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(prefixes: List[str]) -> None:
     for path in NOTEBOOKS + SOLUTIONS:
         if not prefixes or any(path.name.startswith(p) for p in prefixes):
             print("executing", path.relative_to(ROOT), flush=True)
             refresh(path)
+    sys.path.insert(0, str(ROOT))  # this checkout's torchtrace
+    print("README.md's listings:", "rewritten" if listings().refresh_readme() else "unchanged", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The checkers of the lesson "Debugging gradients": right answers pass, wrong ones are called wrong with a hint,
 and a wrong rule is pointed at by tt.diff's first wrong step."""
 import importlib.util
+import re
 from pathlib import Path
 
 import torch
@@ -87,7 +88,10 @@ def test_learning_rate(capsys):
     too_large = printed(capsys, checkers.learning_rate, 100.0, train)
     assert too_large.startswith("wrong") and "large updates" in too_large
     assert "too small" in printed(capsys, checkers.learning_rate, 1e-9, train)
-    assert "positive number" in printed(capsys, checkers.learning_rate, -1, train)
+    assert "too small" in printed(capsys, checkers.learning_rate, 1e-4, train)  # the loss moves, by 1e-5
+    ascent = printed(capsys, checkers.learning_rate, -1, train)
+    assert "positive number" in ascent and "gradient ascent" in ascent
+    assert "never move" in printed(capsys, checkers.learning_rate, 0, train)
 
 
 class TanhGelu(tt.Function):
@@ -116,8 +120,13 @@ class RightTanhGelu(TanhGelu):
 def test_a_wrong_rule_is_pointed_at_by_tt_diff(capsys):
     assert printed(capsys, checkers.repaired_rule, RightTanhGelu).startswith("right")
     out = printed(capsys, checkers.repaired_rule, TanhGelu)
-    assert out.startswith("wrong") and "the first wrong step (tt.diff): TanhGelu at test_lesson_checkers.py" not in out
-    assert "the first wrong step (tt.diff): TanhGelu" in out
+    assert out.startswith("wrong")
+    where = re.search(r"the first wrong step \(tt.diff\): TanhGelu at your TanhGelu.backward, "
+                      r"test_lesson_checkers.py:(\d+) ", out)
+    assert where, out
+    shown = Path(__file__).read_text(encoding="utf-8").splitlines()[int(where.group(1)) - 1]
+    assert shown.strip() in ("@staticmethod", "def backward(ctx, grad):")  # TanhGelu's backward, in this file
+    assert "checkers.py:" not in out.replace("test_lesson_checkers.py:", "")  # not the checker's own line
     assert "it received the right gradient, so this step is wrong" in out
 
 

@@ -17,6 +17,7 @@ from torchtrace.compiler.ir import EAGER, PASS, Listing, Op, Statement, Value, d
 from torchtrace.compiler.replay import is_inplace
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
+from torchtrace.rule_math import rule_math
 
 
 class Writer(TorchFunctionMode):
@@ -53,8 +54,8 @@ class Writer(TorchFunctionMode):
 
 
 def _doc(rule: type) -> str:
-    lines = (rule.__doc__ or "").strip().splitlines()
-    return f"{rule.__name__}: {lines[0].strip()}" if lines else rule.__name__
+    math = rule_math(rule)
+    return f"{rule.__name__}: {math}" if math else rule.__name__
 
 
 def lower(path: List[Statement], outputs: List[int], argument_order: Sequence[str] = ()) -> Listing:

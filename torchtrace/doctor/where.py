@@ -9,6 +9,8 @@ from typing import Any, Optional, Sequence, Tuple
 
 import torch
 
+from torchtrace.rule_math import rule_math
+
 _LIBRARIES = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
               os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
 _SKIPPED_FILES = ("contextlib.py", "<frozen")
@@ -75,5 +77,4 @@ def module_called_from(frame: Optional[FrameType], stack: Sequence[Any]) -> Opti
 
 def math_line(node: Any) -> str:
     """The rule's math: the first paragraph of its docstring, on one line."""
-    paragraph = (node.rule.__doc__ or "").strip().split("\n\n")[0]
-    return " ".join(part.strip() for part in paragraph.splitlines())
+    return rule_math(node.rule)

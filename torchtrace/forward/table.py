@@ -8,6 +8,7 @@ Function (tt.Function or torch's autograd.Function) that defines `jvp(ctx, *tang
 from typing import Callable, Dict, Iterable, Optional
 
 from torchtrace.autograd.function import INPLACE, RULES
+from torchtrace.rule_math import rule_math
 
 TangentRule = Callable[..., object]
 TANGENTS: Dict[str, TangentRule] = {}  # rule name -> tangent rule
@@ -43,8 +44,7 @@ def tangent_rule(rule: type) -> Optional[TangentRule]:
 def math_of(name: str) -> str:
     """The tangent of rule `name` in one line; "{gradient}" in a table entry stands for the rule's own math."""
     rule = our_rules().get(name)
-    first_line = (rule.__doc__ or "").strip().splitlines()[0] if rule is not None and rule.__doc__ else ""
-    return MATH[name].replace("{gradient}", first_line)
+    return MATH[name].replace("{gradient}", rule_math(rule) if rule is not None else "")
 
 
 def our_rules() -> Dict[str, type]:

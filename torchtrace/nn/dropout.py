@@ -106,7 +106,7 @@ class AlphaDropoutFunction(Function):
 
 
 register(F.alpha_dropout, AlphaDropoutFunction)
-ALPHA_MATH = "alpha dropout with one m per (sample, channel)  ->  dy/dx = a m"
+ALPHA_MATH = "y = a (x m + alpha' (1 - m)) + b, one m ~ Bernoulli(1 - p) per (sample, channel)  ->  dx = g a m"
 dropout_rule("TorchAlphaDropout", torch.alpha_dropout,
              "torch.alpha_dropout(x, p, train): y = a (x m + alpha' (1 - m)) + b  ->  dx = g a m", AlphaDropoutFunction)
 dropout_rule("FeatureAlphaDropoutFunction", F.feature_alpha_dropout, ALPHA_MATH, AlphaDropoutFunction)

@@ -13,8 +13,8 @@ from torchtrace.nn.loss import CrossEntropy, _refuse_grad
 
 @register(F.linear_cross_entropy)
 class LinearCrossEntropy(Function):
-    """l = CE(z, t), z = x W^T + b  ->  dz = CE's gradient (softmax z - target coefficients, scaled),
-    dx = dz W,  dW = dz^T x,  db = sum_n dz,  dt = CE's target gradient (probability targets)"""
+    """l = cross_entropy(z, t), z = x W^T + b  ->  dz = cross_entropy's gradient (softmax z - target coefficients,
+    scaled),  dx = dz W,  dW = dz^T x,  db = sum_n dz,  dt = cross_entropy's target gradient (probability targets)"""
 
     @staticmethod
     def forward(ctx, input, linear_weight, target, linear_bias=None, weight=None, reduction="mean", ignore_index=None,

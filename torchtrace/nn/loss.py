@@ -201,8 +201,9 @@ def _per_sample_scale(g: torch.Tensor, reduction: str, divisor: Any, x: torch.Te
 class CrossEntropy(Function):
     """l_n = -sum_c a_nc log p_nc, p_n = softmax(x_n)  ->  dx_n = g (p_n sum_c a_nc - a_n),
     dt_nc = -g (1 - eps) w_c log p_nc (probability targets);  a_nc = w_c ((1 - eps) [c = y_n] + eps / C) for class
-    indices y (0 where y_n = ignore_index), w_c ((1 - eps) t_nc + eps / C) for probabilities t; eps the label smoothing,
-    'mean' divides by sum_n w_{y_n} (indices) or N (probabilities)"""
+    indices y (0 where y_n = ignore_index), w_c ((1 - eps) t_nc + eps / C) for probabilities t; w = the class weights
+    (1 without), C = the number of classes, eps = the label smoothing; 'mean' divides by sum_n w_{y_n} (indices) or
+    by N = the number of samples (probabilities)"""
 
     @staticmethod
     def forward(ctx, input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,

@@ -159,8 +159,9 @@ def _per_sample(g: torch.Tensor, reduction: str, n: int) -> torch.Tensor:
 
 @register(F.multi_margin_loss)
 class MultiMargin(Function):
-    """l_n = (1/C) sum_{i != y} w_y max(0, z_i)^p  ->  dx_i = g h_i (i != y),  dx_y = -g sum_i h_i;
-    z_i = margin - x_y + x_i,  h_i = w_y [z_i > 0] (1 if p = 1, 2 z_i if p = 2) / C"""
+    """l_n = (1/C) sum_{i != y} w_y max(0, z_i)^p, z_i = margin - x_y + x_i  ->  dx_i = g h_i (i != y),
+    dx_y = -g sum_i h_i;  h_i = w_y [z_i > 0] (1 if p = 1, 2 z_i if p = 2) / C;  x = input[n], y = target[n],
+    C = the number of classes, w = weight (1 without)"""
 
     @staticmethod
     def forward(ctx, input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None, reduction="mean"):

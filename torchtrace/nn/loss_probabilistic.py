@@ -66,7 +66,7 @@ def _var_for_input(var: torch.Tensor, input: torch.Tensor) -> tuple:
 @register(F.gaussian_nll_loss)
 class GaussianNll(Function):
     """l = (log v + d^2 / v) / 2  ->  dx = g d / v,  dt = -g d / v,  dvar = g (1 / v - d^2 / v^2) / 2;
-    d = x - t, v = max(var, eps)"""
+    d = x - t, v = max(var, eps);  x = the predicted mean, var = the predicted variance, t = the target"""
 
     @staticmethod
     def forward(ctx, input, target, var, full=False, eps=1e-6, reduction="mean"):

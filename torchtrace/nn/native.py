@@ -45,8 +45,8 @@ class NativeLayerNorm(Function):
 @register(torch.native_group_norm)
 class NativeGroupNorm(Function):
     """(y, mean, rstd) = native_group_norm(x, w, b, ...)  ->  dx = rstd (gw - mean_G(gw) - xhat mean_G(gw xhat))
-    + g_mean / M - g_rstd rstd^3 (x - mean) / M, dw and db as F.group_norm;  G = each (sample, group), M elements,
-    rstd = (var + eps)^-1/2 (var biased)"""
+    + g_mean / M - g_rstd rstd^3 (x - mean) / M, dw and db as F.group_norm;  G = each (sample, group),
+    M = the number of elements in one, rstd = (var + eps)^-1/2 (var biased)"""
 
     @staticmethod
     def forward(ctx, input, weight, bias, N, C, HxW, group, eps):
@@ -122,7 +122,8 @@ PADDING = {0: "zeros", 1: "border", 2: "reflection"}
 @register(torch.grid_sampler_2d, torch.grid_sampler_3d, torch.grid_sampler)
 class GridSampler(Function):
     """y = F.grid_sample(x, grid) (modes as codes)  ->  dx = scatter_add of w_t g at p_t,
-    dgrid_k = (dc_k/dgrid_k) sum_{c,t} g x[p_t] dw_t/dc_k  (as F.grid_sample)"""
+    dgrid_k = (dc_k/dgrid_k) sum_{c,t} g x[p_t] dw_t/dc_k  (as F.grid_sample);  c = the grid point in pixels,
+    p_t = its corners, w_t = their interpolation weights"""
 
     @staticmethod
     def forward(ctx, input, grid, interpolation_mode, padding_mode, align_corners):

@@ -120,8 +120,8 @@ class BatchNormFunction(Function):
 @register(F.instance_norm)  # what nn.InstanceNorm1d/2d/3d call
 class InstanceNormFunction(BatchNormFunction):
     """y = w xhat + b, xhat = (x - mean_S x) invstd  ->  dx = invstd (gw - mean_S(gw) - xhat mean_S(gw xhat)),
-    dw = sum g xhat,  db = sum g (over N, S);  S = the spatial dims per sample and channel, invstd = 1 / sqrt(var_S x
-    + eps); without use_input_stats the eval-mode batch norm with running statistics"""
+    dw = sum g xhat,  db = sum g (over the batch and S);  S = the spatial dims per sample and channel,
+    invstd = 1 / sqrt(var_S x + eps); without use_input_stats the eval-mode batch norm with running statistics"""
 
     op, stat_dims = staticmethod(F.instance_norm), staticmethod(spatial_dims)
 
@@ -191,7 +191,8 @@ class LayerNormFunction(Function):
 @register(F.group_norm, torch.group_norm)
 class GroupNormFunction(Function):
     """y = w xhat + b, xhat = (x - mean_G x) invstd  ->  dx = invstd (gw - mean_G(gw) - xhat mean_G(gw xhat)),
-    dw = sum_(N, spatial) g xhat,  db = sum g;  G = each sample's group of C/G channels and the spatial dims"""
+    dw = sum_(N, spatial) g xhat,  db = sum g;  G = each sample's group of C/G channels and the spatial dims,
+    N = the batch size, C = the number of channels"""
 
     @staticmethod
     def forward(ctx, input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):

@@ -4,7 +4,7 @@
                     (a scatter_add of g into each flattened input plane; overlapping windows accumulate)
     avg pool:       y_q = (1/D_q) sum_{k < K} x_pad[s q + k]  ->  dx = conv_transpose(g / D, ones kernel, stride s),
                     cropped to x (a transposed box filter; D: window size, count_include_pad, divisor_override)
-    adaptive avg:   y_i = mean of x over [floor(i in / out), ceil((i+1) in / out))  ->  dx = A^T g along each dim
+    adaptive avg:   y_i = mean of x_j over floor(i in / out) <= j < ceil((i+1) in / out)  ->  dx = A^T g along each dim
     adaptive max:   as max pool, with torch's indices
     fractional max: as max pool, with torch's indices (the random windows are drawn once, in the forward)
 
@@ -130,7 +130,8 @@ def _adaptive_matrix(out: int, size: int, like: torch.Tensor) -> torch.Tensor:
 
 
 class AdaptiveAvgPool(Function):
-    """y = A x along each pooled dim (y_i = mean of x over [floor(i in / out), ceil((i+1) in / out)))  ->  dx = A^T g"""
+    """y = A x along each pooled dim, A the averaging matrix  ->  dx = A^T g;
+    y_i = mean of x_j over floor(i in / out) <= j < ceil((i+1) in / out), in and out the dim's sizes"""
 
     op = staticmethod(F.adaptive_avg_pool2d)
     dims = 2
@@ -172,7 +173,7 @@ for _n, _pool, _with_indices in [
 
 class FractionalMaxPool(MaxPool):
     """y_q = max of x over the pseudo-random window q  ->  dx_i = sum of g_q over the windows whose maximum is x_i
-    (the windows are drawn once, in the forward, from torch's RNG or _random_samples; backward reuses its indices)"""
+    (the windows are drawn once, in the forward, from torch's RNG or the samples given; backward reuses them)"""
 
     @staticmethod
     def forward(ctx, input, kernel_size, output_size=None, output_ratio=None, return_indices=False,

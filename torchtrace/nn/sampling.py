@@ -144,7 +144,8 @@ def _taps(coord: torch.Tensor, size: int, mode: str, padding_mode: str, align_co
 @register(F.grid_sample)
 class GridSample(Function):
     """y[n, c, q] = sum_t w_t(c(q)) x[n, c, p_t(q)]  ->  dx = scatter_add of w_t g at p_t,
-    dgrid_k = (dc_k/dgrid_k) sum_{c,t} g x[p_t] dw_t/dc_k  (bilinear / trilinear corners, nearest, bicubic 4 x 4)"""
+    dgrid_k = (dc_k/dgrid_k) sum_{c,t} g x[p_t] dw_t/dc_k  (bilinear / trilinear corners, nearest, bicubic 4 x 4);
+    c(q) = grid point q in pixels, p_t(q) = its corners, w_t = their interpolation weights"""
 
     @staticmethod
     def forward(ctx, input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):

@@ -156,15 +156,17 @@ class _Trapezoid(Function):
 
 @register(torch.trapezoid, torch.trapz)
 class Trapezoid(_Trapezoid):
-    """y = sum_i (x_{i+1} - x_i)(y_i + y_{i+1}) / 2  ->  dy_i = (w_{i-1} + w_i) g / 2, dx_i = (s_{i-1} - s_i) g"""
+    """r = sum_i w_i s_i, w_i = x_{i+1} - x_i, s_i = (y_i + y_{i+1}) / 2  ->  dy_i = (w_{i-1} + w_i) g / 2,
+    dx_i = (s_{i-1} - s_i) g"""
 
     op = staticmethod(torch.trapezoid)
 
 
 @register(torch.cumulative_trapezoid)
 class CumulativeTrapezoid(_Trapezoid):
-    """c_k = sum_{i<=k} w_i s_i  ->  dy_i = (w_{i-1} G_{i-1} + w_i G_i) / 2,  dx_i = s_{i-1} G_{i-1} - s_i G_i;
-    w_i = x_{i+1} - x_i, s_i = (y_i + y_{i+1}) / 2, G_i = sum_{k>=i} g_k (trapezoid's rule with G for g)"""
+    """c_k = sum_{i<=k} w_i s_i, the cumulative trapezoid of y over x  ->  dy_i = (w_{i-1} G_{i-1} + w_i G_i) / 2,
+    dx_i = s_{i-1} G_{i-1} - s_i G_i;  w_i = x_{i+1} - x_i, s_i = (y_i + y_{i+1}) / 2, G_i = sum_{k>=i} g_k
+    (trapezoid's rule with G for g)"""
 
     op = staticmethod(torch.cumulative_trapezoid)
     cumulative = True

@@ -92,7 +92,8 @@ def cov_input_grad(G: torch.Tensor, centred: torch.Tensor, w: torch.Tensor, f: t
 @register(torch.cov, T.cov)
 class Cov(Function):
     """C = sum_k w_k (x_k - m)(x_k - m)^T / f  ->  dX = (G + G^T)(X - m) diag(w) / f;
-    d aweights_k = fw_k (x_k - m)^T G (x_k - m) / f - <G, C> df/d aweights_k / f"""
+    d aweights_k = fw_k (x_k - m)^T G (x_k - m) / f - <G, C> df/d aweights_k / f;  X = the observations x_k as
+    columns, w_k = fw_k aweights_k, fw = fweights, m = their w-weighted mean, f = sum_k w_k - correction"""
 
     @staticmethod
     def forward(ctx, x, correction=1, fweights=None, aweights=None):

@@ -120,7 +120,8 @@ def qr_backward(ctx: Any, g_q: torch.Tensor, g_r: torch.Tensor) -> torch.Tensor:
 
 @register(linalg.qr)
 class Qr(Function):
-    """A = Q R  ->  dA = (gQ + Q copyltu(R gR^T - gQ^T Q)) R^-T  (m >= n; wide A: split A = [X Y])"""
+    """A = Q R  ->  dA = (gQ + Q copyltu(R gR^T - gQ^T Q)) R^-T  (m >= n; a wide A is split as [X Y],
+    X = its first m columns, Y = the rest)"""
 
     @staticmethod
     def forward(ctx, A, mode="reduced"):

@@ -52,7 +52,8 @@ def power_grad(a: torch.Tensor, k: int, g: torch.Tensor) -> torch.Tensor:
 
 @register(linalg.matrix_power, torch.matrix_power, T.matrix_power)
 class MatrixPower(Function):
-    """Y = A^k  ->  dA = sum_{i<k} (A^T)^i G (A^T)^(k-1-i);  k < 0: A^k = (A^-1)^|k|, then dA = -A^-T dB A^-T"""
+    """Y = A^k  ->  dA = sum_{i<k} (A^T)^i G (A^T)^(k-1-i);  k < 0: Y = B^|k|, B = A^-1, then dA = -A^-T dB A^-T
+    with dB the rule for k > 0 applied to B"""
 
     @staticmethod
     def forward(ctx, A, n):
@@ -129,7 +130,7 @@ class MatrixNormBase(Function):
 @register(linalg.matrix_norm)
 class MatrixNorm(MatrixNormBase):
     """y = ||A||  ->  dA = g A/y (fro), g U V^T (nuc), g u_i v_i^T (+-2, the extreme s_i), g sign(A) on the
-    extreme column (+-1) or row (+-inf)"""
+    extreme column (+-1) or row (+-inf);  A = U diag(s) V^T its SVD with columns u_i and v_i"""
 
     @staticmethod
     def forward(ctx, A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):
@@ -149,8 +150,8 @@ def is_matrix_norm(x: torch.Tensor, ord: Any, dim: Any) -> bool:
 
 @register(linalg.norm)
 class LinalgNorm(Function):
-    """y = ||x||  ->  dx = g sign(x) |x|^(p-1) / y^(p-1) (a vector norm: one dim or all), or dA as matrix_norm's
-    (two dims: g A/y for fro, g U V^T for nuc, ...)"""
+    """y = ||x||  ->  dx = g sign(x) |x|^(p-1) / y^(p-1) (a vector norm: one dim or all), or dx as matrix_norm's
+    (two dims: g x/y for fro, g U V^T for nuc, ...);  x = U diag(s) V^T its SVD"""
 
     @staticmethod
     def forward(ctx, A, ord=None, dim=None, keepdim=False, *, dtype=None):
@@ -168,8 +169,8 @@ class LinalgNorm(Function):
 
 @register(torch.norm, T.norm)  # replaces VectorPNorm's registration (imported above, so registered first)
 class Norm(VectorPNorm):
-    """y = torch.norm(x, p)  ->  dx = g sign(x) |x|^(p-1) / y^(p-1) (vector p-norms, 'fro' = 2),  dA = g U V^T
-    (p='nuc', a matrix norm)"""
+    """y = torch.norm(x, p)  ->  dx = g sign(x) |x|^(p-1) / y^(p-1) (vector p-norms, 'fro' = 2),  dx = g U V^T
+    (p='nuc', a matrix norm, x = U diag(s) V^T its SVD)"""
 
     @staticmethod
     def forward(ctx, x, p="fro", dim=None, keepdim=False, dtype=None, *, out=None):
@@ -189,7 +190,8 @@ def one_hot(n: int, i: int, like: torch.Tensor) -> torch.Tensor:
 
 @register(linalg.cond)
 class Cond(Function):
-    """k = ||A|| ||A^-1||  ->  p=2: k = s_1/s_n, dA = U diag(g e_1/s_n - g s_1 e_n/s_n^2) V^T; else product rule"""
+    """k = ||A|| ||A^-1||  ->  p=2: k = s_1/s_n, dA = U diag(g e_1/s_n - g s_1 e_n/s_n^2) V^T; else product rule;
+    A = U diag(s) V^T its SVD, e_i = the unit vector i"""
 
     @staticmethod
     def forward(ctx, A, p=None):
@@ -390,7 +392,8 @@ def householder_vjp(a: torch.Tensor, tau: torch.Tensor, g_full: torch.Tensor) ->
 @register(torch.ormqr, T.ormqr)
 class Ormqr(Function):
     """R = op(Q) C (left) or C op(Q), op = transpose or not, Q = H_1..H_k  ->  dC = op(Q)^T G (or G op(Q)^T),
-    dQ = G C^T (left; transposed: C G^T; right: C^T G, transposed: G^T C), then dA, dtau as householder_product's"""
+    dQ = G C^T (left; transposed: C G^T; right: C^T G, transposed: G^T C), then dA and dtau as householder_product's,
+    Q = householder_product(A, tau)"""
 
     @staticmethod
     def forward(ctx, input, tau, other, left=True, transpose=False):

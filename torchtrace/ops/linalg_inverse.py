@@ -252,7 +252,8 @@ class SolveTriangular(Function):
 
 @register(torch.triangular_solve, T.triangular_solve)
 class TriangularSolve(Function):
-    """op(A) X = b, A' = copy of A  ->  db = op(A)^-T G, dA = triangle of op^T(-db X^T) + g_A'"""
+    """op(A) X = b, A' = copy of A  ->  db = op(A)^-T G, dA = triangle of op^T(-db X^T) + g_A';
+    op = transpose or not"""
 
     @staticmethod
     def forward(ctx, b, A, upper=True, transpose=False, unitriangular=False):
@@ -348,14 +349,16 @@ class LuFactor(Function):
 
 @register(linalg.lu_factor_ex)
 class LuFactorEx(LuFactor):
-    """(LU, pivots, info) = lu_factor_ex(A)  ->  as lu_factor: dA = P L^-T (tril_-1(L^T gL) + triu(gU U^T)) U^-T"""
+    """(LU, pivots, info) = lu_factor_ex(A)  ->  as lu_factor: dA = P L^-T (tril_-1(L^T gL) + triu(gU U^T)) U^-T;
+    A = P L U, packed into LU and pivots"""
 
     name, factor = "torch.linalg.lu_factor_ex", staticmethod(linalg.lu_factor_ex)
 
 
 @register(torch.lu, T.lu)
 class LegacyLu(LuFactor):
-    """(LU, pivots[, infos]) = torch.lu(A)  ->  as lu_factor: dA = P L^-T (tril_-1(L^T gL) + triu(gU U^T)) U^-T"""
+    """(LU, pivots[, infos]) = torch.lu(A)  ->  as lu_factor: dA = P L^-T (tril_-1(L^T gL) + triu(gU U^T)) U^-T;
+    A = P L U, packed into LU and pivots"""
 
     name = "torch.lu"
 
@@ -454,7 +457,7 @@ class LuSolve(Function):
 
 
 LegacyLuSolve = reordered("LegacyLuSolve", LuSolve, [torch.lu_solve, T.lu_solve], (1, 2, 0),  # (b, LU, pivots)
-                          "X = torch.lu_solve(b, LU, pivots) = A^-1 b  ->  "
+                          "X = torch.lu_solve(b, LU, pivots) = A^-1 b, A = P L U packed into (LU, pivots)  ->  "
                           "db = A^-T G, dA = -db X^T, then dL, dU of A = P L U")
 LegacyLuSolve.api = "torch.lu_solve"
 
@@ -464,7 +467,8 @@ LegacyLuSolve.api = "torch.lu_solve"
 
 @register(torch.cholesky_solve, T.cholesky_solve)
 class CholeskySolve(Function):
-    """X = (L L^T)^-1 B  ->  dB = (L L^T)^-1 G, dL = -(dB X^T + X dB^T) L   (upper: dU = -U (dB X^T + X dB^T))"""
+    """X = (L L^T)^-1 B  ->  dB = (L L^T)^-1 G, dL = -(dB X^T + X dB^T) L   (upper: dU = -U (dB X^T + X dB^T),
+    U = L^T the upper factor given instead)"""
 
     @staticmethod
     def forward(ctx, B, L, upper=False):
@@ -488,7 +492,8 @@ class CholeskySolve(Function):
 
 @register(torch.cholesky_inverse, T.cholesky_inverse)
 class CholeskyInverse(Function):
-    """Y = (L L^T)^-1  ->  dL = -Y (G + G^T) Y L   (upper: dU = -U Y (G + G^T) Y)"""
+    """Y = (L L^T)^-1  ->  dL = -Y (G + G^T) Y L   (upper: dU = -U Y (G + G^T) Y, U = L^T the upper factor
+    given instead)"""
 
     @staticmethod
     def forward(ctx, L, upper=False):

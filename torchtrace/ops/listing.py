@@ -11,6 +11,7 @@ from typing import Callable, Dict, List
 
 from torchtrace.autograd.function import RULES
 from torchtrace.naming import callable_name
+from torchtrace.rule_math import rule_math
 
 # a derivative statement: d<name> = / d<name>/d<name> = / ∂... / grad ... (after the math line's "->")
 _DERIVATIVE = re.compile(r"->.*(\bd\w*(\[[^\]]*\]|\([^)]*\))?(/d\w+)?\s*=|∂|\bgrad\w*\b)")
@@ -48,9 +49,8 @@ def rules() -> List[type]:
 
 
 def math_line(rule: type) -> str:
-    """The first line of the rule's docstring: the op and its derivative, as the player and the docs show it."""
-    lines = (rule.__doc__ or "").strip().splitlines()
-    return lines[0].strip() if lines else ""
+    """The rule's whole math (the first paragraph of its docstring, on one line), as the player and the docs show it."""
+    return rule_math(rule)
 
 
 def math_line_problem(rule: type) -> str:

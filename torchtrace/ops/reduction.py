@@ -292,7 +292,8 @@ class Var(Function):
 
 @register(torch.std, T.std)
 class Std(Var):
-    """y = sqrt(var x)  ->  dy/dx_i = dvar/dx_i / (2y) = (x_i - mean) / ((N - correction) y), 0 where y = 0 (torch)"""
+    """y = sqrt(var x)  ->  dy/dx_i = dvar/dx_i / (2y) = (x_i - mean) / ((N - correction) y), 0 where y = 0 (torch);
+    N = the number of elements reduced"""
 
     op = staticmethod(torch.std)
     keeps_output = True
@@ -305,7 +306,7 @@ class Std(Var):
 
 @register(torch.var_mean)
 class VarMean(Var):
-    """(var, mean) = var_mean(x)  ->  dL/dx = g_var dvar/dx + g_mean / N"""
+    """(var, mean) = var_mean(x)  ->  dL/dx = g_var dvar/dx + g_mean / N;  N = the number of elements reduced"""
 
     op = staticmethod(torch.var_mean)
 
@@ -318,7 +319,7 @@ class VarMean(Var):
 
 @register(torch.std_mean)
 class StdMean(Var):
-    """(std, mean) = std_mean(x)  ->  dL/dx = g_std dstd/dx + g_mean / N"""
+    """(std, mean) = std_mean(x)  ->  dL/dx = g_std dstd/dx + g_mean / N;  N = the number of elements reduced"""
 
     op = staticmethod(torch.std_mean)
     keeps_output = True

@@ -206,7 +206,7 @@ def quantile_grad_shape(g: torch.Tensor, x: torch.Tensor, dim: Optional[int], ke
 
 @register(torch.nanquantile, T.nanquantile)
 class Nanquantile(Quantile):
-    """y = lerp(s[floor r], s[ceil r], w)  ->  ds[floor r] = g (1 - w),  ds[ceil r] = g w;  s = sort of the non-NaN
-    x, r = q (count - 1), w = r - floor r (quantile's rule over the non-NaN elements)"""
+    """y = nanquantile(x, q) = lerp(s[floor r], s[ceil r], w)  ->  ds[floor r] = g (1 - w),  ds[ceil r] = g w;
+    s = sort of the non-NaN x, r = q (count - 1), w = r - floor r (quantile's rule over the non-NaN elements)"""
 
     ignore_nan = True

@@ -26,6 +26,7 @@ from torchtrace.inspect.explore.shown import number, plain, shape_text, tensor_t
 from torchtrace.inspect.explore.steps import Sent, Step
 from torchtrace.inspect.names import Names, Params, place_nodes
 from torchtrace.inspect.recorded import require_tracers
+from torchtrace.rule_math import rule_math
 
 Matrix = List[List[float]]
 
@@ -266,12 +267,11 @@ class Collector:
             who = self.label(target) + ("" if isinstance(target, AccumulateGrad) else " (its output)")
             sent.append(Sent(self.ids[target], f"input {position_text(edge.position)}: {who}",
                              tensor_text(g) if g is not None else "none", local, check))
-        doc = (node.rule.__doc__ or "").strip().splitlines()
         upstream = "; ".join(tensor_text(g) for g in ran.upstream)
         name = node.name + self.label(node)[len(node.rule.__name__):]  # MulBackward → e
         hooked = bool(node.hooks or node.pre_hooks)
         note = self._hook_note(hooked, self._arrived(node), ran.upstream, "the upstream gradient")
-        return Step(i, "rule", self.ids[node], name, module, doc[0].strip() if doc else "", upstream,
+        return Step(i, "rule", self.ids[node], name, module, rule_math(node.rule), upstream,
                     self._parts(node), saved, sent, gathered=node.n_outputs > 1, note=note)
 
     def _name_of(self, t: torch.Tensor) -> str:
