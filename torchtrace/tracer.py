@@ -12,6 +12,7 @@ from torchtrace.autograd.inplace import catch_up
 from torchtrace.autograd.node import Node
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.errors import NON_LEAF_GRAD_WARNING
+from torchtrace.lanes import forward as lanes
 from torchtrace.tensor_protocols import TensorProtocols
 
 
@@ -58,7 +59,8 @@ class tracer(TensorProtocols, torch.Tensor):
     _tt_view = False  # the forward result was a view of another tensor (they share memory)
     _tt_base: Optional["tracer"] = None  # the tracer a view shares memory with (None: not a view, or not known)
 
-    __torch_function__ = classmethod(dispatch.torch_function)
+    # a rule's common call takes its generated lane (torchtrace/lanes); every other call dispatch.torch_function
+    __torch_function__ = classmethod(lanes.torch_function)
     backward = engine.tensor_backward  # y.backward(gradient=None, retain_graph=None, create_graph=False, show=False)
 
     def __new__(cls, data: Any = (), requires_grad: bool = False, dtype: Any = None, device: Any = None) -> "tracer":
