@@ -38,7 +38,7 @@ TorchFunctionMode: 1,281. A rule whose forward runs when nothing is recorded too
 F.l1_loss does not hand on, read where it was given rather than silently dropped): 1,283. The switch between the
 generated fast lanes and this readable path (tt.readable(), TORCHTRACE_READABLE=1, and tools that observe calls
 turning the lanes off), the lane table beside the rule table, and the one helper that decides what a node keeps of its
-outputs' values: 1,307. The lanes themselves (torchtrace/lanes) are code that writes code: they have their own budget.
+outputs' values: 1,317. The lanes themselves (torchtrace/lanes) are code that writes code: they have their own budget.
 """
 import ast
 import pathlib
@@ -48,10 +48,10 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1307
+BUDGET = 1317
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
-LANES_BUDGET = 260
+LANES_BUDGET = 340
 
 
 def code_lines(path: pathlib.Path) -> int:

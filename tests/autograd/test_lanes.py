@@ -14,8 +14,8 @@ import torch
 import torchtrace as tt
 from torchtrace import coverage
 from torchtrace.autograd.engine import topological_order
-from torchtrace.autograd.function import LANES, RULES
-from torchtrace.lanes.forward import lane_source
+from torchtrace.autograd.function import RULES
+from torchtrace.lanes.forward import LANES, lane_source
 
 PASSING = sorted(line.strip() for line in
                  pathlib.Path(__file__).parents[1].joinpath("opinfo_passing.txt").read_text().splitlines()
@@ -124,7 +124,7 @@ def test_the_common_call_takes_a_generated_lane():
     y = torch.nn.functional.linear(torch.tanh(x * 2 + x), w).relu().sum()
     for func, n_args in ((torch.Tensor.mul, 2), (torch.Tensor.add, 2), (torch.tanh, 1),
                          (torch.nn.functional.linear, 2), (torch.Tensor.relu, 1), (torch.Tensor.sum, 1)):
-        assert LANES[func][n_args].__name__ == f"record_{RULES[func].__name__}_{n_args}"
+        assert LANES[RULES[func]][n_args].__name__ == f"record_{RULES[func].__name__}_{n_args}"
     assert y.grad_fn.name == "SumBackward"
 
 
@@ -141,14 +141,22 @@ def test_inside_readable_every_call_takes_the_readable_path(monkeypatch):
 
 
 def test_a_lane_is_python_source_with_a_filename_inside_the_package():
-    source = lane_source(torch.mul, RULES[torch.mul], 2)
+    source = lane_source(RULES[torch.mul], 2)
     assert source.startswith("def record_Mul_2(T, func, args):") and "forward(ctx, a0, a1)" in source
-    table = lane_source(torch.tanh, RULES[torch.tanh], 1)
+    table = lane_source(RULES[torch.tanh], 1)
     assert "out = op(a0)" in table and "ctx.save_for_backward(None, out)" in table  # Tanh's formula reads y only
     x = tt.randn(2, requires_grad=True)
     torch.tanh(x)
-    code = LANES[torch.tanh][1].__code__
+    code = LANES[RULES[torch.tanh]][1].__code__
     assert pathlib.Path(code.co_filename).parent == pathlib.Path(tt.__file__).parent / "lanes"
+
+
+def test_an_inplace_flag_given_by_position_takes_the_readable_path():
+    x = tt.randn(4, requires_grad=True)
+    y = x * 1
+    torch.nn.functional.relu(y, True)
+    y.sum().backward()
+    assert torch.equal(x.grad, (x > 0).to(x.dtype)) and "if func in INPLACE_FLAG" in lane_source(RULES[torch.relu], 2)
 
 
 def test_a_rule_registered_later_replaces_the_lane():
@@ -186,3 +194,20 @@ def test_inference_tensors_take_the_readable_path():
     with pytest.raises(RuntimeError) as fast_error:
         x * w
     assert str(fast_error.value) == str(readable_error.value)
+
+
+def test_ops_show_prints_a_rules_generated_lane(capsys):
+    from torchtrace.__main__ import main
+
+    main(["ops", "--show", "Tanh"])
+    printed = capsys.readouterr().out
+    assert "def record_Tanh_1(T, func, args):" in printed and "def backward_Tanh(ctx, g):" in printed
+    with pytest.raises(SystemExit, match="no rule named 'Tanhh'"):
+        main(["ops", "--show", "Tanhh"])
+
+
+def test_a_generated_backward_step_calls_the_table_formula():
+    from torchtrace.lanes.walk import step_source
+
+    assert "grad_0(g, x, y, **ctx.options)" in step_source(RULES[torch.sum])
+    assert step_source(RULES[torch.mul]) is None  # a hand-written rule: its backward is already code

@@ -45,7 +45,7 @@ def backward(tensors: Tensors, grad_tensors: Optional[Tensors] = None, retain_gr
              create_graph: bool = False) -> None:
     """Accumulate d(tensors)/d(leaf) * grad_tensors into every leaf's `.grad`."""
     roots, tracer_type = _roots(tensors, grad_tensors, create_graph)
-    _walk(roots, create_graph if retain_graph is None else retain_graph, create_graph, None, tracer_type)
+    WALK[0](roots, create_graph if retain_graph is None else retain_graph, create_graph, None, tracer_type)
 
 
 def grad(outputs: Tensors, inputs: Tensors, grad_outputs: Optional[Tensors] = None, retain_graph: Optional[bool] = None,
@@ -180,6 +180,9 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
                     node.ctx.release()
     finally:
         STATE.create_graph, STATE.walk = previous
+
+
+WALK = [_walk]  # what backward() runs: _walk, or while the lanes are on the walk's lane (torchtrace/lanes/walk.py)
 
 
 class _Root(NamedTuple):

@@ -10,7 +10,6 @@ from torchtrace.errors import instantiated_function
 from torchtrace.naming import callable_name
 
 RULES: Dict[Callable, type] = {}  # torch callable -> the Function whose forward/backward it runs
-LANES: Dict[Callable, list] = {}  # torch callable -> its generated fast lanes by argument count (torchtrace/lanes)
 INPLACE: Dict[Callable, tuple] = {}  # in-place twin (Tensor.add_, torch.relu_, F.elu_) -> (rule, out-of-place callable)
 INPLACE_FLAG: Dict[Callable, int] = {}  # callable with an `inplace` parameter (F.relu) -> its position
 # Rules shipped with torchtrace: their backward returns new tensors or views of its gradient, and keeps neither.
@@ -80,7 +79,6 @@ def register(*torch_callables: Callable, rule: Optional[type] = None) -> Any:
     def add(fn_class: type) -> type:
         for target in torch_callables:
             RULES[target] = fn_class
-            LANES.pop(target, None)  # a lane made from the rule registered before is stale
             _note_inplace_forms(target, fn_class)
         return fn_class
 

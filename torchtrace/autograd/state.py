@@ -52,12 +52,15 @@ LANES_ON = [True]  # False: every call and every backward runs on the readable p
 _LANES_OFF = {"environment": int(os.environ.get("TORCHTRACE_READABLE", "") not in ("", "0")), "readable": 0,
               "observers": 0}  # why the generated fast lanes (torchtrace/lanes) are off, process-wide
 _SWITCHING = threading.Lock()
+LANE_SWITCHES: List[Callable[[bool], None]] = []  # switch(lanes on) after every change (the tracer's entry point)
 
 
 def _lanes_off(reason: str, by: int) -> None:
     with _SWITCHING:
         _LANES_OFF[reason] += by
         LANES_ON[0] = not any(_LANES_OFF.values())
+        for switch in LANE_SWITCHES:
+            switch(LANES_ON[0])
 
 
 _lanes_off("environment", 0)

@@ -17,47 +17,47 @@ import torch
 
 from torchtrace.autograd.dispatch import _changed_in_place, _link_outputs, run_rule
 from torchtrace.autograd.dispatch import torch_function as readable_torch_function
-from torchtrace.autograd.function import INPLACE_FLAG, LANES, RULES
+from torchtrace.autograd.function import INPLACE_FLAG, RULES
 from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node, keep_values
 from torchtrace.autograd.plain import plain_torch
-from torchtrace.autograd.state import LANES_ON, STATE
+from torchtrace.autograd.state import STATE
 
 MOST_ARGUMENTS = 8  # calls with more positional arguments take the readable path
+LANES: Dict[type, list] = {}  # rule -> its lanes by number of arguments, each made on first use
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def torch_function(cls: type, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
-    """tracer.__torch_function__: a rule's call by position takes its lane; every other call dispatch's entry."""
-    if not kwargs and LANES_ON[0]:
-        lanes = LANES.get(func)
-        if lanes is None and func in RULES:
-            lanes = LANES[func] = [_FirstUse(func, k) for k in range(MOST_ARGUMENTS)]
-        if lanes is not None and len(args) < MOST_ARGUMENTS:
-            return lanes[len(args)](cls._tt_type, func, args)
+    """tracer.__torch_function__ while the lanes are on: a rule's call by position takes its lane; every other call
+    dispatch's entry."""
+    rule = RULES.get(func)
+    if rule is not None and not kwargs and len(args) < MOST_ARGUMENTS:
+        lanes = LANES.get(rule)
+        if lanes is None:
+            lanes = LANES[rule] = [_FirstUse(rule, k) for k in range(MOST_ARGUMENTS)]
+        return lanes[len(args)](cls._tt_type, func, args)
     return readable_torch_function(cls, func, types, args, kwargs)
 
 
 class _FirstUse:
     """A lane slot before its first call: generates the lane (or chooses the readable path), then runs it."""
 
-    def __init__(self, func: Callable, n_args: int):
-        self.func, self.n_args = func, n_args
+    def __init__(self, rule: type, n_args: int):
+        self.rule, self.n_args = rule, n_args
 
     def __call__(self, tracer_type: type, func: Callable, args: tuple) -> Any:
-        lane = make_lane(func, RULES[func], self.n_args)
-        LANES[func][self.n_args] = lane
+        lane = LANES[self.rule][self.n_args] = make_lane(self.rule, self.n_args)
         return lane(tracer_type, func, args)
 
 
-def _readable(tracer_type: type, func: Callable, args: tuple) -> Any:
-    return run_rule(tracer_type, RULES[func], func, args, {})
-
-
-def make_lane(func: Callable, rule: type, n_args: int) -> Callable:
-    """The compiled lane of `rule` called as func(*args) with n_args arguments (the readable path where none fits)."""
-    source = lane_source(func, rule, n_args)
+def make_lane(rule: type, n_args: int) -> Callable:
+    """The compiled lane of `rule` called with n_args arguments (the readable path where none fits)."""
+    source = lane_source(rule, n_args)
     if source is None:
-        return _readable
+        def readable(tracer_type: type, func: Callable, args: tuple) -> Any:
+            return run_rule(tracer_type, rule, func, args, {})
+
+        return readable
     name = f"{rule.__name__}_{n_args}"
     filename = os.path.join(_HERE, f"generated_{name}.py")  # inside the package: tools that skip its frames skip it
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # tracebacks show the lines
@@ -69,7 +69,8 @@ def make_lane(func: Callable, rule: type, n_args: int) -> Callable:
 def _namespace(rule: type) -> Dict[str, Any]:
     table = _table(rule)
     return {"RULE": rule, "run_rule": run_rule, "grad_enabled": torch.is_grad_enabled,
-            "any_autocast": torch._C._is_any_autocast_enabled, "plain": plain_torch, "Tensor": torch.Tensor,
+            "any_autocast": torch._C._is_any_autocast_enabled, "INPLACE_FLAG": INPLACE_FLAG, "plain": plain_torch,
+            "Tensor": torch.Tensor,
             "containers": (list, tuple), "AccumulateGrad": AccumulateGrad, "Edge": Edge, "new_edge": tuple.__new__,
             "changed_in_place": _changed_in_place, "Context": Context, "Node": Node, "STATE": STATE,
             "keep_values": keep_values, "finish": finish, "saves_output": saves_output,
@@ -120,10 +121,8 @@ def _positional_parameters(rule: type) -> Optional[List[inspect.Parameter]]:
     return [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
-def lane_source(func: Callable, rule: type, n_args: int) -> Optional[str]:
-    """The Python source of rule's lane for func(a0, ..., a{n_args - 1}); None where the call has no common case."""
-    if func in INPLACE_FLAG and INPLACE_FLAG[func] < n_args:
-        return None  # F.relu(x, True): the readable path records the in-place write
+def lane_source(rule: type, n_args: int) -> Optional[str]:
+    """The Python source of rule's lane for a call with n_args arguments; None where the call has no common case."""
     table = _table(rule)
     if table is not None:
         n, options = table["n"], table["options"]
@@ -141,6 +140,7 @@ def lane_source(func: Callable, rule: type, n_args: int) -> Optional[str]:
              f'    """{rule.__name__} recorded, every decision taken (the general path: dispatch.run_rule)."""',
              "    if not grad_enabled() or any_autocast():",
              "        return run_rule(T, RULE, func, args, {})",
+             *_inplace_flag_lines(rule, n_args),
              f"    {', '.join(names)}, = args",
              "    with plain():",
              "        edges, needs = [], 0"]
@@ -152,6 +152,15 @@ def lane_source(func: Callable, rule: type, n_args: int) -> Optional[str]:
               "        node = Node(RULE, ctx, edges, func, STATE.module_stack)",
               *body]
     return "\n".join(lines) + "\n"
+
+
+def _inplace_flag_lines(rule: type, n_args: int) -> List[str]:
+    """F.relu(x, True): a spelling of the rule whose `inplace` flag this call may pass goes to the readable path,
+    which records the in-place write."""
+    if not any(RULES.get(func) is rule and position < n_args for func, position in INPLACE_FLAG.items()):
+        return []
+    return ["    if func in INPLACE_FLAG:  # inplace= given by position: the readable path records the write",
+            "        return run_rule(T, RULE, func, args, {})"]
 
 
 def _edge_lines(i: int) -> List[str]:
@@ -259,3 +268,17 @@ def _SAVED_RESULT(n: int) -> List[str]:
             "        t._tt_node, t._tt_requires_grad, t._tt_version = node, True, out._version",
             "        keep_values(node, (t,))",
             "        return t"]
+
+
+def show(name: str) -> str:
+    """The generated lane of the rule named `name` (as `python -m torchtrace ops --show Mul` prints it), for its first
+    registered callable called with its required arguments."""
+    targets = [func for func, rule in RULES.items() if rule.__name__ == name]
+    if not targets:
+        raise KeyError(f"no rule named {name!r}: `python -m torchtrace ops` lists the ops, rule names are as in "
+                       "grad_fn names without 'Backward' (MulBackward -> Mul)")
+    rule, table = RULES[targets[0]], _table(RULES[targets[0]])
+    parameters = _positional_parameters(rule) or []
+    n_args = table["n"] if table is not None else sum(p.default is p.empty for p in parameters)
+    source = lane_source(rule, n_args)
+    return source if source is not None else f"{name} has no lane for {n_args} arguments: it runs dispatch.run_rule\n"
