@@ -211,3 +211,18 @@ def test_a_generated_backward_step_calls_the_table_formula():
 
     assert "grad_0(g, x, y, **ctx.options)" in step_source(RULES[torch.sum])
     assert step_source(RULES[torch.mul]) is None  # a hand-written rule: its backward is already code
+
+
+def test_the_lanes_save_what_the_readable_path_saves():
+    torch.manual_seed(0)
+    model = tt.port(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                        torch.nn.Linear(8, 1), torch.nn.Sigmoid()))
+    x = tt.randn(5, 4, requires_grad=True)
+
+    def saved_per_node(readable: bool) -> List[Tuple[str, int]]:
+        with tt.readable() if readable else contextlib.nullcontext():
+            y = (model(x) * x.sum(1, keepdim=True) - x.mean()).sum()
+        return [(node.name, sum(s is not None for s in node.saved)) for node in topological_order([y.grad_fn])
+                if hasattr(node, "saved")]
+
+    assert saved_per_node(readable=False) == saved_per_node(readable=True)

@@ -9,7 +9,9 @@ retagged as a tracer. Any call outside the common case goes to run_rule, unchang
 --show Mul` prints a rule's lane.
 """
 import inspect
+import itertools
 import linecache
+import operator
 import os
 from typing import Any, Callable, Dict, List, Optional
 
@@ -93,7 +95,7 @@ def holds_tensor(items: Any) -> bool:
 
 
 def saves_output(ctx: Context, out: torch.Tensor) -> bool:
-    return any(s is out for s in ctx._saved)
+    return any(map(operator.is_, ctx._saved, itertools.repeat(out)))
 
 
 def _table(rule: type) -> Optional[Dict[str, Any]]:
@@ -205,7 +207,7 @@ def _function_body(n_args: int) -> List[str]:
     """A hand-written rule: its own forward runs (it saves what its backward reads)."""
     call = ", ".join(f"a{i}" for i in range(n_args))
     return [f"        out = forward(ctx, {call})",
-            f"        if {_not_plain_result(n_args)} or saves_output(ctx, out):",
+            f"        if {_not_plain_result(n_args)} or ctx._saved and saves_output(ctx, out):",
             "            return finish(out, node, T, args)",
             *_RETAG]
 
