@@ -226,3 +226,15 @@ def test_the_lanes_save_what_the_readable_path_saves():
                 if hasattr(node, "saved")]
 
     assert saved_per_node(readable=False) == saved_per_node(readable=True)
+
+
+def test_the_environment_variable_selects_the_readable_path_for_a_whole_run():
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import torchtrace as tt; from torchtrace.autograd import dispatch, engine; "
+             "print(tt.tracer.__torch_function__.__func__ is dispatch.torch_function, engine.WALK[0] is engine._walk)")
+    env = {**os.environ, "TORCHTRACE_READABLE": "1"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True"]
