@@ -5,10 +5,12 @@
 Traces (sys.settrace) the forward and backward of a 2-16-16-1 tanh MLP built from tt.nn layers on a batch
 of 32 with an MSE loss, parameters' .grad None before it (as after optimizer.zero_grad()), after one warm-up
 step (so one-time work such as signature caches is not counted), and prints the distinct executed lines of each
-torchtrace file, and the total. `--lines` prints the lines.
+torchtrace file, and the total. `--lines` prints the lines. The step runs on the readable path (tt.readable()): the
+generated fast lanes (torchtrace/lanes) take the same calls in straight-line code; `--lanes` counts them instead.
 """
 import argparse
 import collections
+import contextlib
 import linecache
 import pathlib
 import sys
@@ -46,6 +48,7 @@ def executed_lines(step: Any) -> Dict[str, Set[int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", action="store_true", help="print every executed line")
+    parser.add_argument("--lanes", action="store_true", help="count the generated fast lanes instead")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = tt.nn.Sequential(tt.nn.Linear(2, 16), tt.nn.Tanh(), tt.nn.Linear(16, 16), tt.nn.Tanh(), tt.nn.Linear(16, 1))
@@ -55,10 +58,11 @@ def main() -> None:
     def step() -> None:
         loss_fn(model(x), target).backward()
 
-    step()  # warm-up
-    for p in model.parameters():
-        p.grad = None
-    seen = executed_lines(step)
+    with contextlib.nullcontext() if args.lanes else tt.readable():
+        step()  # warm-up
+        for p in model.parameters():
+            p.grad = None
+        seen = executed_lines(step)
     total = 0
     for filename in sorted(seen, key=lambda f: -len(seen[f])):
         lines = sorted(seen[filename])

@@ -10,10 +10,12 @@ GPT are the classes tests/test_port.py checks gradient by gradient against torch
   * CNN: LeNet-5 on a batch of 64 1x28x28 images, float32, cross-entropy over 10 classes;
   * GPT: a 2-layer GPT-style transformer (vocab 64, d 64, 4 heads, causal self-attention written with
     masked_fill + softmax, GELU MLP, tied lm head), batch 16 x 32 tokens, float32, next-token cross-entropy; Adam.
-`--cases mlp,cnn` runs only those. Prints ms per step for each side, the part spent in the optimizer step, and the
+`--cases mlp,cnn` runs only those; `--readable` runs torchtrace on its readable path (tt.readable()) instead of the
+generated fast lanes. Prints ms per step for each side, the part spent in the optimizer step, and the
 ratio torchtrace / torch.
 """
 import argparse
+import contextlib
 import copy
 import pathlib
 import statistics
@@ -115,16 +117,19 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ", ".join(CASES))
+    parser.add_argument("--readable", action="store_true", help="torchtrace on its readable path (tt.readable())")
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
                         help="wall: time.perf_counter; thread: time.thread_time (CPU time; use with --threads 1)")
     args = parser.parse_args()
     CLOCK[0] = time.thread_time if args.clock == "thread" else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, clock {args.clock}")
-    for key in args.cases.split(","):
-        name, case, optimizer_kind = CASES[key]
-        compare(name, case, optimizer_kind, args.repeats, args.device)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, clock {args.clock}, "
+          f"torchtrace on its {'readable path' if args.readable else 'fast lanes'}")
+    with tt.readable() if args.readable else contextlib.nullcontext():
+        for key in args.cases.split(","):
+            name, case, optimizer_kind = CASES[key]
+            compare(name, case, optimizer_kind, args.repeats, args.device)
 
 
 if __name__ == "__main__":

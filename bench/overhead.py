@@ -5,11 +5,14 @@
 Prints the ratio (torchtrace time / torch autograd time) and microseconds per op for
   * a chain of 200 small ops on 8x8 tensors (the per-op overhead of the Python engine),
   * a chain of large 1024x1024 matmuls (where the arithmetic dominates), and
-  * the forward pass alone of the small chain against a "bare subclass": a torch.Tensor subclass whose
-    __torch_function__ only runs the op and wraps the result. That is the floor of any Python-level
-    tracer; the ratio torchtrace / bare is what recording costs on top of the unavoidable dispatch.
+  * the forward pass alone of the small chain against two floors: a "bare subclass" whose __torch_function__ is
+    torch._C._disabled_torch_function_impl (torch then skips the handler), and a "retagging subclass" whose handler
+    runs the op and retags the result with two attributes, the floor of any Python-level tracer; the ratio
+    torchtrace / retagging is what recording costs on top of the unavoidable dispatch.
+Each torchtrace row is measured twice: on the generated fast lanes, and on the readable path (tt.readable()).
 """
 import argparse
+import contextlib
 import statistics
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -54,54 +57,78 @@ def one_step(fn: Callable, leaves: List[torch.Tensor], device: str) -> float:
     return CLOCK[0]() - start
 
 
+def readable_step(fn: Callable, leaves: List[torch.Tensor], device: str) -> float:
+    with tt.readable():
+        return one_step(fn, leaves, device)
+
+
 def compare(name: str, fn: Callable, shapes: List[Tuple[int, ...]], n_ops: int, repeats: int, device: str,
             scale: float) -> float:
     plain = make_inputs(shapes, device, scale)
     ours = [tt.as_tracer(p.clone(), requires_grad=True) for p in plain]
     theirs = [p.clone().requires_grad_(True) for p in plain]
     for _ in range(3):  # warm-up
-        one_step(fn, ours, device), one_step(fn, theirs, device)
-    times_ours, times_theirs = [], []
-    for _ in range(repeats):  # interleaved, so drifts in machine load hit both sides alike
+        one_step(fn, ours, device), readable_step(fn, ours, device), one_step(fn, theirs, device)
+    times_ours, times_readable, times_theirs = [], [], []
+    for _ in range(repeats):  # interleaved, so drifts in machine load hit all sides alike
         times_ours.append(one_step(fn, ours, device))
+        times_readable.append(readable_step(fn, ours, device))
         times_theirs.append(one_step(fn, theirs, device))
-    ours_s, theirs_s = statistics.median(times_ours), statistics.median(times_theirs)
+    ours_s, readable_s, theirs_s = (statistics.median(t) for t in (times_ours, times_readable, times_theirs))
     torch.testing.assert_close(ours[0].grad, theirs[0].grad, rtol=1e-3, atol=1e-3)
     ratio = ours_s / theirs_s
     print(f"{name:<28} torchtrace {ours_s / n_ops * 1e6:9.2f} us/op   torch autograd {theirs_s / n_ops * 1e6:9.2f} "
-          f"us/op   ratio {ratio:5.2f}x")
+          f"us/op   ratio {ratio:5.2f}x   (readable path {readable_s / n_ops * 1e6:9.2f} us/op, "
+          f"{readable_s / theirs_s:5.2f}x)")
     return ratio
 
 
 class BareSubclass(torch.Tensor):
-    """The cheapest possible intercepting subclass: run the op under the guard, wrap once, record nothing."""
+    """A subclass whose handler is torch's own pass-through: torch skips it, so this is plain torch plus a type."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+
+class RetaggingSubclass(torch.Tensor):
+    """The cheapest intercepting subclass that marks its results: run the op, retag it, set two attributes."""
 
     @classmethod
     def __torch_function__(cls, func: Callable, types: tuple, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
-        with torch._C.DisableTorchFunctionSubclass():
-            out = func(*args, **(kwargs or {}))
-        return out.as_subclass(cls) if isinstance(out, torch.Tensor) else out
+        out = torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
+        if type(out) is torch.Tensor:
+            out.__class__ = cls
+            out._node, out._requires_grad = None, True
+        return out
 
 
 def forward_only(repeats: int, device: str) -> None:
-    """The small chain's forward: torchtrace, the bare subclass and torch autograd, interleaved, medians."""
+    """The small chain's forward: torchtrace (fast lanes, readable path), the two subclass floors, plain torch and
+    torch autograd, interleaved, medians."""
     plain = make_inputs([(8, 8)] * 3, device, 1.0)
+    ours = [tt.as_tracer(p.clone(), requires_grad=True) for p in plain]
     contenders = {
-        "torchtrace": [tt.as_tracer(p.clone(), requires_grad=True) for p in plain],
-        "bare subclass": [p.clone().as_subclass(BareSubclass) for p in plain],
-        "torch autograd": [p.clone().requires_grad_(True) for p in plain],
+        "torchtrace": (ours, contextlib.nullcontext), "torchtrace, readable path": (ours, tt.readable),
+        "bare subclass": ([p.clone().as_subclass(BareSubclass) for p in plain], contextlib.nullcontext),
+        "retagging subclass": ([p.clone().as_subclass(RetaggingSubclass) for p in plain], contextlib.nullcontext),
+        "plain torch, no grad": (plain, torch.no_grad),
+        "torch autograd": ([p.clone().requires_grad_(True) for p in plain], contextlib.nullcontext),
     }
     times: Dict[str, List[float]] = {name: [] for name in contenders}
     for i in range(repeats + 3):
-        for name, leaves in contenders.items():
-            start = CLOCK[0]()
-            small_chain(*leaves)
+        for name, (leaves, block) in contenders.items():
+            with block():
+                start = CLOCK[0]()
+                small_chain(*leaves)
+                elapsed = CLOCK[0]() - start
             if i >= 3:  # the first rounds warm up
-                times[name].append((CLOCK[0]() - start) / 201 * 1e6)
+                times[name].append(elapsed / 201 * 1e6)
     us = {name: statistics.median(t) for name, t in times.items()}
-    print(f"{'forward only, 200 small ops':<28} torchtrace {us['torchtrace']:9.2f} us/op   bare subclass "
-          f"{us['bare subclass']:6.2f} us/op   torch autograd {us['torch autograd']:6.2f} us/op   "
-          f"torchtrace/bare {us['torchtrace'] / us['bare subclass']:4.2f}x")
+    print("forward only, 200 small ops, us per op:")
+    for name, value in us.items():
+        print(f"    {name:<28} {value:7.2f}")
+    print(f"    torchtrace / retagging subclass {us['torchtrace'] / us['retagging subclass']:4.2f}x   "
+          f"torchtrace / bare subclass {us['torchtrace'] / us['bare subclass']:4.2f}x   readable / retagging "
+          f"{us['torchtrace, readable path'] / us['retagging subclass']:4.2f}x")
 
 
 def main() -> None:

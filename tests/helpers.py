@@ -104,6 +104,7 @@ def float_tolerances(dtype: torch.dtype) -> dict:
 def callables_dispatched(monkeypatch: Any) -> set:
     """The torch callables whose rule the dispatcher runs from now on (for 'every rule is exercised' tests)."""
     from torchtrace.autograd import dispatch
+    from torchtrace.autograd.function import RULES
 
     seen: set = set()
     run_rule = dispatch.run_rule
@@ -113,6 +114,14 @@ def callables_dispatched(monkeypatch: Any) -> set:
         return run_rule(tracer_type, rule, func, args, kwargs)
 
     monkeypatch.setattr(dispatch, "run_rule", spy)
+    entry = tt.tracer.__torch_function__.__func__  # a rule's common call takes its generated lane, not run_rule
+
+    def entry_spy(cls: type, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        if func in RULES:
+            seen.add(func)
+        return entry(cls, func, types, args, kwargs)
+
+    monkeypatch.setattr(tt.tracer, "__torch_function__", classmethod(entry_spy))
     return seen
 
 

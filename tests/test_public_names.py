@@ -15,3 +15,7 @@ def test_help_documents_the_lazily_loaded_tools():
     text = pydoc.render_doc(tt, renderer=pydoc.plaintext)
     for tool in ("draw(", "show(", "jvp(", "jacobian("):
         assert tool in text
+
+
+def test_the_readable_switch_is_public():
+    assert "readable" in tt.__all__ and callable(tt.readable)

@@ -11,6 +11,7 @@ from torchtrace import (
 from torchtrace.autograd.engine import TOOLS, backward, grad
 from torchtrace.autograd.function import Function, register
 from torchtrace.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
+from torchtrace.autograd.state import readable
 from torchtrace.check import check, gradcheck
 from torchtrace.curvature import hessian, hvp, landscape, spectrum
 from torchtrace.errors import GradientMismatch, UnsupportedOperationError
@@ -62,5 +63,5 @@ __all__ = [
     "no_grad", "enable_grad", "is_grad_enabled", "check", "gradcheck", "GradientMismatch",
     "UnsupportedOperationError", "nn", "optim", "draw", "recording", "flow", "trace", "show",
     "detect_anomaly", "AnomalyError", "port", "compile", "explore", "diagnose", "diff",
-    "jvp", "jacobian", "precision", "hvp", "hessian", "spectrum", "landscape",
+    "jvp", "jacobian", "precision", "hvp", "hessian", "spectrum", "landscape", "readable",
 ]

@@ -21,6 +21,12 @@ def list_ops() -> None:
     print(f"total: {sum(len(names) for names in grouped.values())}")
 
 
+def _rules() -> list:
+    from torchtrace.autograd.function import RULES
+
+    return list(RULES.values())
+
+
 def _demo(args: argparse.Namespace) -> None:
     from torchtrace.demo import run
 
@@ -28,6 +34,17 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def _ops(args: argparse.Namespace) -> None:
+    if args.show:
+        from torchtrace.lanes.forward import show
+        from torchtrace.lanes.walk import step_source
+
+        try:
+            print(show(args.show), end="")
+        except KeyError as exc:
+            raise SystemExit(exc.args[0]) from None
+        backward = step_source(next(rule for rule in _rules() if rule.__name__ == args.show))
+        print(f"\n{backward}" if backward else "\n(its backward is the rule's own, hand-written)", end="\n")
+        return
     if args.compile or args.traced:
         from torchtrace.compiler.tracing import report
 
@@ -68,6 +85,7 @@ def parser() -> argparse.ArgumentParser:
                                           "or, with --coverage, PyTorch's OpInfo database run on tracers and "
                                           "compared with torch autograd; or, with --compile, every rule traced "
                                           "symbolically on those samples (clean: straight-line code).")
+    ops.add_argument("--show", metavar="RULE", help="print the fast lane generated from a rule (e.g. Mul, Tanh)")
     ops.add_argument("--coverage", action="store_true", help="judge every OpInfo op against torch autograd")
     ops.add_argument("--full", action="store_true", help="with --coverage: every sample (default: the first few)")
     ops.add_argument("--samples", type=int, default=3,

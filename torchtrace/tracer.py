@@ -11,7 +11,10 @@ from torchtrace.autograd.grad_fn_hooks import RemovableHandle
 from torchtrace.autograd.inplace import catch_up
 from torchtrace.autograd.node import Node
 from torchtrace.autograd.plain import plain_torch
+from torchtrace.autograd.state import LANE_SWITCHES, LANES_ON
 from torchtrace.errors import NON_LEAF_GRAD_WARNING
+from torchtrace.lanes import forward as lanes
+from torchtrace.lanes import walk as _walk_lane  # noqa: F401  (installs the walk's lane: engine.WALK_LANE)
 from torchtrace.tensor_protocols import TensorProtocols
 
 
@@ -58,7 +61,9 @@ class tracer(TensorProtocols, torch.Tensor):
     _tt_view = False  # the forward result was a view of another tensor (they share memory)
     _tt_base: Optional["tracer"] = None  # the tracer a view shares memory with (None: not a view, or not known)
 
-    __torch_function__ = classmethod(dispatch.torch_function)
+    # a rule's common call takes its generated lane (torchtrace/lanes), every other call dispatch.torch_function;
+    # everything dispatch.torch_function while the lanes are off (tt.readable(), a tool observing calls)
+    __torch_function__ = classmethod(lanes.torch_function)
     backward = engine.tensor_backward  # y.backward(gradient, retain_graph, create_graph, inputs, show=False)
 
     def __new__(cls, data: Any = (), requires_grad: bool = False, dtype: Any = None, device: Any = None) -> "tracer":
@@ -176,6 +181,14 @@ class tracer(TensorProtocols, torch.Tensor):
 
 
 tracer._tt_type = tracer  # what the dispatcher wraps results as (also for subclasses such as tt.nn.Parameter)
+
+
+def _use_lanes(on: bool) -> None:
+    tracer.__torch_function__ = classmethod(lanes.torch_function if on else dispatch.torch_function)
+
+
+LANE_SWITCHES.append(_use_lanes)
+_use_lanes(LANES_ON[0])
 
 
 def as_tracer(tensor: torch.Tensor, requires_grad: bool = False) -> tracer:

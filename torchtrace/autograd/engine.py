@@ -49,7 +49,7 @@ def backward(tensors: Tensors, grad_tensors: Optional[Tensors] = None, retain_gr
     non-leaf's too, as torch), running only the nodes that lead to them."""
     roots, tracer_type = _roots(tensors, grad_tensors, create_graph)
     if inputs is None:
-        return _walk(roots, create_graph if retain_graph is None else retain_graph, create_graph, None, tracer_type)
+        return WALK[0](roots, create_graph if retain_graph is None else retain_graph, create_graph, None, tracer_type)
     inputs = _as_list(inputs)
     if not inputs:
         raise RuntimeError("`inputs` argument to `backward()` cannot be empty.")
@@ -211,6 +211,9 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
                     node.ctx.release()
     finally:
         STATE.create_graph, STATE.walk = previous
+
+
+WALK = [_walk]  # what backward() runs: _walk, or while the lanes are on the walk's lane (torchtrace/lanes/walk.py)
 
 
 class _Root(NamedTuple):

@@ -196,6 +196,13 @@ def leaf_accumulator(leaf: torch.Tensor) -> AccumulateGrad:
     return acc if acc is not None else AccumulateGrad(leaf)
 
 
+def keep_values(node: Node, outputs: tuple) -> None:
+    """What a node keeps of its outputs' values (one entry per output, None for a non-tensor): a weak reference, so
+    tools can show values the graph itself does not keep. Every recording path calls this one helper."""
+    node.value_refs = (weakref.ref(outputs[0]),) if len(outputs) == 1 else tuple(
+        weakref.ref(t) if isinstance(t, torch.Tensor) else None for t in outputs)
+
+
 def link_output(raw: torch.Tensor, node: Node, nr: int, tracer_type: type, fresh: bool = False) -> torch.Tensor:
     """Wrap a plain forward result as a tracer whose grad_fn is `node` (integer results get no node; complex ones are
     refused: every rule is written for real tensors, and a complex gradient would need conjugates). A `fresh` result,

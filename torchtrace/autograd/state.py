@@ -4,6 +4,7 @@ torch keeps its grad-mode flag per thread, and so does torchtrace with everythin
 with create_graph=True in one thread, or a tt.detect_anomaly() block, never affects another thread.
 """
 import contextlib
+import os
 import threading
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
@@ -37,9 +38,41 @@ def observing(on_record: Optional[Callable] = None, on_backward: Optional[Callab
              if fn is not None]
     for hooks, fn in added:
         hooks.append(fn)
+    _lanes_off("observers", 1)  # a tool watches: every call takes the readable path, which tells observers
     try:
         yield
     finally:
         for hooks, fn in added:
             hooks.remove(fn)
+        _lanes_off("observers", -1)
 
+
+
+LANES_ON = [True]  # False: every call and every backward runs on the readable path (dispatch.run_rule, engine._walk)
+_LANES_OFF = {"environment": int(os.environ.get("TORCHTRACE_READABLE", "") not in ("", "0")), "readable": 0,
+              "observers": 0}  # why the generated fast lanes (torchtrace/lanes) are off, process-wide
+_SWITCHING = threading.Lock()
+LANE_SWITCHES: List[Callable[[bool], None]] = []  # switch(lanes on) after every change (the tracer's entry point)
+
+
+def _lanes_off(reason: str, by: int) -> None:
+    with _SWITCHING:
+        _LANES_OFF[reason] += by
+        LANES_ON[0] = not any(_LANES_OFF.values())
+        for switch in LANE_SWITCHES:
+            switch(LANES_ON[0])
+
+
+_lanes_off("environment", 0)
+
+
+@contextlib.contextmanager
+def readable() -> Iterator[None]:
+    """Inside the block every torch call is recorded by the readable path (dispatch.run_rule) and every backward
+    runs the readable walk (engine._walk), in every thread: the reference the generated fast lanes must equal.
+    TORCHTRACE_READABLE=1 does the same for a whole run."""
+    _lanes_off("readable", 1)
+    try:
+        yield
+    finally:
+        _lanes_off("readable", -1)

@@ -1,0 +1,240 @@
+"""The generated fast lanes against the readable path (tt.readable()): bit-identical values, gradients and graphs.
+
+Every op in tests/opinfo_passing.txt runs its first OpInfo sample in every form on both paths; a few ModuleInfo
+modules run forward and backward ported. Torch's own results are the business of tests/test_opinfo.py: here
+the readable path is the reference, and nothing may differ from it by a single bit.
+"""
+import contextlib
+import pathlib
+from typing import Any, List, Tuple
+
+import pytest
+import torch
+
+import torchtrace as tt
+from torchtrace import coverage
+from torchtrace.autograd.engine import topological_order
+from torchtrace.autograd.function import RULES
+from torchtrace.lanes.forward import LANES, lane_source
+
+PASSING = sorted(line.strip() for line in
+                 pathlib.Path(__file__).parents[1].joinpath("opinfo_passing.txt").read_text().splitlines()
+                 if line.strip())
+OPS = {coverage.op_key(op): op for op in coverage.judged_ops()}
+
+
+def _graph(outputs: List[Any]) -> List[str]:
+    roots = [o.grad_fn for o in outputs if isinstance(o, torch.Tensor) and getattr(o, "grad_fn", None) is not None]
+    return [node.name for node in topological_order(roots)]
+
+
+def _run(op: Any, fn: Any, sample: Any, readable: bool) -> Tuple[Any, ...]:
+    """(outputs, gradients of the leaves, node names) of one sample, or the exception it raised."""
+    with tt.readable() if readable else contextlib.nullcontext():
+        inp, args, kwargs, leaves = coverage._copies(sample, coverage._tt_leaf)
+        torch.manual_seed(0)
+        try:
+            outputs = coverage._run(lambda i, *a, **k: op.gradcheck_wrapper(fn, i, *a, **k), inp, args, kwargs, sample)
+            recorded = [o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad]
+            graph = _graph(recorded)
+            if recorded and leaves:
+                weights = coverage._weights(recorded, seed=1)
+                sum((o * w).sum() for o, w in zip(recorded, weights)).backward()
+        except Exception as exc:  # both paths must raise the same
+            return ("raised", type(exc).__name__, str(exc))
+        return ([coverage._plain(o) if isinstance(o, torch.Tensor) else o for o in outputs],
+                [None if x.grad is None else coverage._plain(x.grad) for x in leaves], graph)
+
+
+def _assert_identical(fast: Any, reference: Any, what: str) -> None:
+    if isinstance(reference, torch.Tensor):
+        assert isinstance(fast, torch.Tensor) and fast.dtype == reference.dtype, what
+        torch.testing.assert_close(fast, reference, rtol=0, atol=0, equal_nan=True, msg=what)
+    elif isinstance(reference, (list, tuple)):
+        assert type(fast) is type(reference) and len(fast) == len(reference), what
+        for i, (f, r) in enumerate(zip(fast, reference)):
+            _assert_identical(f, r, f"{what}[{i}]")
+    else:
+        assert fast == reference or (fast != fast and reference != reference), what
+
+
+@pytest.mark.parametrize("name", [n for n in PASSING if n in OPS])
+def test_fast_lanes_equal_the_readable_path_on_opinfo_samples(name: str) -> None:
+    op = OPS[name]
+    sample = next(iter(coverage.samples(op, 1)))
+    for label, fn in coverage.variants(op):
+        reference = _run(op, fn, sample, readable=True)
+        fast = _run(op, fn, sample, readable=False)
+        _assert_identical(fast, reference, f"{name} ({label})")
+
+
+def _module_cases() -> List[Any]:
+    from torch.testing._internal.common_modules import module_db
+
+    wanted = {"nn.Linear", "nn.Conv2d", "nn.LayerNorm", "nn.Embedding", "nn.GRUCell", "nn.MultiheadAttention",
+              "nn.BatchNorm1d", "nn.Tanh", "nn.ReLU"}
+    return [info for info in module_db if info.name in wanted]
+
+
+def _run_module(info: Any, readable: bool) -> Any:
+    with tt.readable() if readable else contextlib.nullcontext():
+        torch.manual_seed(0)
+        inputs = info.module_inputs_func(info, device="cpu", dtype=torch.float64, requires_grad=True, training=True)
+        results = []
+        for module_input in inputs[:3]:
+            if module_input.forward_input is None:
+                continue
+            torch.manual_seed(0)
+            args, kwargs = module_input.constructor_input.args, module_input.constructor_input.kwargs
+            model = tt.port(info.module_cls(*args, **kwargs).to(torch.float64))
+            leaves: List[Any] = []
+
+            def leaf(t: Any) -> Any:
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    leaves.append(tt.as_tracer(t.detach().clone(), requires_grad=True))
+                    return leaves[-1]
+                return t
+
+            fargs = [leaf(a) for a in module_input.forward_input.args]
+            fkwargs = {k: leaf(v) for k, v in module_input.forward_input.kwargs.items()}
+            results.append(_run_model(model, fargs, fkwargs, leaves))
+        return results
+
+
+def _run_model(model: Any, args: list, kwargs: dict, leaves: list) -> Any:
+    try:
+        out = model(*args, **kwargs)
+        outputs = [o for o in (out if isinstance(out, tuple) else (out,)) if isinstance(o, torch.Tensor)]
+        graph = _graph(outputs)
+        sum((o.float().sum() if o.requires_grad else 0) for o in outputs).backward()
+    except Exception as exc:
+        return ("raised", type(exc).__name__, str(exc))
+    params = [p.grad for p in model.parameters()]
+    return ([coverage._plain(o) for o in outputs], [coverage._plain(g) if g is not None else None
+                                                    for g in [x.grad for x in leaves] + params], graph)
+
+
+@pytest.mark.parametrize("info", _module_cases(), ids=lambda info: info.name)
+def test_fast_lanes_equal_the_readable_path_on_module_samples(info: Any) -> None:
+    _assert_identical(_run_module(info, readable=False), _run_module(info, readable=True), info.name)
+
+
+def test_the_common_call_takes_a_generated_lane():
+    x, w = tt.randn(3, 4, requires_grad=True), tt.randn(5, 4, requires_grad=True)
+    y = torch.nn.functional.linear(torch.tanh(x * 2 + x), w).relu().sum()
+    for func, n_args in ((torch.Tensor.mul, 2), (torch.Tensor.add, 2), (torch.tanh, 1),
+                         (torch.nn.functional.linear, 2), (torch.Tensor.relu, 1), (torch.Tensor.sum, 1)):
+        assert LANES[RULES[func]][n_args].__name__ == f"record_{RULES[func].__name__}_{n_args}"
+    assert y.grad_fn.name == "SumBackward"
+
+
+def test_inside_readable_every_call_takes_the_readable_path(monkeypatch):
+    from torchtrace.autograd import dispatch
+
+    seen = []
+    run_rule = dispatch.run_rule
+    monkeypatch.setattr(dispatch, "run_rule", lambda *call: seen.append(call[2]) or run_rule(*call))
+    x = tt.randn(3, requires_grad=True)
+    with tt.readable():
+        (x * x).sum()
+    assert torch.Tensor.mul in seen and torch.Tensor.sum in seen
+
+
+def test_a_lane_is_python_source_with_a_filename_inside_the_package():
+    source = lane_source(RULES[torch.mul], 2)
+    assert source.startswith("def record_Mul_2(T, func, args):") and "forward(ctx, a0, a1)" in source
+    table = lane_source(RULES[torch.tanh], 1)
+    assert "out = op(a0)" in table and "ctx.save_for_backward(None, out)" in table  # Tanh's formula reads y only
+    x = tt.randn(2, requires_grad=True)
+    torch.tanh(x)
+    code = LANES[RULES[torch.tanh]][1].__code__
+    assert pathlib.Path(code.co_filename).parent == pathlib.Path(tt.__file__).parent / "lanes"
+
+
+def test_an_inplace_flag_given_by_position_takes_the_readable_path():
+    x = tt.randn(4, requires_grad=True)
+    y = x * 1
+    torch.nn.functional.relu(y, True)
+    y.sum().backward()
+    assert torch.equal(x.grad, (x > 0).to(x.dtype)) and "if func in INPLACE_FLAG" in lane_source(RULES[torch.relu], 2)
+
+
+def test_a_rule_registered_later_replaces_the_lane():
+    x = tt.randn(3, requires_grad=True)
+    before = torch.atan2(x, x)
+
+    class Twice(tt.Function):
+        """y = 2 a (a stand-in)"""
+
+        @staticmethod
+        def forward(ctx, a, b):
+            return a * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2, None
+
+    old = RULES[torch.atan2]
+    try:
+        tt.register(torch.atan2, Twice)
+        assert torch.atan2(x, x).grad_fn.name == "TwiceBackward"
+    finally:
+        tt.register(torch.atan2, old)
+    assert before.grad_fn.name == torch.atan2(x, x).grad_fn.name == "Atan2Backward"
+
+
+def test_inference_tensors_take_the_readable_path():
+    with torch.inference_mode():
+        w = torch.randn(3)
+    x = tt.randn(3, requires_grad=True)
+    with tt.readable():
+        expected = pytest.raises(RuntimeError)
+        with expected as readable_error:
+            x * w
+    with pytest.raises(RuntimeError) as fast_error:
+        x * w
+    assert str(fast_error.value) == str(readable_error.value)
+
+
+def test_ops_show_prints_a_rules_generated_lane(capsys):
+    from torchtrace.__main__ import main
+
+    main(["ops", "--show", "Tanh"])
+    printed = capsys.readouterr().out
+    assert "def record_Tanh_1(T, func, args):" in printed and "def backward_Tanh(ctx, g):" in printed
+    with pytest.raises(SystemExit, match="no rule named 'Tanhh'"):
+        main(["ops", "--show", "Tanhh"])
+
+
+def test_a_generated_backward_step_calls_the_table_formula():
+    from torchtrace.lanes.walk import step_source
+
+    assert "grad_0(g, x, y, **ctx.options)" in step_source(RULES[torch.sum])
+    assert step_source(RULES[torch.mul]) is None  # a hand-written rule: its backward is already code
+
+
+def test_the_lanes_save_what_the_readable_path_saves():
+    torch.manual_seed(0)
+    model = tt.port(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                        torch.nn.Linear(8, 1), torch.nn.Sigmoid()))
+    x = tt.randn(5, 4, requires_grad=True)
+
+    def saved_per_node(readable: bool) -> List[Tuple[str, int]]:
+        with tt.readable() if readable else contextlib.nullcontext():
+            y = (model(x) * x.sum(1, keepdim=True) - x.mean()).sum()
+        return [(node.name, sum(s is not None for s in node.saved)) for node in topological_order([y.grad_fn])
+                if hasattr(node, "saved")]
+
+    assert saved_per_node(readable=False) == saved_per_node(readable=True)
+
+
+def test_the_environment_variable_selects_the_readable_path_for_a_whole_run():
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import torchtrace as tt; from torchtrace.autograd import dispatch, engine; "
+             "print(tt.tracer.__torch_function__.__func__ is dispatch.torch_function, engine.WALK[0] is engine._walk)")
+    env = {**os.environ, "TORCHTRACE_READABLE": "1"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True"]
