@@ -1,5 +1,4 @@
 """Every torch call on a tracer lands here: look up the rule, run forward on plain tensors, link a Node."""
-import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
@@ -8,6 +7,7 @@ from torchtrace.autograd.arguments import KEYWORD_PLANS, keywords_to_positions, 
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.function_contract import returned_outputs
 from torchtrace.autograd.inplace import catch_up, inplace_requested, record_inplace, record_inplace_flag, remember_base
+from torchtrace.autograd.kept_values import output_ref
 from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
@@ -175,7 +175,7 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
             if s is out:
                 kept = node.saved_outputs = (*kept, (i, 0))
         t = link_output(out, node, 0, tracer_type, not kept and _fresh(out, args))
-        node.value_refs = (weakref.ref(t),)
+        node.value_refs = (output_ref(t, out),)
         if t._tt_view:
             remember_base(t, args)
         return t
@@ -188,7 +188,7 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     kept = {id(s) for s in saved}
     linked = [link_output(o, node, nr, tracer_type, id(o) not in kept and _fresh(o, args))
               if isinstance(o, torch.Tensor) else o for nr, o in enumerate(outputs)]
-    node.value_refs = tuple(weakref.ref(t) if isinstance(t, torch.Tensor) else None for t in linked)
+    node.value_refs = tuple(output_ref(t, o) if isinstance(t, torch.Tensor) else None for t, o in zip(linked, outputs))
     for t in linked:
         if isinstance(t, torch.Tensor) and t._tt_view:
             remember_base(t, args)

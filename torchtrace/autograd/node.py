@@ -134,8 +134,8 @@ class Node(GradFnHooks):
     def __init__(self, rule: type, ctx: Any, edges: List[Edge], func: Optional[Callable], module_path: tuple):
         self.rule, self.ctx, self.edges, self.func = rule, ctx, edges, func
         self.module_path = module_path  # the modules running when the op was recorded, outermost first
-        # newer than every node its edges point to; value_refs: a weakref.ref to each output tracer (None for a
-        # non-tensor output), set when the outputs are linked, so tools can show values the graph does not keep
+        # newer than every node its edges point to; value_refs: for each output, kept_values.output_ref (the value
+        # up to a budget, else a weak reference; None for a non-tensor output), so tools can show every value
         self.sequence_nr, self.value_refs = _next_sequence_nr(), None
 
     @property
