@@ -169,3 +169,23 @@ def test_a_view_whose_base_changed_is_not_shown_as_its_ops_result():
     tv = (tx * 2)[:2]
     (tv + 1).sum().backward()
     torch.testing.assert_close(x.grad, tx.grad)
+
+
+def small_model():
+    torch.manual_seed(0)
+    return tt.port(torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))), \
+        tt.randn(8, 4), torch.arange(8) % 3
+
+
+def test_the_players_the_project_makes_keep_every_value_whatever_the_budget():
+    model, x, y = small_model()
+    loss = lambda: torch.nn.functional.cross_entropy(model(x), y)  # noqa: E731
+    with budget(0):
+        players = {"explore(fn)": tt.explore(lambda x: torch.nn.functional.cross_entropy(model(x), y), x),
+                   "diagnose": tt.diagnose(loss).explore()}
+        both = tt.diff(loss, loss, titles=("a", "b")).explore()
+        players.update({"diff a": both.a, "diff b": both.b})
+        assert held_bytes() > 0  # they count against the budget while they live
+    for what, ex in players.items():
+        assert all(n.value for n in ex.nodes), (what, [n.label for n in ex.nodes if not n.value])
+        assert ex.notice == ""

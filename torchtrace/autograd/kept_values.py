@@ -9,15 +9,17 @@ Both kinds answer `ref()` with the result, and `ref.version` is its version coun
 (None for a weak reference: the tracer's own `_tt_version` says it), so a tool can tell a value changed in
 place afterwards.
 """
+import contextlib
 import threading
 import weakref
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import torch
 
 from torchtrace.autograd.plain import plain_torch
 
 BUDGET = [64 * 2**20]  # bytes of results the nodes of one thread may hold strongly at once
+_UNBOUNDED = 2**62  # credited to a thread's count while it keeps every value
 
 
 class _Count:
@@ -79,3 +81,15 @@ def keep_values(budget: Optional[int] = None) -> int:
 def held_bytes() -> int:
     """Bytes of results this thread's live nodes hold now."""
     return _THREAD.count.held
+
+
+@contextlib.contextmanager
+def keeping_every_value() -> Iterator[None]:
+    """Inside the block, this thread's ops keep every result whatever the budget (tt.explore(fn, *inputs) and the
+    doctor's players run their forward so). The results count against the budget as usual once the block ends."""
+    count = _THREAD.count
+    count.held -= _UNBOUNDED
+    try:
+        yield
+    finally:
+        count.held += _UNBOUNDED

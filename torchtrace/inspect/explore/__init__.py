@@ -174,15 +174,13 @@ def explore(output: Union[torch.Tensor, Callable[..., torch.Tensor]], *inputs: A
             raise TypeError("tt.explore(output, params=None, gradient=None, retain_graph=None): give inputs only "
                             "with a function, tt.explore(fn, *inputs)")
         params = inputs[0] if inputs else params
-        held: list = []
     elif callable(output):
-        output, by_parameter, calls, held = run_holding(output, inputs)
+        output, by_parameter, calls = run_holding(output, inputs)
         caller = {**caller, **by_parameter}
     else:
         raise TypeError(f"tt.explore takes an output tensor or a function and its inputs, not {type(output).__name__}")
     collector = Collector(output, _named(params, caller), caller, calls)
     collector.run(gradient, retain_graph)
-    del held  # the values are read (collector.run reads them before the backward)
     steps, nodes, edges = collector.build()
     return Explorer(steps, nodes, edges, "torchtrace: stepping through backward", collector.ids,
                     {".".join(path): kind for path, kind in collector.names.kinds.items() if path})
