@@ -1,4 +1,5 @@
 """Every torch call on a tracer lands here: look up the rule, run forward on plain tensors, link a Node."""
+import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
@@ -7,7 +8,7 @@ from torchtrace.autograd.arguments import KEYWORD_PLANS, keywords_to_positions, 
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.function_contract import returned_outputs
 from torchtrace.autograd.inplace import catch_up, inplace_requested, record_inplace, record_inplace_flag, remember_base
-from torchtrace.autograd.kept_values import output_ref
+from torchtrace.autograd.kept_values import kept_output
 from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
@@ -174,8 +175,9 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
         for i, s in enumerate(saved):
             if s is out:
                 kept = node.saved_outputs = (*kept, (i, 0))
+        value = kept_output(out)  # the value itself, within the budget (read before out becomes the tracer)
         t = link_output(out, node, 0, tracer_type, not kept and _fresh(out, args))
-        node.value_refs = (output_ref(t, out),)
+        node.value_refs = (value or weakref.ref(t),)
         if t._tt_view:
             remember_base(t, args)
         return t
@@ -186,9 +188,11 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     node.output_meta = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outputs]
     node.saved_outputs = tuple((i, nr) for i, s in enumerate(saved) for nr, o in enumerate(outputs) if s is o)
     kept = {id(s) for s in saved}
+    values = [kept_output(o) if isinstance(o, torch.Tensor) else None for o in outputs]
     linked = [link_output(o, node, nr, tracer_type, id(o) not in kept and _fresh(o, args))
               if isinstance(o, torch.Tensor) else o for nr, o in enumerate(outputs)]
-    node.value_refs = tuple(output_ref(t, o) if isinstance(t, torch.Tensor) else None for t, o in zip(linked, outputs))
+    node.value_refs = tuple(v or weakref.ref(t) if isinstance(t, torch.Tensor) else None
+                            for v, t in zip(values, linked))
     for t in linked:
         if isinstance(t, torch.Tensor) and t._tt_view:
             remember_base(t, args)

@@ -11,8 +11,7 @@ place afterwards.
 """
 import contextlib
 import threading
-import weakref
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional
 
 import torch
 
@@ -37,33 +36,37 @@ class _Thread(threading.local):
 _THREAD = _Thread()
 
 
-class Kept:
-    """A result held strongly: `kept()` is the value, `kept.version` its version counter when produced."""
+class Kept(tuple):
+    """A result held strongly: `kept()` is the value, `kept.version` its version counter when produced. A tuple
+    (value, version, bytes, the count of the thread that made it), which gives its bytes back when freed."""
 
-    __slots__ = ("value", "version", "nbytes", "count")
+    __slots__ = ()
 
     def __call__(self) -> torch.Tensor:
-        return self.value
+        return self[0]
+
+    @property
+    def version(self) -> int:
+        return self[1]
 
     def __del__(self) -> None:
-        self.count.held -= self.nbytes  # the count of the thread that made it, wherever the node is freed
+        self[3].held -= self[2]  # the count of the thread that made it, wherever the node is freed
 
 
-def output_ref(t: torch.Tensor, raw: torch.Tensor) -> Union[Kept, "weakref.ref[torch.Tensor]"]:
-    """How node keeps its output tracer `t` (linked from the forward's plain result `raw`): strongly while the
-    thread's held results stay under the budget, else weakly."""
+def kept_output(raw: torch.Tensor) -> Optional[Kept]:
+    """A Kept of a forward's result `raw`, read before it is linked as a tracer (a plain tensor then, so no guard is
+    needed), while the thread's kept results stay under the budget with it; else None, and the node keeps a weak
+    reference to the output tracer instead."""
+    if type(raw) is not torch.Tensor:  # a rule's forward handed back a tracer: read it as a plain tensor
+        with plain_torch():
+            return kept_output(raw.as_subclass(torch.Tensor))
     count = _THREAD.count
-    with plain_torch():
-        nbytes = t.nbytes
-        if count.held + nbytes > BUDGET[0]:
-            return weakref.ref(t)
-        kept = Kept()
-        # a plain result other than the tracer holds no node; the tracer itself would (a cycle): hold an alias
-        kept.value = value = raw if raw is not t and type(raw) is torch.Tensor else t.detach()
-        kept.version = value._version
-    kept.nbytes, kept.count = nbytes, count
+    nbytes = raw.nbytes
+    if count.held + nbytes > BUDGET[0]:
+        return None
+    value = raw.detach()  # an alias: raw itself may become the tracer, which holds the node (a cycle)
     count.held += nbytes
-    return kept
+    return Kept((value, raw._version, nbytes, count))
 
 
 def keep_values(budget: Optional[int] = None) -> int:
