@@ -5,9 +5,10 @@ results so held in this thread stay under BUDGET bytes; beyond it, a weak refere
 while the caller's variables or a rule's saved tensors hold it. A held value gives its bytes back to the
 thread's count when its node is freed. `tt.explore.keep_values(n)` sets the budget (0: weak references only).
 
-Both kinds answer `ref()` with the result, and `ref.version` is its version counter when the op produced it
-(None for a weak reference: the tracer's own `_tt_version` says it), so a tool can tell a value changed in
-place afterwards.
+Both kinds answer `ref()` with the result (a plain tensor for a Kept, the tracer or None for a weak reference).
+A Kept's `version` is the version counter when the op produced it (a weak reference's tracer has its own
+`_tt_version`), so a tool can tell a value changed in place afterwards. The cost, paid by every recorded op
+while under the budget: the alias (one `detach`) and the tuple.
 """
 import contextlib
 import threading
