@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import torchtrace as tt
-from torchtrace.autograd.kept_values import Kept, held_bytes
+from torchtrace.autograd.kept_values import Kept
+from torchtrace.inspect.explore.budget import held_bytes
 
 
 @contextlib.contextmanager

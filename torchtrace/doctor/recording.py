@@ -12,12 +12,12 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from torchtrace.autograd.engine import topological_order
-from torchtrace.autograd.kept_values import keeping_every_value
 from torchtrace.autograd.node import AccumulateGrad, Node, edge_gradient
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.doctor.paths import ModulesRan
 from torchtrace.doctor.where import math_line, user_line
+from torchtrace.inspect.explore.budget import keeping_every_value
 from torchtrace.inspect.scope import module_names, module_scope, path_name
 from torchtrace.nested import flatten
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import torch
 
-from torchtrace.autograd.kept_values import keep_values
+from torchtrace.inspect.explore.budget import keep_values
 from torchtrace.inspect.explore.collect import Collector, GraphEdge, GraphNode
 from torchtrace.inspect.explore.derivative import SHOWN
 from torchtrace.inspect.explore.holding import run_holding

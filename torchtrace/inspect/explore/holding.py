@@ -11,8 +11,8 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
-from torchtrace.autograd.kept_values import keeping_every_value
 from torchtrace.autograd.state import observing
+from torchtrace.inspect.explore.budget import keeping_every_value
 from torchtrace.inspect.explore.local import LIMIT
 from torchtrace.inspect.values import small_call
 from torchtrace.tracer import tracer
