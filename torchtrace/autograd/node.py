@@ -134,7 +134,7 @@ class Node(GradFnHooks):
     def __init__(self, rule: type, ctx: Any, edges: List[Edge], func: Optional[Callable], module_path: tuple):
         self.rule, self.ctx, self.edges, self.func = rule, ctx, edges, func
         self.module_path = module_path  # the modules running when the op was recorded, outermost first
-        # newer than every node its edges point to; value_refs: for each output, kept_values.output_ref (the value
+        # newer than every node its edges point to; value_refs: for each output, kept_values.kept_output (the value
         # up to a budget, else a weak reference; None for a non-tensor output), so tools can show every value
         self.sequence_nr, self.value_refs = _next_sequence_nr(), None
 

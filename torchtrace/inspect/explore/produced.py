@@ -1,6 +1,6 @@
 """What an op produced, as the player shows it: read before the backward, never the memory as it is now.
 
-A node keeps each of its results (`node.value_refs`, kept_values.output_ref): the value itself while the
+A node keeps each of its results (`node.value_refs`, kept_values.kept_output): the value itself while the
 thread's kept results fit the budget (`tt.explore.keep_values`), else a weak reference, alive while the caller's
 variables or a rule's saved tensors hold the result. Other sources stand in for a result no one holds: the
 caller's named variables, a call copied by tt.explore(fn, *inputs) or tt.recording().
