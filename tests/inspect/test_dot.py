@@ -270,7 +270,7 @@ def test_vanishing_gradients_get_a_red_border():
 
 def test_recording_scopes_place_every_op_in_its_module():
     model, loss = gpt_loss(record=True)
-    source = draw(loss, model, show_saved=False).source
+    source = draw(loss, model, show_saved=False, depth=None).source  # every op, in its cluster
     for path in ("blocks.0 (Block)", "blocks.0.attn (Attention)", "blocks.2.ln1 (LayerNorm)", "blocks (ModuleList)"):
         assert f'label="{path}"' in source
     attention = source.split('label="blocks.0.attn (Attention)"')[1].split("subgraph")[0]
@@ -279,7 +279,7 @@ def test_recording_scopes_place_every_op_in_its_module():
 
 def test_depth_collapses_modules_into_boxes():
     model, loss = gpt_loss(record=True)
-    full, collapsed = draw(loss, model), draw(loss, model, depth=2)
+    full, collapsed = draw(loss, model, depth=None), draw(loss, model, depth=2)
     boxes = sorted(label for label in labels(collapsed) if label.startswith("blocks."))
     order = topological_order([loss.grad_fn])
     for i, box in enumerate(boxes):
@@ -354,3 +354,45 @@ def test_without_dot_the_source_is_kept_with_a_clear_message(tmp_path, monkeypat
     text = graph._repr_mimebundle_()["text/plain"]
     assert "apt-get install graphviz" in text and graph.source in text
     assert isinstance(graph, Drawing)
+
+
+# ------------------------------------------------------------------------------- large graphs collapse by default
+
+
+class TwoLayerLSTM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(8, 16, num_layers=2, batch_first=True)
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+def test_a_large_graph_is_drawn_with_its_modules_collapsed_and_says_how_to_open_them():
+    torch.manual_seed(0)
+    model = tt.port(TwoLayerLSTM())
+    loss = model(torch.randn(4, 10, 8)).pow(2).mean()
+    drawn = draw(loss, model)
+    assert drawn.collapsed_depth == 1
+    assert "lstm (LSTM)" in " ".join(labels(drawn))
+    footer = drawn.source.split("\tlabel=")[-1]
+    assert "modules 1 level deep drawn collapsed" in footer and "tt.draw(..., depth=None) draws every op" in footer
+    assert "depth=2 opens one more level" not in footer  # LSTM and Linear hold no sub-modules
+    whole = draw(loss, model, depth=None)
+    assert whole.collapsed_depth is None and len(whole.body) > 10 * len(drawn.body)
+    assert "drawn collapsed" not in whole.source
+
+
+def test_auto_collapses_as_deep_as_keeps_the_drawing_small():
+    torch.manual_seed(0)
+    blocks = [torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()),
+                                  torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())) for _ in range(40)]
+    model = tt.port(torch.nn.Sequential(*blocks))
+    loss = model(torch.randn(2, 4)).pow(2).sum()
+    drawn = draw(loss, model)
+    assert drawn.collapsed_depth == 2  # 80 boxes (two Sequentials in each of 40 open blocks), not 160 Linear and Tanh
+    assert "depth=3 opens one more level" in drawn.source
+    small = tt.port(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()))
+    assert draw(small(torch.randn(2, 4)).sum(), small).collapsed_depth is None

@@ -333,9 +333,14 @@ def test_without_anywidget_jupyter_shows_the_page_in_an_iframe(monkeypatch):
 
 def test_values_noted_by_recording_stand_in_for_lost_ones():
     x = tt.tracer(torch.arange(1.0, 21.0), requires_grad=True)
-    with tt.recording():
-        out = (x * 2).exp().sum()  # exp saves its result; x * 2 (20 elements) is held by nothing
-    ex = tt.explore(out)
+    budget = tt.explore.keep_values()
+    tt.explore.keep_values(0)  # the graph keeps no value itself
+    try:
+        with tt.recording():
+            out = (x * 2).exp().sum()  # exp saves its result; x * 2 (20 elements) is held by nothing
+        ex = tt.explore(out)
+    finally:
+        tt.explore.keep_values(budget)
     (mul,) = [n for n in ex.nodes if n.label == "Mul"]
     assert mul.value.startswith("|value| ") and mul.value_note == ""
     torch.testing.assert_close(float(mul.value.split()[1]), (torch.arange(1.0, 21.0) * 2).norm().item(), rtol=1e-3,

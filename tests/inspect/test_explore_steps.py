@@ -7,7 +7,6 @@ from helpers import WrongSquare
 from test_explore import torch_gradients
 
 import torchtrace as tt
-from torchtrace.autograd.node import Node
 
 
 def values_of(ex):
@@ -38,26 +37,24 @@ def test_micrograd_values_and_gradients_without_wrapping_the_forward():
     assert all(n.value_note == "" for n in ex.nodes)
 
 
-def test_the_engine_keeps_only_weak_references_to_values():
-    x = tt.tracer([1.0, 2.0], requires_grad=True)
-    y = x * 3
-    node = y.grad_fn
-    assert isinstance(node, Node) and len(node.value_refs) == 1 and node.value_refs[0]() is y
-    del y
-    assert node.value_refs[0]() is None  # nothing else held it: the graph does not keep it alive
-    p, q = x.split([1, 1])
-    assert [r() for r in p.grad_fn.value_refs] == [p, q]
-
-
 def test_a_value_nothing_holds_says_so_and_the_function_form_keeps_every_value():
-    a, b, c, f = (tt.tracer(v, requires_grad=True) for v in (2.0, -3.0, 10.0, -2.0))
-    ex = tt.explore((a * b + c) * f)  # e = a * b is held by nothing (the Add rule saves nothing)
+    budget = tt.explore.keep_values()
+    tt.explore.keep_values(0)  # weak references only: e = a * b is then held by nothing (Add saves nothing)
+    try:
+        a, b, c, f = (tt.tracer(v, requires_grad=True) for v in (2.0, -3.0, 10.0, -2.0))
+        ex = tt.explore((a * b + c) * f)
+    finally:
+        tt.explore.keep_values(budget)
     (mul_e,) = [n for n in ex.nodes if n.label == "Mul" and n.value == ""]
     assert "not kept" in mul_e.value_note and "tt.explore(fn, *inputs)" in mul_e.value_note
+    assert "keep_values" in mul_e.value_note
     assert values_of(ex)["Add"] == "4"  # d: saved by the last Mul's rule, read before the backward freed it
+    assert ex.notice.startswith("1 of 7 values were not kept") and "tt.explore(fn, *inputs)" in ex.notice
+    assert ex.data()["notice"] == ex.notice and ex.notice in repr(ex)
 
     ex = tt.explore(lambda a, b, c, f: (a * b + c) * f, *(torch.tensor(v) for v in (2.0, -3.0, 10.0, -2.0)))
     assert sorted(n.value for n in ex.nodes) == sorted(["2", "-3", "10", "-2", "-6", "4", "-8"])
+    assert ex.notice == ""
     assert {s.name: s.after for s in ex.steps if s.kind == "accumulate"} == {"a": "6", "b": "-4", "c": "-2", "f": "4"}
     checks = [sent.check for s in ex.steps for sent in s.sent]
     assert checks and all(c.agrees for c in checks)  # the function form also checks every small step
@@ -70,7 +67,8 @@ def test_a_value_changed_in_place_afterwards_is_not_shown_as_the_ops_result():
     y.add_(100.0)  # y now holds another node's result
     ex = tt.explore(z)
     (mul,) = [n for n in ex.nodes if n.label == "Mul"]
-    assert mul.value == "" and "in-place" in mul.value_note
+    assert mul.value == "" and "changed in place after this op (version 0 → 1)" in mul.value_note
+    assert "[102, 104]" in mul.value_note  # what it holds now, named as such
     torch.testing.assert_close(x.grad, torch.tensor([2.0, 2.0]))
 
 

@@ -7,6 +7,7 @@ from torchtrace.autograd.arguments import KEYWORD_PLANS, keywords_to_positions, 
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.function_contract import returned_outputs
 from torchtrace.autograd.inplace import catch_up, inplace_requested, record_inplace, record_inplace_flag, remember_base
+from torchtrace.autograd.kept_values import kept_output
 from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node, keep_values, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
@@ -163,8 +164,9 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
         for i, s in enumerate(saved):
             if s is out:
                 kept = node.saved_outputs = (*kept, (i, 0))
+        value = kept_output(out)  # the value itself, within the budget (read before out becomes the tracer)
         t = link_output(out, node, 0, tracer_type, not kept and _fresh(out, args))
-        keep_values(node, (t,))
+        keep_values(node, (value,), (t,))
         if t._tt_view:
             remember_base(t, args)
         return t
@@ -175,9 +177,10 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     node.output_meta = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outputs]
     node.saved_outputs = tuple((i, nr) for i, s in enumerate(saved) for nr, o in enumerate(outputs) if s is o)
     kept = {id(s) for s in saved}
+    values = [kept_output(o) if isinstance(o, torch.Tensor) else None for o in outputs]
     linked = [link_output(o, node, nr, tracer_type, id(o) not in kept and _fresh(o, args))
               if isinstance(o, torch.Tensor) else o for nr, o in enumerate(outputs)]
-    keep_values(node, linked)
+    keep_values(node, values, linked)
     for t in linked:
         if isinstance(t, torch.Tensor) and t._tt_view:
             remember_base(t, args)

@@ -134,8 +134,8 @@ class Node(GradFnHooks):
     def __init__(self, rule: type, ctx: Any, edges: List[Edge], func: Optional[Callable], module_path: tuple):
         self.rule, self.ctx, self.edges, self.func = rule, ctx, edges, func
         self.module_path = module_path  # the modules running when the op was recorded, outermost first
-        # newer than every node its edges point to; value_refs: a weakref.ref to each output tracer (None for a
-        # non-tensor output), set when the outputs are linked, so tools can show values the graph does not keep
+        # newer than every node its edges point to; value_refs: for each output, kept_values.kept_output (the value
+        # up to a budget, else a weak reference; None for a non-tensor output), so tools can show every value
         self.sequence_nr, self.value_refs = _next_sequence_nr(), None
 
     @property
@@ -196,11 +196,12 @@ def leaf_accumulator(leaf: torch.Tensor) -> AccumulateGrad:
     return acc if acc is not None else AccumulateGrad(leaf)
 
 
-def keep_values(node: Node, outputs: tuple) -> None:
-    """What a node keeps of its outputs' values (one entry per output, None for a non-tensor): a weak reference, so
-    tools can show values the graph itself does not keep. Every recording path calls this one helper."""
-    node.value_refs = (weakref.ref(outputs[0]),) if len(outputs) == 1 else tuple(
-        weakref.ref(t) if isinstance(t, torch.Tensor) else None for t in outputs)
+def keep_values(node: Node, values: tuple, outputs: tuple) -> None:
+    """What a node keeps of its outputs' values (one entry per output, None for a non-tensor): the value itself where
+    kept_values.kept_output kept it (within the thread's budget), else a weak reference to the output, so tools can
+    show values the graph itself does not keep. Every recording path calls this one helper."""
+    node.value_refs = tuple(v or (weakref.ref(t) if isinstance(t, torch.Tensor) else None)
+                            for v, t in zip(values, outputs))
 
 
 def link_output(raw: torch.Tensor, node: Node, nr: int, tracer_type: type, fresh: bool = False) -> torch.Tensor:

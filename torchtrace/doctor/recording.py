@@ -4,6 +4,7 @@ the gradient every leaf received.
 The run leaves `.grad` as it found it: the gradients of this pass are captured and the leaves' earlier
 `.grad` put back, so two passes over the same model do not add up.
 """
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -16,6 +17,7 @@ from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.doctor.paths import ModulesRan
 from torchtrace.doctor.where import math_line, user_line
+from torchtrace.inspect.explore.budget import keeping_every_value
 from torchtrace.inspect.scope import module_names, module_scope, path_name
 from torchtrace.nested import flatten
 
@@ -113,8 +115,8 @@ def record_pass(fn: Any, args: tuple, kwargs: dict, explore: bool = False) -> Pa
     ran = ModulesRan()
     handle = register_module_forward_pre_hook(ran)
     try:
-        with module_scope(), observing(on_record=note):
-            output = fn(*call_args, **kwargs)
+        with module_scope(), observing(on_record=note), keeping_every_value() if explore else contextlib.nullcontext():
+            output = fn(*call_args, **kwargs)  # the player shows every value
     finally:
         handle.remove()
     scalars = [t for t in flatten(output)[0] if isinstance(t, torch.Tensor) and t.numel() == 1]

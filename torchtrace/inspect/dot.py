@@ -27,6 +27,7 @@ __all__ = ["draw", "recording", "Drawing", "DotNotFound"]
 COLOURS = {"parameter": "lightblue", "input": "lightgrey", "op": "white", "output": "palegreen",
            "saved": "orange", "module": "lavender"}
 VANISHING, EXPLODING = 1e-7, 1e3  # gradient norms outside these bounds get a red border
+WHOLE_UP_TO = 120  # depth="auto": a graph with more nodes is drawn with modules collapsed (as the player starts)
 INSTALL_HINT = (
     "Graphviz's `dot` program was not found on PATH, so no image was rendered. Install Graphviz "
     "(Debian/Ubuntu: apt-get install graphviz; macOS: brew install graphviz; conda: conda install -c "
@@ -225,7 +226,7 @@ def _values_of(node: Any, nr: int, names: Names, outputs: Dict[Tuple[Any, int], 
 def draw(
     output: Union[torch.Tensor, Sequence[torch.Tensor]],
     params: Params = None,
-    depth: Optional[int] = None,
+    depth: Union[int, None, str] = "auto",
     show_saved: bool = True,
     direction: str = "auto",
     values: Optional[bool] = None,
@@ -249,7 +250,9 @@ def draw(
       "⊕ sums N gradients" and has one arrow per use.
     - Modules are drawn as clusters labelled with the module path (`node.module_path`, named from
       the model in `params`, else by class name); `depth=k` collapses every module k levels deep into
-      one box (its ops and parameters counted).
+      one box (its ops and parameters counted). The default, depth="auto", draws a graph of more than
+      120 nodes with its modules collapsed, as deep as keeps it at about 120 boxes (the footer says so and
+      how to open them); depth=None draws every op.
     - direction="forward": arrows follow the data, inputs -> output (the default before backward).
       direction="backward": arrows follow the gradient, output -> leaves (the default once a
       backward went through the graph); a backward run inside `tt.recording()` labels each arrow
@@ -265,7 +268,7 @@ def draw(
         raise ValueError(f"direction must be 'auto', 'forward' or 'backward', not {direction!r}")
     if rankdir not in ("TB", "LR", "BT", "RL"):
         raise ValueError(f"rankdir must be 'TB', 'LR', 'BT' or 'RL', not {rankdir!r}")
-    if depth is not None and depth < 1:
+    if depth is not None and depth != "auto" and (isinstance(depth, str) or depth < 1):
         raise ValueError(f"depth must be a positive module depth (1 = top-level modules), not {depth}")
     outputs = [output] if isinstance(output, torch.Tensor) else list(output)
     require_tracers("tt.draw", outputs)
@@ -285,7 +288,10 @@ def draw(
     show_values = _small_graph(order, shapes) if values is None else values
     if show_values and params is None:
         names.adopt(sys._getframe(1).f_locals, order)
-    builder = _Builder(names, place_nodes(order, names), depth, gradient_view, show_values)
+    place = place_nodes(order, names)
+    auto = depth == "auto"
+    depth = _auto_depth(order, place) if auto else depth
+    builder = _Builder(names, place, depth, gradient_view, show_values)
     if gradient_view:
         builder.by_construction = set(zero_leaves(order))
     given = {(t._tt_node, t._tt_nr): t for t in outputs if getattr(t, "_tt_node", None) is not None}
@@ -293,8 +299,32 @@ def draw(
     _add_edges(builder, order)
     builder.finish_boxes()
     builder.assemble(graph)
-    graph.attr(label=_legend(builder))
+    collapsed = _collapsed_note(order, place, depth) if auto and depth is not None else ""
+    graph.attr(label=_legend(builder) + collapsed)
+    graph.collapsed_depth = depth if auto else None  # the depth "auto" chose (None: drawn whole)
     return graph
+
+
+def _boxes_at(paths: List[Path], depth: int) -> int:
+    """How many boxes a drawing collapsed `depth` levels deep has (ops outside such modules, and the modules)."""
+    return sum(1 for p in paths if len(p) < depth) + len({p[:depth] for p in paths if len(p) >= depth})
+
+
+def _auto_depth(order: List[Any], place: Dict[Any, Path]) -> Optional[int]:
+    """None for a graph of at most WHOLE_UP_TO nodes (or without modules): drawn whole. Else the deepest module
+    depth whose drawing has at most WHOLE_UP_TO boxes; 1 (top-level modules) when none has."""
+    paths = [place[n] for n in order]
+    deepest = max((len(p) for p in paths), default=0)
+    if len(order) <= WHOLE_UP_TO or not deepest:
+        return None
+    return next((d for d in range(deepest, 1, -1) if _boxes_at(paths, d) <= WHOLE_UP_TO), 1)
+
+
+def _collapsed_note(order: List[Any], place: Dict[Any, Path], depth: int) -> str:
+    """The footer's line on a graph drawn collapsed: why, and how to open it."""
+    deeper = "" if depth >= max(len(place[n]) for n in order) else f", depth={depth + 1} opens one more level"
+    return (f"\n{len(order)} nodes: modules {depth} level{'s' if depth > 1 else ''} deep drawn collapsed, one box "
+            f"each (more than {WHOLE_UP_TO} nodes); tt.draw(..., depth=None) draws every op{deeper}")
 
 
 def _backward_ran(order: List[Any]) -> bool:

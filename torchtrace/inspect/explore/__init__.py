@@ -18,10 +18,12 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import torch
 
+from torchtrace.inspect.explore.budget import keep_values
 from torchtrace.inspect.explore.collect import Collector, GraphEdge, GraphNode
 from torchtrace.inspect.explore.derivative import SHOWN
 from torchtrace.inspect.explore.holding import run_holding
 from torchtrace.inspect.explore.page import iframe, page
+from torchtrace.inspect.explore.produced import dropped_notice
 from torchtrace.inspect.explore.shown import matrix_text
 from torchtrace.inspect.explore.side_by_side import side_by_side
 from torchtrace.inspect.explore.steps import Sent, Step
@@ -51,6 +53,7 @@ class Explorer:
         self.modules = dict(modules or {})  # module path -> its class name (the label of a collapsed module)
         self._ids = dict(ids or {})  # graph Node (or AccumulateGrad) -> the id its drawing and step carry
         self.findings: List[Finding] = []
+        self.notice = dropped_notice([n.value_note for n in nodes])  # how many values are gone, and how to keep them
 
     def annotate(self, node: Any, kind: str, message: str, severity: str = "warn") -> "Explorer":
         """Mark `node`'s step with a finding: the page shows a badge on the node and the message in its step panel
@@ -92,7 +95,8 @@ class Explorer:
             steps.append(record)
         return {"title": self.title, "steps": steps, "nodes": [dataclasses.asdict(n) for n in self.nodes],
                 "edges": [dataclasses.asdict(e) for e in self.edges],
-                "findings": [dataclasses.asdict(f) for f in self.findings], "modules": self.modules}
+                "findings": [dataclasses.asdict(f) for f in self.findings], "modules": self.modules,
+                "notice": self.notice}
 
     def save(self, path: Union[str, os.PathLike]) -> str:
         """Write the player as one HTML file (script, style and data inlined; nothing from the network)."""
@@ -118,7 +122,9 @@ class Explorer:
 
     def __repr__(self) -> str:
         rules = sum(1 for s in self.steps if s.kind == "rule")
-        return f"<tt.explore: {len(self.steps)} steps ({rules} rules, {len(self.steps) - rules} sums into .grad)>"
+        notice = f"; {self.notice}" if self.notice else ""
+        sums = len(self.steps) - rules
+        return f"<tt.explore: {len(self.steps)} steps ({rules} rules, {sums} sums into .grad){notice}>"
 
     def __str__(self) -> str:
         return "\n".join(str(step) for step in self.steps)
@@ -151,8 +157,10 @@ def explore(output: Union[torch.Tensor, Callable[..., torch.Tensor]], *inputs: A
 
     `tt.explore(fn, *inputs)` runs `fn(*inputs)` first (tensor inputs become leaves that require grad, named by
     fn's parameters), holding every result, so every node shows its value and small steps get a
-    finite-difference check. On a graph built the ordinary way, a node shows its value while something holds
-    it: the caller's variables, a rule that saved it, or `tt.recording()`; else it says the value is gone.
+    finite-difference check. On a graph built the ordinary way, every node keeps what its op produced while the
+    thread's kept results fit `tt.explore.keep_values(bytes)` (64 MB unless set); beyond it a node shows its value
+    while something holds it (the caller's variables, a rule that saved it, `tt.recording()`), else says it is gone,
+    and the player counts such nodes. A value changed in place after its op is never shown as the op's result.
 
     Leaves are named by `params` (a module, a dict name -> tensor, (name, tensor) pairs, or a list of tensors named
     by the variables that hold them, else `params[i]`), else by the
@@ -166,15 +174,16 @@ def explore(output: Union[torch.Tensor, Callable[..., torch.Tensor]], *inputs: A
             raise TypeError("tt.explore(output, params=None, gradient=None, retain_graph=None): give inputs only "
                             "with a function, tt.explore(fn, *inputs)")
         params = inputs[0] if inputs else params
-        held: list = []
     elif callable(output):
-        output, by_parameter, calls, held = run_holding(output, inputs)
+        output, by_parameter, calls = run_holding(output, inputs)
         caller = {**caller, **by_parameter}
     else:
         raise TypeError(f"tt.explore takes an output tensor or a function and its inputs, not {type(output).__name__}")
     collector = Collector(output, _named(params, caller), caller, calls)
     collector.run(gradient, retain_graph)
-    del held  # the values are read (collector.run reads them before the backward)
     steps, nodes, edges = collector.build()
     return Explorer(steps, nodes, edges, "torchtrace: stepping through backward", collector.ids,
                     {".".join(path): kind for path, kind in collector.names.kinds.items() if path})
+
+
+explore.keep_values = keep_values  # type: ignore[attr-defined]  # tt.explore.keep_values(bytes): the graph's budget

@@ -5,10 +5,8 @@ engine calls after each rule (`observing(on_backward=...)`) notes what reached t
 saved, and what it sent along each edge, unbroadcast and cast as the engine sends it. Leaves get a
 step of their own where the engine sums their gradients into `.grad`.
 
-Each node's value is read before the backward (which frees what rules saved): through the node's weak
-references to its outputs (`node.value_refs`, alive while the caller's variables or a rule's saved tensors
-hold them), the caller's named variables, a call held by tt.explore(fn, *inputs) or tt.recording(), or a
-result the rule saved. A value none of these holds is gone, and the node says so.
+Each node's value is read before the backward (which frees what rules saved): what the op produced
+(produced.py), or why it is not known.
 """
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -21,8 +19,9 @@ from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.inspect.explore.derivative import describe
 from torchtrace.inspect.explore.local import estimates, rule_jacobians
+from torchtrace.inspect.explore.produced import gone, output_value
 from torchtrace.inspect.explore.saved import position_text, saved_label
-from torchtrace.inspect.explore.shown import number, plain, shape_text, tensor_text
+from torchtrace.inspect.explore.shown import plain, shape_text, tensor_text
 from torchtrace.inspect.explore.steps import Sent, Step
 from torchtrace.inspect.names import Names, Params, place_nodes
 from torchtrace.inspect.recorded import require_tracers
@@ -31,9 +30,6 @@ from torchtrace.rule_math import rule_math
 Matrix = List[List[float]]
 
 WORK = 1024  # how many extra backward and forward calls a whole exploration may spend on local derivatives and checks
-GONE = ("not kept: nothing holds this result any more (the engine keeps only a weak reference to it; keep it in a "
-        "variable, or explore with tt.explore(fn, *inputs), which holds every value)")
-CHANGED = "not kept: an in-place op changed this tensor after it was computed"
 
 
 @dataclass
@@ -147,37 +143,20 @@ class Collector:
         return node.rule.__name__ + (f" → {', '.join(named)}" if named else "")
 
     def _value_now(self, node: Any) -> Tuple[str, str]:
-        """(the value's text, '') while something holds each output of `node`; else ('', why not)."""
+        """(the text of what `node` produced, '') while it is known; else (what is known, why the rest is not)."""
         if isinstance(node, AccumulateGrad):
             return tensor_text(node.variable), ""
-        texts, why = [], ""
-        refs = node.value_refs or ()
         call = self.calls.get(node) or (node.notes or {}).get("call")
-        for nr in range(node.n_outputs):
-            ref = refs[nr] if nr < len(refs) else None
-            t = ref() if ref is not None else None
-            if t is not None and t._tt_node is node and t._tt_nr == nr:
-                texts.append(tensor_text(t))
-            elif (node, nr) in self.names.results:
-                texts.append(tensor_text(self.names.results[(node, nr)][1]))
-            elif call is not None and nr < len(call[2]):
-                texts.append(tensor_text(call[2][nr]))
-            elif any(o == nr for _, o in node.saved_outputs) and not node.released:  # the rule saved its result
-                texts.append(tensor_text(node.saved[next(i for i, o in node.saved_outputs if o == nr)]))
-            elif (node.notes or {}).get("values", {}).get(nr) is not None:  # noted by tt.recording()
-                noted = node.notes["values"][nr]
-                texts.append(tensor_text(noted) if isinstance(noted, torch.Tensor) else f"|value| {number(noted)}")
-            else:
-                texts.append("")
-                why = CHANGED if t is not None else GONE
-        return ("; ".join(texts), "") if all(texts) else ("; ".join(texts) if any(texts) else "", why)
+        read = [output_value(node, nr, self.names.results, call) for nr in range(node.n_outputs)]
+        texts = [text for text, _ in read]
+        return "; ".join(texts) if any(texts) else "", "; ".join(why for _, why in read if why)
 
     def value(self, node: Any) -> Tuple[str, str]:
         """The value's text and, where it is not known, why; a value a rule saved stands in for a lost one."""
         if node is self.root:
             return tensor_text(self.output), ""
-        text, why = self.kept.get(node, ("", GONE))
-        if why and node.n_outputs == 1 and (node, 0) in self.values:
+        text, why = self.kept.get(node, ("", gone()))
+        if not text and why == gone() and node.n_outputs == 1 and (node, 0) in self.values:
             return self.values[(node, 0)], ""
         return text, why
 

@@ -10,8 +10,35 @@ function ttEscape(text) {
   return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
 }
 
-function ttShort(text, n) {
-  return text.length > n ? text.slice(0, n - 1) + "…" : text;
+// What a box says in place of a value it cannot show: the op's value was changed in place afterwards, or is gone.
+function ttValueMissing(n) {
+  return !n.value_note ? "" : n.value_note.startsWith("changed in place") ? " (changed in place)" : " (value gone)";
+}
+
+// Text cut to a width in pixels, as the page draws it in `font` (player.css's fonts): measured on a canvas, so a
+// box's text ends inside the box whatever the font's letters are; "…" marks a cut.
+const TT_FONTS = {name: "bold 11px system-ui, Helvetica, Arial, sans-serif",
+                  data: "11px ui-monospace, Menlo, Consolas, monospace",
+                  edge: "10px ui-monospace, Menlo, Consolas, monospace"};
+const ttMeasure = {context: null, cache: new Map()};
+function ttFit(text, width, font) {
+  const key = font + "|" + width + "|" + text;
+  if (ttMeasure.cache.has(key)) return ttMeasure.cache.get(key);
+  if (!ttMeasure.context) ttMeasure.context = document.createElement("canvas").getContext("2d");
+  const c = ttMeasure.context;
+  c.font = font;
+  let fitted = text;
+  if (c.measureText(text).width > width) {
+    let low = 0, high = text.length - 1;  // the longest prefix that fits with its "…"
+    while (low < high) {
+      const mid = Math.ceil((low + high) / 2);
+      if (c.measureText(text.slice(0, mid) + "…").width <= width) low = mid; else high = mid - 1;
+    }
+    fitted = text.slice(0, low) + "…";
+  }
+  if (ttMeasure.cache.size > 20000) ttMeasure.cache.clear();
+  ttMeasure.cache.set(key, fitted);
+  return fitted;
 }
 
 // Layered layout (a small Sugiyama). Rank = longest path from the output along the gradient edges; an edge that
@@ -106,7 +133,12 @@ function ttLayout(ids, links, viewport) {
         const yc = gap + TT_BAND_GAP / 2 - 18 + off, xr = right + 14 + off, xl = TT_MARGIN - 14 - off;
         d += ` L${xr},${y1} L${xr},${yc} L${xl},${yc} L${xl},${y2} L${x2},${y2}`;
       }
-      if (i + 2 === chain.length) label = {x: x2 > x1 ? (x1 + x2) / 2 : x2 - 20, y: (x2 > x1 ? (y1 + y2) / 2 : y2) - 4};
+      if (i + 2 === chain.length) {  // the label sits between the columns, or on the run along the band gap
+        label = x2 > x1 ? {x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 4, w: x2 - x1 - 10} :
+          {x: TT_MARGIN + TT_BOX_W / 2 + ((lane - 1) % perBand) * TT_COL, w: TT_COL - 10,  // a column each
+           y: bandTop[bandOf(rank.get(chain[i]))] + bandHeight[bandOf(rank.get(chain[i]))] + TT_BAND_GAP / 2 - 22 +
+             (lane - 1) % 10 * 4};
+      }
       if (i + 1 < chain.length - 1) d += ` L${b.x + TT_BOX_W},${y2}`;  // straight through a dummy's column
     }
     return {d, label};
@@ -116,7 +148,8 @@ function ttLayout(ids, links, viewport) {
 }
 
 // One player in `container`. options.nav replaces its own stepping (two players stepping together);
-// options.onPick(step) is told when a node is clicked.
+// options.onPick(step) is told when a node is clicked; options.fitFrom: the smallest scale at which the graph opens
+// whole (else it opens at a readable scale around the current step).
 function torchtracePlayer(container, data, options) {
   options = options || {};
   const uid = ++ttPlayers;
@@ -156,9 +189,13 @@ function torchtracePlayer(container, data, options) {
       <input class="tt-search" type="search" placeholder="search names (/)" title="Enter: next match">
       <span class="tt-found"></span>
     </div>
+    <p class="tt-notice"></p>
     <div class="tt-main"><div class="tt-graph"></div><div class="tt-panel"></div></div>`;
   const graph = root.querySelector(".tt-graph"), panel = root.querySelector(".tt-panel");
   const search = root.querySelector(".tt-search");
+  const notice = root.querySelector(".tt-notice");
+  notice.textContent = data.notice || "";
+  notice.style.display = data.notice ? "" : "none";
   const diagnosisButton = root.querySelector('[data-act="diagnosis"]');
   diagnosisButton.style.display = findings.length ? "" : "none";
   diagnosisButton.textContent = `diagnosis (${findings.length})`;
@@ -196,12 +233,14 @@ function torchtracePlayer(container, data, options) {
     const lay = ttLayout(ids, linkList, box.width > 0 && box.height > 0 ? box : {width: 1200, height: 460});
     const parts = [`<svg xmlns="http://www.w3.org/2000/svg" width="100%" height="100%">`,
       `<defs><marker id="tt-arrow-${uid}" viewBox="0 0 10 10" refX="10" refY="5" markerUnits="userSpaceOnUse" markerWidth="9" markerHeight="9"
-        orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z"/></marker></defs><g class="tt-zoom">`];
+        orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z"/></marker>
+        <clipPath id="tt-clip-${uid}"><rect x="2" y="0" width="${TT_BOX_W - 4}" height="${TT_BOX_H}"/></clipPath></defs>
+        <g class="tt-zoom">`];
     let k = 0;
     for (const [key, l] of links) {
       const p = lay.paths[k++];
-      parts.push(`<g class="tt-edge" data-link="${ttEscape(key)}"><path d="${p.d}" marker-start="url(#tt-arrow-${uid})"/>` +
-                 `<text x="${p.label.x}" y="${p.label.y}"></text></g>`);
+      parts.push(`<g class="tt-edge" data-link="${ttEscape(key)}" data-width="${p.label.w}"><title></title>` +
+                 `<path d="${p.d}" marker-start="url(#tt-arrow-${uid})"/><text x="${p.label.x}" y="${p.label.y}"></text></g>`);
     }
     for (const [id, inside] of shown) {
       const {x, y} = lay.xy.get(id);
@@ -221,10 +260,11 @@ function torchtracePlayer(container, data, options) {
       const worst = ["error", "warn", "info"].find((s) => marks.some((f) => f.severity === s));
       const badge = marks.length ? `<g class="tt-badge tt-${worst}"><circle cx="${TT_BOX_W - 8}" cy="8" r="8"/>` +
         `<text x="${TT_BOX_W - 8}" y="12">${marks.length > 1 ? marks.length : "!"}</text></g>` : "";
+      const room = TT_BOX_W - 16 - (marks.length ? 16 : 0);  // the badge takes the top right corner
       parts.push(`<g class="tt-node tt-${kind}" data-id="${ttEscape(id)}" transform="translate(${x},${y})">
         <title>${ttEscape(tip)}</title><rect width="${TT_BOX_W}" height="${TT_BOX_H}" rx="6"/>
-        <text class="tt-name" x="8" y="16">${ttEscape(ttShort(title, 25))}</text>
-        <text class="tt-data" x="8" y="33"></text><text class="tt-grad" x="8" y="49"></text>${badge}</g>`);
+        <g clip-path="url(#tt-clip-${uid})"><text class="tt-name" x="8" y="16">${ttEscape(ttFit(title, room, TT_FONTS.name))}</text>
+        <text class="tt-data" x="8" y="33"></text><text class="tt-grad" x="8" y="49"></text></g>${badge}</g>`);
     }
     parts.push("</g></svg>");
     graph.innerHTML = parts.join("");
@@ -289,7 +329,7 @@ function torchtracePlayer(container, data, options) {
     }
     state.sized = true;
     const k = box.width ? Math.min(box.width / view.lay.width, box.height / view.lay.height) : 1;
-    if (k >= 0.55) { fit(); return; }
+    if (k >= (options.fitFrom || 0.55)) { fit(); return; }  // whole, when it is still readable so
     state.zoom = {k: 0.8, x: 0, y: 0};
     applyZoom();
     centre(currentBox());
@@ -400,10 +440,10 @@ function torchtracePlayer(container, data, options) {
       for (const m of inside) if (stepOf.has(m.id) && stepOf.get(m.id) <= state.step) done++;
       el.classList.toggle("tt-done", done === inside.length);
       const dataText = group ? `${inside.length} nodes, ${done} stepped` :
-        state.values && n.value ? "data " + n.value : n.shape + (state.values && n.value_note ? " (value gone)" : "");
-      setText(el, ".tt-data", ttShort(dataText, 27));
+        state.values && n.value ? "data " + n.value : n.shape + (state.values ? ttValueMissing(n) : "");
+      setText(el, ".tt-data", ttFit(dataText, TT_BOX_W - 16, TT_FONTS.data));
       const grad = group ? "" : nodeGrad(n);
-      setText(el, ".tt-grad", grad ? ttShort("grad " + grad, 27) : "");
+      setText(el, ".tt-grad", grad ? ttFit("grad " + grad, TT_BOX_W - 16, TT_FONTS.data) : "");
     }
     for (const {el, link} of view.edgeEls) {
       let carried = 0, label = "", now = false;
@@ -414,7 +454,11 @@ function torchtracePlayer(container, data, options) {
       el.classList.toggle("tt-carried", carried > 0);
       el.classList.toggle("tt-now", now);
       const text = carried === 1 ? label : carried > 1 ? `${carried} gradients` : "";
-      if (el.dataset.shown !== text) { el.dataset.shown = text; el.querySelector("text").textContent = ttShort(text, 24); }
+      if (el.dataset.shown !== text) {
+        el.dataset.shown = text;
+        el.querySelector("text").textContent = ttFit(text, +el.dataset.width, TT_FONTS.edge);
+        el.querySelector("title").textContent = text;  // the whole of it, on hover
+      }
     }
     panel.innerHTML = current ? describe(current) : "<p>Nothing to step through: no gradient reached any node.</p>";
     const check = panel.querySelector(".tt-check-button");
@@ -439,8 +483,8 @@ function torchtracePlayer(container, data, options) {
     const parts = s.gathered ? " — one per output: " + sent.join("; ") : sent.length > 1 ? " = " + sent.join(" + ") : "";
     const note = s.note ? `<p class="tt-note">${e(s.note)}</p>` : "";
     const node = byId.get(s.node);
-    const value = node && node.value ? `<p>value: <b class="tt-value">${e(node.value)}</b></p>` :
-      node && node.value_note ? `<p class="tt-note">value: ${e(node.value_note)}</p>` : "";
+    const value = (node && node.value ? `<p>value: <b class="tt-value">${e(node.value)}</b></p>` : "") +
+      (node && node.value_note ? `<p class="tt-note">value: ${e(node.value_note)}</p>` : "");
     if (s.kind === "accumulate") {
       html += `<p class="tt-math">⊕ the gradients that reached this leaf are added into its .grad</p>${value}`;
       html += `<p>gradient reaching it: <b class="tt-up">${e(s.upstream)}</b>${parts}</p>`;
@@ -572,7 +616,7 @@ function torchtraceSideBySide(container, both) {
       if (best < 0) best = pairs.findIndex((p) => p[side] > step);
       if (best >= 0) { at = best; show(); } else players[side].go(step);
     };
-    players.push(torchtracePlayer(holder, data, {nav, onPick}));
+    players.push(torchtracePlayer(holder, data, {nav, onPick, fitFrom: 0.3}));  // half a window: open whole
   });
   players.forEach((p) => p.relayout());  // both cells have their widths now
   show();
