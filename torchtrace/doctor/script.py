@@ -51,10 +51,10 @@ class Session:
 
     def backward(self, original: Any) -> Any:
         def backward(loss: Any, gradient: Optional[Any] = None, retain_graph: Optional[bool] = None,
-                     create_graph: bool = False, show: bool = False) -> None:
+                     create_graph: bool = False, inputs: Optional[Any] = None, show: bool = False) -> None:
             if (self.busy or self.diagnosed >= self.steps or gradient is not None or create_graph or show
-                    or loss.numel() != 1):
-                return original(loss, gradient, retain_graph, create_graph, show)
+                    or inputs is not None or loss.numel() != 1):
+                return original(loss, gradient, retain_graph, create_graph, inputs=inputs, show=show)
             self.diagnosed += 1
             with plain_torch():
                 self.optimizer_steps.note_loss(float(loss.detach()))
