@@ -234,3 +234,17 @@ class WrongSquare(tt.Function):
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
         return grad * x
+
+
+class TorchSquare(torch.autograd.Function):
+    """y = x^2 -> dy/dx = 2x, as a torch autograd Function (torchtrace runs its forward/backward as one node)"""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * g * x

@@ -1,7 +1,7 @@
 """tt.check against torch autograd and tt.gradcheck against finite differences, including failures."""
 import pytest
 import torch
-from helpers import WrongSquare
+from helpers import TorchSquare, WrongSquare
 
 import torchtrace as tt
 from torchtrace.autograd.function import RULES
@@ -101,17 +101,6 @@ def test_check_uses_finite_differences_for_a_torch_autograd_function():
 
 
 def test_check_says_when_finite_differences_were_the_reference():
-    class TorchSquare(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x * x
-
-        @staticmethod
-        def backward(ctx, g):
-            (x,) = ctx.saved_tensors
-            return 2 * g * x
-
     report = tt.check(lambda x: TorchSquare.apply(x).sin(), torch.rand(4, dtype=torch.float64))
     assert report.reference.startswith("finite differences (it calls the torch autograd Function")
     assert "match finite differences" in repr(report)

@@ -4,41 +4,17 @@ import copy
 
 import pytest
 import torch
+from helpers import Cube, TorchSquare
 from references import finite_differences, plain, torch_grads
 
 import torchtrace as tt
 from torchtrace.port import port
 
-
-class Square(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return 2 * x * g
-
-
-class Cube(tt.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x * x
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return 3 * x * x * g
-
-
 FUNCTIONS = {
     "T": lambda x, w: (x @ w.T).tanh().sum(),
     "mT": lambda x, w: (x @ w.mT).tanh().sum(),
     "mH": lambda x, w: (x @ w.mH).tanh().sum(),
-    "autograd.Function.apply": lambda x, w: Square.apply(x @ w.T).sum(),
+    "autograd.Function.apply": lambda x, w: TorchSquare.apply(x @ w.T).sum(),
     "tt.Function.apply": lambda x, w: Cube.apply(torch.tanh(x @ w.t())).sum(),
 }
 CALLS = 6

@@ -1,7 +1,7 @@
 """A torch autograd Function called on tracers runs its own forward/backward as a torchtrace node (vs torch)."""
 import pytest
 import torch
-from helpers import double_backward_matches
+from helpers import TorchSquare, double_backward_matches
 from torch.autograd.function import once_differentiable
 
 import torchtrace as tt
@@ -123,17 +123,8 @@ class ScaleInPlace(torch.autograd.Function):
         return 2 * g
 
 
-class OnceSquare(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return 2 * x * g
+class OnceSquare(TorchSquare):
+    backward = staticmethod(once_differentiable(TorchSquare.backward))
 
 
 def x64(*shape):
