@@ -1,38 +1,18 @@
 """Small models for the mixed-precision tests, in torch.nn (ported with tt.port where torchtrace runs them): a
 one-block GPT, a CNN, a model whose head underflows float16 gradients at scale 1, and one with an op that can be
 forced to overflow in the backward."""
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchtrace.precision.__main__ import SmallGPT, gpt_loss  # noqa: F401 (gpt_loss: the tests' too)
 
-class GPT(nn.Module):
-    """Token and position embeddings, one pre-norm block (causal attention spelled out, a GELU MLP), a linear head."""
+
+class GPT(SmallGPT):
+    """python -m torchtrace.precision's GPT, smaller: 11 tokens, width 16, 2 heads, blocks of 8."""
 
     def __init__(self, vocab: int = 11, d: int = 16, heads: int = 2, block: int = 8) -> None:
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(block, d)
-        self.ln1, self.qkv, self.proj = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.ln2, self.fc, self.mlp_proj = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.ln_f, self.head, self.heads = nn.LayerNorm(d), nn.Linear(d, vocab), heads
-        self.register_buffer("causal", torch.tril(torch.ones(block, block, dtype=torch.bool)))
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        B, T = idx.shape
-        x = self.wte(idx) + self.wpe(torch.arange(T))
-        q, k, v = self.qkv(self.ln1(x)).split(x.shape[-1], dim=-1)
-        q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~self.causal[:T, :T], float("-inf"))
-        x = x + self.proj((att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, -1))
-        x = x + self.mlp_proj(F.gelu(self.fc(self.ln2(x))))
-        return self.head(self.ln_f(x))
-
-
-def gpt_loss(model: nn.Module, idx: torch.Tensor) -> torch.Tensor:
-    logits = model(idx[:, :-1])
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
+        super().__init__(vocab, d, heads, block)
 
 
 class CNN(nn.Module):

@@ -43,6 +43,12 @@ class SmallGPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
+def gpt_loss(model: nn.Module, idx: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy: the model reads idx[:, :-1] and predicts idx[:, 1:]."""
+    logits = model(idx[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
+
+
 def table(steps: int = 30, seed: int = 0, device: str = "cpu") -> str:
     """The table, as text."""
     torch.manual_seed(seed)
@@ -53,16 +59,12 @@ def table(steps: int = 30, seed: int = 0, device: str = "cpu") -> str:
     batches = [torch.stack([data[s:s + block + 1] for s in row.tolist()]) for row in starts]
     base = SmallGPT(len(chars)).to(device)
 
-    def loss_of(model: nn.Module, idx: torch.Tensor) -> torch.Tensor:
-        logits = model(idx[:, :-1])
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
-
     lines: List[str] = []
     for dtype in (torch.bfloat16, torch.float16):
         model = tt.port(SmallGPT(len(chars)).to(device))
         model.load_state_dict(base.state_dict())
-        plain = precision(lambda idx: loss_of(model, idx), batches[0], dtype=dtype)
-        scaled = precision(lambda idx: loss_of(model, idx), batches[0], dtype=dtype, scale=2.0 ** 16)
+        plain = precision(lambda idx: gpt_loss(model, idx), batches[0], dtype=dtype)
+        scaled = precision(lambda idx: gpt_loss(model, idx), batches[0], dtype=dtype, scale=2.0 ** 16)
         name = str(dtype).replace("torch.", "")
         lines += [f"## {name} (device {device}, loss {plain.low.loss:.5f} vs float32 {plain.reference.loss:.5f})", "",
                   "| rule | module | ran in | why | rel. error | underflow | subnormal |",
@@ -81,7 +83,7 @@ def table(steps: int = 30, seed: int = 0, device: str = "cpu") -> str:
             for idx in batches:
                 optimizer.zero_grad()
                 with torch.autocast(device, dtype=dtype):
-                    loss = loss_of(model, idx)
+                    loss = gpt_loss(model, idx)
                 scaler.scale(loss).backward()
                 scaler.step(optimizer)
                 scaler.update()
