@@ -1,4 +1,5 @@
 """One-line op tests: run a function on tracers and under torch autograd, then against finite differences."""
+import contextlib
 import functools
 import importlib.util
 from pathlib import Path
@@ -193,6 +194,18 @@ def sample_as_function(sample: Any, call: Callable) -> tuple:
         return call(input, *args, **kwargs)
 
     return fn, [fixed[k] for k in positions]
+
+
+@contextlib.contextmanager
+def keep_values_budget(n: int):
+    """Within the block, tt.explore.keep_values(n): graphs keep up to n bytes of their ops' values; then the budget
+    before."""
+    before = tt.explore.keep_values()
+    tt.explore.keep_values(n)
+    try:
+        yield
+    finally:
+        tt.explore.keep_values(before)
 
 
 # ------------------------------------------------------------------ the catalogue of example Functions

@@ -1,26 +1,16 @@
 """A graph keeps what each op produced, up to a per-thread byte budget, and never more than its values: no node, no
 other graph, no growth over a training loop; the player shows what the op produced, never memory changed later."""
-import contextlib
 import gc
 import threading
 import weakref
 
 import pytest
 import torch
+from helpers import keep_values_budget
 
 import torchtrace as tt
 from torchtrace.autograd.kept_values import Kept
 from torchtrace.inspect.explore.budget import held_bytes
-
-
-@contextlib.contextmanager
-def budget(n):
-    before = tt.explore.keep_values()
-    tt.explore.keep_values(n)
-    try:
-        yield
-    finally:
-        tt.explore.keep_values(before)
 
 
 def values_of(ex):
@@ -62,7 +52,7 @@ def test_a_kept_value_is_an_alias_that_holds_no_node():
 
 def test_beyond_the_budget_values_are_held_weakly():
     start = held_bytes()
-    with budget(start + 3 * 400):  # three 100-float results
+    with keep_values_budget(start + 3 * 400):  # three 100-float results
         x = tt.tracer(torch.ones(100), requires_grad=True)
         ys = [x * 2]
         for _ in range(5):
@@ -110,7 +100,7 @@ def test_each_thread_counts_its_own_bytes():
     got = []
 
     def build():
-        with budget(tt.explore.keep_values()):
+        with keep_values_budget(tt.explore.keep_values()):
             y = tt.tracer(torch.ones(10), requires_grad=True) * 2
             got.append((held_bytes(), isinstance(y.grad_fn.value_refs[0], Kept)))
 
@@ -128,7 +118,7 @@ def test_keep_values_refuses_a_negative_budget():
 
 @pytest.mark.parametrize("kept", [True, False], ids=["kept", "weak"])
 def test_a_value_changed_under_no_grad_shows_both_versions(kept):
-    with budget(tt.explore.keep_values() if kept else 0):
+    with keep_values_budget(tt.explore.keep_values() if kept else 0):
         x = tt.tracer([1.0, 2.0, 3.0], requires_grad=True)
         y = x * 2
         s = y.sum()
@@ -181,7 +171,7 @@ def small_model():
 def test_the_players_the_project_makes_keep_every_value_whatever_the_budget():
     model, x, y = small_model()
     loss = lambda: torch.nn.functional.cross_entropy(model(x), y)  # noqa: E731
-    with budget(0):
+    with keep_values_budget(0):
         players = {"explore(fn)": tt.explore(lambda x: torch.nn.functional.cross_entropy(model(x), y), x),
                    "diagnose": tt.diagnose(loss).explore()}
         both = tt.diff(loss, loss, titles=("a", "b")).explore()

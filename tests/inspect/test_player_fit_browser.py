@@ -1,7 +1,6 @@
 """The players the project makes, in headless Chromium: every value shown (the doctor's, the diff's and the docs'
 players say no "value gone"), every box's text inside its box and no edge label over a box on a 1,000-node model,
 and the side-by-side diff page inside its window."""
-import contextlib
 import importlib.util
 import sys
 import types
@@ -11,6 +10,7 @@ import pytest
 import test_explore_browser as shared
 import torch
 import torch.nn.functional as F
+from helpers import keep_values_budget
 
 import torchtrace as tt
 
@@ -56,16 +56,6 @@ return [labels, over];
 """
 
 
-@contextlib.contextmanager
-def budget(n):
-    before = tt.explore.keep_values()
-    tt.explore.keep_values(n)
-    try:
-        yield
-    finally:
-        tt.explore.keep_values(before)
-
-
 def expand_all_and_go_to_the_end(driver, player):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -99,7 +89,7 @@ class WrongTanh(tt.Function):
 
 def test_the_doctors_player_shows_every_value(browser, tmp_path):
     model, x, y = small_model()
-    with budget(0):  # the doctor keeps its values whatever the graph's budget
+    with keep_values_budget(0):  # the doctor keeps its values whatever the graph's budget
         d = tt.diagnose(lambda: F.cross_entropy(model(x), y))
         path = d.explore().save(tmp_path / "diagnosis.html")
     player, _ = open_page(browser, path)
@@ -113,7 +103,7 @@ def test_the_diff_page_shows_every_value_and_fits_its_window(browser, tmp_path, 
     from selenium.webdriver.common.by import By
 
     model, x, y = small_model()
-    with budget(0):
+    with keep_values_budget(0):
         report = tt.diff(lambda: F.cross_entropy(model[2](WrongTanh.apply(model[0](x))), y),
                          lambda: F.cross_entropy(model(x), y), titles=("student", "reference"))
         path = report.explore().save(tmp_path / "diff.html")
@@ -187,7 +177,7 @@ def test_a_1000_node_model_keeps_text_inside_boxes_and_labels_off_them(browser, 
 def test_a_graph_beyond_the_budget_says_how_many_values_are_gone(browser, tmp_path):
     from selenium.webdriver.common.by import By
 
-    with budget(0):
+    with keep_values_budget(0):
         a, b, c, f = (tt.tracer(v, requires_grad=True) for v in (2.0, -3.0, 10.0, -2.0))
         ex = tt.explore((a * b + c) * f)
     player, _ = open_page(browser, ex.save(tmp_path / "gone.html"))
