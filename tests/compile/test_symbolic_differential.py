@@ -5,10 +5,11 @@ float of the call perturbed), must equal the rule's own forward and backward run
 Then the gradients are compared with torch autograd on the same call; where they differ, central finite differences
 decide (the test fails unless they side with the traced code).
 """
-from typing import Any, Dict, List
+from typing import Dict, List
 
 import pytest
 import torch
+from references import finite_differences
 
 from torchtrace.compiler.tracing import trace_rule
 from torchtrace.compiler.tracing.calls import RuleCall, rule_calls
@@ -40,23 +41,6 @@ FAMILIES: Dict[str, List[str]] = {  # rule family (the file holding the rules) -
 @pytest.fixture(scope="module")
 def calls() -> Dict[type, List[RuleCall]]:
     return rule_calls([e for entries in FAMILIES.values() for e in entries], per_op=2, per_rule=2)
-
-
-def _finite_differences(f: Any, leaves: List[torch.Tensor], eps: float = 1e-6) -> List[torch.Tensor]:
-    found = []
-    for leaf in leaves:
-        grad = torch.zeros_like(leaf)
-        flat, out = leaf.view(-1), grad.view(-1)
-        for i in range(flat.numel()):
-            keep = flat[i].item()
-            flat[i] = keep + eps
-            up = f()
-            flat[i] = keep - eps
-            down = f()
-            flat[i] = keep
-            out[i] = (up - down) / (2 * eps)
-        found.append(grad)
-    return found
 
 
 def _against_torch(call: RuleCall, run: Replay) -> bool:
@@ -92,7 +76,7 @@ def _against_torch(call: RuleCall, run: Replay) -> bool:
         with torch.no_grad():  # torch and the traced code disagree: finite differences decide
             leaf = args[i].detach().clone(memory_format=torch.contiguous_format)
             args[i] = leaf
-            (numeric,) = _finite_differences(lambda: weighted().item(), [leaf])
+            (numeric,) = finite_differences(weighted, [leaf])
         assert torch.allclose(got, numeric, rtol=1e-4, atol=1e-5), (
             f"{call.rule.__name__} ({call.source}): traced gradient of argument {i} differs from torch autograd "
             "and from finite differences")
