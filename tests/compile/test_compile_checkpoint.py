@@ -66,33 +66,31 @@ def test_a_checkpointed_block_gives_every_weight_its_gradient_on_every_call(wher
     assert len(compiled.program.paths()) == 1  # one path, the statements before the checkpoint
 
 
+@pytest.mark.filterwarnings("ignore")  # the warning that the checkpoint runs eagerly
 def test_a_second_backward_with_retain_graph_doubles_the_gradient_as_eager():
     ported = port(_layers())
     compiled = tt.compile(lambda x: _loss(ported, x, 1, False), ())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for _ in range(3):
-            x = tt.tracer(torch.randn(2, 4, dtype=torch.float64))
-            ported.zero_grad(set_to_none=True)
-            loss = compiled(x)
-            loss.backward(retain_graph=True)
-            loss.backward()
-            ours = [plain(p.grad) for p in ported.parameters()]
-            ported.zero_grad(set_to_none=True)
-            loss = _loss(ported, x, 1, False)
-            loss.backward(retain_graph=True)
-            loss.backward()
-            for a, p in zip(ours, ported.parameters()):
-                torch.testing.assert_close(a, plain(p.grad), rtol=0, atol=0)
+    for _ in range(3):
+        x = tt.tracer(torch.randn(2, 4, dtype=torch.float64))
+        ported.zero_grad(set_to_none=True)
+        loss = compiled(x)
+        loss.backward(retain_graph=True)
+        loss.backward()
+        ours = [plain(p.grad) for p in ported.parameters()]
+        ported.zero_grad(set_to_none=True)
+        loss = _loss(ported, x, 1, False)
+        loss.backward(retain_graph=True)
+        loss.backward()
+        for a, p in zip(ours, ported.parameters()):
+            torch.testing.assert_close(a, plain(p.grad), rtol=0, atol=0)
 
 
+@pytest.mark.filterwarnings("ignore")  # the warning that the checkpoint runs eagerly
 def test_calls_before_the_checkpoint_replay():
     ported = port(_layers())
     compiled = tt.compile(lambda x: _loss(ported, x, 2, False), ())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for _ in range(3):
-            compiled(tt.tracer(torch.randn(2, 4, dtype=torch.float64))).backward()
+    for _ in range(3):
+        compiled(tt.tracer(torch.randn(2, 4, dtype=torch.float64))).backward()
     (path,) = compiled.program.paths()
     assert len(path) == 4  # linear, tanh, linear, tanh before the checkpoint
     assert [st.kind for st in compiled.last_path] == ["replay"] * 4
