@@ -7,6 +7,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 LESSON = Path(__file__).resolve().parents[2] / "examples" / "notebooks" / "10_curvature.ipynb"
 STEPS = 1000  # the lesson's full-size run (smoke mode runs fewer steps)
@@ -20,12 +21,19 @@ def lesson_cells(tag):
 
 @pytest.fixture(scope="module")
 def experiment():
+    """The lesson's setup and experiment cells, run here; what the setup changes process-wide (the default dtype,
+    the random state) is put back afterwards, so no later test runs in the lesson's float64."""
     namespace = {}
     setup = [cell for cell in nbformat.read(LESSON, as_version=4).cells if cell.cell_type == "code"][0]
-    exec(setup.source, namespace)
-    (code,) = lesson_cells("edge-of-stability")
-    exec(code.source, namespace)
-    return namespace
+    dtype, rng = torch.get_default_dtype(), torch.get_rng_state()
+    try:
+        exec(setup.source, namespace)
+        (code,) = lesson_cells("edge-of-stability")
+        exec(code.source, namespace)
+        yield namespace
+    finally:
+        torch.set_default_dtype(dtype)
+        torch.set_rng_state(rng)
 
 
 @pytest.mark.parametrize("eta", ETAS)
