@@ -29,3 +29,13 @@ def docs_site(tmp_path_factory):
     from docs_site import build
 
     return build(tmp_path_factory.mktemp("site"))
+
+
+@pytest.fixture(autouse=True)
+def default_dtype_left_as_found(request):
+    """A test that changes torch's default dtype and does not put it back fails (every later test would run in it)."""
+    dtype = torch.get_default_dtype()
+    yield
+    if torch.get_default_dtype() != dtype:
+        torch.set_default_dtype(dtype)
+        pytest.fail(f"{request.node.nodeid} left torch's default dtype changed: put it back when done")
