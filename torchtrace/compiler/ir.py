@@ -8,6 +8,7 @@ Values are numbered along a path of the trie in the order statements make them; 
 are first read. A Block is a straight run of statements; where a later call went another way (a branch of
 the user's Python, a new shape), the block ends and its `children` start with the differing statements.
 """
+import types
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
@@ -16,7 +17,7 @@ REPLAY, PASS, EAGER = "replay", "pass", "eager"  # the kinds of statement (see S
 TENSOR = object()  # a tensor argument's place in a key
 NUMBER = object()  # a Python float's place in a key: a number slot, read on every call
 _SIMPLE = (bool, int, str, type(None))  # kept in a key as (type, value)
-_BOUND = (type(torch.Tensor.T.__get__), type(torch.autograd.Function.apply))  # method-wrapper, bound method
+_BOUND = (types.MethodWrapperType, types.MethodType)  # Tensor.T.__get__, Cls.apply: a new object on every access
 
 
 def same_func(a: Callable, b: Callable) -> bool:
