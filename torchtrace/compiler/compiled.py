@@ -105,6 +105,14 @@ class Compiled:
             self(*self.example_inputs)
         return render_path(self.program, self.last_path, self.last_outputs, teaching=False)
 
+    @property
+    def backward_code(self) -> str:
+        """The generated backward (segment_code.py) of each compiled node the latest call's backward ran: the
+        function that runs as the node's backward when no hook, retain_grad, tt.grad capture or create_graph asks
+        for the step-by-step one."""
+        sources = [code.source for st in self.last_path if st.generated for code in st.generated.values()]
+        return "\n\n".join(dict.fromkeys(sources))
+
     def to_code(self) -> str:
         """The teaching form: the chain rule, names from the model, and every branch the calls took."""
         if not self.calls:

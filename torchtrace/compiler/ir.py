@@ -73,7 +73,8 @@ class Statement:
     """
 
     __slots__ = ("func", "kind", "rule", "key", "sources", "needs", "mask", "torch_leaf", "edges", "results",
-                 "first_value", "new_slots", "module", "line", "slot_names", "example", "checks", "plan", "fast")
+                 "first_value", "new_slots", "module", "line", "slot_names", "example", "checks", "plan", "fast",
+                 "numbers", "code", "generated")
 
     def __init__(self, func: Callable, kind: str, key: tuple, sources: tuple, needs: tuple):
         self.func, self.kind, self.key, self.sources, self.needs = func, kind, key, sources, needs
@@ -82,6 +83,10 @@ class Statement:
         facts = iter(zip(sources, needs))
         self.checks = tuple((k, *next(facts)) if k is TENSOR else (k, 0, False) for k in key) if all(
             k is TENSOR or k is NUMBER or (type(k) is tuple and k[0] in _SIMPLE) for k in key) else None
+        self.numbers = tuple(i for i, k in enumerate(key) if k is NUMBER)  # where its floats are (by position when
+        # `checks` is set): the step keeps them, its generated backward reads them
+        self.code: Any = None  # a REPLAY's backward as generated code (step_code.StepCode), or why it stays its rule
+        self.generated: Optional[dict] = None  # the generated backwards of nodes that begin here (segment_code.py)
         self.plan: Any = None  # (targets, local, new edges, first value): where its gradients go (replay.py)
         self.fast = False  # a REPLAY with checks and a plan: replay_next may take it
         self.rule: Optional[type] = None
@@ -90,7 +95,7 @@ class Statement:
         self.edges: tuple = ()  # (Edge(position, shape, dtype), source) per argument needing a gradient
         self.results: tuple = ()  # (shape, dtype) of each tensor result
         self.first_value = 0  # the number of the first value this statement makes
-        self.new_slots: tuple = ()  # leaf slots first read here: (slot, shape, dtype, requires_grad)
+        self.new_slots: dict = {}  # leaf slots first read here: {slot: (shape, dtype, device)}
         self.module = ""  # dotted path of the module it ran in ("" outside modules)
         self.line = ""  # 'file.py:12  h = x @ w' of the user's code
         self.slot_names: dict = {}  # slot -> a name for new leaf slots (an argument's or a parameter's name)

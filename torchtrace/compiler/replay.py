@@ -26,6 +26,8 @@ from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE, observing
 from torchtrace.compiler.ir import EAGER, NUMBER, PASS, REPLAY, TENSOR, Block, Program, Statement, describe, same_func
 from torchtrace.compiler.segment import Segment, Step, output_meta
+from torchtrace.compiler.step_code import step_code
+from torchtrace.compiler.tracing.judge import call_values
 from torchtrace.tracer import tracer
 
 _grad_enabled = torch.is_grad_enabled
@@ -208,8 +210,9 @@ class Run:
                     have = slot_of.get(id(a))
                     if have is None:  # a leaf slot read for the first time in this call
                         slot = ~source
-                        shape, dtype = st.new_slots.get(slot, (None, None))
-                        ok = slot == len(slots) and id(a) not in values and a.shape == shape and a.dtype == dtype
+                        shape, dtype, device = st.new_slots.get(slot, (None, None, None))
+                        ok = slot == len(slots) and id(a) not in values and a.shape == shape and a.dtype == dtype \
+                            and a.device == device
                         if ok:
                             slot_of[id(a)] = slot
                             slots.append(a)
@@ -258,7 +261,8 @@ class Run:
         targets, local, opened, first = st.plan
         if opened or first != segment.first_value:
             targets, local, _, _ = self._plan(st, segment, args, {}, rule)
-        step = Step(rule, ctx, [value], None, targets, local, kept)
+        step = Step(rule, ctx, [value], None, targets, local, kept, st,
+                    tuple([args[i] for i in st.numbers]) if st.numbers else ())
         segment.steps.append(step)
         segment.producer[value] = step
         return out
@@ -408,7 +412,7 @@ class Run:
             linked.append(t)
         targets, local, _, _ = self._plan(st, segment, args, kwargs, rule)
         segment.add_step(Step(rule, ctx, values, [output_meta(r) for r in raw] if len(raw) > 1 else None,
-                              targets, local, tuple(kept)))
+                              targets, local, tuple(kept), st, tuple(call_values(args, kwargs)[1]) if st.numbers else ()))
         return linked[0] if isinstance(out, torch.Tensor) else _rebuild(out, _relinked(out, raw, linked))
 
     def _diverge_after(self, st: Statement, func: Callable, rule: type, ctx: Context, args: tuple, kwargs: dict,
@@ -498,7 +502,7 @@ class Run:
                 if slot is None:
                     slot = self.slot_of[id(t)] = len(self.slots)
                     self.slots.append(t)
-                    new_slots[slot] = (t.shape, t.dtype)
+                    new_slots[slot] = (t.shape, t.dtype, t.device)
                     names[slot] = self._leaf_name(t)
                 sources.append(~slot)
         self.nodes = []
@@ -543,6 +547,8 @@ class Run:
             st.results = tuple((r.shape, r.dtype) for r in results)
             st.example = (tuple(_plain_copy(a) for a in args), {k: _plain_copy(v) for k, v in kwargs.items()},
                           [_plain_copy(r) for r in results])
+        if st.kind == REPLAY:  # its backward as lines of the generated backward, if its rule traces clean
+            st.code = step_code(st.rule, st.key, st.mask, *st.example[:2])
         for r in results:
             self._number(r)
         self.recorded.append(st)

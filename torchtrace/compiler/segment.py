@@ -16,6 +16,8 @@ from torchtrace.autograd.hooks import output_hooks
 from torchtrace.autograd.node import Context, Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
+from torchtrace.compiler.segment_code import generated_backward
+from torchtrace.compiler.step_code import LayoutDiffers
 from torchtrace.tracer import tracer
 
 _new_edge = tuple.__new__
@@ -27,11 +29,14 @@ class Step:
     returns, summed to `shape` and cast to `dtype` as `edge_gradient` does, goes to value `where` of this segment if
     `local`, else to the segment node's edge `where`)."""
 
-    __slots__ = ("rule", "ctx", "outputs", "metas", "targets", "local", "released", "saved_outputs", "node")
+    __slots__ = ("rule", "ctx", "outputs", "metas", "targets", "local", "released", "saved_outputs", "node",
+                 "statement", "floats")
 
     def __init__(self, rule: type, ctx: Any, outputs: List[int], metas: list, targets: list, local: List[int],
-                 saved_outputs: Tuple[Tuple[int, int], ...] = ()):
+                 saved_outputs: Tuple[Tuple[int, int], ...], statement: Any, floats: tuple):
         self.rule, self.ctx, self.outputs, self.metas, self.targets = rule, ctx, outputs, metas, targets
+        self.statement = statement  # the program's Statement it ran as
+        self.floats = floats  # the call's floats, in the order its trace names them (f0, f1, ...)
         self.local = local  # the values of this segment the step reads (whose steps its gradients go to), in order
         self.released = False
         self.saved_outputs = saved_outputs  # (saved index, output nr of the node): results the rule saved plain
@@ -59,6 +64,7 @@ class Segment:
     _released = False
     _n_inputs = None
     _saved: tuple = ()
+    shown = False  # a statement's node was shown as a result's grad_fn (it may hold grad_fn hooks)
 
     def __init__(self, first_value: int) -> None:
         self.first_value = first_value  # the number of the first value it makes: every later one until it closes
@@ -98,6 +104,7 @@ class Segment:
         grad_fn hooks, which the segment's backward runs around that statement's rule; its edges lead to this
         segment's node or to the node's edges)."""
         step = self.producer[self.outputs[nr]]
+        self.shown = True
         if step.node is None:
             edges, ctx = self.node.edges, step.ctx
             if ctx is None:  # a backward freed it already: what the node shows is a freed Context
@@ -116,6 +123,10 @@ class Segment:
         self.sealed = True
         node = self.node
         asked = node.hooks or node.retained or (captured is not None and any(n is node for n, _ in captured))
+        if not (create_graph or asked):
+            result = self._run_generated(grads, retain)
+            if result is not None:
+                return result
         buffers: Dict[int, torch.Tensor] = {}
         for nr, g in enumerate(grads):
             if g is not None:
@@ -174,6 +185,28 @@ class Segment:
         if not retain and all(step.released for step in self.steps):
             self._released = True  # what tools show of a node whose saved tensors are gone
         return tuple(result)
+
+    def _run_generated(self, grads: tuple, retain: bool) -> Optional[tuple]:
+        """The generated backward (segment_code.py), where it serves this call: no grad_fn hooks on a statement's
+        node, no step freed by an earlier backward, every layout as traced. None: the steps are interpreted."""
+        steps = self.steps
+        if not steps or any(s.released for s in steps) or (self.shown and any(
+                s.node is not None and (s.node.pre_hooks or s.node.post_hooks) for s in steps)):
+            return None
+        code = generated_backward(steps, self.outputs, len(self.node.edges))
+        try:
+            result, ran = code.function(steps, grads)
+        except LayoutDiffers:
+            return None
+        if not retain:  # freed as the interpreter frees them (after the whole backward here: see LayoutDiffers)
+            for k in ran:
+                step = steps[k]
+                if step.node is not None:
+                    step.ctx.release()
+                step.released, step.ctx = True, None
+            if len(ran) == len(steps) or all(step.released for step in steps):
+                self._released = True
+        return result
 
     def _order(self, seeded: Dict[int, torch.Tensor]) -> List[Step]:
         """The steps the seeded outputs reach, newest first: the engine's own order (it walks nodes newest first),

@@ -44,6 +44,10 @@ class Trace:
     forward_result: Any = None
     gradients: List[Optional[str]] = field(default_factory=list)
     backward_result: Any = None
+    # what the forward left in its Context, as templates (a tensor the record does not know: UNKNOWN): where the
+    # backward finds each tensor it reads, when the code runs on a Context the rule's own forward filled
+    ctx_saved: Any = ()
+    ctx_attributes: Any = field(default_factory=dict)
 
 
 @dataclass
@@ -141,6 +145,8 @@ def run_rule_recorded(rule: type, args: tuple, kwargs: dict, mask: int, numbers:
     with recorder:
         out = rule.forward(ctx, *call_args, **call_kwargs)
     trace.forward_result = recorder.template(out)
+    trace.ctx_saved = recorder.template(ctx._saved, strict=False)
+    trace.ctx_attributes = {k: recorder.template(v, strict=False) for k, v in vars(ctx).items()}
     grads = incoming(out, seed + 1)
     trace.gradients = [None if g is None else recorder.declare(g, f"g{i}") for i, g in enumerate(grads)]
     recorder.phase = "backward"

@@ -45,6 +45,9 @@ class TensorRef(NamedTuple):
     name: str
 
 
+UNKNOWN = TensorRef("?")  # in a non-strict template: a tensor the record does not know
+
+
 class Number(NamedTuple):
     """A float in a statement's arguments: its expression (a constant for a plain float)."""
 
@@ -119,10 +122,13 @@ class RuleRecorder(TorchFunctionMode):
         self._alive.append(t)
         return self._names.setdefault(id(t), name)
 
-    def template(self, tree: Any) -> Any:
-        """The arguments or results as the record holds them; a tensor it does not know is refused."""
+    def template(self, tree: Any, strict: bool = True) -> Any:
+        """The arguments or results as the record holds them; a tensor it does not know is refused (UNKNOWN when not
+        `strict`)."""
         if isinstance(tree, torch.Tensor):
             name = self._names.get(id(tree))
+            if name is None and not strict:
+                return UNKNOWN
             if name is None:
                 self.refuse("unknown tensor", f"a {tuple(tree.shape)} tensor that is neither an argument, an "
                             "incoming gradient nor the result of a recorded call (made behind the recording)")
@@ -130,11 +136,11 @@ class RuleRecorder(TorchFunctionMode):
         if isinstance(tree, float) and not isinstance(tree, bool):
             return Number(expression_of(tree))
         if isinstance(tree, list):
-            return [self.template(item) for item in tree]
+            return [self.template(item, strict) for item in tree]
         if isinstance(tree, tuple) and not isinstance(tree, torch.Size):  # named tuples and return_types: a tuple
-            return tuple(self.template(item) for item in tree)
+            return tuple(self.template(item, strict) for item in tree)
         if isinstance(tree, dict):
-            return {k: self.template(v) for k, v in tree.items()}
+            return {k: self.template(v, strict) for k, v in tree.items()}
         return tree
 
     def refuse(self, kind: str, what: str) -> None:

@@ -46,7 +46,9 @@ def _resolve(name: str) -> Any:
     return found
 
 
-class _Writer:
+class CodeWriter:
+    """Renders recorded statements as Python lines; objects with no readable spelling become constants `K[i]`."""
+
     def __init__(self) -> None:
         self.constants: List[Any] = []  # objects with no readable spelling, passed to the code as K[i]
 
@@ -118,13 +120,13 @@ def _pattern(tree: Any, top: bool = False) -> str:
     return inner if top else f"({inner})"
 
 
-def _names(tree: Any) -> Set[str]:
+def names_in(tree: Any) -> Set[str]:
     if isinstance(tree, TensorRef):
         return {tree.name}
     if isinstance(tree, (list, tuple)) and not isinstance(tree, torch.Size):
-        return {n for item in tree for n in _names(item)}
+        return {n for item in tree for n in names_in(item)}
     if isinstance(tree, dict):
-        return {n for item in tree.values() for n in _names(item)}
+        return {n for item in tree.values() for n in names_in(item)}
     return set()
 
 
@@ -132,7 +134,7 @@ def _defined_in_order(trace: Trace, phase: str) -> List[str]:
     names: List[str] = []
     for s in trace.statements:
         if s.phase == phase and s.kind == "op":
-            names += sorted(_names(s.outputs) - set(names), key=lambda n: int(n[1:]))
+            names += sorted(names_in(s.outputs) - set(names), key=lambda n: int(n[1:]))
     return names
 
 
@@ -142,13 +144,13 @@ def straight_line(trace_or_verdict: Any) -> StraightLine:
     if isinstance(trace_or_verdict, Verdict) and not trace_or_verdict.clean:
         raise ValueError(f"{trace.rule.__name__ if trace else trace_or_verdict.rule.__name__}: not clean "
                          f"({trace_or_verdict.reason}): there is no straight-line code for it")
-    writer = _Writer()
+    writer = CodeWriter()
     floats = [f"f{i}" for i in range(len(trace.floats))]
-    inputs = sorted(_names((trace.args, trace.kwargs)), key=lambda n: int(n[1:]))
+    inputs = sorted(names_in((trace.args, trace.kwargs)), key=lambda n: int(n[1:]))
     forward_lines = [writer.line(s) for s in trace.statements if s.phase == "forward"]
     backward_statements = [s for s in trace.statements if s.phase == "backward"]
     backward_lines = [writer.line(s) for s in backward_statements]
-    read_later = set().union(*(_names((s.args, s.kwargs)) for s in backward_statements)) | _names(
+    read_later = set().union(*(names_in((s.args, s.kwargs)) for s in backward_statements)) | names_in(
         trace.backward_result)
     defined_before = set(inputs) | set(_defined_in_order(trace, "forward"))
     made_in_backward = _defined_in_order(trace, "backward")

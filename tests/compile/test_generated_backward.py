@@ -1,0 +1,247 @@
+"""The generated backward of a compiled node: the same bits as the interpreted steps, right against torch autograd
+and finite differences, and the step-by-step path wherever the generated one cannot serve a call."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_port import GPT, LeNet, sequence_loss
+
+import torchtrace as tt
+import torchtrace.compiler.segment as segment_module
+from torchtrace.compiler.segment import Segment
+from torchtrace.compiler.segment_code import generated_backward
+from torchtrace.compiler.step_code import LayoutDiffers, StepCode, expect
+from torchtrace.port import port
+
+
+@pytest.fixture
+def generated_runs(monkeypatch):
+    """How many backwards of compiled nodes ran generated code."""
+    count = [0]
+
+    def counting(*args):
+        count[0] += 1
+        return generated_backward(*args)
+
+    monkeypatch.setattr(segment_module, "generated_backward", counting)
+    return count
+
+
+def interpreted(monkeypatch):
+    monkeypatch.setattr(Segment, "_run_generated", lambda self, grads, retain: None)
+
+
+def _floats_each_call(x, w, slope, alpha, low, p, smoothing, target):
+    h = F.leaky_relu(x @ w, slope)
+    h = F.elu(h, alpha).clamp(low, 3.0)
+    h = (h.abs() + 0.5).pow(p)
+    return F.cross_entropy(h, target, label_smoothing=smoothing)
+
+
+def _mlp_loss(x, w1, b1, w2, b2, target):
+    return F.mse_loss(torch.tanh(x @ w1 + b1) @ w2 + b2, target)
+
+
+def _chunked(x, w):
+    a, b = (x @ w).chunk(2, dim=1)
+    return (torch.sigmoid(a) * b).sum() + a.max(dim=1).values.sum()
+
+
+CASES = {
+    "mlp": (_mlp_loss, lambda: [torch.randn(8, 2), torch.randn(2, 16), torch.randn(16), torch.randn(16, 1),
+                                torch.randn(1), torch.randn(8, 1)], (1, 2, 3, 4)),
+    "floats": (_floats_each_call, lambda: [torch.randn(6, 4), torch.randn(4, 5), 0.01, 1.0, -0.5, 2.0, 0.0,
+                                           torch.tensor([0, 1, 4, 2, 3, 1])], (1,)),
+    "chunk": (_chunked, lambda: [torch.randn(3, 4), torch.randn(4, 6)], (0, 1)),
+}
+CALLS = {"floats": [dict(), {2: 0.2, 3: 0.7, 4: -0.25, 5: 1.5, 6: 0.1}, {2: 0.05, 6: 0.0, 5: 3.0}]}
+
+
+def _run(name, dtype=torch.float64):
+    """Gradients of each call of the compiled case (floats changed per call where the case says)."""
+    fn, make, needing = CASES[name]
+    torch.manual_seed(0)
+    values = [v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in make()]
+    inputs = [tt.tracer(v, requires_grad=i in needing) if isinstance(v, torch.Tensor) else v
+              for i, v in enumerate(values)]
+    compiled = tt.compile(fn, tuple(inputs))
+    grads = []
+    for change in [dict()] + CALLS.get(name, [dict(), dict()]):
+        call = [change.get(i, v) for i, v in enumerate(inputs)]
+        for i in needing:
+            inputs[i].grad = None
+        compiled(*call).backward()
+        grads.append([inputs[i].grad.clone() for i in needing])
+    return grads, values, needing
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_generated_equals_interpreted_bit_for_bit(name, monkeypatch, generated_runs):
+    generated, _, _ = _run(name)
+    assert generated_runs[0] >= 2  # the replayed calls' backwards ran generated code
+    interpreted(monkeypatch)
+    stepped, _, _ = _run(name)
+    for a, b in zip(generated, stepped):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_generated_matches_torch_autograd_and_finite_differences(name, generated_runs):
+    generated, values, needing = _run(name)
+    fn = CASES[name][0]
+    calls = [dict()] + CALLS.get(name, [dict(), dict()])
+    for change, got in zip(calls, generated):
+        call = [change.get(i, v) for i, v in enumerate(values)]
+        leaves = [call[i].clone().requires_grad_() for i in needing]
+        torch_call = list(call)
+        for i, leaf in zip(needing, leaves):
+            torch_call[i] = leaf
+        expected = torch.autograd.grad(fn(*torch_call), leaves)
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-12)
+        for g, i in zip(got, needing):  # central differences on a few entries
+            flat = call[i].reshape(-1)
+            for j in range(0, flat.numel(), max(1, flat.numel() // 5)):
+                up, down = list(call), list(call)
+                up[i], down[i] = call[i].clone(), call[i].clone()
+                up[i].view(-1)[j] += 1e-6
+                down[i].view(-1)[j] -= 1e-6
+                numeric = (fn(*up) - fn(*down)).item() / 2e-6
+                assert abs(g.reshape(-1)[j].item() - numeric) <= 1e-5 * max(1.0, abs(numeric))
+    assert generated_runs[0] >= 2
+
+
+@pytest.mark.parametrize("name", ["lenet", "gpt"])
+def test_models_generated_equals_interpreted_and_torch(name, monkeypatch, generated_runs):
+    def grads_of_three_steps():
+        torch.manual_seed(0)
+        if name == "lenet":
+            twin, x, target, loss_fn = LeNet(), torch.randn(2, 1, 28, 28).double(), torch.tensor([3, 7]), F.cross_entropy
+        else:
+            twin = GPT(vocab=16, d=16, heads=2, length=8, layers=2)
+            x, target, loss_fn = torch.randint(0, 16, (2, 8)), torch.randint(0, 16, (2, 8)), sequence_loss
+        twin = twin.double()
+        ours = port(copy.deepcopy(twin))
+        compiled = tt.compile(lambda inputs, targets: loss_fn(ours(inputs), targets), (x, target))
+        out = []
+        for _ in range(3):
+            for p in ours.parameters():
+                p.grad = None
+            compiled(x, target).backward()
+            out.append([p.grad.clone() for p in ours.parameters()])
+        loss_fn(twin(x), target).backward()
+        return out, [p.grad for p in twin.parameters()]
+
+    generated, torch_grads = grads_of_three_steps()
+    assert generated_runs[0] >= 2
+    for g, t in zip(generated[-1], torch_grads):
+        torch.testing.assert_close(g, t)
+    interpreted(monkeypatch)
+    stepped, _ = grads_of_three_steps()
+    for a, b in zip(generated, stepped):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _compiled_mlp():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(4, 3), tt.tracer(torch.randn(3, 2), requires_grad=True), tt.tracer(
+        torch.randn(2), requires_grad=True)
+    compiled = tt.compile(lambda x, w, b: torch.tanh(x @ w + b).pow(2).sum(), (x, w, b))
+    compiled(x, w, b)
+    return compiled, x, w, b
+
+
+def test_grad_fn_hooks_take_the_step_by_step_path(generated_runs):
+    compiled, x, w, b = _compiled_mlp()
+    loss = compiled(x, w, b)
+    seen = []
+    loss.grad_fn.register_prehook(lambda gs: seen.append(gs) or (gs[0] * 2,))
+    loss.backward()
+    assert generated_runs[0] == 0 and len(seen) == 1
+    doubled = w.grad.clone()
+    w.grad = None
+    compiled(x, w, b).backward()
+    assert generated_runs[0] == 1
+    torch.testing.assert_close(doubled, 2 * w.grad, rtol=0, atol=0)
+
+
+def test_retain_grad_and_create_graph_take_the_step_by_step_path(generated_runs):
+    compiled, x, w, b = _compiled_mlp()
+    loss = compiled(x, w, b)
+    loss.retain_grad()
+    loss.backward()
+    assert generated_runs[0] == 0 and loss.grad.item() == 1.0
+    w.grad = None
+    (g,) = tt.grad(compiled(x, w, b), [w], create_graph=True)
+    assert generated_runs[0] == 0
+    g.sum().backward()  # through the re-linked saved results: a plain backward of the compiled node again
+    w_ = w.detach().as_subclass(torch.Tensor).clone().requires_grad_()
+    (g_,) = torch.autograd.grad(torch.tanh(x @ w_ + b.detach().as_subclass(torch.Tensor)).pow(2).sum(), [w_], create_graph=True)
+    g_.sum().backward()
+    torch.testing.assert_close(w.grad, w_.grad)
+
+
+def test_a_saved_tensor_changed_in_place_is_refused_as_in_eager(generated_runs):
+    compiled, x, w, b = _compiled_mlp()
+    loss = compiled(x, w, b)
+    x.add_(1)  # matmul saved x for w's gradient
+    with pytest.raises(RuntimeError, match="MatmulBackward for backward was modified by an in-place operation"):
+        loss.backward()
+    eager = (torch.tanh(x @ w + b)).pow(2).sum()
+    x.add_(1)
+    with pytest.raises(RuntimeError, match="MatmulBackward for backward was modified by an in-place operation"):
+        eager.backward()
+    assert generated_runs[0] == 1
+
+
+def test_a_second_backward_is_refused_and_retain_graph_allows_it(generated_runs):
+    compiled, x, w, b = _compiled_mlp()
+    loss = compiled(x, w, b)
+    loss.backward(retain_graph=True)
+    first = w.grad.clone()
+    loss.backward()
+    torch.testing.assert_close(w.grad, 2 * first)
+    with pytest.raises(RuntimeError, match="second time"):
+        loss.backward()
+    assert generated_runs[0] == 2
+
+
+def test_a_layout_the_trace_did_not_see_goes_step_by_step(monkeypatch):
+    compiled, x, w, b = _compiled_mlp()
+    compiled(x, w, b).backward()
+    expected = w.grad.clone()
+
+    class Raising:
+        def __init__(self, code):
+            self.code = code
+
+        def function(self, steps, grads):
+            raise LayoutDiffers("x0.stride() is (1, 3), the trace was recorded with (3, 1)")
+
+    monkeypatch.setattr(segment_module, "generated_backward", lambda *args: Raising(None))
+    w.grad = None
+    compiled(x, w, b).backward()
+    assert torch.equal(w.grad, expected)
+    with pytest.raises(LayoutDiffers, match="recorded with"):
+        expect((1, 3), (3, 1), "x0.stride()")
+    expect((3, 1), (3, 1), "x0.stride()")
+
+
+def test_tracing_a_rule_at_record_time_leaves_torchs_random_stream_alone():
+    x = tt.tracer(torch.randn(4, 4), requires_grad=True)
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    tt.compile(lambda x: (x * 2.0).sum(), (x,))(x)  # recording traces Mul and Sum
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_backward_code_shows_the_generated_function():
+    compiled, x, w, b = _compiled_mlp()
+    compiled(x, w, b).backward()
+    source = compiled.backward_code
+    assert source.startswith("def backward(S, G):") and "# Tanh" in source and "_c._refuse()" in source
+    traced = [st for path in compiled.program.paths() for st in path if isinstance(st.code, StepCode)]
+    assert {st.rule.__name__ for st in traced} >= {"Matmul", "Add", "Tanh", "Pow"}

@@ -1,0 +1,134 @@
+"""The generated backward of a compiled node: the statements' backwards as one straight-line Python function.
+
+`Segment.backward` interprets: for each step, newest first, it looks up buffers, calls the rule, and sends each
+edge its gradient (`edge_gradient`). For one sequence of statements all of that is decided by the program, so it is
+written out once per sequence and run on every call that makes the same node:
+
+    if _v12 is not None:                       # the step making value 12 got a gradient
+        _gs = [_v12]; _v12 = None
+        _c = S[11].ctx; _s = _c._saved           # a clean statement: its traced backward, on its own Context
+        ...
+        t3 = torch.mul(g0, x1)                  # the rule's torch calls, as traced
+        _g = t3                                 # what the rule returns for the edge to value 11
+        if _g.shape != K[4]: _g = _g.sum_to_size(K[4])
+        if _g.dtype != K[5]: _g = _g.to(K[5])
+        _v11 = _g if _v11 is None else _v11 + _g
+
+A statement that is not clean is one line, `_o = S[k].rule.backward(S[k].ctx, *_gs)`. Gradients meet in the
+interpreter's order, so the results are the same bits. `Compiled.backward_code` shows the source.
+"""
+import linecache
+import os
+from typing import Any, Callable, List, Optional
+
+import torch
+
+from torchtrace.compiler.step_code import StepCode, expect
+from torchtrace.compiler.tracing.recorder import TensorRef
+from torchtrace.compiler.tracing.straight_line import CodeWriter
+
+_HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "generated")  # a file name inside the package
+
+
+class SegmentCode:
+    """One generated backward: its source, the function `(steps, grads) -> (edge gradients, steps that ran)`, and
+    what it was generated for (the steps' targets, the node's outputs and edge count), checked before each use."""
+
+    __slots__ = ("source", "function", "targets", "outputs", "n_edges")
+
+    def __init__(self, source: str, function: Callable, targets: list, outputs: tuple, n_edges: int):
+        self.source, self.function, self.targets, self.outputs, self.n_edges = (
+            source, function, targets, outputs, n_edges)
+
+    def fits(self, steps: list, outputs: list, n_edges: int) -> bool:
+        return n_edges == self.n_edges and len(steps) == len(self.targets) and tuple(outputs) == self.outputs and \
+            all(s.targets is t or s.targets == t for s, t in zip(steps, self.targets))
+
+
+def generated_backward(steps: list, outputs: list, n_edges: int) -> SegmentCode:
+    """The generated backward of a node made of `steps` (kept on the first step's statement, by statement sequence)."""
+    key = tuple(s.statement for s in steps)
+    cache = key[0].generated
+    if cache is None:
+        cache = key[0].generated = {}
+    code = cache.get(key)
+    if code is None or not code.fits(steps, outputs, n_edges):
+        code = cache[key] = _generate(steps, outputs, n_edges)
+    return code
+
+
+def _zeros(meta: Optional[tuple]) -> Optional[torch.Tensor]:
+    """What the engine passes for an output of a multi-output rule that no gradient reached."""
+    return None if meta is None else torch.zeros(meta[0], dtype=meta[1], device=meta[2])
+
+
+def _generate(steps: list, outputs: list, n_edges: int) -> SegmentCode:
+    writer = CodeWriter()
+    lines = ["def backward(S, G):",
+             f'    """The backward of {len(steps)} compiled statements, newest first."""']
+    lines += [f"    _v{value} = G[{nr}]" for nr, value in enumerate(outputs)]
+    lines += [f"    _e{e} = None" for e in range(n_edges)]
+    lines.append("    _ran = []")
+    for k in reversed(range(len(steps))):
+        step = steps[k]
+        reached = " or ".join(f"_v{v} is not None" for v in step.outputs)
+        code = step.statement.code
+        lines.append(f"    if {reached}:  # {step.rule.__name__}" + (
+            "" if isinstance(code, StepCode) else " (its rule: " + (code or "not traced") + ")"))
+        lines += ["        " + line for line in _step_lines(k, step, code, writer)]
+    edges = ", ".join(f"_e{e}" for e in range(n_edges))
+    lines.append(f"    return ({edges}{',' if n_edges == 1 else ''}), _ran")
+    source = "\n".join(lines) + "\n"
+    filename = os.path.join(_HERE, f"backward_{id(steps[0].statement):x}_{len(steps)}.py")
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # tracebacks show the lines
+    namespace = {"K": writer.constants, "torch": torch, "expect": expect, "_zeros": _zeros}
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 (our own generated code)
+    return SegmentCode(source, namespace["backward"], [s.targets for s in steps], tuple(outputs), n_edges)
+
+
+def _step_lines(k: int, step: Any, code: Any, writer: CodeWriter) -> List[str]:
+    if len(step.outputs) == 1:
+        gradients = [f"_v{step.outputs[0]}"]
+    else:  # as the engine: zeros for the outputs no gradient reached
+        gradients = [f"(_v{v} if _v{v} is not None else _zeros(S[{k}].metas[{i}]))" for i, v in enumerate(step.outputs)]
+    lines = [f"_gs = [{', '.join(gradients)}]", "; ".join(f"_v{v} = None" for v in step.outputs)]
+    if isinstance(code, StepCode):
+        lines += _traced_lines(k, code, writer)
+        result = code.result if not isinstance(code.result, TensorRef) and isinstance(code.result, (tuple, list)) \
+            else (code.result,)
+        for position, shape, dtype, local, where in step.targets:
+            item = result[position] if type(position) is int else result[position[0]][position[1]]
+            if item is None:  # the traced backward returns no gradient there, on every call
+                continue
+            lines += [f"_g = {writer.value(item)}", *_send(shape, dtype, local, where, writer, checked=False)]
+    else:
+        lines += [f"_o = S[{k}].rule.backward(S[{k}].ctx, *_gs)", "if type(_o) is not tuple:", "    _o = (_o,)"]
+        for position, shape, dtype, local, where in step.targets:
+            at = f"[{position}]" if type(position) is int else f"[{position[0]}][{position[1]}]"
+            lines += [f"_g = _o{at}", *_send(shape, dtype, local, where, writer, checked=True)]
+    lines.append(f"_ran.append({k})")
+    return lines
+
+
+def _traced_lines(k: int, code: StepCode, writer: CodeWriter) -> List[str]:
+    lines = [f"_c = S[{k}].ctx", "_s = _c._saved"]
+    if code.checked:  # eager's check that no saved tensor changed in place since forward (Context.saved_tensors)
+        changed = " or ".join(f"_s[{i}]._version != _w[{i}]" for i in code.checked)
+        lines += ["_w = _c._versions", f"if {changed}:", "    _c._refuse()"]
+    lines += [f"{name} = {path}" for name, path in code.reads]
+    if code.n_floats:
+        lines.append(f"{', '.join(f'f{i}' for i in range(code.n_floats))}, = S[{k}].floats")
+    lines += [f"{name} = _gs[{i}]" for i, name in enumerate(code.gradients) if name is not None]
+    lines += [writer.line(s) for s in code.statements]
+    return lines
+
+
+def _send(shape: torch.Size, dtype: torch.dtype, local: bool, where: int, writer: CodeWriter,
+          checked: bool) -> List[str]:
+    """edge_gradient, written out: summed to the input's shape, cast to its dtype, added where it goes."""
+    target = f"_v{where}" if local else f"_e{where}"
+    shape_k, dtype_k = writer.constant(shape), writer.constant(dtype)
+    body = [f"if _g.shape != {shape_k}:", f"    _g = _g.sum_to_size({shape_k})",
+            f"if _g.dtype != {dtype_k}:", f"    _g = _g.to({dtype_k})",
+            f"{target} = _g if {target} is None else {target} + _g"]
+    return ["if _g is not None:", *("    " + line for line in body)] if checked else body

@@ -1,0 +1,107 @@
+"""A recorded statement's backward as lines of the generated backward, or why it stays a call of its rule.
+
+At record time the statement's rule is traced (`tracing.trace_rule`: forward then backward on copies of the recorded
+arguments, its floats as symbols). A clean trace becomes `StepCode`: the backward's torch calls, each tensor they
+read found where the rule's own forward left it in its Context (`_s[1]` for the second saved tensor, `_c.metas[0]`
+for an attribute), and the call's floats as parameters read from the step on every call. The code runs on the
+Context the rule's forward filled on this call, so its forward must have taken the same way as the traced one:
+a forward that read what the statement's checks do not fix (strides, contiguity, device, requires_grad) keeps the
+statement a call of its rule. Layout reads in the backward are checks (`expect`) of the generated code: one that
+fails sends the whole backward down the step-by-step path (`LayoutDiffers`).
+"""
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
+
+import torch
+
+from torchtrace.compiler.tracing.judge import Trace, call_values, trace_rule
+from torchtrace.compiler.tracing.recorder import UNKNOWN, Statement, TensorRef, attribute_name
+from torchtrace.compiler.tracing.straight_line import names_in
+
+# what a forward may read of its arguments and still take one way on every call of the statement: the statement's
+# checks fix each tensor's shape, dtype and device (a leaf's when first bound; a result's follows from its op)
+FIXED_BY_CHECKS = {"device", "is_cuda", "get_device", "shape", "size", "dim", "ndim", "ndimension", "numel", "nelement", "dtype", "is_floating_point",
+                   "is_complex", "element_size", "__len__", "layout", "is_sparse", "is_quantized", "is_meta",
+                   "is_nested", "is_signed", "result_type"}
+
+
+class LayoutDiffers(Exception):
+    """A layout the generated backward was not traced for (raised by its `expect` lines)."""
+
+
+def expect(value: Any, recorded: Any, what: str) -> None:
+    """The layout a statement's trace was recorded with; another sends the backward down the step-by-step path."""
+    if type(value) is not type(recorded) or value != recorded:
+        raise LayoutDiffers(f"{what} is {value!r}, the trace was recorded with {recorded!r}")
+
+
+class StepCode(NamedTuple):
+    """A clean statement's backward: `reads` binds each tensor it reads from the Context (`_s` its saved tensors,
+    `_c` the Context), `checked` are the saved indices whose versions eager checks, `statements` the traced torch
+    calls, `gradients` the name of each output's incoming gradient, `result` what backward returns (a template),
+    `n_floats` how many floats the call passes."""
+
+    reads: List[Tuple[str, str]]
+    checked: Tuple[int, ...]
+    statements: List[Statement]
+    gradients: List[Optional[str]]
+    result: Any
+    n_floats: int
+
+
+_CACHE: Dict[tuple, Union[StepCode, str]] = {}  # (rule, key, mask, layout of the tensors) -> its code, or why not
+
+
+def step_code(rule: type, key: tuple, mask: int, args: tuple, kwargs: dict) -> Union[StepCode, str]:
+    """The StepCode of a statement recorded with these (plain) arguments, or the reason it stays a rule call."""
+    tensors, _ = call_values(args, kwargs)
+    if any(t.layout != torch.strided for t in tensors):
+        return "a sparse tensor argument"
+    layout = tuple((t.shape, t.dtype, t.stride(), t.storage_offset(), t.device) for t in tensors)
+    found = _CACHE.get((rule, key, mask, layout))
+    if found is None:
+        with torch.random.fork_rng(devices=[]):  # the trace seeds torch's generator: the user's stream goes on
+            verdict = trace_rule(rule, args, kwargs, mask)
+        found = _CACHE[(rule, key, mask, layout)] = _from_trace(verdict.trace) if verdict.clean else verdict.reason
+    return found
+
+
+def _from_trace(trace: Trace) -> Union[StepCode, str]:
+    for s in trace.statements:
+        what = attribute_name(s.func) or getattr(s.func, "__name__", "")
+        if s.phase == "forward" and s.kind == "read" and what not in FIXED_BY_CHECKS:
+            return f"its forward reads {what}, which the statement does not fix"
+    backward = [s for s in trace.statements if s.phase == "backward" and not (  # fixed reads need no check
+        s.kind == "read" and (attribute_name(s.func) or getattr(s.func, "__name__", "")) in FIXED_BY_CHECKS)]
+    made = set().union(*(names_in(s.outputs) for s in backward if s.kind == "op"))
+    read = set().union(*(names_in((s.args, s.kwargs)) for s in backward)) | names_in(trace.backward_result)
+    needed = read - made - {g for g in trace.gradients if g is not None}
+    where = _places(trace)
+    missing = sorted(needed - set(where))
+    if missing:
+        return f"its backward reads {', '.join(missing)}, which its Context does not hold"
+    checked = tuple(i for i, item in enumerate(trace.ctx_saved) if isinstance(item, TensorRef))
+    reads = [(name, where[name]) for name in sorted(needed, key=lambda n: (n[0], int(n[1:])))]
+    return StepCode(reads, checked, backward, list(trace.gradients), trace.backward_result, len(trace.floats))
+
+
+def _places(trace: Trace) -> Dict[str, str]:
+    """name -> where the Context holds it: saved tensors first, then attributes (first place found)."""
+    places: Dict[str, str] = {}
+    _walk(trace.ctx_saved, "_s", places)
+    for name, value in trace.ctx_attributes.items():
+        if name.isidentifier():
+            _walk(value, f"_c.{name}", places)
+    return places
+
+
+def _walk(tree: Any, path: str, places: Dict[str, str]) -> None:
+    if isinstance(tree, TensorRef):
+        if tree != UNKNOWN:
+            places.setdefault(tree.name, path)
+    elif isinstance(tree, (list, tuple)) and not isinstance(tree, torch.Size):
+        for i, item in enumerate(tree):
+            _walk(item, f"{path}[{i}]", places)
+    elif isinstance(tree, dict):
+        for k, item in tree.items():
+            if isinstance(k, (str, int)):
+                _walk(item, f"{path}[{k!r}]", places)
