@@ -118,7 +118,8 @@ def test_models_generated_equals_interpreted_and_torch(name, monkeypatch, genera
     def grads_of_three_steps():
         torch.manual_seed(0)
         if name == "lenet":
-            twin, x, target, loss_fn = LeNet(), torch.randn(2, 1, 28, 28).double(), torch.tensor([3, 7]), F.cross_entropy
+            twin, x, target = LeNet(), torch.randn(2, 1, 28, 28).double(), torch.tensor([3, 7])
+            loss_fn = F.cross_entropy
         else:
             twin = GPT(vocab=16, d=16, heads=2, length=8, layers=2)
             x, target, loss_fn = torch.randint(0, 16, (2, 8)), torch.randint(0, 16, (2, 8)), sequence_loss
@@ -178,20 +179,24 @@ def test_retain_grad_and_create_graph_take_the_step_by_step_path(generated_runs)
     assert generated_runs[0] == 0
     g.sum().backward()  # through the re-linked saved results: a plain backward of the compiled node again
     w_ = w.detach().as_subclass(torch.Tensor).clone().requires_grad_()
-    (g_,) = torch.autograd.grad(torch.tanh(x @ w_ + b.detach().as_subclass(torch.Tensor)).pow(2).sum(), [w_], create_graph=True)
+    plain_b = b.detach().as_subclass(torch.Tensor)
+    (g_,) = torch.autograd.grad(torch.tanh(x @ w_ + plain_b).pow(2).sum(), [w_], create_graph=True)
     g_.sum().backward()
     torch.testing.assert_close(w.grad, w_.grad)
+
+
+REFUSED = "MatmulBackward for backward was modified by an in-place operation"
 
 
 def test_a_saved_tensor_changed_in_place_is_refused_as_in_eager(generated_runs):
     compiled, x, w, b = _compiled_mlp()
     loss = compiled(x, w, b)
     x.add_(1)  # matmul saved x for w's gradient
-    with pytest.raises(RuntimeError, match="MatmulBackward for backward was modified by an in-place operation"):
+    with pytest.raises(RuntimeError, match=REFUSED):
         loss.backward()
     eager = (torch.tanh(x @ w + b)).pow(2).sum()
     x.add_(1)
-    with pytest.raises(RuntimeError, match="MatmulBackward for backward was modified by an in-place operation"):
+    with pytest.raises(RuntimeError, match=REFUSED):
         eager.backward()
     assert generated_runs[0] == 1
 

@@ -411,8 +411,9 @@ class Run:
             values.append(value)
             linked.append(t)
         targets, local, _, _ = self._plan(st, segment, args, kwargs, rule)
+        floats = tuple(call_values(args, kwargs)[1]) if st.numbers else ()
         segment.add_step(Step(rule, ctx, values, [output_meta(r) for r in raw] if len(raw) > 1 else None,
-                              targets, local, tuple(kept), st, tuple(call_values(args, kwargs)[1]) if st.numbers else ()))
+                              targets, local, tuple(kept), st, floats))
         return linked[0] if isinstance(out, torch.Tensor) else _rebuild(out, _relinked(out, raw, linked))
 
     def _diverge_after(self, st: Statement, func: Callable, rule: type, ctx: Context, args: tuple, kwargs: dict,

@@ -19,7 +19,8 @@ from torchtrace.compiler.tracing.straight_line import names_in
 
 # what a forward may read of its arguments and still take one way on every call of the statement: the statement's
 # checks fix each tensor's shape, dtype and device (a leaf's when first bound; a result's follows from its op)
-FIXED_BY_CHECKS = {"device", "is_cuda", "get_device", "shape", "size", "dim", "ndim", "ndimension", "numel", "nelement", "dtype", "is_floating_point",
+FIXED_BY_CHECKS = {"device", "is_cuda", "get_device",
+                   "shape", "size", "dim", "ndim", "ndimension", "numel", "nelement", "dtype", "is_floating_point",
                    "is_complex", "element_size", "__len__", "layout", "is_sparse", "is_quantized", "is_meta",
                    "is_nested", "is_signed", "result_type"}
 
