@@ -146,26 +146,27 @@ def compile(fn: Callable, example_inputs: Any, check_inputs: Optional[Sequence[A
     """fn with checked replay: your Python runs on every call; torchtrace checks the torch calls it makes against
     the recorded program and reuses the backward.
 
-    Every call runs fn as written — every read, branch, print, random draw, optimizer update and scheduler
-    value happens, once, as in eager. A torch call that records a gradient (grad mode on, an argument that
-    requires one) is matched against the program recorded by earlier calls: the same callable, the same
-    structural arguments (shapes, dims, dtypes, flags), each tensor from the same place (an input or
-    parameter bound to this call's object, with its shape, dtype and requires_grad; or the result of an
-    earlier statement), and the same result shapes. Python floats are read on every call. A matched call
-    runs its rule's forward on plain tensors, without building a graph; the matched calls of one call
-    become one node of the graph, whose backward runs each rule's backward in reverse and fills `.grad`
-    as eager does. The first call that differs ends the match: the call goes on eagerly from there, and the
-    new path joins the recorded program as a branch — nothing runs twice. In-place changes, `Function.apply`
-    and calls that record several nodes run eagerly inside a matched program. Hooks, `retain_grad()` and
-    `tt.grad` inputs on values made inside see each value's whole gradient, and `create_graph=True` records
-    the gradient's graph through the compiled node, as in eager. A result's `grad_fn` is the node of the
-    statement that made it (as in eager): its `register_prehook` / `register_hook` hooks run around that
-    statement's rule. Calls inside a `torch.autocast` region of the function replay as eager statements (the
-    eager engine runs each, so its backward casts as its forward did). From a call watched op by op on (the
-    discovery run of `torch.utils.checkpoint`), the rest of the call runs eagerly, and so do later calls from
-    that point (a warning names the line once). A call made under `torch.autocast`, inside another compiled
-    call or while a tool watches every op (`tt.recording()`, `tt.detect_anomaly`) runs eagerly. Calls of one
-    compiled function from several threads run one at a time.
+    Every call runs fn as written — every read, branch, print, random draw, optimizer update and scheduler value
+    happens, once, as in eager. A torch call that records a gradient (grad mode on, an argument that requires one)
+    is matched against the program recorded by earlier calls: the same callable, the same structural arguments
+    (shapes, dims, dtypes, flags), each tensor from the same place (an input or parameter bound to this call's
+    object, with its shape, dtype and requires_grad; or the result of an earlier statement), and the same result
+    shapes. Python floats are read on every call. A matched call runs its rule's forward on plain tensors (its
+    traced torch calls, where the rule traced clean), without building a graph; the matched calls of one call become
+    one node of the graph, whose backward is one generated function (`.backward_code`): each clean statement's
+    traced backward written out, any other a call of its rule, the gradients summed as eager sums them; it fills
+    `.grad` as eager does. The first call that differs ends the match: the call goes on eagerly from there, and the
+    new path joins the recorded program as a branch — nothing runs twice. In-place changes, `Function.apply` and
+    calls that record several nodes run eagerly inside a matched program. Hooks, `retain_grad()` and `tt.grad`
+    inputs on values made inside see each value's whole gradient, and `create_graph=True` records the gradient's
+    graph through the compiled node, as in eager: these run the statements' rules step by step. A result's `grad_fn`
+    is the node of the statement that made it (as in eager): its `register_prehook` / `register_hook` hooks run
+    around that statement's rule. Calls inside a `torch.autocast` region of the function replay as eager statements
+    (the eager engine runs each, so its backward casts as its forward did). From a call watched op by op on (the
+    discovery run of `torch.utils.checkpoint`), the rest of the call runs eagerly, and so do later calls from that
+    point (a warning names the line once). A call made under `torch.autocast`, inside another compiled call or while
+    a tool watches every op (`tt.recording()`, `tt.detect_anomaly`) runs eagerly. Calls of one compiled function
+    from several threads run one at a time.
 
     `example_inputs` are what `.code` and `.to_code()` record on when no call has run yet. `check_inputs`
     compares compiled and eager on each given input now; `verify=N` does so before each of the first N calls

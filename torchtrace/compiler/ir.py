@@ -74,7 +74,7 @@ class Statement:
 
     __slots__ = ("func", "kind", "rule", "key", "sources", "needs", "mask", "torch_leaf", "edges", "results",
                  "first_value", "new_slots", "module", "line", "slot_names", "example", "checks", "plan", "fast",
-                 "numbers", "code", "generated")
+                 "numbers", "code", "generated", "traced_forward")
 
     def __init__(self, func: Callable, kind: str, key: tuple, sources: tuple, needs: tuple):
         self.func, self.kind, self.key, self.sources, self.needs = func, kind, key, sources, needs
@@ -87,6 +87,7 @@ class Statement:
         # `checks` is set): the step keeps them, its generated backward reads them
         self.code: Any = None  # a REPLAY's backward as generated code (step_code.StepCode), or why it stays its rule
         self.generated: Optional[dict] = None  # the generated backwards of nodes that begin here (segment_code.py)
+        self.traced_forward: Optional[Callable] = None  # its rule's forward as traced (step_code.py), for replay_next
         self.plan: Any = None  # (targets, local, new edges, first value): where its gradients go (replay.py)
         self.fast = False  # a REPLAY with checks and a plan: replay_next may take it
         self.rule: Optional[type] = None

@@ -26,7 +26,7 @@ from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE, observing
 from torchtrace.compiler.ir import EAGER, NUMBER, PASS, REPLAY, TENSOR, Block, Program, Statement, describe, same_func
 from torchtrace.compiler.segment import Segment, Step, output_meta
-from torchtrace.compiler.step_code import step_code
+from torchtrace.compiler.step_code import StepCode, step_code
 from torchtrace.compiler.tracing.judge import call_values
 from torchtrace.tracer import tracer
 
@@ -234,7 +234,15 @@ class Run:
         here (`link_output`'s common case, written out: this runs for every matched call)."""
         rule = st.rule
         ctx = Context(rule, (), st.mask)
-        out = rule.forward(ctx, *args)
+        forward = st.traced_forward
+        if forward is None:
+            out = rule.forward(ctx, *args)
+        else:
+            try:
+                out = forward(ctx, *args)
+            except Exception:  # what the traced code cannot take (an inference tensor has no version): the rule
+                ctx = Context(rule, (), st.mask)  # says it as eager does, or runs it
+                out = rule.forward(ctx, *args)
         if type(out) is not T or out._is_view() or ((out.shape, out.dtype),) != st.results \
                 or not out.dtype.is_floating_point or _held(out, args):
             return self._link(st, func, rule, ctx, args, {}, out)
@@ -550,6 +558,7 @@ class Run:
                           [_plain_copy(r) for r in results])
         if st.kind == REPLAY:  # its backward as lines of the generated backward, if its rule traces clean
             st.code = step_code(st.rule, st.key, st.mask, *st.example[:2])
+            st.traced_forward = st.code.forward if isinstance(st.code, StepCode) and st.checks is not None else None
         for r in results:
             self._number(r)
         self.recorded.append(st)

@@ -23,11 +23,9 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
-from torchtrace.compiler.step_code import StepCode, expect
+from torchtrace.compiler.step_code import GENERATED_DIR, StepCode, expect
 from torchtrace.compiler.tracing.recorder import TensorRef
 from torchtrace.compiler.tracing.straight_line import CodeWriter
-
-_HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "generated")  # a file name inside the package
 
 
 class SegmentCode:
@@ -79,7 +77,7 @@ def _generate(steps: list, outputs: list, n_edges: int) -> SegmentCode:
     edges = ", ".join(f"_e{e}" for e in range(n_edges))
     lines.append(f"    return ({edges}{',' if n_edges == 1 else ''}), _ran")
     source = "\n".join(lines) + "\n"
-    filename = os.path.join(_HERE, f"backward_{id(steps[0].statement):x}_{len(steps)}.py")
+    filename = os.path.join(GENERATED_DIR, f"backward_{id(steps[0].statement):x}_{len(steps)}.py")
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # tracebacks show the lines
     namespace = {"K": writer.constants, "torch": torch, "expect": expect, "_zeros": _zeros}
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 (our own generated code)

@@ -9,13 +9,18 @@ a forward that read what the statement's checks do not fix (strides, contiguity,
 statement a call of its rule. Layout reads in the backward are checks (`expect`) of the generated code: one that
 fails sends the whole backward down the step-by-step path (`LayoutDiffers`).
 """
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
+import linecache
+import os
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
 from torchtrace.compiler.tracing.judge import Trace, call_values, trace_rule
-from torchtrace.compiler.tracing.recorder import UNKNOWN, Statement, TensorRef, attribute_name
-from torchtrace.compiler.tracing.straight_line import names_in
+from torchtrace.compiler.tracing.recorder import UNKNOWN, Number, Statement, TensorRef, attribute_name, short_name
+from torchtrace.compiler.tracing.straight_line import CodeWriter, names_in
+from torchtrace.compiler.tracing.symbolic_float import Var
+
+GENERATED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "generated")  # file names in the package
 
 # what a forward may read of its arguments and still take one way on every call of the statement: the statement's
 # checks fix each tensor's shape, dtype and device (a leaf's when first bound; a result's follows from its op)
@@ -39,7 +44,9 @@ class StepCode(NamedTuple):
     """A clean statement's backward: `reads` binds each tensor it reads from the Context (`_s` its saved tensors,
     `_c` the Context), `checked` are the saved indices whose versions eager checks, `statements` the traced torch
     calls, `gradients` the name of each output's incoming gradient, `result` what backward returns (a template),
-    `n_floats` how many floats the call passes."""
+    `n_floats` how many floats the call passes. `forward(ctx, *args)` is the rule's forward as traced (None where
+    the call is not all positional, its result is not one tensor, or it draws random numbers): the same torch calls,
+    the same Context."""
 
     reads: List[Tuple[str, str]]
     checked: Tuple[int, ...]
@@ -47,6 +54,8 @@ class StepCode(NamedTuple):
     gradients: List[Optional[str]]
     result: Any
     n_floats: int
+    forward: Optional[Callable]
+    forward_source: str
 
 
 _CACHE: Dict[tuple, Union[StepCode, str]] = {}  # (rule, key, mask, layout of the tensors) -> its code, or why not
@@ -82,7 +91,67 @@ def _from_trace(trace: Trace) -> Union[StepCode, str]:
         return f"its backward reads {', '.join(missing)}, which its Context does not hold"
     checked = tuple(i for i, item in enumerate(trace.ctx_saved) if isinstance(item, TensorRef))
     reads = [(name, where[name]) for name in sorted(needed, key=lambda n: (n[0], int(n[1:])))]
-    return StepCode(reads, checked, backward, list(trace.gradients), trace.backward_result, len(trace.floats))
+    source = _forward_source(trace)
+    return StepCode(reads, checked, backward, list(trace.gradients), trace.backward_result, len(trace.floats),
+                    _compiled_forward(trace.rule, source) if source else None, source[0] if source else "")
+
+
+RANDOM = ("rand", "bernoulli", "normal", "uniform", "dropout", "multinomial", "exponential", "geometric", "cauchy",
+          "poisson", "random")  # in a callable's name: it draws from torch's generator (run once, by the rule)
+
+
+def _forward_source(trace: Trace) -> Optional[Tuple[str, list]]:
+    """(source, constants) of the traced forward: `forward(ctx, *args)` makes the rule's torch calls and leaves the
+    Context as the rule's forward leaves it (saved tensors, their versions, attributes)."""
+    random = any(s.kind == "op" and any(word in short_name(s.func).lower() for word in RANDOM)
+                 for s in trace.statements if s.phase == "forward")
+    if trace.kwargs or not isinstance(trace.forward_result, TensorRef) or random:
+        return None
+    parameters = []
+    for i, item in enumerate(trace.args):
+        if isinstance(item, TensorRef):
+            parameters.append(item.name)
+        elif isinstance(item, Number) and isinstance(item.expression, Var):
+            parameters.append(item.expression.render())
+        elif isinstance(item, (list, tuple, dict, Number)) and not isinstance(item, torch.Size):
+            return None  # a list of tensors, or a float computed from others: the general path
+        else:
+            parameters.append(f"_p{i}")  # fixed by the statement's key
+    everything = (trace.ctx_saved, trace.ctx_attributes, trace.forward_result)
+    if UNKNOWN in _tensor_refs(everything) or not all(name.isidentifier() for name in trace.ctx_attributes):
+        return None
+    writer = CodeWriter()
+    lines = [f"def forward(ctx, {', '.join(parameters)}):",
+             f'    """{trace.rule.__name__}.forward as traced: its torch calls, its Context."""']
+    lines += [f"    {writer.line(s)}" for s in trace.statements if s.phase == "forward" and s.kind == "op"]
+    if trace.ctx_saved:
+        saved = [writer.value(item) for item in trace.ctx_saved]
+        versions = [f"{v}._version" if isinstance(item, TensorRef) else "None"
+                    for v, item in zip(saved, trace.ctx_saved)]
+        comma = "," if len(saved) == 1 else ""
+        lines += [f"    ctx._saved = ({', '.join(saved)}{comma})", f"    ctx._versions = [{', '.join(versions)}]"]
+    lines += [f"    ctx.{name} = {writer.value(value)}" for name, value in trace.ctx_attributes.items()]
+    lines.append(f"    return {writer.value(trace.forward_result)}")
+    return "\n".join(lines) + "\n", writer.constants
+
+
+def _compiled_forward(rule: type, source: Tuple[str, list]) -> Callable:
+    text, constants = source
+    filename = os.path.join(GENERATED_DIR, f"forward_{rule.__name__}_{len(_CACHE)}.py")
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    namespace = {"K": constants, "torch": torch}
+    exec(compile(text, filename, "exec"), namespace)  # noqa: S102 (our own generated code)
+    return namespace["forward"]
+
+
+def _tensor_refs(tree: Any) -> List[TensorRef]:
+    if isinstance(tree, TensorRef):
+        return [tree]
+    if isinstance(tree, (list, tuple)) and not isinstance(tree, (Number, torch.Size)):
+        return [t for item in tree for t in _tensor_refs(item)]
+    if isinstance(tree, dict):
+        return [t for item in tree.values() for t in _tensor_refs(item)]
+    return []
 
 
 def _places(trace: Trace) -> Dict[str, str]:

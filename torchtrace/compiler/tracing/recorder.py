@@ -137,8 +137,9 @@ class RuleRecorder(TorchFunctionMode):
             return Number(expression_of(tree))
         if isinstance(tree, list):
             return [self.template(item, strict) for item in tree]
-        if isinstance(tree, tuple) and not isinstance(tree, torch.Size):  # named tuples and return_types: a tuple
-            return tuple(self.template(item, strict) for item in tree)
+        if isinstance(tree, tuple) and not isinstance(tree, torch.Size):  # return_types: a tuple; named tuples too,
+            items = tuple(self.template(item, strict) for item in tree)  # but in a Context's (not strict) template
+            return type(tree)(*items) if not strict and hasattr(tree, "_asdict") else items
         if isinstance(tree, dict):
             return {k: self.template(v, strict) for k, v in tree.items()}
         return tree

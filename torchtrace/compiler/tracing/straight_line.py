@@ -78,6 +78,8 @@ class CodeWriter:
             return tree.expression.render()
         if isinstance(tree, list):
             return "[" + ", ".join(self.value(item) for item in tree) + "]"
+        if isinstance(tree, tuple) and hasattr(tree, "_asdict"):  # a named tuple a rule keeps (Meta(shape, ...))
+            return f"{self.constant(type(tree))}({', '.join(self.value(item) for item in tree)})"
         if isinstance(tree, tuple) and not isinstance(tree, torch.Size):
             items = [self.value(item) for item in tree]
             return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
