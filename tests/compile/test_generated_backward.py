@@ -250,3 +250,27 @@ def test_backward_code_shows_the_generated_function():
     assert source.startswith("def backward(S, G):") and "# Tanh" in source and "_c._refuse()" in source
     traced = [st for path in compiled.program.paths() for st in path if isinstance(st.code, StepCode)]
     assert {st.rule.__name__ for st in traced} >= {"Matmul", "Add", "Tanh", "Pow"}
+
+
+def test_a_rule_branching_on_a_float_is_traced_for_the_float_it_had(monkeypatch):
+    """CrossEntropy branches on label_smoothing == 0: its code holds for 0.0, checked on every backward (0.1 calls the
+    rule; -0.0 too: not the same bits); each call equals eager torchtrace and torch autograd."""
+    x, target = torch.randn(4, 5, dtype=torch.float64), torch.tensor([0, 1, 4, 2])
+    w = tt.tracer(torch.randn(5, 5, dtype=torch.float64), requires_grad=True)
+
+    def loss(x, w, target, smoothing):
+        return F.cross_entropy(x @ w, target, label_smoothing=smoothing)
+
+    compiled = tt.compile(loss, (x, w, target, 0.0))
+    for smoothing in (0.0, 0.0, 0.1, 0.0, -0.0, 0.3):
+        w.grad = None
+        compiled(x, w, target, smoothing).backward()
+        got, w.grad = w.grad, None
+        loss(x, w, target, smoothing).backward()
+        assert torch.equal(got, w.grad)
+        plain = w.detach().as_subclass(torch.Tensor).clone().requires_grad_()
+        loss(x, plain, target, smoothing).backward()
+        torch.testing.assert_close(got, plain.grad, rtol=1e-12, atol=1e-12)
+    cross_entropy = [st for path in compiled.program.paths() for st in path if st.rule.__name__ == "CrossEntropy"]
+    assert cross_entropy[0].code.fixed_floats == (0.0,)
+    assert "_same_floats(S[1].floats" in compiled.backward_code

@@ -11,7 +11,7 @@ import torchtrace as tt
 from torchtrace.__main__ import parser
 from torchtrace.compiler.tracing import report, straight_line, trace_rule
 from torchtrace.compiler.tracing.calls import calls_of
-from torchtrace.compiler.tracing.judge import BRANCHES, CLEAN, CLEAN_FLOATS, ESCAPES, perturb
+from torchtrace.compiler.tracing.judge import BRANCHES, CLEAN, CLEAN_FLOATS, ESCAPES, fixed_float_trace, perturb
 from torchtrace.compiler.tracing.symbolic_float import Apply, Const, FloatSteering, SymbolicFloat, Var
 from torchtrace.ops.listing import rules
 
@@ -101,6 +101,20 @@ def test_a_p_norm_lets_its_p_escape():
     verdict = _only_verdict(torch.linalg.vector_norm, _leaf(6), 3.0)
     assert (verdict.rule.__name__, verdict.category) == ("VectorNorm", ESCAPES)
     assert "leaves the record" in verdict.reason
+
+
+def test_with_its_floats_fixed_a_branching_or_escaping_rule_traces_and_a_value_read_does_not():
+    for func, args, kwargs in ((F.cross_entropy, (_leaf(4, 5), tt.as_tracer(torch.tensor([0, 3, 1, 4]))),
+                                {"label_smoothing": 0.1}), (torch.linalg.vector_norm, (_leaf(6), 3.0), {})):
+        (call,) = calls_of(func, *args, **kwargs)
+        verdict = trace_rule(call.rule, call.args, call.kwargs, call.mask)
+        trace = fixed_float_trace(call.rule, call.args, call.kwargs, call.mask, verdict)
+        assert verdict.category in (BRANCHES, ESCAPES) and trace is not None and trace.floats
+        body = straight_line(trace).source.split("def backward")[1].split(":", 1)[1]
+        assert "f0" not in body  # the float is a constant of this code, not a parameter
+    (call,) = calls_of(torch.prod, _leaf(6))
+    verdict = trace_rule(call.rule, call.args, call.kwargs, call.mask)
+    assert fixed_float_trace(call.rule, call.args, call.kwargs, call.mask, verdict) is None
 
 
 def test_prod_reads_a_value():
@@ -235,7 +249,8 @@ def test_ops_compile_prints_each_unclean_rule_with_its_reason_and_the_totals():
     verdicts = report.main(only=["mul", "nn.functional.cross_entropy", "prod"], per_op=2, out=out)
     text = out.getvalue()
     assert re.search(r"^branches or reads +CrossEntropy +branches on a float of the call: .+ "
-                     r"\[nn\.functional\.cross_entropy\]$", text, flags=re.MULTILINE), text
+                     r"\[nn\.functional\.cross_entropy\]; compiled: traced with its floats fixed, checked each call$",
+                     text, flags=re.MULTILINE), text
     assert re.search(r"^branches or reads +Prod +reads a value: .+ \[prod\]$", text, flags=re.MULTILINE), text
     totals = re.search(r"rules: (\d+) registered, (\d+) exercised by OpInfo samples \(2 per entry\) -- clean (\d+), "
                        r"clean, floats in arithmetic (\d+), branches or reads (\d+), float escapes (\d+), "
@@ -243,6 +258,7 @@ def test_ops_compile_prints_each_unclean_rule_with_its_reason_and_the_totals():
     registered, exercised, *categories, unexercised = map(int, totals.groups())
     assert registered == len(rules()) == len(verdicts) and exercised + unexercised == registered
     assert sum(categories) == exercised and categories[0] >= 1 and categories[-1] == 0  # Mul clean; code all right
+    assert re.search(r"of the unclean, 1 trace clean with their floats fixed", text), text  # CrossEntropy, not Prod
     assert parser().parse_args(["ops", "--compile"]).compile
 
 

@@ -18,6 +18,7 @@ A statement that is not clean is one line, `_o = S[k].rule.backward(S[k].ctx, *_
 interpreter's order, so the results are the same bits. `Compiled.backward_code` shows the source.
 """
 import linecache
+import math
 import os
 from typing import Any, Callable, List, Optional
 
@@ -79,7 +80,8 @@ def _generate(steps: list, outputs: list, n_edges: int) -> SegmentCode:
     source = "\n".join(lines) + "\n"
     filename = os.path.join(GENERATED_DIR, f"backward_{id(steps[0].statement):x}_{len(steps)}.py")
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # tracebacks show the lines
-    namespace = {"K": writer.constants, "torch": torch, "expect": expect, "_zeros": _zeros}
+    namespace = {"K": writer.constants, "torch": torch, "expect": expect, "_zeros": _zeros,
+                 "_same_floats": _same_floats}
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 (our own generated code)
     return SegmentCode(source, namespace["backward"], [s.targets for s in steps], tuple(outputs), n_edges)
 
@@ -88,27 +90,36 @@ def _step_lines(k: int, step: Any, code: Any, writer: CodeWriter) -> List[str]:
     if len(step.outputs) == 1:
         gradients = [f"_v{step.outputs[0]}"]
     else:  # as the engine: zeros for the outputs no gradient reached
-        gradients = [f"(_v{v} if _v{v} is not None else _zeros(S[{k}].metas[{i}]))" for i, v in enumerate(step.outputs)]
+        gradients = [f"(_v{v} if _v{v} is not None else _zeros(S[{k}].metas[{i}]))"
+                     for i, v in enumerate(step.outputs)]
     lines = [f"_gs = [{', '.join(gradients)}]", "; ".join(f"_v{v} = None" for v in step.outputs)]
-    if isinstance(code, StepCode):
-        lines += _traced_lines(k, code, writer)
-        result = code.result if not isinstance(code.result, TensorRef) and isinstance(code.result, (tuple, list)) \
-            else (code.result,)
-        for position, shape, dtype, local, where in step.targets:
-            item = result[position] if type(position) is int else result[position[0]][position[1]]
-            if item is None:  # the traced backward returns no gradient there, on every call
-                continue
-            lines += [f"_g = {writer.value(item)}", *_send(shape, dtype, local, where, writer, checked=False)]
-    else:
-        lines += [f"_o = S[{k}].rule.backward(S[{k}].ctx, *_gs)", "if type(_o) is not tuple:", "    _o = (_o,)"]
-        for position, shape, dtype, local, where in step.targets:
-            at = f"[{position}]" if type(position) is int else f"[{position[0]}][{position[1]}]"
-            lines += [f"_g = _o{at}", *_send(shape, dtype, local, where, writer, checked=True)]
+    if not isinstance(code, StepCode):
+        lines += _rule_lines(k, step, writer)
+    elif code.fixed_floats is None:
+        lines += _traced_lines(k, step, code, writer)
+    else:  # traced with the floats it had: while they are the same
+        lines += [f"if _same_floats(S[{k}].floats, {writer.constant(code.fixed_floats)}):",
+                  *("    " + line for line in _traced_lines(k, step, code, writer)),
+                  "else:", *("    " + line for line in _rule_lines(k, step, writer))]
     lines.append(f"_ran.append({k})")
     return lines
 
 
-def _traced_lines(k: int, code: StepCode, writer: CodeWriter) -> List[str]:
+def _same_floats(these: tuple, traced: tuple) -> bool:
+    """The same floats, bit for bit (a zero's sign too)."""
+    return len(these) == len(traced) and all(
+        a == b and math.copysign(1.0, a) == math.copysign(1.0, b) for a, b in zip(these, traced))
+
+
+def _rule_lines(k: int, step: Any, writer: CodeWriter) -> List[str]:
+    lines = [f"_o = S[{k}].rule.backward(S[{k}].ctx, *_gs)", "if type(_o) is not tuple:", "    _o = (_o,)"]
+    for position, shape, dtype, local, where in step.targets:
+        at = f"[{position}]" if type(position) is int else f"[{position[0]}][{position[1]}]"
+        lines += [f"_g = _o{at}", *_send(shape, dtype, local, where, writer, checked=True)]
+    return lines
+
+
+def _traced_lines(k: int, step: Any, code: StepCode, writer: CodeWriter) -> List[str]:
     lines = [f"_c = S[{k}].ctx", "_s = _c._saved"]
     if code.checked:  # eager's check that no saved tensor changed in place since forward (Context.saved_tensors)
         changed = " or ".join(f"_s[{i}]._version != _w[{i}]" for i in code.checked)
@@ -118,6 +129,13 @@ def _traced_lines(k: int, code: StepCode, writer: CodeWriter) -> List[str]:
         lines.append(f"{', '.join(f'f{i}' for i in range(code.n_floats))}, = S[{k}].floats")
     lines += [f"{name} = _gs[{i}]" for i, name in enumerate(code.gradients) if name is not None]
     lines += [writer.line(s) for s in code.statements]
+    result = code.result if not isinstance(code.result, TensorRef) and isinstance(code.result, (tuple, list)) \
+        else (code.result,)
+    for position, shape, dtype, local, where in step.targets:
+        item = result[position] if type(position) is int else result[position[0]][position[1]]
+        if item is None:  # the traced backward returns no gradient there, on every call
+            continue
+        lines += [f"_g = {writer.value(item)}", *_send(shape, dtype, local, where, writer, checked=False)]
     return lines
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
-from torchtrace.compiler.tracing.judge import Trace, call_values, trace_rule
+from torchtrace.compiler.tracing.judge import Trace, call_values, fixed_float_trace, trace_rule
 from torchtrace.compiler.tracing.recorder import UNKNOWN, Number, Statement, TensorRef, attribute_name, short_name
 from torchtrace.compiler.tracing.straight_line import CodeWriter, names_in
 from torchtrace.compiler.tracing.symbolic_float import Var
@@ -56,26 +56,39 @@ class StepCode(NamedTuple):
     n_floats: int
     forward: Optional[Callable]
     forward_source: str
+    fixed_floats: Optional[tuple]  # the trace holds for these floats only (their values are literals in its code)
 
 
 _CACHE: Dict[tuple, Union[StepCode, str]] = {}  # (rule, key, mask, layout of the tensors) -> its code, or why not
 
 
 def step_code(rule: type, key: tuple, mask: int, args: tuple, kwargs: dict) -> Union[StepCode, str]:
-    """The StepCode of a statement recorded with these (plain) arguments, or the reason it stays a rule call."""
-    tensors, _ = call_values(args, kwargs)
+    """The StepCode of a statement recorded with these (plain) arguments, or the reason it stays a rule call.
+
+    A rule that branches on a float of the call (CrossEntropy's `label_smoothing == 0`, Addmm's `beta == 1`), or
+    lets one escape (a norm's `p`), is traced again with its floats as the constants they were: that code holds
+    while the floats are the same (`fixed_floats`, checked on every backward; another value calls the rule)."""
+    tensors, floats = call_values(args, kwargs)
     if any(t.layout != torch.strided for t in tensors):
         return "a sparse tensor argument"
     layout = tuple((t.shape, t.dtype, t.stride(), t.storage_offset(), t.device) for t in tensors)
-    found = _CACHE.get((rule, key, mask, layout))
+    cache_key = (rule, key, mask, layout, tuple(floats))
+    found = _CACHE.get(cache_key)
     if found is None:
+        if len(_CACHE) > 4096:  # programs of many shapes: trace again rather than grow without end
+            _CACHE.clear()
         with torch.random.fork_rng(devices=[]):  # the trace seeds torch's generator: the user's stream goes on
             verdict = trace_rule(rule, args, kwargs, mask)
-        found = _CACHE[(rule, key, mask, layout)] = _from_trace(verdict.trace) if verdict.clean else verdict.reason
+            fixed = None if verdict.clean else fixed_float_trace(rule, args, kwargs, mask, verdict)
+            found = _from_trace(verdict.trace, None) if verdict.clean else \
+                _from_trace(fixed, tuple(floats)) if fixed is not None else verdict.reason
+            if not isinstance(found, StepCode) and not verdict.clean:
+                found = verdict.reason
+        _CACHE[cache_key] = found
     return found
 
 
-def _from_trace(trace: Trace) -> Union[StepCode, str]:
+def _from_trace(trace: Trace, fixed_floats: Optional[tuple]) -> Union[StepCode, str]:
     for s in trace.statements:
         what = attribute_name(s.func) or getattr(s.func, "__name__", "")
         if s.phase == "forward" and s.kind == "read" and what not in FIXED_BY_CHECKS:
@@ -91,9 +104,12 @@ def _from_trace(trace: Trace) -> Union[StepCode, str]:
         return f"its backward reads {', '.join(missing)}, which its Context does not hold"
     checked = tuple(i for i, item in enumerate(trace.ctx_saved) if isinstance(item, TensorRef))
     reads = [(name, where[name]) for name in sorted(needed, key=lambda n: (n[0], int(n[1:])))]
+    if fixed_floats is not None:  # the forward stays the rule's: it takes any float
+        return StepCode(reads, checked, backward, list(trace.gradients), trace.backward_result, 0, None, "",
+                        fixed_floats)
     source = _forward_source(trace)
     return StepCode(reads, checked, backward, list(trace.gradients), trace.backward_result, len(trace.floats),
-                    _compiled_forward(trace.rule, source) if source else None, source[0] if source else "")
+                    _compiled_forward(trace.rule, source) if source else None, source[0] if source else "", None)
 
 
 RANDOM = ("rand", "bernoulli", "normal", "uniform", "dropout", "multinomial", "exponential", "geometric", "cauchy",

@@ -190,6 +190,20 @@ def trace_rule(rule: type, args: tuple, kwargs: dict, mask: int, seed: int = 0) 
     return Verdict(rule, CLEAN_FLOATS if in_backward or _symbolic(symbolic.backward_result) else CLEAN, "", symbolic)
 
 
+def fixed_float_trace(rule: type, args: tuple, kwargs: dict, mask: int, verdict: Verdict) -> Optional[Trace]:
+    """For a call whose rule branches on one of its floats or lets one escape: its trace with the floats as the
+    constants they were (code that holds while they are the same), or None when that record is refused too (the
+    rule reads a tensor's values) or the call has no float."""
+    floats = _floats((args, kwargs))
+    if not floats or verdict.category not in (BRANCHES, ESCAPES) or "float" not in verdict.reason:
+        return None
+    try:
+        trace, recorder = run_rule_recorded(rule, args, kwargs, mask, list(floats))
+    except Exception:
+        return None
+    return None if recorder.refusals else trace
+
+
 def _steered(rule: type, exc: FloatSteering) -> Verdict:
     if exc.escapes:
         return Verdict(rule, ESCAPES, f"a float of the call leaves the record: {exc.what}")
