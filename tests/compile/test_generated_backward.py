@@ -234,13 +234,36 @@ def test_a_layout_the_trace_did_not_see_goes_step_by_step(monkeypatch):
     expect((3, 1), (3, 1), "x0.stride()")
 
 
-def test_tracing_a_rule_at_record_time_leaves_torchs_random_stream_alone():
+def test_tracing_a_rule_that_draws_at_record_time_leaves_torchs_random_stream_as_eager():
     x = tt.tracer(torch.randn(4, 4), requires_grad=True)
+
+    def step(x):
+        return (F.dropout(x, 0.5) * 2.0).sum()
+
     torch.manual_seed(5)
-    expected = torch.rand(3)
+    eager = [step(x).item() for _ in range(3)] + torch.rand(3).tolist()
+    compiled = tt.compile(step, (x,))
     torch.manual_seed(5)
-    tt.compile(lambda x: (x * 2.0).sum(), (x,))(x)  # recording traces Mul and Sum
-    assert torch.equal(torch.rand(3), expected)
+    replayed = [compiled(x).item() for _ in range(3)] + torch.rand(3).tolist()  # the first call records (traces)
+    assert replayed == eager
+
+
+def test_recording_leaves_another_threads_random_draws_alone():
+    """A rule that draws nothing is traced without touching torch's generator: a thread drawing meanwhile gets the
+    numbers it would get alone."""
+    import threading
+
+    x = tt.tracer(torch.randn(3, 3), requires_grad=True)
+    torch.manual_seed(7)
+    expected = [torch.rand(1).item() for _ in range(300)]
+    torch.manual_seed(7)
+    drawn: list = []
+    drawer = threading.Thread(target=lambda: drawn.extend(torch.rand(1).item() for _ in range(300)))
+    drawer.start()
+    for k in range(20):  # new programs: each call records, tracing its rules
+        tt.compile(lambda x, k=k: (torch.tanh(x * (k + 1.5)) @ x).sum(), (x,))(x)
+    drawer.join()
+    assert drawn == expected
 
 
 def test_backward_code_shows_the_generated_function():

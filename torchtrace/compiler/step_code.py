@@ -9,14 +9,23 @@ a forward that read what the statement's checks do not fix (strides, contiguity,
 statement a call of its rule. Layout reads in the backward are checks (`expect`) of the generated code: one that
 fails sends the whole backward down the step-by-step path (`LayoutDiffers`).
 """
+import contextlib
 import linecache
 import os
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
 from torchtrace.compiler.tracing.judge import Trace, call_values, fixed_float_trace, trace_rule
-from torchtrace.compiler.tracing.recorder import UNKNOWN, Number, Statement, TensorRef, attribute_name, short_name
+from torchtrace.compiler.tracing.recorder import (
+    DRAWS,
+    UNKNOWN,
+    Number,
+    Statement,
+    TensorRef,
+    attribute_name,
+    draws_random,
+)
 from torchtrace.compiler.tracing.straight_line import CodeWriter, names_in
 from torchtrace.compiler.tracing.symbolic_float import Var
 
@@ -77,15 +86,32 @@ def step_code(rule: type, key: tuple, mask: int, args: tuple, kwargs: dict) -> U
     if found is None:
         if len(_CACHE) > 4096:  # programs of many shapes: trace again rather than grow without end
             _CACHE.clear()
-        with torch.random.fork_rng(devices=[]):  # the trace seeds torch's generator: the user's stream goes on
+        with _random_streams_kept(tensors):
             verdict = trace_rule(rule, args, kwargs, mask)
             fixed = None if verdict.clean else fixed_float_trace(rule, args, kwargs, mask, verdict)
-            found = _from_trace(verdict.trace, None) if verdict.clean else \
-                _from_trace(fixed, tuple(floats)) if fixed is not None else verdict.reason
-            if not isinstance(found, StepCode) and not verdict.clean:
-                found = verdict.reason
+        found = _from_trace(verdict.trace, None) if verdict.clean else \
+            _from_trace(fixed, tuple(floats)) if fixed is not None else verdict.reason
+        if not isinstance(found, StepCode) and not verdict.clean:
+            found = verdict.reason
         _CACHE[cache_key] = found
     return found
+
+
+@contextlib.contextmanager
+def _random_streams_kept(tensors: List[torch.Tensor]) -> Iterator[None]:
+    """A rule that draws random numbers (dropout) draws them while traced: then torch's generators are set back to
+    where they were, so the user's random stream goes on as in eager. A rule that draws nothing leaves them alone
+    (another thread drawing meanwhile keeps its numbers; one drawing while a drawing rule is traced does not)."""
+    before = DRAWS.count
+    cpu = torch.get_rng_state()
+    cuda = {d: torch.cuda.get_rng_state(d) for d in {t.device for t in tensors if t.device.type == "cuda"}}
+    try:
+        yield
+    finally:
+        if DRAWS.count != before:
+            torch.set_rng_state(cpu)
+            for device, state in cuda.items():
+                torch.cuda.set_rng_state(state, device)
 
 
 def _from_trace(trace: Trace, fixed_floats: Optional[tuple]) -> Union[StepCode, str]:
@@ -112,15 +138,10 @@ def _from_trace(trace: Trace, fixed_floats: Optional[tuple]) -> Union[StepCode, 
                     _compiled_forward(trace.rule, source) if source else None, source[0] if source else "", None)
 
 
-RANDOM = ("rand", "bernoulli", "normal", "uniform", "dropout", "multinomial", "exponential", "geometric", "cauchy",
-          "poisson", "random")  # in a callable's name: it draws from torch's generator (run once, by the rule)
-
-
 def _forward_source(trace: Trace) -> Optional[Tuple[str, list]]:
     """(source, constants) of the traced forward: `forward(ctx, *args)` makes the rule's torch calls and leaves the
     Context as the rule's forward leaves it (saved tensors, their versions, attributes)."""
-    random = any(s.kind == "op" and any(word in short_name(s.func).lower() for word in RANDOM)
-                 for s in trace.statements if s.phase == "forward")
+    random = any(s.kind == "op" and draws_random(s.func) for s in trace.statements if s.phase == "forward")
     if trace.kwargs or not isinstance(trace.forward_result, TensorRef) or random:
         return None
     parameters = []

@@ -132,7 +132,9 @@ def incoming(out: Any, seed: int) -> List[Optional[torch.Tensor]]:
 
 def run_rule_recorded(rule: type, args: tuple, kwargs: dict, mask: int, numbers: List[Any],
                       seed: int = 0) -> Tuple[Trace, RuleRecorder]:
-    """Run `rule` forward then backward on copies of the arguments (floats replaced by `numbers`), recording."""
+    """Run `rule` forward then backward on copies of the arguments (floats replaced by `numbers`), recording. The
+    incoming gradients come from a generator of their own (`seed`); a rule that draws random numbers draws them from
+    torch's, which is not reseeded (the record holds no values: the runs agree whatever they draw)."""
     recorder = RuleRecorder()
     names: List[int] = []
     used, numbers = [float.__float__(n) for n in numbers], list(numbers)
@@ -141,7 +143,6 @@ def run_rule_recorded(rule: type, args: tuple, kwargs: dict, mask: int, numbers:
     trace = Trace(rule, recorder.template(call_args), recorder.template(call_kwargs),
                   used, recorder.statements, mask)
     ctx = Context(rule, (), mask)
-    torch.manual_seed(seed)
     with recorder:
         out = rule.forward(ctx, *call_args, **call_kwargs)
     trace.forward_result = recorder.template(out)

@@ -7,6 +7,7 @@ neither an argument, an incoming gradient nor the result of a recorded call (mad
 nested `Function.apply` (another rule's own machinery). Reads of what a tensor *is* (shape, strides, dtype,
 device, contiguity) are allowed: each becomes a `read` statement whose value the generated code checks.
 """
+import threading
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import torch
@@ -29,6 +30,20 @@ VALUE_READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__"
                "_unique2", "equal", "allclose", "is_nonzero", "bincount", "__repr__", "__str__", "__format__",
                "__contains__", "__reduce_ex__", "untyped_storage", "storage", "__iter__"}
 INDEXING = {"__getitem__", "__setitem__", "index", "index_put", "index_put_", "_index_put_impl_"}
+RANDOM = ("rand", "bernoulli", "normal", "uniform", "dropout", "multinomial", "exponential", "geometric", "cauchy",
+          "poisson", "random")  # in a callable's name: it draws from torch's generator
+
+
+class _Draws(threading.local):
+    count = 0  # recorded calls that drew random numbers, in this thread
+
+
+DRAWS = _Draws()
+
+
+def draws_random(func: Callable) -> bool:
+    name = short_name(func).lower()
+    return any(word in name for word in RANDOM)
 
 
 class Refusal(Exception):
@@ -174,6 +189,8 @@ class RuleRecorder(TorchFunctionMode):
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
         self._check_call(func, args, kwargs)
+        if draws_random(func):
+            DRAWS.count += 1
         arg_template, kwarg_template = self.template(args), self.template(kwargs)
         out = func(*plain_numbers(args), **plain_numbers(kwargs))
         name = attribute_name(func) or _name_of(func)
