@@ -219,13 +219,12 @@ def test_a_layout_the_trace_did_not_see_goes_step_by_step(monkeypatch):
     expected = w.grad.clone()
 
     class Raising:
-        def __init__(self, code):
-            self.code = code
+        frees_inline = False  # it has layout checks: nothing is freed before they pass
 
-        def function(self, steps, grads):
+        def function(self, steps, grads, free):
             raise LayoutDiffers("x0.stride() is (1, 3), the trace was recorded with (3, 1)")
 
-    monkeypatch.setattr(segment_module, "generated_backward", lambda *args: Raising(None))
+    monkeypatch.setattr(segment_module, "generated_backward", lambda *args: Raising())
     w.grad = None
     compiled(x, w, b).backward()
     assert torch.equal(w.grad, expected)
@@ -270,7 +269,7 @@ def test_backward_code_shows_the_generated_function():
     compiled, x, w, b = _compiled_mlp()
     compiled(x, w, b).backward()
     source = compiled.backward_code
-    assert source.startswith("def backward(S, G):") and "# Tanh" in source and "_c._refuse()" in source
+    assert source.startswith("def backward(S, G, free):") and "# Tanh" in source and "_c._refuse()" in source
     traced = [st for path in compiled.program.paths() for st in path if isinstance(st.code, StepCode)]
     assert {st.rule.__name__ for st in traced} >= {"Matmul", "Add", "Tanh", "Pow"}
 

@@ -165,9 +165,7 @@ class Segment:
             if shown is not None and shown.post_hooks:  # grad_fn.register_hook: sees (and may replace) grad_inputs
                 out = run_post_hooks(shown, out, gs)
             if not retain:  # freed at once, as the engine frees each node's: memory the next steps reuse
-                if shown is not None:
-                    step.ctx.release()
-                step.released, step.ctx = True, None
+                _free(step)
             for position, shape, dtype, local, where in step.targets:  # edge_gradient, written out
                 g = out[position] if type(position) is int else out[position[0]][position[1]]
                 if g is None:
@@ -195,15 +193,13 @@ class Segment:
             return None
         code = generated_backward(steps, self.outputs, len(self.node.edges))
         try:
-            result, ran = code.function(steps, grads)
-        except LayoutDiffers:
+            result, ran = code.function(steps, grads, None if retain or not code.frees_inline else _free)
+        except LayoutDiffers:  # (raised before anything was freed: the code frees as it goes only without checks)
             return None
-        if not retain:  # freed as the interpreter frees them (after the whole backward here: see LayoutDiffers)
-            for k in ran:
-                step = steps[k]
-                if step.node is not None:
-                    step.ctx.release()
-                step.released, step.ctx = True, None
+        if not retain:  # freed as the interpreter frees them
+            if not code.frees_inline:
+                for k in ran:
+                    _free(steps[k])
             if len(ran) == len(steps) or all(step.released for step in steps):
                 self._released = True
         return result
@@ -242,6 +238,13 @@ class Segment:
         nr_of = self.nr_of
         return [g if g is None else output_hooks(self.node, nr_of[value], g, captured, hand_out)
                 for value, g in zip(step.outputs, gs)]
+
+def _free(step: Step) -> None:
+    """A step's saved tensors, freed after its backward ran (unless retain_graph), as the engine frees a node's."""
+    if step.node is not None:
+        step.ctx.release()
+    step.released, step.ctx = True, None
+
 
 def output_meta(raw: torch.Tensor) -> tuple:
     with plain_torch():

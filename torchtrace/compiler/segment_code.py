@@ -30,14 +30,16 @@ from torchtrace.compiler.tracing.straight_line import CodeWriter
 
 
 class SegmentCode:
-    """One generated backward: its source, the function `(steps, grads) -> (edge gradients, steps that ran)`, and
+    """One generated backward: its source, the function `(steps, grads, free) -> (edge gradients, steps that ran)`
+    (`free(step)` frees a step's saved tensors; None under retain_graph), and
     what it was generated for (the steps' targets, the node's outputs and edge count), checked before each use."""
 
-    __slots__ = ("source", "function", "targets", "outputs", "n_edges")
+    __slots__ = ("source", "function", "targets", "outputs", "n_edges", "frees_inline")
 
     def __init__(self, source: str, function: Callable, targets: list, outputs: tuple, n_edges: int):
         self.source, self.function, self.targets, self.outputs, self.n_edges = (
             source, function, targets, outputs, n_edges)
+        self.frees_inline = "free(S[" in source  # each step frees its saved tensors as it runs (no layout checks)
 
     def fits(self, steps: list, outputs: list, n_edges: int) -> bool:
         return n_edges == self.n_edges and len(steps) == len(self.targets) and tuple(outputs) == self.outputs and \
@@ -61,9 +63,9 @@ def _zeros(meta: Optional[tuple]) -> Optional[torch.Tensor]:
     return None if meta is None else torch.zeros(meta[0], dtype=meta[1], device=meta[2])
 
 
-def _generate(steps: list, outputs: list, n_edges: int) -> SegmentCode:
+def _generate(steps: list, outputs: list, n_edges: int, frees: bool = True) -> SegmentCode:
     writer = CodeWriter()
-    lines = ["def backward(S, G):",
+    lines = ["def backward(S, G, free):",
              f'    """The backward of {len(steps)} compiled statements, newest first."""']
     lines += [f"    _v{value} = G[{nr}]" for nr, value in enumerate(outputs)]
     lines += [f"    _e{e} = None" for e in range(n_edges)]
@@ -75,9 +77,13 @@ def _generate(steps: list, outputs: list, n_edges: int) -> SegmentCode:
         lines.append(f"    if {reached}:  # {step.rule.__name__}" + (
             "" if isinstance(code, StepCode) else " (its rule: " + (code or "not traced") + ")"))
         lines += ["        " + line for line in _step_lines(k, step, code, writer)]
+        if frees:  # its saved tensors, as the engine frees a node's after it ran (unless retain_graph)
+            lines += ["        if free is not None:", f"            free(S[{k}])"]
     edges = ", ".join(f"_e{e}" for e in range(n_edges))
     lines.append(f"    return ({edges}{',' if n_edges == 1 else ''}), _ran")
     source = "\n".join(lines) + "\n"
+    if frees and "expect(" in source:  # a layout check may send the call to the interpreter: nothing freed before
+        return _generate(steps, outputs, n_edges, frees=False)
     filename = os.path.join(GENERATED_DIR, f"backward_{id(steps[0].statement):x}_{len(steps)}.py")
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # tracebacks show the lines
     namespace = {"K": writer.constants, "torch": torch, "expect": expect, "_zeros": _zeros,
