@@ -234,17 +234,19 @@ class Run:
         here (`link_output`'s common case, written out: this runs for every matched call)."""
         rule = st.rule
         ctx = Context(rule, (), st.mask)
-        forward = st.traced_forward
-        if forward is None:
+        traced = st.traced_forward
+        if traced is None:
             out = rule.forward(ctx, *args)
         else:
             try:
-                out = forward(ctx, *args)
+                out = traced(ctx, *args)
             except Exception:  # what the traced code cannot take (an inference tensor has no version): the rule
-                ctx = Context(rule, (), st.mask)  # says it as eager does, or runs it
+                traced, ctx = None, Context(rule, (), st.mask)  # says it as eager does, or runs it
                 out = rule.forward(ctx, *args)
-        if type(out) is not T or out._is_view() or ((out.shape, out.dtype),) != st.results \
-                or not out.dtype.is_floating_point or _held(out, args):
+        # a traced forward's result has the statement's one floating shape and dtype (its checks fix them); whether
+        # it is a view, or one of the arguments, follows from strides: read on every call
+        if (traced is None and (type(out) is not T or ((out.shape, out.dtype),) != st.results
+                                or not out.dtype.is_floating_point)) or out._is_view() or _held(out, args):
             return self._link(st, func, rule, ctx, args, {}, out)
         segment = self.segment
         if segment is None or segment.sealed:
@@ -256,10 +258,10 @@ class Run:
         outputs.append(value)
         segment.nr_of[value] = nr
         node.n_outputs = nr + 1
-        saved = ctx._saved
+        saving = st.code.saves_result if traced is not None else [i for i, s in enumerate(ctx._saved) if s is out]
         kept: tuple = ()
-        if _held(out, saved):  # the Context keeps it plain: the caller gets a tracer alias (as eager's)
-            kept = tuple((i, nr) for i, s in enumerate(saved) if s is out)
+        if saving:  # the Context keeps it plain: the caller gets a tracer alias (as eager's)
+            kept = tuple((i, nr) for i in saving)
             out = out.as_subclass(tracer)
         else:  # no one else holds it: it becomes the tracer itself
             out.__class__ = tracer
@@ -558,7 +560,9 @@ class Run:
                           [_plain_copy(r) for r in results])
         if st.kind == REPLAY:  # its backward as lines of the generated backward, if its rule traces clean
             st.code = step_code(st.rule, st.key, st.mask, *st.example[:2])
-            st.traced_forward = st.code.forward if isinstance(st.code, StepCode) and st.checks is not None else None
+            one_floating = len(st.results) == 1 and st.results[0][1].is_floating_point
+            st.traced_forward = st.code.forward if isinstance(st.code, StepCode) and st.checks is not None \
+                and one_floating else None
         for r in results:
             self._number(r)
         self.recorded.append(st)
