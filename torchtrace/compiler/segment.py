@@ -5,7 +5,9 @@ results are outputs of one Node, `Segment.node`; its edges are the tensors the s
 the segment (parameters, inputs, results of eager calls or of an earlier segment). Its backward walks the
 statements in reverse: each rule's backward on its Context, each edge's gradient (`edge_gradient`: the rule's
 gradient summed to the input's shape and cast to its dtype) summed into the value it came from, or handed to the
-engine as the gradient of an outside tensor — which the engine sums into `.grad` as for any node.
+engine as the gradient of an outside tensor — which the engine sums into `.grad` as for any node. That walk is
+written out once per sequence of statements as one generated function (segment_code.py), which runs wherever no
+hook, retain_grad, tt.grad capture or create_graph asks for the walk itself (`Segment.backward` below).
 """
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
