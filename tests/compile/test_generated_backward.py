@@ -296,3 +296,22 @@ def test_a_rule_branching_on_a_float_is_traced_for_the_float_it_had(monkeypatch)
     cross_entropy = [st for path in compiled.program.paths() for st in path if st.rule.__name__ == "CrossEntropy"]
     assert cross_entropy[0].code.fixed_floats == (0.0,)
     assert "_same_floats(S[1].floats" in compiled.backward_code
+
+
+def test_a_numpy_float_stays_its_rules_call_and_is_read_each_call(generated_runs):
+    import numpy as np
+
+    x = tt.tracer(torch.randn(3, 3), requires_grad=True)
+
+    def loss(x, slope):
+        return (F.leaky_relu(x, slope) * slope).sum()
+
+    compiled = tt.compile(loss, (x, np.float64(0.1)))
+    for slope in (np.float64(0.1), np.float64(0.3), np.float64(0.3)):
+        x.grad = None
+        compiled(x, slope).backward()
+        got, x.grad = x.grad, None
+        loss(x, slope).backward()
+        assert torch.equal(got, x.grad)
+    assert all(isinstance(st.code, str) and "numpy" in st.code for st in compiled.program.paths()[0][:2])
+    assert generated_runs[0] >= 2

@@ -8,6 +8,7 @@ import torch
 from test_symbolic_differential import FAMILIES
 
 from torchtrace.autograd.node import Context
+from torchtrace.compiler.ir import describe
 from torchtrace.compiler.step_code import StepCode, step_code
 from torchtrace.compiler.tracing.calls import rule_calls
 from torchtrace.compiler.tracing.judge import perturb
@@ -61,7 +62,7 @@ def test_traced_forward_leaves_the_rules_context(family):
     compared = 0
     for rule, found in calls.items():
         for n, call in enumerate(found):
-            code = step_code(rule, ("test", call.source, n), call.mask, call.args, call.kwargs)
+            code = step_code(rule, describe(call.args, call.kwargs)[0], call.mask, call.args, call.kwargs)
             if not isinstance(code, StepCode) or code.forward is None:
                 continue
             fresh = _fresh(call.args, [n])  # (its tensors' versions moved: each run gets clones)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tu
 
 import torch
 
+from torchtrace.compiler.ir import NUMBER
 from torchtrace.compiler.tracing.judge import Trace, call_values, fixed_float_trace, trace_rule
 from torchtrace.compiler.tracing.recorder import (
     DRAWS,
@@ -81,6 +82,8 @@ def step_code(rule: type, key: tuple, mask: int, args: tuple, kwargs: dict) -> U
     tensors, floats = call_values(args, kwargs)
     if any(t.layout != torch.strided for t in tensors):
         return "a sparse tensor argument"
+    if any(isinstance(k, type) and k is not slice for k in key) or len(floats) != sum(k is NUMBER for k in key):
+        return "an argument the key holds by its type only (an object, a numpy float): read anew on every call"
     layout = tuple((t.shape, t.dtype, t.stride(), t.storage_offset(), t.device) for t in tensors)
     cache_key = (rule, key, mask, layout, tuple(floats))
     found = _CACHE.get(cache_key)
