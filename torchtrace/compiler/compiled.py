@@ -113,6 +113,12 @@ class Compiled:
         sources = [code.source for st in self.last_path if st.generated for code in st.generated.values()]
         return "\n\n".join(dict.fromkeys(sources))
 
+    @property
+    def replay_code(self) -> str:
+        """The generated replay (statement_replay.py) of each statement of the latest call's path that a matched
+        call runs directly: its argument checks, its forward, its result made an output of the compiled node."""
+        return "\n\n".join(st.replay.source for st in self.last_path if st.replay is not None)
+
     def to_code(self) -> str:
         """The teaching form: the chain rule, names from the model, and every branch the calls took."""
         if not self.calls:

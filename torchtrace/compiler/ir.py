@@ -73,8 +73,8 @@ class Statement:
     """
 
     __slots__ = ("func", "kind", "rule", "key", "sources", "needs", "mask", "torch_leaf", "edges", "results",
-                 "first_value", "new_slots", "module", "line", "slot_names", "example", "checks", "plan", "fast",
-                 "numbers", "code", "generated", "traced_forward")
+                 "first_value", "new_slots", "module", "line", "slot_names", "example", "checks", "plan",
+                 "numbers", "code", "generated", "traced_forward", "replay")
 
     def __init__(self, func: Callable, kind: str, key: tuple, sources: tuple, needs: tuple):
         self.func, self.kind, self.key, self.sources, self.needs = func, kind, key, sources, needs
@@ -89,7 +89,8 @@ class Statement:
         self.generated: Optional[dict] = None  # the generated backwards of nodes that begin here (segment_code.py)
         self.traced_forward: Optional[Callable] = None  # its rule's forward as traced (step_code.py), for replay_next
         self.plan: Any = None  # (targets, local, new edges, first value): where its gradients go (replay.py)
-        self.fast = False  # a REPLAY with checks and a plan: replay_next may take it
+        # a REPLAY with checks and a plan: its replay as generated code, which replay_next runs (statement_replay.py)
+        self.replay: Optional[Callable] = None
         self.rule: Optional[type] = None
         self.mask = 0  # bit i: argument i needs a gradient (the rule's ctx.needs_input_grad)
         self.torch_leaf = False  # an argument is a plain tensor with torch's requires_grad (torch's grad mode goes off)

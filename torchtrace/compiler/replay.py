@@ -26,6 +26,7 @@ from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE, observing
 from torchtrace.compiler.ir import EAGER, NUMBER, PASS, REPLAY, TENSOR, Block, Program, Statement, describe, same_func
 from torchtrace.compiler.segment import Segment, Step, output_meta
+from torchtrace.compiler.statement_replay import statement_replay
 from torchtrace.compiler.step_code import StepCode, step_code
 from torchtrace.compiler.tracing.judge import call_values
 from torchtrace.tracer import tracer
@@ -109,13 +110,6 @@ MISS = object()  # replay_next: the call is not the common case
 _NO_SIBLINGS: list = []
 
 
-def _held(out: torch.Tensor, tensors: tuple) -> bool:
-    for t in tensors:
-        if t is out:
-            return True
-    return False
-
-
 def _argument_at(args: tuple, kwargs: dict, rule: type, position: Any) -> torch.Tensor:
     """The tensor an edge's position names (i, or (i, j) for item j of a list argument)."""
     index, item = (position, None) if type(position) is int else position
@@ -174,21 +168,18 @@ class Run:
 
     def replay_next(self, func: Callable, args: tuple) -> Any:
         """`replay` of the common case (grad mode on): the program's next statement is a REPLAY of `func` that ran
-        before, called with positional arguments of one key entry each (`Statement.checks`). MISS when that is not so
-        (nothing has run then)."""
-        block, at = self.block, self.at
-        if at >= len(block.statements):
+        before, called with positional arguments of one key entry each (`Statement.checks`): the statement's generated
+        replay (statement_replay.py) checks them and runs it. MISS when that is not so (nothing has run then)."""
+        try:
+            st = self.block.statements[self.at]
+        except IndexError:  # the end of a block: a branch to choose (the general path)
             return MISS
-        st = block.statements[at]
-        if not (st.func is func or same_func(st.func, func)) or not st.fast or len(args) != len(st.checks) \
-                or _any_autocast() or RULES.get(func) is not st.rule:
+        replay = st.replay
+        if replay is None or not (st.func is func or same_func(st.func, func)) or _any_autocast() \
+                or RULES.get(func) is not st.rule:
             return MISS
-        with plain_torch():
-            if not self._fits(st, st.checks, args):
-                return MISS
-            self.before, self.at, self.siblings = (block, at), at + 1, _NO_SIBLINGS
-            self.path.append(st)
-            return self._run_matched(st, func, args)
+        with plain_torch():  # the checks read the tracers' attributes, the forward runs on them as plain tensors
+            return replay(self, args)
 
     def _fits(self, st: Statement, checks: tuple, args: tuple) -> bool:
         """Does each argument fit its check — a tensor from where the statement's came (value j, or leaf slot L: one
@@ -229,54 +220,6 @@ class Run:
                 return False
         return True
 
-    def _run_matched(self, st: Statement, func: Callable, args: tuple) -> Any:
-        """The rule's forward of a matched statement; a new floating result becomes an output of the segment's node
-        here (`link_output`'s common case, written out: this runs for every matched call)."""
-        rule = st.rule
-        ctx = Context(rule, (), st.mask)
-        traced = st.traced_forward
-        if traced is None:
-            out = rule.forward(ctx, *args)
-        else:
-            try:
-                out = traced(ctx, *args)
-            except Exception:  # what the traced code cannot take (an inference tensor has no version): the rule
-                traced, ctx = None, Context(rule, (), st.mask)  # says it as eager does, or runs it
-                out = rule.forward(ctx, *args)
-        # a traced forward's result has the statement's one floating shape and dtype (its checks fix them); whether
-        # it is a view, or one of the arguments, follows from strides: read on every call
-        if (traced is None and (type(out) is not T or ((out.shape, out.dtype),) != st.results
-                                or not out.dtype.is_floating_point)) or out._is_view() or _held(out, args):
-            return self._link(st, func, rule, ctx, args, {}, out)
-        segment = self.segment
-        if segment is None or segment.sealed:
-            segment = self.segment = Segment(self.n_values)
-        value = self.n_values
-        self.n_values = value + 1
-        node, outputs = segment.node, segment.outputs
-        nr = len(outputs)
-        outputs.append(value)
-        segment.nr_of[value] = nr
-        node.n_outputs = nr + 1
-        saving = st.code.saves_result if traced is not None else [i for i, s in enumerate(ctx._saved) if s is out]
-        kept: tuple = ()
-        if saving:  # the Context keeps it plain: the caller gets a tracer alias (as eager's)
-            kept = tuple((i, nr) for i in saving)
-            out = out.as_subclass(tracer)
-        else:  # no one else holds it: it becomes the tracer itself
-            out.__class__ = tracer
-        out._tt_node, out._tt_requires_grad, out._tt_nr, out._tt_version = node, True, nr, out._version
-        self.values[id(out)] = value
-        self.keep.append(out)
-        targets, local, opened, first = st.plan
-        if opened or first != segment.first_value:
-            targets, local, _, _ = self._plan(st, segment, args, {}, rule)
-        step = Step(rule, ctx, [value], None, targets, local, kept, st,
-                    tuple([args[i] for i in st.numbers]) if st.numbers else ())
-        segment.steps.append(step)
-        segment.producer[value] = step
-        return out
-
     @staticmethod
     def _plan(st: Statement, segment: Segment, args: tuple, kwargs: dict, rule: type) -> tuple:
         """(targets, local, opened, first value): where the gradients of st's edges go — (position, shape, dtype,
@@ -307,7 +250,8 @@ class Run:
                 targets.append((edge.position, edge.shape, edge.dtype, False, where))
         if st.plan is None:
             st.plan = targets, local, opened, segment.first_value
-            st.fast = st.checks is not None and st.kind == REPLAY and not st.torch_leaf  # for replay_next from now
+            if st.checks is not None and st.kind == REPLAY and not st.torch_leaf and st.rule is not None:
+                st.replay = statement_replay(st, MISS, _NO_SIBLINGS)  # for replay_next from now
         return targets, local, opened, segment.first_value
 
     def _matched(self, block: Block, at: int, st: Statement) -> None:
