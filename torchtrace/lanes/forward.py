@@ -20,8 +20,8 @@ import torch
 from torchtrace.autograd.dispatch import _link_outputs, run_rule
 from torchtrace.autograd.dispatch import torch_function as readable_torch_function
 from torchtrace.autograd.function import INPLACE_FLAG, RULES
-from torchtrace.autograd.kept_values import kept_output
-from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node, keep_values
+from torchtrace.autograd.kept_values import keep_value
+from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 
@@ -76,7 +76,7 @@ def _namespace(rule: type) -> Dict[str, Any]:
             "Tensor": torch.Tensor,
             "containers": (list, tuple), "AccumulateGrad": AccumulateGrad, "Edge": Edge, "new_edge": tuple.__new__,
             "Context": Context, "Node": Node, "STATE": STATE,
-            "keep_values": keep_values, "kept_output": kept_output, "finish": finish, "saves_output": saves_output,
+            "keep_value": keep_value, "finish": finish, "saves_output": saves_output,
             "holds_tensor": holds_tensor, "forward": rule.forward,
             **({} if table is None else {"op": table["op"], "check": table["check"], "Meta": table["Meta"],
                                          "OPTIONS": _options(table), "call_options": table["_call_options"]})}
@@ -191,10 +191,9 @@ def _option_guard_lines(i: int) -> List[str]:
 
 
 _INPUT_NAMES = {1: ("x",), 2: ("a", "b")}  # what table formulas call their inputs
-_RETAG = ["        value = kept_output(out)  # (read while out is plain)",
+_RETAG = ["        keep_value(node, out, out)  # (read while out is plain)",
           "        out.__class__ = T  # a fresh result becomes the tracer itself",
           "        out._tt_node, out._tt_requires_grad, out._tt_version = node, True, out._version",
-          "        keep_values(node, (value,), (out,))",
           "        return out"]
 
 
@@ -265,11 +264,10 @@ def _table_body(rule: type, table: Dict[str, Any], n_args: int) -> List[str]:
 def _SAVED_RESULT(n: int) -> List[str]:
     """The result is saved: the tracer is a second Python object over it (a tracer saved by its own node would
     keep that node alive through itself), and create_graph re-links the saved one (saved_outputs)."""
-    return ["        value = kept_output(out)",
-            "        t = out.as_subclass(T)  # the saved result stays plain; the tracer is an alias",
+    return ["        t = out.as_subclass(T)  # the saved result stays plain; the tracer is an alias",
+            "        keep_value(node, out, t)",
             f"        node.saved_outputs = (({n}, 0),)",
             "        t._tt_node, t._tt_requires_grad, t._tt_version = node, True, out._version",
-            "        keep_values(node, (value,), (t,))",
             "        return t"]
 
 
