@@ -5,8 +5,9 @@ edge its gradient (`edge_gradient`). For one sequence of statements all of that 
 written out once per sequence and run on every call that makes the same node:
 
     if _v12 is not None:                       # the step making value 12 got a gradient
-        _gs = [_v12]; _v12 = None
+        g0 = _v12; _v12 = None                  # its incoming gradient, by the name its trace gave it
         _c = S[11].ctx; _s = _c._saved           # a clean statement: its traced backward, on its own Context
+        x1 = _s[0]                              # (only what the trace reads)
         ...
         t3 = torch.mul(g0, x1)                  # the rule's torch calls, as traced
         _g = t3                                 # what the rule returns for the edge to value 11
@@ -14,7 +15,7 @@ written out once per sequence and run on every call that makes the same node:
         if _g.dtype != K[5]: _g = _g.to(K[5])
         _v11 = _g if _v11 is None else _v11 + _g
 
-A statement that is not clean is one line, `_o = S[k].rule.backward(S[k].ctx, *_gs)`. Gradients meet in the
+A statement that is not clean is one line, `_o = S[k].rule.backward(S[k].ctx, *_gs)` (`_gs`: its gradients). Gradients meet in the
 interpreter's order, so the results are the same bits. `Compiled.backward_code` shows the source.
 """
 import linecache
@@ -98,15 +99,18 @@ def _step_lines(k: int, step: Any, code: Any, writer: CodeWriter) -> List[str]:
     else:  # as the engine: zeros for the outputs no gradient reached
         gradients = [f"(_v{v} if _v{v} is not None else _zeros(S[{k}].metas[{i}]))"
                      for i, v in enumerate(step.outputs)]
-    lines = [f"_gs = [{', '.join(gradients)}]", "; ".join(f"_v{v} = None" for v in step.outputs)]
+    reset = "; ".join(f"_v{v} = None" for v in step.outputs)
     if not isinstance(code, StepCode):
-        lines += _rule_lines(k, step, writer)
-    elif code.fixed_floats is None:
-        lines += _traced_lines(k, step, code, writer)
+        lines = [f"_gs = [{', '.join(gradients)}]", reset, *_rule_lines(k, step, writer)]
+    elif code.fixed_floats is None:  # the traced lines read each gradient by its name
+        lines = [f"{name} = {g}" for name, g in zip(code.gradients, gradients) if name is not None]
+        lines += [reset, *_traced_lines(k, step, code, writer)]
     else:  # traced with the floats it had: while they are the same
-        lines += [f"if _same_floats(S[{k}].floats, {writer.constant(code.fixed_floats)}):",
-                  *("    " + line for line in _traced_lines(k, step, code, writer)),
-                  "else:", *("    " + line for line in _rule_lines(k, step, writer))]
+        names = [f"{name} = _gs[{i}]" for i, name in enumerate(code.gradients) if name is not None]
+        lines = [f"_gs = [{', '.join(gradients)}]", reset,
+                 f"if _same_floats(S[{k}].floats, {writer.constant(code.fixed_floats)}):",
+                 *("    " + line for line in names + _traced_lines(k, step, code, writer)),
+                 "else:", *("    " + line for line in _rule_lines(k, step, writer))]
     lines.append(f"_ran.append({k})")
     return lines
 
@@ -126,14 +130,17 @@ def _rule_lines(k: int, step: Any, writer: CodeWriter) -> List[str]:
 
 
 def _traced_lines(k: int, step: Any, code: StepCode, writer: CodeWriter) -> List[str]:
-    lines = [f"_c = S[{k}].ctx", "_s = _c._saved"]
+    """The traced backward on the step's Context (its gradients already bound to their names)."""
+    paths = [path for _, path in code.reads]
+    lines = [f"_c = S[{k}].ctx"] if code.checked or paths else []
+    if code.checked or any(path.startswith("_s") for path in paths):
+        lines.append("_s = _c._saved")
     if code.checked:  # eager's check that no saved tensor changed in place since forward (Context.saved_tensors)
         changed = " or ".join(f"_s[{i}]._version != _w[{i}]" for i in code.checked)
         lines += ["_w = _c._versions", f"if {changed}:", "    _c._refuse()"]
     lines += [f"{name} = {path}" for name, path in code.reads]
     if code.n_floats:
         lines.append(f"{', '.join(f'f{i}' for i in range(code.n_floats))}, = S[{k}].floats")
-    lines += [f"{name} = _gs[{i}]" for i, name in enumerate(code.gradients) if name is not None]
     lines += [writer.line(s) for s in code.statements]
     result = code.result if not isinstance(code.result, TensorRef) and isinstance(code.result, (tuple, list)) \
         else (code.result,)
