@@ -87,9 +87,9 @@ class Statement:
         # `checks` is set): the step keeps them, its generated backward reads them
         self.code: Any = None  # a REPLAY's backward as generated code (step_code.StepCode), or why it stays its rule
         self.generated: Optional[dict] = None  # the generated backwards of nodes that begin here (segment_code.py)
-        self.traced_forward: Optional[Callable] = None  # its rule's forward as traced (step_code.py), for replay_next
+        self.traced_forward: Optional[Callable] = None  # its rule's forward as traced (step_code.py), for replay
         self.plan: Any = None  # (targets, local, new edges, first value): where its gradients go (replay.py)
-        # a REPLAY with checks and a plan: its replay as generated code, which replay_next runs (statement_replay.py)
+        # a REPLAY with checks and a plan: its replay as generated code (statement_replay.py), for the common call
         self.replay: Optional[Callable] = None
         self.rule: Optional[type] = None
         self.mask = 0  # bit i: argument i needs a gradient (the rule's ctx.needs_input_grad)

@@ -106,7 +106,7 @@ def _tensor_results(out: Any) -> List[torch.Tensor]:
     return []
 
 
-MISS = object()  # replay_next: the call is not the common case
+MISS = object()  # a statement's generated replay: the call does not fit it (nothing has run)
 _NO_SIBLINGS: list = []
 
 
@@ -165,21 +165,6 @@ class Run:
             if st.kind != EAGER:
                 return (self._rule(st, func, rule, args_, kwargs_),)
         return (self._eager(st, func, args, kwargs),)  # through the tracer's dispatch: outside plain_torch
-
-    def replay_next(self, func: Callable, args: tuple) -> Any:
-        """`replay` of the common case (grad mode on): the program's next statement is a REPLAY of `func` that ran
-        before, called with positional arguments of one key entry each (`Statement.checks`): the statement's generated
-        replay (statement_replay.py) checks them and runs it. MISS when that is not so (nothing has run then)."""
-        try:
-            st = self.block.statements[self.at]
-        except IndexError:  # the end of a block: a branch to choose (the general path)
-            return MISS
-        replay = st.replay
-        if replay is None or not (st.func is func or same_func(st.func, func)) or _any_autocast() \
-                or RULES.get(func) is not st.rule:
-            return MISS
-        with plain_torch():  # the checks read the tracers' attributes, the forward runs on them as plain tensors
-            return replay(self, args)
 
     def _fits(self, st: Statement, checks: tuple, args: tuple) -> bool:
         """Does each argument fit its check — a tensor from where the statement's came (value j, or leaf slot L: one
@@ -251,7 +236,7 @@ class Run:
         if st.plan is None:
             st.plan = targets, local, opened, segment.first_value
             if st.checks is not None and st.kind == REPLAY and not st.torch_leaf and st.rule is not None:
-                st.replay = statement_replay(st, MISS, _NO_SIBLINGS)  # for replay_next from now
+                st.replay = statement_replay(st, MISS, _NO_SIBLINGS)  # the common call's, from now
         return targets, local, opened, segment.first_value
 
     def _matched(self, block: Block, at: int, st: Statement) -> None:
@@ -601,10 +586,17 @@ class ReplayMode(TorchFunctionMode):
         run = self.run
         if run.eager_from or STATE.on_record:  # watched op by op (a checkpoint's discovery run): eagerly from here
             return run.go_eager(func, args, kwargs or {})
-        if run.replaying and not kwargs:
-            found = run.replay_next(func, args)
-            if found is not MISS:
-                return found
+        if run.replaying and not kwargs:  # the common call: the program's next statement is a REPLAY of func, called
+            try:  # with positional arguments of one key entry each; its generated replay checks them and runs it
+                st = run.block.statements[run.at]
+            except IndexError:  # the end of a block: a branch to choose (the general path)
+                st = None
+            if st is not None and st.replay is not None and (st.func is func or same_func(st.func, func)) \
+                    and not _any_autocast() and RULES.get(func) is st.rule:
+                with plain_torch():  # its checks read the tracers' attributes, its forward runs on them as plain
+                    found = st.replay(run, args)
+                if found is not MISS:
+                    return found
         kwargs = kwargs or {}
         if func in METADATA:
             return _disabled(func, types, args, kwargs)

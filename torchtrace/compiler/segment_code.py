@@ -15,8 +15,8 @@ written out once per sequence and run on every call that makes the same node:
         if _g.dtype != K[5]: _g = _g.to(K[5])
         _v11 = _g if _v11 is None else _v11 + _g
 
-A statement that is not clean is one line, `_o = S[k].rule.backward(S[k].ctx, *_gs)` (`_gs`: its gradients). Gradients meet in the
-interpreter's order, so the results are the same bits. `Compiled.backward_code` shows the source.
+A statement that is not clean is one line, `_o = S[k].rule.backward(S[k].ctx, *_gs)` (`_gs`: its gradients).
+Gradients meet in the interpreter's order, so the results are the same bits. `Compiled.backward_code` shows the source.
 """
 import linecache
 import math

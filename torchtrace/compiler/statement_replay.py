@@ -1,6 +1,6 @@
 """A fast statement's replay as one generated function: its checks, its forward, its result an output of the node.
 
-`Run.replay_next` hands the common call — grad mode on, positional arguments, the program's next statement a
+`ReplayMode` hands the common call — grad mode on, positional arguments, the program's next statement a
 REPLAY of this callable — to the statement's own `replay(run, args)`, generated once from what the statement
 fixes. For `torch.mul(h, w)` recorded with h value 3 and w leaf slot 0 first read there, traced clean:
 
