@@ -236,7 +236,7 @@ class Run:
         if st.plan is None:
             st.plan = targets, local, opened, segment.first_value
             if st.checks is not None and st.kind == REPLAY and not st.torch_leaf and st.rule is not None:
-                st.replay = statement_replay(st, MISS, _NO_SIBLINGS)  # the common call's, from now
+                st.replay = statement_replay(st, MISS)  # the common call's, from now
         return targets, local, opened, segment.first_value
 
     def _matched(self, block: Block, at: int, st: Statement) -> None:
@@ -305,6 +305,12 @@ class Run:
         else:
             out = rule.forward(ctx, *args, **kwargs)
         return self._link(st, func, rule, ctx, args, kwargs, out)
+
+    def relink(self, st: Statement, ctx: Context, args: tuple, out: Any) -> Any:
+        """A statement's generated replay ran its forward, and the result is not the common case (a view, one of the
+        arguments, another shape): the general linking, as from a call `_match` matched to it."""
+        self.before, self.siblings = (self.block, self.at - 1), _NO_SIBLINGS
+        return self._link(st, st.func, st.rule, ctx, args, {}, out)
 
     def _link(self, st: Statement, func: Callable, rule: type, ctx: Context, args: tuple, kwargs: dict,
               out: Any) -> Any:

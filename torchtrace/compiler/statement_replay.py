@@ -19,7 +19,7 @@ fixes. For `torch.mul(h, w)` recorded with h value 3 and w leaf slot 0 first rea
         ctx = Context(RULE, (), 3)
         out = forward(ctx, a0, a1)           # the rule's forward as traced (step_code.py): its torch calls
         if out._is_view() or out is a0 or out is a1:
-            return run._link(...)            # the general linking (views, a returned argument)
+            return run.relink(...)           # the general linking (views, a returned argument)
         ...                                  # value number, output nr of the open node, retagged as a tracer
         step = Step(RULE, ctx, [value], None, targets, local, (), ST, ())
 
@@ -42,7 +42,7 @@ from torchtrace.compiler.tracing.straight_line import CodeWriter
 from torchtrace.tracer import tracer
 
 
-def statement_replay(st: Any, miss: object, no_siblings: list) -> Callable[[Any, tuple], Any]:
+def statement_replay(st: Any, miss: object) -> Callable[[Any, tuple], Any]:
     """The generated `replay(run, args)` of a fast statement: its result, or `miss` where the call does not fit
     (nothing has run then)."""
     writer = CodeWriter()
@@ -55,15 +55,15 @@ def statement_replay(st: Any, miss: object, no_siblings: list) -> Callable[[Any,
     if n:
         lines.append(f"    {', '.join(names)}{',' if n == 1 else ''} = args")
     lines += _check_lines(st, names, writer)
-    lines += ["    run.before = (run.block, run.at)  # the trie moves on", "    run.at += 1",
-              "    run.siblings = NO_SIBLINGS", "    run.path.append(ST)", f"    ctx = Context(RULE, (), {st.mask})"]
+    lines += ["    run.at += 1  # the trie moves on", "    run.path.append(ST)",
+              f"    ctx = Context(RULE, (), {st.mask})"]
     lines += _forward_lines(st, names, writer)
     lines += _output_lines(st, names, st.code.saves_result if st.traced_forward is not None else None)
     source = "\n".join(lines) + "\n"
     filename = os.path.join(GENERATED_DIR, f"replay_{st.rule.__name__}_{id(st):x}.py")
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace = {"K": writer.constants, "tracer": tracer, "T": torch.Tensor, "MISS": miss, "NO_SIBLINGS": no_siblings,
-                 "ST": st, "RULE": st.rule, "FUNC": st.func, "Context": Context, "Segment": Segment, "Step": Step,
+    namespace = {"K": writer.constants, "tracer": tracer, "T": torch.Tensor, "MISS": miss,
+                 "ST": st, "RULE": st.rule, "Context": Context, "Segment": Segment, "Step": Step,
                  "forward": st.traced_forward}
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 (our own generated code)
     replay = namespace["replay"]
@@ -113,7 +113,7 @@ def _tensor_lines(name: str, source: int, needs: bool, st: Any, writer: CodeWrit
 
 def _forward_lines(st: Any, names: List[str], writer: CodeWriter) -> List[str]:
     arguments = ", ".join(names)
-    general = "run._link(ST, FUNC, RULE, ctx, args, {}, out)"  # any result: views, an argument, other shapes
+    general = "run.relink(ST, ctx, args, out)"  # any result: views, an argument, other shapes
     held = "".join(f" or out is {name}" for name, (entry, _, _) in zip(names, st.checks) if entry is TENSOR)
     if st.traced_forward is not None:  # its shape and dtype are the statement's (the checks fix them)
         return ["    try:", f"        out = forward(ctx, {arguments})  # its rule's forward, as traced",
