@@ -82,10 +82,12 @@ def _check_lines(st: Any, names: List[str], writer: CodeWriter) -> List[str]:
             if source < 0 and first_seen.get(~source) == name:
                 bindings += [f"    slot_of[id({name})] = {~source}", f"    slots.append({name})"]
         elif entry is NUMBER:
-            lines += [f"    if type({name}) is not float:", "        return MISS"]
+            lines += [f"    # {name}: a float (read on every call)", f"    if type({name}) is not float:",
+                      "        return MISS"]
         else:
             kind, value = writer.constant(entry[0]), writer.constant(entry[1])
-            lines += [f"    if type({name}) is not {kind} or {name} != {value}:", "        return MISS"]
+            lines += [f"    # {name}: {entry[1]!r}, as recorded",
+                      f"    if type({name}) is not {kind} or {name} != {value}:", "        return MISS"]
     return lines + bindings
 
 
@@ -95,20 +97,27 @@ def _tensor_lines(name: str, source: int, needs: bool, st: Any, writer: CodeWrit
     state = (f"(({name}._tt_requires_grad == {needs} and ({name}._tt_node is None or "
              f"{name}._version == {name}._tt_version)) if isinstance({name}, tracer) else "
              f"(isinstance({name}, T) and {name}.requires_grad == {needs}))")
+    needing = "needs a gradient" if needs else "needs no gradient"
     if source >= 0:  # value j of this call
+        said = f"value {source} of this call"
         where = f"values.get(id({name})) != {source}"
     elif ~source not in st.new_slots:  # a leaf slot bound earlier in the call
+        said = f"the leaf of slot {~source}, bound earlier in this call"
         where = f"slot_of.get(id({name})) != {~source}"
     elif ~source in first_seen:  # read twice by this statement: the same object both times
+        said = f"the same leaf as {first_seen[~source]}"
         where = f"{name} is not {first_seen[~source]}"
     else:  # first read here: a new object (one slot per object), the next slot, the recorded shape, dtype, device
         slot = ~source
         others = "".join(f" or {name} is {other}" for other in first_seen.values())
         first_seen[slot] = name
-        shape, dtype, device = (writer.constant(v) for v in st.new_slots[slot])
+        shape, dtype, device = st.new_slots[slot]
+        said = f"a leaf read for the first time: slot {slot}, {str(dtype).replace('torch.', '')} {list(shape)}"
         where = (f"id({name}) in slot_of or id({name}) in values or len(slots) != {slot - bound_before}{others} or "
-                 f"{name}.shape != {shape} or {name}.dtype != {dtype} or {name}.device != {device}")
-    return [f"    if not {state} or {where}:", "        return MISS"]
+                 f"{name}.shape != {writer.constant(shape)} or {name}.dtype != {writer.constant(dtype)} or "
+                 f"{name}.device != {writer.constant(device)}")
+    return [f"    # {name}: {said}; it {needing}, unchanged in place since it was made",
+            f"    if not {state} or {where}:", "        return MISS"]
 
 
 def _forward_lines(st: Any, names: List[str], writer: CodeWriter) -> List[str]:
