@@ -88,7 +88,7 @@ def test_generated_checks_accept_what_the_interpreted_ones_accept(fn):
             interpreted = _copy(run, compiled)
             with torch._C.DisableTorchFunctionSubclass():
                 expected = len(args) == len(st.checks) and interpreted._fits(st, st.checks, args)
-                got = st.replay(run, args) is not MISS
+                got = st.replay(run, st, args) is not MISS
             assert got == expected, (st.describe(), args)
             if expected:
                 accepted += 1

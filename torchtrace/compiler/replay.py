@@ -600,7 +600,7 @@ class ReplayMode(TorchFunctionMode):
             if st is not None and st.replay is not None and (st.func is func or same_func(st.func, func)) \
                     and not _any_autocast() and RULES.get(func) is st.rule:
                 with plain_torch():  # its checks read the tracers' attributes, its forward runs on them as plain
-                    found = st.replay(run, args)
+                    found = st.replay(run, st, args)
                 if found is not MISS:
                     return found
         kwargs = kwargs or {}

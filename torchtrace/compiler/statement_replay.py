@@ -1,10 +1,10 @@
 """A fast statement's replay as one generated function: its checks, its forward, its result an output of the node.
 
 `ReplayMode` hands the common call — grad mode on, positional arguments, the program's next statement a
-REPLAY of this callable — to the statement's own `replay(run, args)`, generated once from what the statement
+REPLAY of this callable — to the statement's own `replay(run, st, args)`, generated once from what the statement
 fixes. For `torch.mul(h, w)` recorded with h value 3 and w leaf slot 0 first read there, traced clean:
 
-    def replay(run, args):
+    def replay(run, st, args):
         values, slot_of, slots = run.values, run.slot_of, run.slots
         if len(args) != 2:
             return MISS
@@ -21,7 +21,7 @@ fixes. For `torch.mul(h, w)` recorded with h value 3 and w leaf slot 0 first rea
         if out._is_view() or out is a0 or out is a1:
             return run.relink(...)           # the general linking (views, a returned argument)
         ...                                  # value number, output nr of the open node, retagged as a tracer
-        step = Step(RULE, ctx, [value], None, targets, local, (), ST, ())
+        step = Step(RULE, ctx, [value], None, targets, local, (), st, ())
 
 One identity check per tensor, a type check per float, an equality per structural argument: `Run._fits`
 interprets the same checks for calls that take the general path. A statement whose rule does not trace clean runs
@@ -42,20 +42,20 @@ from torchtrace.compiler.tracing.straight_line import CodeWriter
 from torchtrace.tracer import tracer
 
 
-def statement_replay(st: Any, miss: object) -> Callable[[Any, tuple], Any]:
-    """The generated `replay(run, args)` of a fast statement: its result, or `miss` where the call does not fit
-    (nothing has run then)."""
+def statement_replay(st: Any, miss: object) -> Callable[[Any, Any, tuple], Any]:
+    """The generated `replay(run, st, args)` of a fast statement (st is passed in: the function does not hold it):
+    its result, or `miss` where the call does not fit (nothing has run then)."""
     writer = CodeWriter()
     n = len(st.checks)
     names = [f"a{i}" for i in range(n)]
-    lines = ["def replay(run, args):",
+    lines = ["def replay(run, st, args):",
              f'    """{st.describe()}: replayed if its arguments fit its recording."""',
              "    values, slot_of, slots = run.values, run.slot_of, run.slots",
              f"    if len(args) != {n}:", "        return MISS"]
     if n:
         lines.append(f"    {', '.join(names)}{',' if n == 1 else ''} = args")
     lines += _check_lines(st, names, writer)
-    lines += ["    run.at += 1  # the trie moves on", "    run.path.append(ST)",
+    lines += ["    run.at += 1  # the trie moves on", "    run.path.append(st)",
               f"    ctx = Context(RULE, (), {st.mask})"]
     lines += _forward_lines(st, names, writer)
     lines += _output_lines(st, names, st.code.saves_result if st.traced_forward is not None else None)
@@ -63,7 +63,7 @@ def statement_replay(st: Any, miss: object) -> Callable[[Any, tuple], Any]:
     filename = os.path.join(GENERATED_DIR, f"replay_{st.rule.__name__}_{id(st):x}.py")
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     namespace = {"K": writer.constants, "tracer": tracer, "T": torch.Tensor, "MISS": miss,
-                 "ST": st, "RULE": st.rule, "Context": Context, "Segment": Segment, "Step": Step,
+                 "RULE": st.rule, "Context": Context, "Segment": Segment, "Step": Step,
                  "forward": st.traced_forward}
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 (our own generated code)
     replay = namespace["replay"]
@@ -122,7 +122,7 @@ def _tensor_lines(name: str, source: int, needs: bool, st: Any, writer: CodeWrit
 
 def _forward_lines(st: Any, names: List[str], writer: CodeWriter) -> List[str]:
     arguments = ", ".join(names)
-    general = "run.relink(ST, ctx, args, out)"  # any result: views, an argument, other shapes
+    general = "run.relink(st, ctx, args, out)"  # any result: views, an argument, other shapes
     held = "".join(f" or out is {name}" for name, (entry, _, _) in zip(names, st.checks) if entry is TENSOR)
     if st.traced_forward is not None:  # its shape and dtype are the statement's (the checks fix them)
         return ["    try:", f"        out = forward(ctx, {arguments})  # its rule's forward, as traced",
@@ -169,10 +169,10 @@ def _output_lines(st: Any, names: List[str], saving: Optional[Tuple[int, ...]]) 
         "    out._tt_node, out._tt_requires_grad, out._tt_nr, out._tt_version = node, True, nr, out._version",
         "    values[id(out)] = value",
         "    run.keep.append(out)",
-        "    targets, local, opened, first = ST.plan",
+        "    targets, local, opened, first = st.plan",
         "    if opened or first != segment.first_value:  # edges this call opens anew",
-        "        targets, local, _, _ = run._plan(ST, segment, args, {}, RULE)",
-        f"    step = Step(RULE, ctx, [value], None, targets, local, kept, ST, ({floats}{',' if floats else ''}))",
+        "        targets, local, _, _ = run._plan(st, segment, args, {}, RULE)",
+        f"    step = Step(RULE, ctx, [value], None, targets, local, kept, st, ({floats}{',' if floats else ''}))",
         "    segment.steps.append(step)",
         "    segment.producer[value] = step",
         "    return out"]
