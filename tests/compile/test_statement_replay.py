@@ -1,6 +1,7 @@
 """A fast statement's generated replay (statement_replay.py) against the interpreted checks (`Run._fits`): on random
 argument tuples drawn from objects that fit and objects that do not, both accept the same calls and bind the same
 leaf slots; what it replays equals eager, values and gradients, bit for bit."""
+import linecache
 import random
 from typing import Any, List
 
@@ -132,3 +133,14 @@ def test_replayed_calls_equal_eager_with_new_leaves_each_call(fn):
             torch.testing.assert_close(a.grad.as_subclass(torch.Tensor), c.grad)
     assert compiled.replayed == compiled.calls - 1
     assert isinstance(ours[1], tracer)
+
+
+def test_replay_code_shows_the_source_that_runs():
+    inputs = (_leaf((3, 4), requires_grad=False), _leaf((3, 4)), _leaf((3, 4)))
+    compiled, statements = _fast_statements(_float_and_structure, inputs)
+    shown = compiled.replay_code
+    for st in statements:
+        assert st.replay.source in shown
+        assert "".join(linecache.getlines(st.replay.__code__.co_filename)) == st.replay.source  # tracebacks show it
+    assert shown.count("def replay(run, st, args):") == len(statements)
+    assert "# a2: a float (read on every call)" in shown and "# a2: True, as recorded" in shown

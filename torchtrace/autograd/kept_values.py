@@ -12,8 +12,7 @@ A Kept's `version` is the version counter when the op produced it (a weak refere
 while under the budget: the alias (one `detach`) and the tuple.
 """
 import threading
-import weakref
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
@@ -56,10 +55,3 @@ def kept_output(raw: torch.Tensor) -> Optional[Kept]:
     value = raw.detach()  # an alias (no node): raw itself may become the tracer, which holds the node (a cycle)
     count[0] += nbytes
     return Kept((value, raw._version, nbytes, count))
-
-
-def keep_value(node: Any, raw: torch.Tensor, result: torch.Tensor) -> None:
-    """`node.value_refs` of a one-output node (what `node.keep_values` makes of it, in one call): the kept value of
-    `raw` (still plain), else a weak reference to the result tracer `result` (which may be `raw` itself, before its
-    class changes: the same object)."""
-    node.value_refs = (kept_output(raw) or weakref.ref(result),)

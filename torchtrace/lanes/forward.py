@@ -13,6 +13,7 @@ import itertools
 import linecache
 import operator
 import os
+import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -20,7 +21,7 @@ import torch
 from torchtrace.autograd.dispatch import _link_outputs, run_rule
 from torchtrace.autograd.dispatch import torch_function as readable_torch_function
 from torchtrace.autograd.function import INPLACE_FLAG, RULES
-from torchtrace.autograd.kept_values import keep_value
+from torchtrace.autograd.kept_values import kept_output
 from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
@@ -80,6 +81,13 @@ def _namespace(rule: type) -> Dict[str, Any]:
             "holds_tensor": holds_tensor, "forward": rule.forward,
             **({} if table is None else {"op": table["op"], "check": table["check"], "Meta": table["Meta"],
                                          "OPTIONS": _options(table), "call_options": table["_call_options"]})}
+
+
+def keep_value(node: Node, raw: torch.Tensor, result: torch.Tensor) -> None:
+    """`node.value_refs` of a one-output node (what `node.keep_values` makes of it, in one call): the kept value of
+    `raw` (still plain), else a weak reference to the result tracer `result` (which may be `raw` itself, before its
+    class changes: the same object)."""
+    node.value_refs = (kept_output(raw) or weakref.ref(result),)
 
 
 def finish(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
