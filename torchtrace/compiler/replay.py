@@ -98,6 +98,20 @@ def _normalise(func: Callable, args: tuple, kwargs: dict) -> Tuple[Optional[type
     return rule, args, kwargs
 
 
+def _positional(func: Callable, args: tuple, kwargs: dict) -> Optional[tuple]:
+    """A rule's call with keywords, as the positional call it records as (F.mse_loss(x, t, reduction="mean")); None
+    where a keyword stays one, or func has no rule."""
+    rule = RULES.get(func)
+    if rule is None:
+        return None
+    try:
+        with plain_torch():
+            args, kwargs = keywords_to_positions(func, rule, args, kwargs)
+    except Exception:  # keywords it cannot place: the general path says what is wrong, as eager does
+        return None
+    return None if kwargs else args
+
+
 def _tensor_results(out: Any) -> List[torch.Tensor]:
     if isinstance(out, torch.Tensor):
         return [out]
@@ -235,7 +249,8 @@ class Run:
                 targets.append((edge.position, edge.shape, edge.dtype, False, where))
         if st.plan is None:
             st.plan = targets, local, opened, segment.first_value
-            if st.checks is not None and st.kind == REPLAY and not st.torch_leaf and st.rule is not None:
+            if st.checks is not None and st.kind == REPLAY and not st.torch_leaf and st.rule is not None and all(
+                    type(position) is int for _, position, _ in opened):
                 st.replay = statement_replay(st, MISS)  # the common call's, from now
         return targets, local, opened, segment.first_value
 
@@ -592,15 +607,19 @@ class ReplayMode(TorchFunctionMode):
         run = self.run
         if run.eager_from or STATE.on_record:  # watched op by op (a checkpoint's discovery run): eagerly from here
             return run.go_eager(func, args, kwargs or {})
-        if run.replaying and not kwargs:  # the common call: the program's next statement is a REPLAY of func, called
-            try:  # with positional arguments of one key entry each; its generated replay checks them and runs it
+        # the common call: the program's next statement is a REPLAY of func, called with positional arguments of one
+        # key entry each (keywords moved to their positions, as the statement's were); its generated replay checks
+        # them and runs it
+        positional = args if not kwargs else _positional(func, args, kwargs) if run.replaying else None
+        if run.replaying and positional is not None:
+            try:
                 st = run.block.statements[run.at]
             except IndexError:  # the end of a block: a branch to choose (the general path)
                 st = None
             if st is not None and st.replay is not None and (st.func is func or same_func(st.func, func)) \
                     and not _any_autocast() and RULES.get(func) is st.rule:
                 with plain_torch():  # its checks read the tracers' attributes, its forward runs on them as plain
-                    found = st.replay(run, st, args)
+                    found = st.replay(run, st, positional)
                 if found is not MISS:
                     return found
         kwargs = kwargs or {}

@@ -71,7 +71,7 @@ def statement_replay(st: Any, miss: object) -> Callable[[Any, Any, tuple], Any]:
     body = _check_lines(st, names, writer, bound)
     body += ["run.at += 1  # the trie moves on", "run.path.append(st)", "ctx = Context(RULE, (), MASK)"]
     body += _forward_lines(st, names, writer)
-    body += _output_lines(st, names, st.code.saves_result if st.traced_forward is not None else None)
+    body += _output_lines(st, names, st.code.saves_result if st.traced_forward is not None else None, bound)
     lines += ["        " + line for line in body]
     bound["K"] = writer.constants
     parameters = sorted(bound)
@@ -168,10 +168,15 @@ def _forward_lines(st: Any, names: List[str], writer: CodeWriter) -> List[str]:
                     "saving = [i for i, s in enumerate(ctx._saved) if s is out]"]
 
 
-def _output_lines(st: Any, names: List[str], saving: Optional[Tuple[int, ...]]) -> List[str]:
+def _output_lines(st: Any, names: List[str], saving: Optional[Tuple[int, ...]], bound: Dict[str, Any]) -> List[str]:
     """The result becomes output nr of the open node; `saving`: where the Context keeps it (read from the Context
-    where None)."""
+    where None). The node's edges to outside tensors this statement reads first are made for this call: where they
+    land as they did, the statement's plan holds (else `Run._plan` makes one for this call)."""
     floats = ", ".join(names[i] for i in st.numbers)
+    opening = ""
+    for k, (source, position, where) in enumerate(st.plan[2]):
+        bound[f"E{k}"], bound[f"W{k}"] = source, where
+        opening += f" or segment.edge_to(E{k}, {names[position]}) != W{k}"
     as_alias = ["kept = tuple((i, nr) for i in saving)",
                 "out = out.as_subclass(tracer)  # the Context keeps it plain: the caller gets a tracer alias"]
     as_itself = ["kept = ()", "out.__class__ = tracer  # no one else holds it: it becomes the tracer itself"]
@@ -196,8 +201,8 @@ def _output_lines(st: Any, names: List[str], saving: Optional[Tuple[int, ...]]) 
         "out._tt_node, out._tt_requires_grad, out._tt_nr, out._tt_version = node, True, nr, out._version",
         "values[id(out)] = value",
         "run.keep.append(out)",
-        "targets, local, opened, first = st.plan",
-        "if opened or first != segment.first_value:  # edges this call opens anew",
+        "targets, local, _, first = st.plan",
+        f"if first != segment.first_value{opening}:  # (the edges this statement opens, made for this call)",
         "    targets, local, _, _ = run._plan(st, segment, args, {}, RULE)",
         f"step = Step(RULE, ctx, [value], None, targets, local, kept, st, ({floats}{',' if floats else ''}))",
         "segment.steps.append(step)",
