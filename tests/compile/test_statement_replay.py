@@ -145,3 +145,32 @@ def test_replay_code_shows_the_source_that_runs():
         assert st.replay.source.endswith(form) and st.describe() in st.replay.source.split("\n")[0]
     assert shown.count("def replay(run, st, args):") == len(statements)
     assert "# a2: a float (read on every call)" in shown and "# a2: K[" in shown and ", True, " in shown
+
+
+def test_calls_with_keywords_take_the_generated_replay(monkeypatch):
+    """Keywords moved to their positions (as the statement was recorded: a Python function's, such as F.mse_loss's)
+    fit the statement's generated replay: no call of a replayed path goes down the general path; values and
+    gradients equal eager's and torch autograd's."""
+    def fn(x, w, t):
+        return torch.nn.functional.mse_loss(torch.sum(x * w, 1, True), t, reduction="sum")
+
+    general: List[Any] = []
+    interpreted = Run.replay
+    monkeypatch.setattr(Run, "replay", lambda run, f, a, k: general.append(f) or interpreted(run, f, a, k))
+    torch.manual_seed(0)
+    x, w, t = torch.rand(4, 3, dtype=torch.float64), torch.rand(4, 3, dtype=torch.float64), torch.rand(4, 1)
+    t = t.double()
+    compiled = tt.compile(fn, (tt.tracer(x), tt.tracer(w, requires_grad=True), tt.tracer(t)))
+    for call in range(4):
+        general.clear()
+        ours, eager = tt.tracer(w.clone(), requires_grad=True), tt.tracer(w.clone(), requires_grad=True)
+        theirs = w.clone().requires_grad_()
+        out = compiled(tt.tracer(x), ours, tt.tracer(t))
+        out.backward()
+        fn(tt.tracer(x), eager, tt.tracer(t)).backward()
+        fn(x, theirs, t).backward()
+        assert torch.equal(ours.grad, eager.grad)
+        torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)
+        if call >= 2:  # (the first call records, the second plans each statement and generates its replay)
+            assert general == [], general
+    assert compiled.replayed == compiled.calls - 1
