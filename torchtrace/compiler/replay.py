@@ -98,12 +98,9 @@ def _normalise(func: Callable, args: tuple, kwargs: dict) -> Tuple[Optional[type
     return rule, args, kwargs
 
 
-def _positional(func: Callable, args: tuple, kwargs: dict) -> Optional[tuple]:
+def _positional(func: Callable, rule: type, args: tuple, kwargs: dict) -> Optional[tuple]:
     """A rule's call with keywords, as the positional call it records as (F.mse_loss(x, t, reduction="mean")); None
-    where a keyword stays one, or func has no rule."""
-    rule = RULES.get(func)
-    if rule is None:
-        return None
+    where a keyword stays one."""
     try:
         with plain_torch():
             args, kwargs = keywords_to_positions(func, rule, args, kwargs)
@@ -610,18 +607,19 @@ class ReplayMode(TorchFunctionMode):
         # the common call: the program's next statement is a REPLAY of func, called with positional arguments of one
         # key entry each (keywords moved to their positions, as the statement's were); its generated replay checks
         # them and runs it
-        positional = args if not kwargs else _positional(func, args, kwargs) if run.replaying else None
-        if run.replaying and positional is not None:
+        if run.replaying:
             try:
                 st = run.block.statements[run.at]
             except IndexError:  # the end of a block: a branch to choose (the general path)
                 st = None
             if st is not None and st.replay is not None and (st.func is func or same_func(st.func, func)) \
                     and not _any_autocast() and RULES.get(func) is st.rule:
-                with plain_torch():  # its checks read the tracers' attributes, its forward runs on them as plain
-                    found = st.replay(run, st, positional)
-                if found is not MISS:
-                    return found
+                positional = args if not kwargs else _positional(func, st.rule, args, kwargs)
+                if positional is not None:
+                    with plain_torch():  # its checks read the tracers' attributes, its forward runs on them plain
+                        found = st.replay(run, st, positional)
+                    if found is not MISS:
+                        return found
         kwargs = kwargs or {}
         if func in METADATA:
             return _disabled(func, types, args, kwargs)
