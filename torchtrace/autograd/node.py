@@ -45,6 +45,7 @@ def edge_gradient(edge: Edge, grads_of_inputs: tuple) -> Optional[torch.Tensor]:
     return g if g.dtype == edge.dtype else g.to(edge.dtype)
 
 
+_VERSION, _NONE = itertools.repeat("_version"), itertools.repeat(None)  # getattr(t, "_version", None) per tensor
 _UNSAVED: List[Any] = []  # the version list of a ctx that saved nothing (shared, never changed)
 
 
@@ -69,7 +70,7 @@ class Context:
     def save_for_backward(self, *tensors: Any) -> None:
         """Keep tensors for backward; an in-place change of one of them before backward is an error."""
         try:
-            self._saved, self._versions = tensors, [getattr(t, "_version", None) for t in tensors]
+            self._saved, self._versions = tensors, list(map(getattr, tensors, _VERSION, _NONE))
         except RuntimeError:  # an inference tensor has no version counter
             raise saved_inference_tensor(self._rule.__name__) from None
 
@@ -81,9 +82,9 @@ class Context:
     def saved_tensors(self) -> Tuple[Any, ...]:
         if self._released:
             self._refuse()
-        for t, version in zip(self._saved, self._versions):
-            if version is not None and t._version != version:
-                self._refuse()
+        if list(map(getattr, self._saved, _VERSION, _NONE)) != self._versions and any(  # (one read per tensor, in C)
+                v is not None and t._version != v for t, v in zip(self._saved, self._versions)):  # None: unchecked
+            self._refuse()
         return self._saved if self._graph_saved is None else self._graph_saved
 
     def _refuse(self) -> None:

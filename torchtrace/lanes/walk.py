@@ -28,8 +28,10 @@ from torchtrace.autograd.node import AccumulateGrad, Edge
 from torchtrace.autograd.state import LANE_SWITCHES, LANES_ON, STATE
 from torchtrace.lanes.forward import _table
 
+Tensor = torch.Tensor
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
-STEPS: Dict[type, Callable] = {}  # rule -> what the walk calls for its backward: generated, or the rule's own
+STEPS: Dict[type, Optional[Callable]] = {}  # rule -> what the walk calls for its backward (_make_step)
 
 
 def walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bool, captured: Optional[dict],
@@ -53,20 +55,24 @@ def walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bo
                     accumulate(node, grads[0], False, None, ownership)
                     continue
                 ctx = node.ctx
-                if (node.hooks or node.retained or node.pre_hooks or node.post_hooks or node.autocast
-                        or node.output_meta is not None or ctx._n_inputs is not None
-                        or not getattr(node.rule, "_tt_trusted", False)):
+                try:
+                    step = STEPS[node.rule]  # None: the rule is not one of ours (its backward's result is checked)
+                except KeyError:
+                    step = _make_step(node.rule)
+                if (step is None or node.hooks or node.retained or node.pre_hooks or node.post_hooks or node.autocast
+                        or node.output_meta is not None or ctx._n_inputs is not None):
                     result = _readable_step(node, grads, ownership, tracer_type)
                 else:
-                    step = STEPS.get(node.rule) or _make_step(node.rule)
                     result = step(ctx, *grads)
                     if type(result) is not tuple:
                         result = _as_tuple(node, result)
-                n = len(result)
                 for edge in node.edges:  # engine._send, written out
                     position, target, nr, shape, dtype = edge
-                    g = result[position] if type(position) is int and position < n else _received(node, edge, result)
-                    if type(g) is not torch.Tensor:
+                    try:
+                        g = result[position]
+                    except (IndexError, TypeError):  # no entry for this input, or an item of a list argument
+                        g = _received(node, edge, result)
+                    if type(g) is not Tensor:
                         if g is None:
                             continue
                         g = _received(node, edge, result)
@@ -75,10 +81,13 @@ def walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bo
                     if g.dtype != dtype:
                         g = g.to(dtype)
                     buf = buffers.get(target)
-                    if buf is None:
+                    if buf is None:  # the target's first gradient makes it ready
                         buffers[target] = buf = [None] * target.n_outputs
                         heappush(ready, (-target.sequence_nr, target))
-                    buf[nr] = g if buf[nr] is None else buf[nr] + g
+                        buf[nr] = g
+                    else:  # fan-out: gradients arriving along several edges are summed
+                        old = buf[nr]
+                        buf[nr] = g if old is None else old + g
                 if not retain_graph and ctx._saved:
                     ctx.release()
     finally:
@@ -92,7 +101,12 @@ def _readable_step(node: Any, grads: List[Any], ownership: Ownership, tracer_typ
     return _call_rule(node, grads, False, tracer_type, ownership, ())
 
 
-def _make_step(rule: type) -> Callable:
+def _make_step(rule: type) -> Optional[Callable]:
+    """What the walk calls for rule's backward: its generated step, its own backward, or None for a rule that is not
+    one of torchtrace's (the readable step checks what its backward returns)."""
+    if not getattr(rule, "_tt_trusted", False):
+        STEPS[rule] = None
+        return None
     source = step_source(rule)
     if source is None:
         step = STEPS[rule] = rule.backward
