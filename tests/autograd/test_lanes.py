@@ -183,6 +183,44 @@ def test_a_rule_registered_later_replaces_the_lane():
     assert before.grad_fn.name == torch.atan2(x, x).grad_fn.name == "Atan2Backward"
 
 
+
+@pytest.mark.parametrize("change", ["setitem", "update", "pop"])
+def test_every_change_of_the_rule_table_reaches_the_lanes(change):
+    x = tt.randn(3, requires_grad=True)
+    torch.atan2(x, x)  # its lanes are cached by callable
+
+    class Halved(tt.Function):
+        """y = a / 2 (a stand-in)"""
+
+        @staticmethod
+        def forward(ctx, a, b):
+            return a / 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g / 2, None
+
+    old = RULES[torch.atan2]
+    try:
+        if change == "setitem":
+            RULES[torch.atan2] = Halved
+        elif change == "update":
+            RULES.update({torch.atan2: Halved})
+        else:
+            RULES.pop(torch.atan2)
+        if change == "pop":  # no rule: refused, as for any op without one
+            with pytest.raises(Exception, match="atan2"):
+                torch.atan2(x, x)
+        else:
+            torch.atan2(x, x).sum().backward()
+            assert torch.equal(x.grad.as_subclass(torch.Tensor), torch.full((3,), 0.5))
+    finally:
+        RULES[torch.atan2] = old
+    x.grad = None
+    torch.atan2(x, x).sum().backward()  # the rule put back is the one that runs again: d/dx atan2(x, x) = 0
+    assert torch.equal(x.grad.as_subclass(torch.Tensor), torch.zeros(3))
+
+
 def test_inference_tensors_take_the_readable_path():
     with torch.inference_mode():
         w = torch.randn(3)

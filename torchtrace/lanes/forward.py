@@ -14,33 +14,56 @@ import linecache
 import operator
 import os
 import weakref
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from torchtrace.autograd.dispatch import _link_outputs, run_rule
 from torchtrace.autograd.dispatch import torch_function as readable_torch_function
-from torchtrace.autograd.function import INPLACE_FLAG, RULES
-from torchtrace.autograd.kept_values import kept_output
+from torchtrace.autograd.function import INPLACE_FLAG, RULE_CACHES, RULES
+from torchtrace.autograd.kept_values import BUDGET, Kept
+from torchtrace.autograd.kept_values import THREAD as KEPT
 from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 
 MOST_ARGUMENTS = 8  # calls with more positional arguments take the readable path
 LANES: Dict[type, list] = {}  # rule -> its lanes by number of arguments, each made on first use
+LANES_OF: Dict[Callable, Sequence[Callable]] = {}  # torch callable -> its rule's LANES (empty: no rule), emptied
+RULE_CACHES.append(LANES_OF)  # by every change of RULES: a callable registered again takes its new rule's lanes
+MOST_CALLABLES = 4096
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def torch_function(cls: type, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
     """tracer.__torch_function__ while the lanes are on: a rule's call by position takes its lane; every other call
     dispatch's entry."""
+    lanes = LANES_OF.get(func)
+    if lanes is None:
+        lanes = _lanes_of(func)
+    if not kwargs:
+        try:
+            lane = lanes[len(args)]
+        except IndexError:  # not a rule's callable (no lanes), or more arguments than a lane takes
+            pass
+        else:
+            return lane(cls._tt_type, func, args)
+    return readable_torch_function(cls, func, types, args, kwargs)
+
+
+def _lanes_of(func: Callable) -> Sequence[Callable]:
+    """LANES_OF[func], made on first use: its rule's lanes, or none for a callable that has no rule."""
+    if len(LANES_OF) > MOST_CALLABLES:  # callables handed in by other libraries' overrides: the cache stays bounded
+        LANES_OF.clear()
     rule = RULES.get(func)
-    if rule is not None and not kwargs and len(args) < MOST_ARGUMENTS:
+    if rule is None:
+        lanes: Sequence[Callable] = ()
+    else:
         lanes = LANES.get(rule)
         if lanes is None:
             lanes = LANES[rule] = [_FirstUse(rule, k) for k in range(MOST_ARGUMENTS)]
-        return lanes[len(args)](cls._tt_type, func, args)
-    return readable_torch_function(cls, func, types, args, kwargs)
+    LANES_OF[func] = lanes
+    return lanes
 
 
 class _FirstUse:
@@ -77,17 +100,11 @@ def _namespace(rule: type) -> Dict[str, Any]:
             "Tensor": torch.Tensor,
             "containers": (list, tuple), "AccumulateGrad": AccumulateGrad, "Edge": Edge, "new_edge": tuple.__new__,
             "Context": Context, "Node": Node, "STATE": STATE,
-            "keep_value": keep_value, "finish": finish, "saves_output": saves_output,
+            "KEPT": KEPT, "BUDGET": BUDGET, "Kept": Kept,
+            "weak": weakref.ref, "finish": finish, "saves_output": saves_output,
             "holds_tensor": holds_tensor, "forward": rule.forward,
             **({} if table is None else {"op": table["op"], "check": table["check"], "Meta": table["Meta"],
                                          "OPTIONS": _options(table), "call_options": table["_call_options"]})}
-
-
-def keep_value(node: Node, raw: torch.Tensor, result: torch.Tensor) -> None:
-    """`node.value_refs` of a one-output node (what `node.keep_values` makes of it, in one call): the kept value of
-    `raw` (still plain), else a weak reference to the result tracer `result` (which may be `raw` itself, before its
-    class changes: the same object)."""
-    node.value_refs = (kept_output(raw) or weakref.ref(result),)
 
 
 def finish(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
@@ -199,9 +216,20 @@ def _option_guard_lines(i: int) -> List[str]:
 
 
 _INPUT_NAMES = {1: ("x",), 2: ("a", "b")}  # what table formulas call their inputs
-_RETAG = ["        keep_value(node, out, out)  # (read while out is plain)",
+def _keep_lines(value: str, tracer: str) -> List[str]:
+    """The result's value kept for the player (kept_values.kept_output, written out): `value`, a plain alias of it
+    that holds no node, while the thread's kept results fit the budget; beyond it a weak reference to `tracer`."""
+    return ["        version, count, nbytes = out._version, KEPT.count, out.nbytes  # (read while out is plain)",
+            "        if count[0] + nbytes <= BUDGET[0]:  # kept for the player, within the budget",
+            "            count[0] += nbytes",
+            f"            node.value_refs = (Kept(({value}, version, nbytes, count)),)",
+            "        else:",
+            f"            node.value_refs = (weak({tracer}),)"]
+
+
+_RETAG = [*_keep_lines("out.detach()", "out"),
           "        out.__class__ = T  # a fresh result becomes the tracer itself",
-          "        out._tt_node, out._tt_requires_grad, out._tt_version = node, True, out._version",
+          "        out._tt_node, out._tt_requires_grad, out._tt_version = node, True, version",
           "        return out"]
 
 
@@ -273,9 +301,9 @@ def _SAVED_RESULT(n: int) -> List[str]:
     """The result is saved: the tracer is a second Python object over it (a tracer saved by its own node would
     keep that node alive through itself), and create_graph re-links the saved one (saved_outputs)."""
     return ["        t = out.as_subclass(T)  # the saved result stays plain; the tracer is an alias",
-            "        keep_value(node, out, t)",
+            *_keep_lines("out", "t"),
             f"        node.saved_outputs = (({n}, 0),)",
-            "        t._tt_node, t._tt_requires_grad, t._tt_version = node, True, out._version",
+            "        t._tt_node, t._tt_requires_grad, t._tt_version = node, True, version",
             "        return t"]
 
 
