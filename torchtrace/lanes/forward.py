@@ -60,8 +60,8 @@ def _lanes_of(func: Callable) -> Sequence[Callable]:
         lanes: Sequence[Callable] = ()
     else:
         lanes = LANES.get(rule)
-        if lanes is None:
-            lanes = LANES[rule] = [_FirstUse(rule, k) for k in range(MOST_ARGUMENTS)]
+        if lanes is None:  # (setdefault: threads that get here at once share one list)
+            lanes = LANES.setdefault(rule, [_FirstUse(rule, k) for k in range(MOST_ARGUMENTS)])
     LANES_OF[func] = lanes
     return lanes
 
