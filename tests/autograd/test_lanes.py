@@ -10,6 +10,7 @@ from typing import Any, List, Tuple
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torchtrace as tt
 from torchtrace import coverage
@@ -151,12 +152,17 @@ def test_a_lane_is_python_source_with_a_filename_inside_the_package():
     assert pathlib.Path(code.co_filename).parent == pathlib.Path(tt.__file__).parent / "lanes"
 
 
-def test_an_inplace_flag_given_by_position_takes_the_readable_path():
+@pytest.mark.parametrize("by_keyword", [False, True])
+def test_an_inplace_flag_set_takes_the_readable_path(by_keyword):
     x = tt.randn(4, requires_grad=True)
-    y = x * 1
-    torch.nn.functional.relu(y, True)
+    for _ in range(2):  # the second call: the keyword's place is known (arguments.KEYWORD_PLANS)
+        y = x * 1
+        torch.nn.functional.relu(y, inplace=True) if by_keyword else torch.nn.functional.relu(y, True)
+        assert y.grad_fn.name == "ReluBackward"  # y itself was written: recorded as y.relu_()
+    x.grad = None
     y.sum().backward()
-    assert torch.equal(x.grad, (x > 0).to(x.dtype)) and "if func in INPLACE_FLAG" in lane_source(RULES[torch.relu], 2)
+    assert torch.equal(x.grad, (x > 0).to(x.dtype))
+    assert "if flag is not None and flag < 2 and args[flag]" in lane_source(RULES[torch.relu], 2)
 
 
 def test_a_rule_registered_later_replaces_the_lane():
@@ -276,3 +282,88 @@ def test_the_environment_variable_selects_the_readable_path_for_a_whole_run():
     env = {**os.environ, "TORCHTRACE_READABLE": "1"}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "True"]
+
+
+KEYWORD_CALLS = {  # torch.nn.functional passes its options to __torch_function__ as keywords
+    "mse_loss": lambda x, t: F.mse_loss(x, t, reduction="sum"),
+    "l1_loss": lambda x, t: F.l1_loss(x, t),
+    "relu": lambda x, t: F.relu(x) * t,
+    "softmax": lambda x, t: F.softmax(x, dim=-1) * t,
+    "leaky_relu": lambda x, t: F.leaky_relu(x, negative_slope=0.2) * t,
+    "dropout, not training": lambda x, t: F.dropout(x, p=0.3, training=False) * t,
+}
+
+
+@pytest.mark.parametrize("name", KEYWORD_CALLS)
+def test_a_call_with_keywords_takes_its_lane_once_their_places_are_known(name, monkeypatch):
+    from torchtrace.lanes import forward
+
+    call = KEYWORD_CALLS[name]
+    generator = torch.Generator().manual_seed(0)
+    x0, t0 = (torch.randn(3, 5, generator=generator, dtype=torch.float64) for _ in range(2))
+
+    def gradients(readable: bool) -> List[torch.Tensor]:
+        x, t = tt.tracer(x0.clone(), requires_grad=True), tt.tracer(t0.clone(), requires_grad=True)
+        with tt.readable() if readable else contextlib.nullcontext():
+            call(x, t).sum().backward()
+        return [x.grad.as_subclass(torch.Tensor), t.grad.as_subclass(torch.Tensor)]
+
+    gradients(readable=False)  # the first call places the keywords (on the readable path)
+    readable_calls = []
+    original = forward.readable_torch_function
+    monkeypatch.setattr(forward, "readable_torch_function",
+                        lambda *a, **k: readable_calls.append(a[1]) or original(*a, **k))
+    ours = gradients(readable=False)
+    assert not [f for f in readable_calls if f in RULES]  # every recorded call took a lane
+    assert all(torch.equal(a, b) for a, b in zip(ours, gradients(readable=True)))
+    x, t = x0.clone().requires_grad_(), t0.clone().requires_grad_()
+    torch.autograd.backward(call(x, t).sum())
+    torch.testing.assert_close(ours, [x.grad, t.grad])
+    assert tt.gradcheck(call, tt.tracer(x0.clone(), requires_grad=True), tt.tracer(t0.clone(), requires_grad=True))
+
+
+VIEW_CALLS = {  # a view as an argument, its base changed in place after the view was taken (or not)
+    "view of a changed base": lambda x, t: _changed_base_view(x, t) * t[1:],
+    "transposed view": lambda x, t: (x * 2).t() @ t,
+    "list of ints (layer norm's shape)": lambda x, t: F.layer_norm(x * t, [5]),
+}
+
+
+def _changed_base_view(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    base = x * 1
+    view = base[1:]
+    base.mul_(t)  # the view sees it: its gradient must go through the in-place multiplication
+    return view.exp()
+
+
+@pytest.mark.parametrize("name", VIEW_CALLS)
+def test_views_and_lists_without_tensors_take_the_lane(name, monkeypatch):
+    from torchtrace.lanes import forward
+
+    call = VIEW_CALLS[name]
+    generator = torch.Generator().manual_seed(1)
+    x0 = torch.randn(3, 5, generator=generator, dtype=torch.float64)
+    t0 = torch.randn(3, 4 if name == "transposed view" else 5, generator=generator, dtype=torch.float64)
+
+    def gradients(readable: bool) -> List[torch.Tensor]:
+        x, t = tt.tracer(x0.clone(), requires_grad=True), tt.tracer(t0.clone(), requires_grad=True)
+        with tt.readable() if readable else contextlib.nullcontext():
+            out = call(x, t)
+            out.sum().backward()
+        return [x.grad.as_subclass(torch.Tensor), t.grad.as_subclass(torch.Tensor)]
+
+    gradients(readable=False)
+    lane_fallbacks = []
+    original = forward.run_rule
+    monkeypatch.setattr(forward, "run_rule", lambda *a, **k: lane_fallbacks.append(a[1]) or original(*a, **k))
+    for lanes in forward.LANES.values():  # the generated lanes read run_rule from their own namespace
+        for lane in lanes:
+            if "run_rule" in getattr(lane, "__globals__", {}):
+                monkeypatch.setitem(lane.__globals__, "run_rule", forward.run_rule)
+    ours = gradients(readable=False)
+    assert not [rule.__name__ for rule in lane_fallbacks if rule.__name__ != "ViewOfBase"]  # the catch-up's own
+    assert all(torch.equal(a, b) for a, b in zip(ours, gradients(readable=True)))
+    x, t = x0.clone().requires_grad_(), t0.clone().requires_grad_()
+    torch.autograd.backward(call(x, t).sum())
+    torch.testing.assert_close(ours, [x.grad, t.grad])
+    assert tt.gradcheck(call, tt.tracer(x0.clone(), requires_grad=True), tt.tracer(t0.clone(), requires_grad=True))

@@ -9,31 +9,7 @@ from torchtrace.autograd.node import Context
 from torchtrace.errors import instantiated_function
 from torchtrace.naming import callable_name
 
-RULE_CACHES: List[dict] = []  # caches keyed by torch callable (the lanes'), emptied whenever RULES changes
-
-
-class RuleTable(dict):
-    """torch callable -> the Function whose forward/backward it runs. Every change empties RULE_CACHES (a cache
-    built from an older table would run a callable's former rule)."""
-
-
-def _emptying_caches(name: str) -> Callable:
-    change = getattr(dict, name)
-
-    def changed(self: RuleTable, *args: Any, **kwargs: Any) -> Any:
-        result = change(self, *args, **kwargs)
-        for cache in RULE_CACHES:
-            cache.clear()
-        return result
-
-    changed.__name__ = name
-    return changed
-
-
-for _name in ("__setitem__", "__delitem__", "__ior__", "clear", "pop", "popitem", "setdefault", "update"):
-    setattr(RuleTable, _name, _emptying_caches(_name))
-
-RULES: Dict[Callable, type] = RuleTable()
+RULES: Dict[Callable, type] = {}  # torch callable -> the Function whose forward/backward it runs
 INPLACE: Dict[Callable, tuple] = {}  # in-place twin (Tensor.add_, torch.relu_, F.elu_) -> (rule, out-of-place callable)
 INPLACE_FLAG: Dict[Callable, int] = {}  # callable with an `inplace` parameter (F.relu) -> its position
 # Rules shipped with torchtrace: their backward returns new tensors or views of its gradient, and keeps neither.

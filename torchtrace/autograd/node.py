@@ -45,8 +45,8 @@ def edge_gradient(edge: Edge, grads_of_inputs: tuple) -> Optional[torch.Tensor]:
     return g if g.dtype == edge.dtype else g.to(edge.dtype)
 
 
-_VERSION, _NONE = itertools.repeat("_version"), itertools.repeat(None)  # getattr(t, "_version", None) per tensor
-_UNSAVED: List[Any] = []  # the version list of a ctx that saved nothing (shared, never changed)
+# the version list of a ctx that saved nothing (shared, never changed); getattr(t, "_version", None) per tensor:
+_UNSAVED, _VERSION, _NONE = [], itertools.repeat("_version"), itertools.repeat(None)
 
 
 class Context:

@@ -1,7 +1,8 @@
 """Recording lanes generated from rules: what dispatch.run_rule decides per call, decided once per rule.
 
-For the common call (arguments by position; the tensors among them tracers that are not views; recording on, no
-autocast, no tool watching) what run_rule does depends only on the rule and the number of arguments. `lane_source`
+For the common call (arguments by position, or keywords whose positions the readable path found before; the tensors
+among them tracers, lists holding none; recording on, no autocast, no tool watching) what run_rule does depends only
+on the rule and the number of arguments (a view whose base changed in place is caught up first, as there). `lane_source`
 writes it out for that rule as one straight-line Python function, as PyTorch generates a VariableType kernel per op
 from derivatives.yaml: an edge for each differentiable argument that requires a gradient, the op run once under the
 subclass guard, for a table rule exactly what its needed formulas read saved (its `uses`), one Node, and the result
@@ -14,56 +15,43 @@ import linecache
 import operator
 import os
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from torchtrace.autograd.arguments import KEYWORD_PLANS
 from torchtrace.autograd.dispatch import _link_outputs, run_rule
 from torchtrace.autograd.dispatch import torch_function as readable_torch_function
-from torchtrace.autograd.function import INPLACE_FLAG, RULE_CACHES, RULES
+from torchtrace.autograd.function import INPLACE_FLAG, RULES
+from torchtrace.autograd.inplace import catch_up
 from torchtrace.autograd.kept_values import BUDGET, Kept
 from torchtrace.autograd.kept_values import THREAD as KEPT
 from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 
-MOST_ARGUMENTS = 8  # calls with more positional arguments take the readable path
+MOST_ARGUMENTS = 12  # calls with more positional arguments take the readable path (F.cross_entropy: 8)
 LANES: Dict[type, list] = {}  # rule -> its lanes by number of arguments, each made on first use
-LANES_OF: Dict[Callable, Sequence[Callable]] = {}  # torch callable -> its rule's LANES (empty: no rule), emptied
-RULE_CACHES.append(LANES_OF)  # by every change of RULES: a callable registered again takes its new rule's lanes
-MOST_CALLABLES = 4096
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def torch_function(cls: type, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
     """tracer.__torch_function__ while the lanes are on: a rule's call by position takes its lane; every other call
     dispatch's entry."""
-    lanes = LANES_OF.get(func)
-    if lanes is None:
-        lanes = _lanes_of(func)
-    if not kwargs:
-        try:
-            lane = lanes[len(args)]
-        except IndexError:  # not a rule's callable (no lanes), or more arguments than a lane takes
-            pass
-        else:
-            return lane(cls._tt_type, func, args)
-    return readable_torch_function(cls, func, types, args, kwargs)
-
-
-def _lanes_of(func: Callable) -> Sequence[Callable]:
-    """LANES_OF[func], made on first use: its rule's lanes, or none for a callable that has no rule."""
-    if len(LANES_OF) > MOST_CALLABLES:  # callables handed in by other libraries' overrides: the cache stays bounded
-        LANES_OF.clear()
     rule = RULES.get(func)
-    if rule is None:
-        lanes: Sequence[Callable] = ()
-    else:
-        lanes = LANES.get(rule)
-        if lanes is None:  # (setdefault: threads that get here at once share one list)
-            lanes = LANES.setdefault(rule, [_FirstUse(rule, k) for k in range(MOST_ARGUMENTS)])
-    LANES_OF[func] = lanes
-    return lanes
+    if rule is not None:
+        positional = args
+        if kwargs:  # F.relu(x, inplace=False), as every torch.nn.functional call, passes its options as keywords: a
+            plan = KEYWORD_PLANS.get((func, len(args), *kwargs))  # spelling whose keywords the readable path placed
+            if plan is None or plan[1]:  # before all go to those positions (arguments.py)
+                return readable_torch_function(cls, func, types, args, kwargs)
+            positional = (*args, *[kwargs.get(name, default) for name, default in plan[0]])
+        if len(positional) < MOST_ARGUMENTS:
+            lanes = LANES.get(rule)
+            if lanes is None:  # (setdefault: threads that get here at once share one list)
+                lanes = LANES.setdefault(rule, [_FirstUse(rule, k) for k in range(MOST_ARGUMENTS)])
+            return lanes[len(positional)](cls._tt_type, func, positional)
+    return readable_torch_function(cls, func, types, args, kwargs)
 
 
 class _FirstUse:
@@ -102,7 +90,7 @@ def _namespace(rule: type) -> Dict[str, Any]:
             "Context": Context, "Node": Node, "STATE": STATE,
             "KEPT": KEPT, "BUDGET": BUDGET, "Kept": Kept,
             "weak": weakref.ref, "finish": finish, "saves_output": saves_output,
-            "holds_tensor": holds_tensor, "forward": rule.forward,
+            "holds_tensor": holds_tensor, "catch_up": catch_up, "forward": rule.forward,
             **({} if table is None else {"op": table["op"], "check": table["check"], "Meta": table["Meta"],
                                          "OPTIONS": _options(table), "call_options": table["_call_options"]})}
 
@@ -141,12 +129,15 @@ def _options(table: Dict[str, Any]) -> Any:
     return {k: v for k, v in options.items() if k != "inplace"} if isinstance(options, dict) else None
 
 
-def _positional_parameters(rule: type) -> Optional[List[inspect.Parameter]]:
+def _positional_parameters(rule: type) -> Optional[Tuple[List[inspect.Parameter], bool]]:
+    """The parameters of rule's forward that take an argument by position (after ctx), and whether it takes any
+    number more (*args: a loss's forward(ctx, *args, **kwargs) hands them to the torch function)."""
     try:
         parameters = list(inspect.signature(rule.forward).parameters.values())[1:]
     except (TypeError, ValueError):
         return None
-    return [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return ([p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)],
+            any(p.kind is p.VAR_POSITIONAL for p in parameters))
 
 
 def lane_source(rule: type, n_args: int) -> Optional[str]:
@@ -158,9 +149,11 @@ def lane_source(rule: type, n_args: int) -> Optional[str]:
             return None
         inputs, body = n, _table_body(rule, table, n_args)
     else:
-        parameters = _positional_parameters(rule)
-        if parameters is None or not parameters or n_args > len(parameters) or any(
-                p.default is p.empty for p in parameters[n_args:]) or n_args == 0:
+        found = _positional_parameters(rule)
+        if found is None or n_args == 0:
+            return None
+        parameters, more = found
+        if (n_args > len(parameters) and not more) or any(p.default is p.empty for p in parameters[n_args:]):
             return None
         inputs, body = n_args, _function_body(n_args)
     names = [f"a{i}" for i in range(n_args)]
@@ -183,19 +176,20 @@ def lane_source(rule: type, n_args: int) -> Optional[str]:
 
 
 def _inplace_flag_lines(rule: type, n_args: int) -> List[str]:
-    """F.relu(x, True): a spelling of the rule whose `inplace` flag this call may pass goes to the readable path,
+    """F.relu(x, True): a spelling of the rule whose `inplace` flag this call passes true goes to the readable path,
     which records the in-place write."""
     if not any(RULES.get(func) is rule and position < n_args for func, position in INPLACE_FLAG.items()):
         return []
-    return ["    if func in INPLACE_FLAG:  # inplace= given by position: the readable path records the write",
+    return ["    flag = INPLACE_FLAG.get(func)",
+            f"    if flag is not None and flag < {n_args} and args[flag]:  # inplace=True: the readable path writes",
             "        return run_rule(T, RULE, func, args, {})"]
 
 
 def _edge_lines(i: int) -> List[str]:
     a = f"a{i}"
     return [f"        if isinstance({a}, T):",
-            f"            if {a}._tt_view:  # a view: its base may have changed in place since",
-            "                return run_rule(T, RULE, func, args, {})",
+            f"            if {a}._tt_view and {a}._version != {a}._tt_version:  # a view whose base changed in place",
+            f"                catch_up({a}, T, run_rule)  # since it was taken: a view of the base as it is now",
             f"            if {a}._tt_requires_grad:",
             f"                node = {a}._tt_node",
             "                if node is None:  # a leaf: its AccumulateGrad while the graph keeps it, else a new one",
@@ -205,8 +199,9 @@ def _edge_lines(i: int) -> List[str]:
             f"                        node = AccumulateGrad({a})",
             f"                edges.append(new_edge(Edge, ({i}, node, {a}._tt_nr, {a}.shape, {a}.dtype)))",
             f"                needs |= {1 << i}",
-            f"        elif isinstance({a}, containers) or isinstance({a}, Tensor) and {a}.requires_grad:",
-            "            return run_rule(T, RULE, func, args, {})  # a list of tensors, or a torch leaf"]
+            f"        elif isinstance({a}, Tensor) and {a}.requires_grad or isinstance({a}, containers) and "
+            f"holds_tensor({a}):",
+            "            return run_rule(T, RULE, func, args, {})  # a torch leaf, or a list of tensors"]
 
 
 def _option_guard_lines(i: int) -> List[str]:
@@ -315,7 +310,7 @@ def show(name: str) -> str:
         raise KeyError(f"no rule named {name!r}: `python -m torchtrace ops` lists the ops, rule names are as in "
                        "grad_fn names without 'Backward' (MulBackward -> Mul)")
     rule, table = RULES[targets[0]], _table(RULES[targets[0]])
-    parameters = _positional_parameters(rule) or []
+    parameters = (_positional_parameters(rule) or ([], False))[0]
     n_args = table["n"] if table is not None else sum(p.default is p.empty for p in parameters)
     source = lane_source(rule, n_args)
     return source if source is not None else f"{name} has no lane for {n_args} arguments: it runs dispatch.run_rule\n"

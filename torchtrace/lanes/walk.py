@@ -28,10 +28,8 @@ from torchtrace.autograd.node import AccumulateGrad, Edge
 from torchtrace.autograd.state import LANE_SWITCHES, LANES_ON, STATE
 from torchtrace.lanes.forward import _table
 
-Tensor = torch.Tensor
-
 _HERE = os.path.dirname(os.path.abspath(__file__))
-STEPS: Dict[type, Optional[Callable]] = {}  # rule -> what the walk calls for its backward (_make_step)
+STEPS: Dict[type, Callable] = {}  # torchtrace's rule -> what the walk calls for its backward (_make_step)
 
 
 def walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bool, captured: Optional[dict],
@@ -55,10 +53,7 @@ def walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bo
                     accumulate(node, grads[0], False, None, ownership)
                     continue
                 ctx = node.ctx
-                try:
-                    step = STEPS[node.rule]  # None: the rule is not one of ours (its backward's result is checked)
-                except KeyError:
-                    step = _make_step(node.rule)
+                step = STEPS[node.rule] if node.rule in STEPS else _make_step(node.rule)  # None: a user's rule
                 if (step is None or node.hooks or node.retained or node.pre_hooks or node.post_hooks or node.autocast
                         or node.output_meta is not None or ctx._n_inputs is not None):
                     result = _readable_step(node, grads, ownership, tracer_type)
@@ -72,7 +67,7 @@ def walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bo
                         g = result[position]
                     except (IndexError, TypeError):  # no entry for this input, or an item of a list argument
                         g = _received(node, edge, result)
-                    if type(g) is not Tensor:
+                    if type(g) is not torch.Tensor:
                         if g is None:
                             continue
                         g = _received(node, edge, result)
@@ -81,13 +76,10 @@ def walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bo
                     if g.dtype != dtype:
                         g = g.to(dtype)
                     buf = buffers.get(target)
-                    if buf is None:  # the target's first gradient makes it ready
+                    if buf is None:
                         buffers[target] = buf = [None] * target.n_outputs
                         heappush(ready, (-target.sequence_nr, target))
-                        buf[nr] = g
-                    else:  # fan-out: gradients arriving along several edges are summed
-                        old = buf[nr]
-                        buf[nr] = g if old is None else old + g
+                    buf[nr] = g if buf[nr] is None else buf[nr] + g
                 if not retain_graph and ctx._saved:
                     ctx.release()
     finally:
@@ -104,8 +96,7 @@ def _readable_step(node: Any, grads: List[Any], ownership: Ownership, tracer_typ
 def _make_step(rule: type) -> Optional[Callable]:
     """What the walk calls for rule's backward: its generated step, its own backward, or None for a rule that is not
     one of torchtrace's (the readable step checks what its backward returns)."""
-    if not getattr(rule, "_tt_trusted", False):
-        STEPS[rule] = None
+    if not getattr(rule, "_tt_trusted", False):  # (not kept: a class a user made in a loop must be freed)
         return None
     source = step_source(rule)
     if source is None:
