@@ -28,9 +28,9 @@ def remember_base(view: torch.Tensor, args: tuple) -> None:
         root = base_root(view)
         bases = [a._tt_base if a._tt_view else a for a in args
                  if isinstance(a, torch.Tensor) and hasattr(a, "_tt_view") and base_root(a) is root]
-        tensors = [t for a in args for t in (a if isinstance(a, (list, tuple)) else (a,))
-                   if isinstance(t, torch.Tensor)]
-        view._tt_view = bool(bases) or any(base_root(t) is root for t in tensors)  # False: a view of its own result
+        view._tt_view = bool(bases) or any(  # False: a view of its own result (no argument shares its memory)
+            base_root(t) is root for a in args for t in (a if isinstance(a, (list, tuple)) else (a,))
+            if isinstance(t, torch.Tensor))
     view._tt_base = bases[0] if bases else None
 
 
