@@ -92,7 +92,7 @@ def _namespace(rule: type) -> Dict[str, Any]:
             "weak": weakref.ref, "finish": finish, "saves_output": saves_output,
             "holds_tensor": holds_tensor, "catch_up": catch_up, "forward": rule.forward,
             **({} if table is None else {"op": table["op"], "check": table["check"], "Meta": table["Meta"],
-                                         "OPTIONS": _options(table), "call_options": table["_call_options"]})}
+                                         "OPTIONS": _options(table)})}
 
 
 def finish(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
@@ -121,7 +121,7 @@ def _table(rule: type) -> Optional[Dict[str, Any]]:
     globals_ = rule.forward.__globals__
     if not {"op", "check", "keep", "keep_meta", "options", "n"} <= set(closure) or "Meta" not in globals_:
         return None
-    return {**closure, "Meta": globals_["Meta"], "_call_options": globals_["_call_options"]}
+    return {**closure, "Meta": globals_["Meta"]}
 
 
 def _options(table: Dict[str, Any]) -> Any:
@@ -253,9 +253,9 @@ def _table_body(rule: type, table: Dict[str, Any], n_args: int) -> List[str]:
         lines += [f"        ctx.options = {{**OPTIONS{', ' + given if given else ''}}}",
                   f"        out = op({', '.join(inputs)}, **ctx.options)"]
     else:
-        if options is not None:  # AS_CALLED: the formulas get the other arguments as called
-            rest = "".join(f"a{i}, " for i in range(n, n_args))
-            lines.append(f"        ctx.args, ctx.kwargs = call_options(({rest}), {{}})")
+        if options is not None:  # AS_CALLED: the formulas get the other arguments as called (call_options, whose
+            rest = "".join(f"a{i}, " for i in range(n, n_args))  # freezing leaves them as they are: none is a tensor)
+            lines.append(f"        ctx.args, ctx.kwargs = ({rest}), {{}}")
         lines.append(f"        out = op({', '.join(f'a{i}' for i in range(n_args))})")
     patterns = [needs for needs in table["keep"] if any(needs)]
     saved_output = set()
