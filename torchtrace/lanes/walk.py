@@ -53,7 +53,7 @@ def walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bo
                     accumulate(node, grads[0], False, None, ownership)
                     continue
                 ctx = node.ctx
-                step = STEPS[node.rule] if node.rule in STEPS else _make_step(node.rule)  # None: a user's rule
+                step = STEPS.get(node.rule) or _make_step(node.rule)  # None: a user's rule
                 if (step is None or node.hooks or node.retained or node.pre_hooks or node.post_hooks or node.autocast
                         or node.output_meta is not None or ctx._n_inputs is not None):
                     result = _readable_step(node, grads, ownership, tracer_type)
