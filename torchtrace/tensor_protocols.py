@@ -54,6 +54,19 @@ class TensorProtocols:
                 raise TypeError("iteration over a 0-d tensor")
         return iter(self.unbind(0))
 
+    def __rtruediv__(self, other: Any) -> Any:
+        """c / x as torch's Tensor.__rdiv__ computes it: x.reciprocal() * c, two nodes as in torch's graph, so that in
+        a second derivative the gradients meeting at 1/x are summed before the reciprocal's rule scales them (one
+        fused node would multiply a zero gradient by an infinite -1/x^2 at x = 0 and give NaN where torch gives inf).
+        A tensor on the left is divided by it with `div`, as Python would do without this method."""
+        if isinstance(other, torch.Tensor):
+            return torch.Tensor.__truediv__(other, self)
+        if not isinstance(other, (int, float, complex)):
+            return NotImplemented
+        return self.reciprocal() * other
+
+    __rdiv__ = __rtruediv__
+
     def __reduce_ex__(self, protocol: int) -> Any:
         with plain_torch():
             plain = torch.Tensor.detach(self).as_subclass(torch.Tensor)

@@ -234,6 +234,42 @@ def test_number_over_tensor_equals_torchs_bit_for_bit() -> None:
     assert torch.equal(ours.grad, theirs.grad)
 
 
+def test_number_over_tensor_records_torchs_two_nodes() -> None:
+    """c / x is a Mul of a Reciprocal, as in torch's graph; a plain tensor over a tracer stays one Div."""
+    x = tt.tracer(torch.tensor([1.0, 2.0]), requires_grad=True)
+    z = 3.0 / x
+    assert z.grad_fn.name == "MulBackward"
+    assert [n.name for n, _ in z.grad_fn.next_functions] == ["ReciprocalBackward"]
+    assert (torch.tensor([3.0, 4.0]) / x).grad_fn.name == "DivBackward"
+    with pytest.raises(TypeError, match="unsupported operand"):
+        "3" / x
+
+
+def test_second_derivative_through_number_over_tensor_at_zero_equals_torchs() -> None:
+    """d2/dx2 of sum(w t) with t = 1/x and w = where(t > 1.2, 2, t), at x = 0 and x = 2. At x = 0 two gradients meet
+    at t, one of them zero (the masked branch); torch sums them before the reciprocal's -t^2 (= -inf) scales them and
+    gets inf. A single fused c / x node scaled the zero alone: 0 * inf = NaN. (At x = 2, finite differences agree.)"""
+    def f(x):
+        t = 1 / x
+        return (torch.where(t > 1.2, 2.0, t) * t).sum()
+
+    def second(x, grad):
+        g, = grad(f(x), [x], create_graph=True)
+        return grad(g.sum(), [x])[0]
+
+    value = torch.tensor([0.0, 2.0], dtype=torch.float64)
+    ours = second(tt.tracer(value, requires_grad=True), tt.grad)
+    theirs = second(value.clone().requires_grad_(True), torch.autograd.grad)
+    assert torch.equal(ours, theirs) and ours[0] == float("inf")
+    def first(x0):  # f'(x0) by torchtrace: at x0 near 2, t = 1/x0 <= 1.2, so f = sum(t t) and f'(x) = -2 / x^3
+        x = tt.tracer(torch.tensor([x0], dtype=torch.float64), requires_grad=True)
+        return tt.grad(f(x), [x])[0].item()
+
+    eps = 1e-6
+    assert abs(ours[1].item() - (first(2.0 + eps) - first(2.0 - eps)) / (2 * eps)) < 1e-6
+    assert abs(ours[1].item() - 6 / 2 ** 4) < 1e-12
+
+
 # ---- property: every broadcast-compatible pair of shapes -------------------------------------------------------------
 
 BROADCAST_OPS = {

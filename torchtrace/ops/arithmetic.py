@@ -76,7 +76,10 @@ class Div(Function):
 
 @register(T.__rdiv__, T.__rtruediv__)
 class Rdiv(Function):
-    """z = c / x, computed as torch does: r = 1/x, z = r c  ->  dz/dx = -c r^2, dz/dc = r"""
+    """z = c / x, computed as torch does: r = 1/x, z = r c  ->  dz/dx = -c r^2, dz/dc = r
+
+    The rule of Tensor.__rtruediv__ called by name; `c / x` on a tracer records torch's two nodes, a Reciprocal and a
+    Mul (tracer.__rtruediv__)."""
 
     @staticmethod
     def forward(ctx, x, c):
@@ -115,4 +118,4 @@ reflected("Rpow", Pow, [T.__rpow__])
 unary("Neg", [torch.neg, torch.negative, T.neg, T.negative, T.__neg__], "y = -x  ->  dy/dx = -1",
       lambda g, x, y: -g, uses=())
 unary("Reciprocal", [torch.reciprocal, T.reciprocal], "y = 1/x  ->  dy/dx = -y^2",
-      lambda g, x, y: -g * y * y, uses=("y",))
+      lambda g, x, y: -g * (y * y), uses=("y",))  # torch's order: -g (y y)
