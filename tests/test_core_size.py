@@ -43,7 +43,10 @@ torch's `backward(inputs=)` and `tt.grad(is_grads_batched=True)` (each refused w
 refusal of a tracer changed through a detached alias (torch accepts it; the saved-tensor version check still catches
 what would be wrong): 1,334. Each node keeping what its op produced up to a per-thread byte budget
 (kept_values.py: an alias and a count given back when the node is freed; the weak references stay beyond it), so
-the player shows every value of a graph built inside a function: 1,362.
+the player shows every value of a graph built inside a function: 1,362. Two results that differed from torch's, each
+closed where it arose: `c / x` recorded as torch records it, a Reciprocal then a Mul (one fused node turned a second
+derivative's inf into NaN at x = 0), and an in-place op on a view reading that view as another argument through the
+view's own node (`v.add_(v)`: a hook on v never fired): 1,371.
 """
 import ast
 import pathlib
@@ -53,7 +56,7 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1362
+BUDGET = 1371
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
 # 340 when the lanes came; then calls with keywords placed as run_rule places them (every torch.nn.functional call),

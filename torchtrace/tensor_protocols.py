@@ -59,11 +59,9 @@ class TensorProtocols:
         a second derivative the gradients meeting at 1/x are summed before the reciprocal's rule scales them (one
         fused node would multiply a zero gradient by an infinite -1/x^2 at x = 0 and give NaN where torch gives inf).
         A tensor on the left is divided by it with `div`, as Python would do without this method."""
-        if isinstance(other, torch.Tensor):
-            return torch.Tensor.__truediv__(other, self)
-        if not isinstance(other, (int, float, complex)):
-            return NotImplemented
-        return self.reciprocal() * other
+        if isinstance(other, (int, float, complex)):
+            return self.reciprocal() * other
+        return torch.Tensor.__truediv__(other, self) if isinstance(other, torch.Tensor) else NotImplemented
 
     __rdiv__ = __rtruediv__
 

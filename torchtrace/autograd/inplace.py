@@ -92,12 +92,17 @@ def record_inplace(tracer_type: type, target: Any, name: str, compute: Callable,
     if target._tt_requires_grad and target._tt_node is None:
         raise RuntimeError(f"{name}: a leaf tracer that requires grad is used in an in-place operation. Do it "
                            "under tt.no_grad() (as optimizers do), or use the out-of-place form.")
+    # a view up to date with its base is read by the op's other arguments through its own node (its hooks), as torch
+    as_read = (target._tt_node, target._tt_nr) if target._tt_view and target._version == target._tt_version else None
     base = _written_base(target, name, tracer_type, record) if target._tt_view else None
     old_node, old_nr = target._tt_node, target._tt_nr
     with plain_torch():
         before = target.clone()
         before = link_output(before, old_node, old_nr, tracer_type) if old_node else before.as_subclass(tracer_type)
+    if as_read:  # (v.add_(v): only the written v goes through the base, torch's CopySlices)
+        target._tt_node, target._tt_nr = as_read
     result = compute(before)
+    target._tt_node, target._tt_nr = old_node, old_nr
     if base is not None:  # the base's new value: its old one with the view's elements replaced by the result
         with plain_torch():
             where = geometry(target, base)
