@@ -86,3 +86,38 @@ def test_cumprod_over_nan_and_inf_selects_terms_as_torch(values, create_graph):
     ours = tt.tracer(values, dtype=torch.float64, requires_grad=True)
     (got,) = tt.grad(torch.cumprod(ours, 0), ours, g, create_graph=create_graph)
     torch.testing.assert_close(got.detach().as_subclass(torch.Tensor), expected.detach(), equal_nan=True)
+
+
+def test_cumprod_second_derivative_over_zeros_and_nan_as_torch():
+    """create_graph takes torch's own O(n^2) form of cumprod's backward (a product of the elements before k times the
+    running products after it, column by column), so a second derivative meets zeros and NaNs where torch's does."""
+    values = torch.tensor([[-0.0, 0.0, -2.0], [-2.0, 0.0, NAN], [NAN, -1.5, -1.5], [-1.5, NAN, 0.25]],
+                          dtype=torch.float64)
+    g = torch.linspace(-1.0, 1.0, 12, dtype=torch.float64).reshape(4, 3)
+
+    def second(x, grad):
+        (first,) = grad(torch.cumprod(x, 0), x, g, create_graph=True)
+        return grad((first * first).sum(), x)[0]
+
+    expected = second(values.clone().requires_grad_(True), torch.autograd.grad)
+    got = second(tt.tracer(values, requires_grad=True), tt.grad)
+    torch.testing.assert_close(got, expected, equal_nan=True)
+
+
+def test_cumprod_second_derivative_at_zeros_matches_finite_differences():
+    """d/dx of sum((dL/dx)^2), L = sum(g cumprod(x)), at an x holding zeros: central differences of the first
+    derivative (computed by torchtrace) agree with torchtrace's second derivative."""
+    x0 = torch.tensor([1.5, 0.0, -2.0, 0.0, 0.5], dtype=torch.float64)
+    g = torch.tensor([0.5, -1.0, 2.0, 0.25, -0.75], dtype=torch.float64)
+
+    def energy(x):
+        (first,) = tt.grad(torch.cumprod(x, 0), x, g, create_graph=True)
+        return (first * first).sum()
+
+    x = tt.tracer(x0, requires_grad=True)
+    (got,) = tt.grad(energy(x), x)
+    eps = 1e-6
+    numeric = torch.stack([(energy(tt.tracer(x0 + eps * e, requires_grad=True)).detach()
+                            - energy(tt.tracer(x0 - eps * e, requires_grad=True)).detach()) / (2 * eps)
+                           for e in torch.eye(5, dtype=torch.float64)])
+    torch.testing.assert_close(got, numeric.as_subclass(torch.Tensor), atol=1e-6, rtol=1e-6)

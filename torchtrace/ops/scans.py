@@ -17,13 +17,17 @@ def cumprod_grad_with_zeros(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, d
     Terms that are zero by the math are selected away (torch.where), never multiplied by 0, so a NaN or an
     infinity past a zero stays out of them, as in torch: cumprod of [1, 0, nan] gets [g_0, nan, 0]."""
     n = x.shape[dim]
-    if torch.is_grad_enabled():  # create_graph: x_k left out of its own row, so derivatives stay exact
-        shape = [1] * (x.dim() + 1)
-        shape[dim] = shape[dim + 1] = n
-        eye = torch.eye(n, dtype=torch.bool, device=x.device).view(shape)
-        later = torch.ones(n, n, dtype=torch.bool, device=x.device).triu().view(shape)  # row k, column i >= k
-        others = torch.where(eye, 1.0, x.unsqueeze(dim)).cumprod(dim + 1)  # prod_{j<=i, j!=k} x_j
-        return torch.where(later, g.unsqueeze(dim) * others, 0.0).sum(dim + 1)
+    if torch.is_grad_enabled():  # create_graph: torch's own O(n^2) form, so a second derivative meets NaNs and zeros
+        columns = []  # as torch's does: column k = sum_{i>=k} g_i (prod_{j<k} x_j)(prod_{k<j<=i} x_j)
+        for k in range(n):
+            until = x.narrow(dim, 0, k).prod(dim, keepdim=True) if k else torch.ones_like(g.narrow(dim, 0, 1))
+            if k < n - 1:
+                after = x.narrow(dim, k + 1, n - k - 1).cumprod(dim)
+                omitted = torch.cat([until, after if k == 0 else until * after], dim)
+            else:
+                omitted = until
+            columns.append((g.narrow(dim, k, n - k) * omitted).sum(dim, keepdim=True))
+        return torch.cat(columns, dim)
     zeros = x == 0
     seen = zeros.cumsum(dim)
     before, first = seen == 0, zeros & (seen == 1)  # before the first zero z1 of the slice; z1 itself
