@@ -141,3 +141,29 @@ def test_retain_grad_then_an_inplace_change_of_the_view_itself(program):
 
     assert_same(program, [torch.tensor([[1.0, 2.0, -0.75], [-0.5, 1.5, 0.0], [1.0, 1.5, -1.0]], dtype=torch.float64)],
                 double=False)
+
+
+def test_retain_grad_on_a_view_of_a_detached_base_changed_in_place():
+    """t0 = x.detach(); t1 = t0[-1]; t0.sub_(w); t1.retain_grad(): torch 2.13 leaves t1.grad None unless t1.grad_fn
+    was read before retain_grad() (torch is wrong there: the view does get a gradient). torchtrace gives the gradient
+    torch gives once grad_fn was read, and the hand-derived one: t1 = [0, 0, 2, 3], and every product of
+    d sum(g cumprod(t1)) / dt1_k = sum_{i>=k} g_i prod_{j<=i, j!=k} t1_j holds t1_0 = 0 except k = 0's g_0."""
+    x = torch.tensor([[0.0, -2.0, -1.0, -2.0], [-1.0, -1.0, 1.0, 2.0]], dtype=torch.float64)
+    g = torch.tensor([-0.5, 0.5, 1.5, -0.5], dtype=torch.float64)
+
+    def retained(leaf, read_grad_fn):
+        x0, w = leaf(x), leaf(torch.tensor([-2.0], dtype=torch.float64))
+        t0 = x0.detach()
+        t1 = t0[-1]
+        t0.sub_(w, alpha=0.5)
+        if read_grad_fn:
+            t1.grad_fn  # noqa: B018
+        t1.retain_grad()
+        torch.cumprod(t1, 0).backward(g)
+        return t1.grad
+
+    ours = retained(lambda v: tt.tracer(v, requires_grad=True), False)
+    assert retained(lambda v: v.clone().requires_grad_(True), False) is None  # torch's miss
+    theirs = retained(lambda v: v.clone().requires_grad_(True), True)
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(ours, torch.tensor([-0.5, 0.0, 0.0, 0.0], dtype=torch.float64))

@@ -1,10 +1,11 @@
 """Run a fuzz program on tracers and under torch autograd (float64) and compare everything observable."""
+import contextlib
 import re
 import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -75,6 +76,25 @@ def _observe(program: Callable, inputs: Sequence[torch.Tensor], leaf: Callable, 
     return seen
 
 
+@contextlib.contextmanager
+def _torch_retain_grad_reads_grad_fn() -> Iterator[None]:
+    """torch's retain_grad() on a view whose base was changed in place (`t0 = x.detach(); t1 = t0[0]; t0.sub_(w);
+    t1.retain_grad()`) leaves t1.grad None after backward unless t1.grad_fn was read first, which brings the view's
+    grad_fn up to date: torch's own gradient then flows (torch 2.13; torchtrace gives that gradient). The torch side
+    reads grad_fn before each retain_grad, as any later use of the view does."""
+    original = torch.Tensor.retain_grad
+
+    def retain_grad(self: torch.Tensor) -> None:
+        self.grad_fn  # noqa: B018 (the read brings a view's grad_fn up to date)
+        original(self)
+
+    torch.Tensor.retain_grad = retain_grad
+    try:
+        yield
+    finally:
+        torch.Tensor.retain_grad = original
+
+
 def _torch_backward(outs: list, grads: list, double: bool) -> None:
     torch.autograd.backward(outs, grads, create_graph=double)
 
@@ -143,7 +163,8 @@ def compare(program: Callable, inputs: Sequence[torch.Tensor], double: bool = Fa
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            theirs = _observe(program, inputs, _torch_leaf, _torch_backward, _torch_second, double)
+            with _torch_retain_grad_reads_grad_fn():
+                theirs = _observe(program, inputs, _torch_leaf, _torch_backward, _torch_second, double)
             torch_error = None
         except Exception as exc:
             theirs, torch_error = None, exc
