@@ -1,5 +1,5 @@
-"""What a tracer offers beyond the engine: pickling, copying, iteration, formatting, the real part, the original
-torchtrace's capitalised aliases. tracer.py mixes it in."""
+"""What a tracer offers beyond the engine: pickling, copying, iteration, formatting, the real part, `c / x` as torch
+records it, the original torchtrace's capitalised aliases. tracer.py mixes it in."""
 from typing import Any, Optional
 
 import torch

@@ -107,6 +107,23 @@ def test_gelu_double_backward():
     double_backward_matches(F.gelu, X / 3)
 
 
+def test_leaky_relu_second_derivative_sends_zeros_to_its_input_as_torch():
+    """torch's leaky_relu_backward sends zeros to its input in a second derivative; meeting a NaN in the Jacobian of
+    what made that input (cumprod of [0, nan]) they give NaN there, in torch and in torchtrace alike."""
+    nan = float("nan")
+
+    def second(x, grad):
+        y = F.leaky_relu(torch.cumprod(torch.where(x > 1.2, nan, x), 0), 0.1)
+        (first,) = grad(y, x, torch.tensor([-0.5, 0.5], dtype=torch.float64), create_graph=True)
+        return grad((first * torch.tensor([1.5, -0.5], dtype=torch.float64)).sum(), x)[0]
+
+    value = torch.tensor([0.0, 2.0], dtype=torch.float64)
+    expected = second(value.clone().requires_grad_(True), torch.autograd.grad)
+    got = second(tt.tracer(value, requires_grad=True), tt.grad)
+    assert expected[0].isnan()
+    torch.testing.assert_close(got, expected, equal_nan=True)
+
+
 @pytest.mark.parametrize("name, args", [
     ("ReLU6", ()), ("LeakyReLU", (0.1,)), ("ELU", (0.5,)), ("GELU", ()), ("GELU", ("tanh",)), ("SiLU", ()),
     ("Mish", ()), ("Softplus", (2.0, 5.0)), ("Hardtanh", (-2.0, 2.0)),

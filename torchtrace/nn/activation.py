@@ -78,7 +78,7 @@ activation("Hardtanh", F.hardtanh, "y = clamp(x, lo, hi)  ->  dy/dx = 1 for lo <
            lambda g, x, y, min_val, max_val: _not_clamped(g, x, min_val, max_val), uses=("x",),
            min_val=-1.0, max_val=1.0, inplace=False)
 activation("LeakyRelu", F.leaky_relu, "y = x if x > 0 else a x  ->  dy/dx = 1 if x > 0 else a",
-           lambda g, x, y, negative_slope: torch.where(x > 0, g, g * negative_slope), uses=("x",),
+           lambda g, x, y, negative_slope: torch.ops.aten.leaky_relu_backward(g, x, negative_slope, False), uses=("x",),
            negative_slope=0.01, inplace=False)
 activation("Elu", F.elu, "y = x if x > 0 else a (e^x - 1)  ->  dy/dx = 1 if x > 0 else a e^x",
            lambda g, x, y, alpha: torch.where(x <= 0, g * alpha * torch.exp(_below_zero(x, x)), g), uses=("x",),

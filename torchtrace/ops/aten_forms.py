@@ -1,6 +1,6 @@
 """aten-level spellings that reach __torch_function__ from decompositions and tests: constant_pad_nd,
 aten.slice, aten._safe_softmax, the VJP ops aten._softmax_backward_data / threshold_backward /
-native_dropout_backward / max_pool2d_with_indices_backward; and torch.dist, torch.nextafter."""
+leaky_relu_backward / native_dropout_backward / max_pool2d_with_indices_backward; and torch.dist, torch.nextafter."""
 from types import SimpleNamespace
 
 import torch
@@ -96,6 +96,24 @@ class ThresholdBackward(Function):
         (y,) = ctx.saved_tensors
         dy = torch.zeros_like(y) if ctx.needs_input_grad[1] else None
         return aten.threshold_backward(g, y, ctx.threshold), dy, None
+
+
+@register(aten.leaky_relu_backward, aten.leaky_relu_backward.default)
+class LeakyReluBackward(Function):
+    """r = h where x > 0, else a h (LeakyReLU's VJP)  ->  dh = g where x > 0, else a g;  dx = 0 (piecewise constant
+    in x: zeros, as torch sends them, so a NaN in what made x meets them as in torch's second derivative)"""
+
+    @staticmethod
+    def forward(ctx, grad_output, self, negative_slope, self_is_result):
+        ctx.negative_slope, ctx.self_is_result = negative_slope, self_is_result
+        ctx.save_for_backward(self)
+        return aten.leaky_relu_backward(grad_output, self, negative_slope, self_is_result)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        dx = torch.zeros_like(x) if ctx.needs_input_grad[1] else None
+        return aten.leaky_relu_backward(g, x, ctx.negative_slope, ctx.self_is_result), dx, None, None
 
 
 @register(aten.native_dropout_backward, aten.native_dropout_backward.default)
