@@ -1,4 +1,4 @@
-"""Issue 'No silent gradients', section 1 and the core's part of section 2: each case matches torch or raises."""
+"""No silent gradients: each case, in the core and at its edges, matches torch or raises."""
 import collections
 import threading
 

@@ -1,4 +1,4 @@
-"""Differential fuzzer: random small programs on tracers vs torch autograd (issue: no silent gradients).
+"""Differential fuzzer: random small programs on tracers vs torch autograd: no silent gradients.
 
 python -m tests.fuzz --long [--minutes N] [--seed S] [--known-bugs]
 """

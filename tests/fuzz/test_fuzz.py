@@ -24,7 +24,7 @@ def test_ci_budget_matches_torch(request: pytest.FixtureRequest) -> None:
 
 def test_known_core_bugs_name_generator_features() -> None:
     assert set(KNOWN_CORE_BUGS).isdisjoint(CI_FEATURES)
-    assert all("issue" in reason for reason in KNOWN_CORE_BUGS.values())
+    assert all(len(reason) > 40 for reason in KNOWN_CORE_BUGS.values())  # each says what still breaks
 
 
 def test_programs_are_deterministic_and_valid_python() -> None:

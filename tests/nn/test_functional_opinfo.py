@@ -1,4 +1,4 @@
-"""PyTorch's own OpInfo samples for the issue-9 functionals (activations, distances, alpha dropout, losses), run on
+"""PyTorch's own OpInfo samples for the later functionals (activations, distances, alpha dropout, losses), run on
 tracers and compared with torch autograd: argument forms the hand-written tables may have missed."""
 import warnings
 

@@ -122,7 +122,7 @@ __all__ = [
     "ConvTranspose2d", "ConvTranspose3d", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d",
     "AvgPool3d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d",
     "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "init", "functional",
-    # activations, distances, alpha dropout and the remaining losses (issue 9)
+    # activations, distances, alpha dropout and the remaining losses
     "SELU", "CELU", "GLU", "Hardswish", "Hardsigmoid", "LogSigmoid", "Softsign", "Softshrink", "Hardshrink",
     "Tanhshrink", "Threshold", "PReLU", "RReLU", "AlphaDropout", "FeatureAlphaDropout", "CosineSimilarity",
     "PairwiseDistance", "CosineEmbeddingLoss", "MarginRankingLoss", "TripletMarginLoss",
