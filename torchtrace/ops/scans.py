@@ -14,8 +14,9 @@ def reversed_cumsum(t: torch.Tensor, dim: int) -> torch.Tensor:
 def cumprod_grad_with_zeros(x: torch.Tensor, y: torch.Tensor, g: torch.Tensor, dim: int) -> torch.Tensor:
     """dL/dx_k = sum_{i>=k} g_i prod_{j<=i, j!=k} x_j, exact when x has zeros (dim: non-negative).
 
-    Terms that are zero by the math are selected away (torch.where), never multiplied by 0, so a NaN or an
-    infinity past a zero stays out of them, as in torch: cumprod of [1, 0, nan] gets [g_0, nan, 0]."""
+    Without create_graph, terms that are zero by the math are selected away (torch.where), never multiplied by 0, so
+    a NaN or an infinity past a zero stays out of them, as in torch: cumprod of [1, 0, nan] gets [g_0, nan, 0]. With
+    it, torch's own product form (below), whose second derivative meets NaNs and zeros as torch's does."""
     n = x.shape[dim]
     if torch.is_grad_enabled():  # create_graph: torch's own O(n^2) form, so a second derivative meets NaNs and zeros
         columns = []  # as torch's does: column k = sum_{i>=k} g_i (prod_{j<k} x_j)(prod_{k<j<=i} x_j)
