@@ -1,4 +1,6 @@
 """F.embedding / torch.embedding rules and the Embedding module, against torch autograd and finite differences."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -65,7 +67,6 @@ def test_double_backward():
 
 
 @pytest.mark.parametrize("fn, error, message", [
-    (lambda w: F.embedding(I, w, max_norm=1.0), NotImplementedError, "embedding: max_norm is not supported"),
     (lambda w: F.embedding(I, w, sparse=True), NotImplementedError, "embedding: sparse=True is not supported"),
     (lambda w: torch.embedding(w, I, -1, False, True), NotImplementedError, "sparse=True is not supported"),
     (lambda w: F.embedding(I, w, padding_idx=6), AssertionError, "Padding_idx must be within num_embeddings"),
@@ -73,6 +74,58 @@ def test_double_backward():
 def test_refused_arguments(fn, error, message):
     with pytest.raises(error, match=message):
         fn(tt.tracer(W, requires_grad=True))
+
+
+def _lookups_with_max_norm(make_leaf, options: dict):
+    """Two lookups with max_norm (each rescales the rows it reads in place first), a loss over both: the weight
+    after them, both outputs and the weight's gradient."""
+    w = make_leaf((W * 2).double())
+    outs = [F.embedding(I, w, **options), F.embedding(FLAT, w, **options)]
+    loss = sum((o * torch.arange(o.numel(), dtype=o.dtype).reshape(o.shape)).sum() for o in outs)
+    loss.backward()
+    return [t.detach().as_subclass(torch.Tensor) for t in (w, *outs, w.grad)]
+
+
+@pytest.mark.parametrize("options", [{"max_norm": 1.0}, {"max_norm": 1.5, "norm_type": 1.0, "padding_idx": 2},
+                                     {"max_norm": 0.5, "scale_grad_by_freq": True}], ids=str)
+def test_max_norm_rescales_the_weight_in_place_as_torch(options):
+    ours = _lookups_with_max_norm(lambda t: tt.tracer(t, requires_grad=True), options)
+    theirs = _lookups_with_max_norm(lambda t: t.requires_grad_(True), options)
+    assert not torch.equal(theirs[0], (W * 2).double())  # rows were rescaled
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_max_norm_gradient_is_the_lookups_at_the_rescaled_weight():
+    """torch does not differentiate the rescaling (it runs under no_grad): the gradient is the lookup's at the
+    rescaled weight, which finite differences of the plain lookup confirm."""
+    w = tt.tracer((W * 2).double(), requires_grad=True)
+    (F.embedding(I, w, max_norm=1.0) ** 3).sum().backward()
+    rescaled = w.detach().as_subclass(torch.Tensor).clone()
+    assert tt.gradcheck(lambda v: (F.embedding(I, v) ** 3).sum(), rescaled)
+    theirs = rescaled.clone().requires_grad_(True)
+    (F.embedding(I, theirs) ** 3).sum().backward()
+    torch.testing.assert_close(w.grad.as_subclass(torch.Tensor), theirs.grad)
+
+
+def test_max_norm_on_a_weight_saved_before_raises_as_torch():
+    for make, message in ((lambda t: tt.tracer(t, requires_grad=True), "modified by an in-place operation"),
+                          (lambda t: t.requires_grad_(True), "modified by an inplace operation")):
+        w = make((W * 2).double())
+        loss = (w * w).sum() + F.embedding(I, w, max_norm=1.0).sum()  # w * w saved w, then the lookup rescales it
+        with pytest.raises(RuntimeError, match=message):
+            loss.backward()
+
+
+def test_max_norm_forward_mode_as_torch_func():
+    """ẏ = Ẇ[i] at the rescaled weight: the tangent is not rescaled (forward mode transposes the rule's backward)."""
+    tangent = torch.randn(6, 3, dtype=torch.float64)
+    fn = lambda w: F.embedding(I, w, max_norm=1.0) ** 2  # noqa: E731
+    theirs = torch.func.jvp(fn, ((W * 2).double(),), (tangent,))[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the transposed backward's notice)
+        ours = tt.jvp(fn, ((W * 2).double(),), (tangent,))[1]
+    torch.testing.assert_close(ours.as_subclass(torch.Tensor), theirs)
 
 
 def test_max_norm_without_gradients_runs_as_torch():

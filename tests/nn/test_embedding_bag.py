@@ -95,12 +95,44 @@ def test_module_and_from_pretrained():
 
 def test_refused_arguments():
     w = tt.tracer(W, requires_grad=True)
-    with pytest.raises(UnsupportedOperationError, match="embedding_bag: max_norm is not supported"):
-        F.embedding_bag(INDEX, w, OFFSETS, max_norm=1.0)
     with pytest.raises(UnsupportedOperationError, match="embedding_bag: sparse=True is not supported"):
         F.embedding_bag(INDEX, w, OFFSETS, sparse=True)
     with pytest.raises(UnsupportedOperationError, match=r"argument order \(weight, input\) is not supported"):
         F.embedding_bag(w, INDEX, OFFSETS)
+
+
+def _bags(ours: bool, psw_grad: bool, **options):
+    """Two embedding_bag calls on one weight with fixed per-sample weights (needing a gradient or not)."""
+    leaf = (lambda t: tt.tracer(t, requires_grad=True)) if ours else (lambda t: t.requires_grad_(True))
+    w = leaf((W * 2).double())
+    psw = leaf(PSW.double()) if psw_grad else PSW.double()
+    outs = [F.embedding_bag(INDEX, w, OFFSETS, mode="sum", per_sample_weights=psw, **options) for _ in range(2)]
+    sum((o * torch.arange(o.numel(), dtype=o.dtype).reshape(o.shape)).sum() for o in outs).backward()
+    return [t.detach().as_subclass(torch.Tensor) for t in (w, *outs, w.grad)] + (
+        [psw.grad.as_subclass(torch.Tensor)] if psw_grad else [])
+
+
+@pytest.mark.parametrize("options", [{}, {"max_norm": 1.0}, {"max_norm": 0.7, "norm_type": 3.0, "padding_idx": 2}],
+                         ids=str)
+def test_per_sample_weights_without_gradient_and_max_norm_as_torch(options):
+    """Per-sample weights that need no gradient (the weight is then not saved: a later in-place rescaling of it by
+    max_norm is no error, as in torch); max_norm rescales the rows each call reads, in place, before the lookup."""
+    ours, theirs = _bags(True, False, **options), _bags(False, False, **options)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_max_norm_with_per_sample_weights_needing_a_gradient_raises_as_torch():
+    """dpsw reads the weight: the second call's in-place rescaling of it makes the first call's backward fail, in
+    torch and in torchtrace."""
+    for ours, message in ((True, "modified by an in-place operation"), (False, "modified by an inplace operation")):
+        with pytest.raises(RuntimeError, match=message):
+            _bags(ours, True, max_norm=1.0)
+
+
+def test_per_sample_weights_without_gradient_against_finite_differences():
+    assert tt.gradcheck(lambda w: F.embedding_bag(INDEX, w, OFFSETS, mode="sum", per_sample_weights=PSW.double()),
+                        W.double())
 
 
 def _second_order(fn, inputs: list, ours: bool) -> list:

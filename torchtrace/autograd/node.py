@@ -114,8 +114,9 @@ _NEEDS: Dict[int, Tuple[bool, ...]] = {}  # bit mask of the arguments needing a 
 
 
 def _needs_flags(mask: int) -> Tuple[bool, ...]:
-    """0b101 -> (True, False, True, False, ...): one flag per parameter, at least 8."""
-    return _NEEDS.setdefault(mask, tuple(bool(mask >> i & 1) for i in range(max(8, mask.bit_length()))))
+    """0b101 -> (True, False, True, False, ...): one flag per parameter, at least 16 (F.embedding_bag reads its
+    tenth: a rule may ask about any parameter it has, whether or not the call passed it)."""
+    return _NEEDS.setdefault(mask, tuple(bool(mask >> i & 1) for i in range(max(16, mask.bit_length()))))
 
 
 class Node(GradFnHooks):

@@ -5,6 +5,10 @@
 computed as zeros(W.shape).index_add(0, i, g). The padding_idx row gets no gradient (its g[k] are zeroed
 first); with scale_grad_by_freq each g[k] is divided by how often i_k occurs in the batch. The indices
 themselves are integers and get no gradient.
+
+With max_norm, torch first rescales in place, under no_grad, every looked-up row of W whose norm exceeds max_norm
+to norm max_norm (torch.embedding_renorm_), then looks up: the rule does the same, and the rescaling, not
+recorded, is not differentiated (dW as above, as torch's).
 """
 import torch
 import torch.nn.functional as F
@@ -14,11 +18,7 @@ from torchtrace.errors import UnsupportedOperationError
 from torchtrace.nn.module import Module
 
 
-def refuse_unsupported(max_norm, sparse) -> None:
-    if max_norm is not None:
-        raise UnsupportedOperationError(
-            "torch.nn.functional.embedding: max_norm is not supported (torch renormalises the weight in place during "
-            "the lookup) — renormalise the weight yourself under tt.no_grad(), or pass max_norm=None")
+def refuse_unsupported(sparse) -> None:
     if sparse:
         raise UnsupportedOperationError("torch.nn.functional.embedding: sparse=True is not supported (torchtrace's "
                                         "gradients are dense tensors) — pass sparse=False")
@@ -51,8 +51,8 @@ class EmbeddingFunction(Function):
     @staticmethod
     def forward(ctx, input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
                 sparse=False):
-        refuse_unsupported(max_norm, sparse)
-        y = F.embedding(input, weight, padding_idx, None, norm_type, scale_grad_by_freq, sparse)
+        refuse_unsupported(sparse)
+        y = F.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)  # (W renormed)
         embedding_forward(ctx, input, weight, None if padding_idx is None else padding_idx % weight.shape[0],
                           scale_grad_by_freq)
         return y
@@ -69,7 +69,7 @@ class TorchEmbedding(Function):
 
     @staticmethod
     def forward(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-        refuse_unsupported(None, sparse)
+        refuse_unsupported(sparse)
         y = torch.embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse)
         embedding_forward(ctx, indices, weight, padding_idx if padding_idx >= 0 else None, scale_grad_by_freq)
         return y

@@ -10,9 +10,9 @@ intermediate (len, D) tensor. With b(k) the bag of position k, i_k its index, w_
 
 scale_grad_by_freq divides each contribution to dW[r] by how often r occurs in the input, as F.embedding does
 and as torch documents. (torch's embedding_bag kernel on CPU divides by the wrong counts: see the tests.)
+With max_norm, the looked-up rows of W are first rescaled in place to norm at most max_norm, under no_grad, as
+torch does (not differentiated).
 """
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
@@ -23,15 +23,11 @@ from torchtrace.nn.module import Module
 _MODES = {"sum": 0, "mean": 1, "max": 2}
 
 
-def _refuse(input: torch.Tensor, weight: torch.Tensor, max_norm: Optional[float], sparse: bool) -> None:
+def _refuse(input: torch.Tensor, weight: torch.Tensor, sparse: bool) -> None:
     if weight.dtype == torch.long and input.is_floating_point():
         raise UnsupportedOperationError(
             "torch.nn.functional.embedding_bag: the deprecated argument order (weight, input) is not supported "
             "— call embedding_bag(input, weight, ...)")
-    if max_norm is not None:
-        raise UnsupportedOperationError(
-            "torch.nn.functional.embedding_bag: max_norm is not supported (torch renormalises the weight in place "
-            "during the lookup) — renormalise the weight yourself under tt.no_grad(), or pass max_norm=None")
     if sparse:
         raise UnsupportedOperationError(
             "torch.nn.functional.embedding_bag: sparse=True is not supported (torchtrace's gradients are dense) "
@@ -60,8 +56,8 @@ class EmbeddingBagFunction(Function):
     @staticmethod
     def forward(ctx, input, weight, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False,
                 mode="mean", sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=None):
-        _refuse(input, weight, max_norm, sparse)
-        y = F.embedding_bag(input, weight, offsets, None, norm_type, scale_grad_by_freq, mode, sparse,
+        _refuse(input, weight, sparse)
+        y = F.embedding_bag(input, weight, offsets, max_norm, norm_type, scale_grad_by_freq, mode, sparse,
                             per_sample_weights, include_last_offset, padding_idx)
         if input.dim() == 2:  # a batch of equal bags, as F.embedding_bag rewrites it
             offsets = torch.arange(0, input.numel(), input.shape[1], device=input.device)
@@ -76,8 +72,9 @@ class EmbeddingBagFunction(Function):
             counts = torch.zeros(y.shape[0], dtype=weight.dtype, device=weight.device).index_add(0, bag, kept)
             kept = kept / counts.clamp(min=1)[bag]
         winners = _max_rows(index, bag, kept, weight, y) if mode == "max" else None
-        psw = per_sample_weights  # saved as the input itself, so create_graph links dW to it
-        ctx.save_for_backward(index, bag, kept, winners, weight if psw is not None else None, psw)
+        psw = per_sample_weights  # saved as the input itself, so create_graph links dW to it; W only for dpsw
+        needs_weight = psw is not None and ctx.needs_input_grad[8]
+        ctx.save_for_backward(index, bag, kept, winners, weight if needs_weight else None, psw)
         return y
 
     @staticmethod
