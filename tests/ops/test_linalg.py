@@ -268,6 +268,37 @@ def test_operand_without_gradient(fn):
     check_op(fn, rand(3, 3))
 
 
+@pytest.mark.parametrize("fn", [
+    lambda a, b: torch.outer(a, b),
+    lambda a, b: a.ger(b),
+    lambda a, b: torch.einsum("i,j->ij", a, b),
+    lambda a, b: torch.einsum("i,j->ij", [a, b]),
+    lambda a, b: torch.einsum("i,j,j->i", a, b, b),
+    lambda a, b: torch.einsum("ii,j->ij", torch.outer(a, a), b),  # a diagonal: the identity helper in g's dtype
+    lambda a, b: torch.einsum("ij,k->k", torch.outer(a, a), b),  # summed away: the ones helper in g's dtype
+], ids=["outer", "ger", "einsum", "einsum list", "einsum three", "einsum diagonal", "einsum summed"])
+def test_operands_of_two_dtypes_as_torch(fn):
+    """torch computes in the promoted dtype (float64 here) and casts each gradient back to its operand's."""
+    a, b = torch.linspace(-1, 1, 3), torch.linspace(0.5, 2, 4, dtype=torch.float64)
+    theirs = [a.clone().requires_grad_(True), b.clone().requires_grad_(True)]
+    ours = [tt.tracer(a, requires_grad=True), tt.tracer(b, requires_grad=True)]
+    out = fn(*theirs)
+    weights = torch.linspace(-2, 3, out.numel(), dtype=out.dtype).reshape(out.shape)
+    (out * weights).sum().backward()
+    ours_out = fn(*ours)
+    assert ours_out.dtype == out.dtype == torch.float64
+    (ours_out * weights).sum().backward()
+    for x, y in zip(ours, theirs):
+        assert x.grad.dtype == y.grad.dtype
+        torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), y.grad)
+    # the float64 operand against central differences (a's float32 values are exact in float64)
+    loss = lambda v: (fn(a, v) * weights).sum()  # noqa: E731
+    step = 1e-6
+    by_differences = torch.stack([(loss(b + step * e) - loss(b - step * e)) / (2 * step)
+                                  for e in torch.eye(4, dtype=torch.float64)])
+    torch.testing.assert_close(ours[1].grad.as_subclass(torch.Tensor), by_differences, rtol=1e-6, atol=1e-6)
+
+
 # ------------------------------------------------------------------------------------------- double backward
 
 DOUBLE_BACKWARD = [

@@ -59,7 +59,9 @@ def _operand_grad(g: torch.Tensor, operands: Sequence[torch.Tensor], inputs: Lis
     """
     x = operands[k]
     terms = [output] + [inputs[j] for j in range(len(operands)) if j != k]
-    tensors = [g] + [operands[j] for j in range(len(operands)) if j != k]
+    # (operands of several float dtypes: torch computes in the promoted one, g's; the edge casts the result back)
+    tensors = [g] + [operands[j] if operands[j].dtype == g.dtype else operands[j].to(g.dtype)
+                     for j in range(len(operands)) if j != k]
     sizes = {}  # label -> largest size any term of the gradient einsum gives it
     for term, t in zip(terms, tensors):
         for label, n in zip(term, t.shape):
@@ -73,14 +75,14 @@ def _operand_grad(g: torch.Tensor, operands: Sequence[torch.Tensor], inputs: Lis
                 raise ValueError(f"einsum(): too many labels to differentiate '{inputs[k]}'")
             if label in target:
                 terms.append(label + tied)
-                tensors.append(torch.eye(n, dtype=x.dtype, device=x.device))
+                tensors.append(torch.eye(n, dtype=g.dtype, device=x.device))
                 sizes[label] = sizes[tied] = n
             label = tied
         target += label
     ones = [(label, n) for label, n in zip(target, x.shape) if sizes.get(label, 0) < n]
     if ones:
         terms.append("".join(label for label, _ in ones))
-        tensors.append(torch.ones([n for _, n in ones], dtype=x.dtype, device=x.device))
+        tensors.append(torch.ones([n for _, n in ones], dtype=g.dtype, device=x.device))
     return torch.einsum(",".join(terms) + "->" + target, *tensors)
 
 
