@@ -137,14 +137,20 @@ def test_a_view_whose_base_is_unknown_refuses_after_its_memory_changed():
         v.mul_(2)
 
 
-def test_copy_into_a_tensor_sends_the_gradient_to_the_source_only():
-    w = tt.tracer(torch.rand(2, 1), requires_grad=True)
-    x = tt.tracer(torch.rand(2, 3), requires_grad=True)
-    y = x * 1
-    y.copy_(w)  # broadcast
-    (y * 3).sum().backward()
-    torch.testing.assert_close(w.grad.as_subclass(torch.Tensor), torch.full((2, 1), 9.0))
-    assert x.grad is None
+def test_copy_into_a_tensor_sends_the_gradient_to_the_source_and_zeros_to_the_old_value():
+    """torch's CopyBackwards: dsrc = g summed to src's shape, dself = zeros_like(g): x's .grad is zeros, not None
+    (an optimizer then still applies weight decay and momentum to it)."""
+    results = []
+    for make in (lambda t: tt.tracer(t, requires_grad=True), lambda t: t.clone().requires_grad_(True)):
+        w, x = make(torch.linspace(0, 1, 2).reshape(2, 1)), make(torch.linspace(-1, 1, 6).reshape(2, 3))
+        y = x * 1
+        y.copy_(w)  # broadcast
+        (y * 3).sum().backward()
+        results.append([t.grad.as_subclass(torch.Tensor) for t in (w, x)])
+    (w_ours, x_ours), (w_torch, x_torch) = results
+    torch.testing.assert_close(w_ours, torch.full((2, 1), 9.0))
+    torch.testing.assert_close(w_ours, w_torch)
+    assert torch.equal(x_ours, torch.zeros(2, 3)) and torch.equal(x_torch, torch.zeros(2, 3))
 
 
 def test_views_from_one_multi_output_call_follow_their_base():

@@ -18,8 +18,9 @@ class CopyInto(Function):
         return copied(x, src, non_blocking)
 
     @staticmethod
-    def backward(ctx, g):
-        return None, g.to(ctx.src_device), None
+    def backward(ctx, g):  # zeros, not None, for x: what it held before reaches x's inputs as torch's zeros_like
+        need_x, need_src = ctx.needs_input_grad[:2]
+        return (torch.zeros_like(g) if need_x else None), (g.to(ctx.src_device) if need_src else None), None
 
 
 INPLACE[torch.Tensor.copy_] = (CopyInto, copied)
