@@ -100,11 +100,19 @@ def test_dist(p, dtype):
     check_op(lambda s: torch.dist(s, s.flip(0), p), a, **float_tolerances(dtype))  # the input used twice
 
 
-def test_dist_p0_counts_nonzeros_so_its_gradient_is_zero():  # torch's own backward fails here (undefined grad)
+def test_dist_p0_counts_nonzeros_so_it_sends_no_gradient():
+    """p = 0 counts the nonzero differences: flat (finite differences: 0). torch sends no gradient (None; with both
+    inputs needing one its backward fails on the undefined gradient); torchtrace sends none either."""
     assert tt.gradcheck(lambda s, t: torch.dist(s, t, 0), X, Y)
+    theirs = X.clone().requires_grad_(True)
+    (torch.dist(theirs, Y, 0) + theirs.sum()).backward()
     ours = [tt.tracer(t.clone(), requires_grad=True) for t in (X, Y)]
-    torch.dist(*ours, 0).backward()
-    assert not ours[0].grad.any() and not ours[1].grad.any()
+    (torch.dist(*ours, 0) + ours[0].sum()).backward()
+    torch.testing.assert_close(ours[0].grad.as_subclass(torch.Tensor), theirs.grad)
+    assert ours[1].grad is None
+    alone = tt.tracer(X.clone(), requires_grad=True)
+    torch.dist(alone, Y, 0).backward()
+    assert alone.grad is None
 
 
 def test_dist_double_backward():

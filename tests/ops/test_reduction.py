@@ -575,3 +575,25 @@ def test_var_std_over_empty_dims_is_the_full_reduction(fn, same):
     fn(ours).backward()
     torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), x.grad)
     assert tt.gradcheck(fn, X.double())
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.linalg.vector_norm(x, 0),
+    lambda x: torch.linalg.vector_norm(x.reshape(2, 3), 0, dim=1).sum(),
+    lambda x: torch.norm(x, 0),
+    lambda x: x.norm(p=0),
+    lambda x: torch.linalg.norm(x, 0),
+    lambda x: F.pairwise_distance(x.reshape(2, 3), torch.ones(2, 3), p=0.0).sum(),
+], ids=["vector_norm", "vector_norm dim", "torch.norm", "Tensor.norm", "linalg.norm", "pairwise_distance"])
+def test_p0_norm_sends_no_gradient_as_torch(fn):
+    """||x||_0 counts the nonzero elements: flat (finite differences: 0); torch's backward sends nothing, so .grad
+    stays None, and with another term it is that term's gradient alone."""
+    values = torch.tensor([0.0, 1.5, -2.0, 0.0, 3.0, -0.5], dtype=torch.float64)
+    assert tt.gradcheck(fn, values.clone())
+    for extra in (False, True):
+        theirs, ours = values.clone().requires_grad_(True), tt.tracer(values.clone(), requires_grad=True)
+        for x in (theirs, ours):
+            (fn(x) + (x * x).sum() if extra else fn(x)).backward()
+        assert (theirs.grad is None) == (ours.grad is None) == (not extra)
+        if extra:
+            torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)

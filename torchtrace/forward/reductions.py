@@ -37,6 +37,9 @@ def reduction(spec: Callable[[Call], Dims], outputs: Sequence[int] = (0,)) -> Ca
                           for nr, o in enumerate(outs) if o.is_floating_point()]
             weights = call.rule.backward(call.ctx, *cotangents)
             weights = weights[0] if isinstance(weights, (tuple, list)) else weights
+            if weights is None:  # a flat reduction (the 0-norm counts nonzeros): its backward sends nothing
+                tangents[output] = torch.zeros_like(outs[output])
+                continue
             weighted = weights * call.dot(0)
             total = weighted.sum() if dims is None or weighted.dim() == 0 else weighted.sum(dims, keepdim=keepdim)
             tangents[output] = total.reshape(outs[output].shape)

@@ -1,7 +1,7 @@
 """Norm-based distances: F.normalize, F.cosine_similarity, F.pairwise_distance, and their modules.
 
 Each is a p-norm n = ||v|| along a dim and a little algebra around it, so each backward is that algebra's
-chain rule ending in the norm's vector-Jacobian product `norm_vjp` (VectorNorm's rule in ops/reduction.py:
+chain rule ending in the norm's vector-Jacobian product `norm_vjp` (vector_norm's gradient in ops/reduction.py:
 sign(v) |v|^(p-1) / n^(p-1), with torch's conventions at n = 0, p = 1, inf and p < 1).
 
 torch's formulas, reproduced exactly (torch 2.x, ATen Distance.cpp / functional.py):
@@ -19,13 +19,13 @@ import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
 from torchtrace.nn.module import Module
-from torchtrace.ops.reduction import VectorNorm
+from torchtrace.ops.reduction import vector_norm_grad
 
 
 def norm_vjp(g: torch.Tensor, v: torch.Tensor, n: torch.Tensor, p: float, dim: Any, keepdim: bool) -> torch.Tensor:
     """dL/dv for n = ||v||_p along dim, given g = dL/dn (n and g reduced with `keepdim`)."""
     ctx = SimpleNamespace(saved_tensors=(v, n), ord=float(p), dim=dim, keepdim=keepdim)
-    return VectorNorm.backward(ctx, g)
+    return vector_norm_grad(ctx, g)
 
 
 @register(F.normalize)
@@ -97,6 +97,8 @@ class PairwiseDistanceFunction(Function):
 
     @staticmethod
     def backward(ctx, g):
+        if ctx.p == 0:  # a count of nonzero differences: flat, and torch sends no gradient (None, as vector_norm)
+            return None, None
         grad = pairwise_distance_vjp(g, *ctx.saved_tensors, ctx.p, ctx.eps, ctx.keepdim)
         need_1, need_2 = ctx.needs_input_grad[:2]
         return (grad if need_1 else None), (-grad if need_2 else None)

@@ -169,7 +169,10 @@ class Dist(Function):
         a, b, y = ctx.saved_tensors
         diff = a - b
         norm = SimpleNamespace(saved_tensors=(diff, y), ord=ctx.p, dim=None, keepdim=False)  # vector_norm's ctx
-        d = VectorNorm.backward(norm, g).expand(torch.broadcast_shapes(a.shape, b.shape))
+        d = VectorNorm.backward(norm, g)
+        if d is None:  # p = 0: none, as vector_norm's
+            return None, None, None
+        d = d.expand(torch.broadcast_shapes(a.shape, b.shape))
         need_a, need_b = ctx.needs_input_grad[:2]
         return (d if need_a else None), (-d if need_b else None), None
 

@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 import torch
 
 from torchtrace.autograd.function import Function, register
-from torchtrace.ops.reduction import VectorNorm
+from torchtrace.ops.reduction import vector_norm_grad
 
 T = torch.Tensor
 
@@ -163,5 +163,5 @@ class Renorm(Function):
         along = (g * x).sum(ctx.dims, keepdim=True)
         # <g, x> dn/dx by the vector norm's own rule (its conventions at zeros and ties)
         norm_ctx = SimpleNamespace(saved_tensors=(x, norm), ord=ctx.p, dim=ctx.dims, keepdim=True)
-        shrunk = factor * g - factor / (norm + 1e-7) * VectorNorm.backward(norm_ctx, along)
+        shrunk = factor * g - factor / (norm + 1e-7) * vector_norm_grad(norm_ctx, along)
         return torch.where(norm > ctx.maxnorm, shrunk, g)
