@@ -107,3 +107,29 @@ def test_no_parameter_gradient_without_grad_mode():
     with tt.no_grad():
         out = layer(tt.tracer(X))
     assert out.grad_fn is None and not out.requires_grad
+
+
+@pytest.mark.parametrize("shapes", [((4, 3), (2, 3)), ((2, 4, 3), (2, 3)), ((3,), (2, 3)), ((4, 3), (3,))], ids=str)
+@pytest.mark.parametrize("frozen", [0, 1])
+def test_linear_saves_x_only_for_dw_and_w_only_for_dx(shapes, frozen):
+    """As torch: with x (or W) needing no gradient, W (or x) is not saved, so it may change in place before backward;
+    the gradient is the one at the values of the call (checked against torch and finite differences)."""
+    values = [torch.linspace(-1, 1, t.numel(), dtype=torch.float64).reshape(t.shape) for t in map(torch.empty, shapes)]
+    # (a vector weight takes no bias in torch)
+    bias = torch.linspace(0, 1, shapes[1][0], dtype=torch.float64) if len(shapes[1]) == 2 else None
+    results, weights = [], None
+    for ours in (True, False):
+        leaves = [tt.tracer(v.clone(), requires_grad=k != frozen) if ours else v.clone().requires_grad_(k != frozen)
+                  for k, v in enumerate(values)]
+        out = F.linear(leaves[0], leaves[1], bias)
+        weights = torch.linspace(0.5, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+        moving = 1 - frozen  # needs a gradient, and no gradient reads it
+        with (tt.no_grad() if ours else torch.no_grad()):
+            leaves[moving].mul_(3)
+        (out * weights).sum().backward()
+        results.append(leaves[moving].grad.as_subclass(torch.Tensor))
+    torch.testing.assert_close(results[0], results[1])
+    place = lambda v: [values[0], v] if moving == 1 else [v, values[1]]  # noqa: E731
+    loss = lambda v: (F.linear(*place(v), bias) * weights).sum()  # noqa: E731
+    assert tt.gradcheck(loss, values[moving].clone())
+    torch.testing.assert_close(results[0], torch.func.grad(loss)(values[moving].clone()))

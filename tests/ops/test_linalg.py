@@ -1,4 +1,6 @@
 """Gradient rules of torchtrace/ops/linalg.py: matmul and its special cases, einsum, tensordot, addmm family, trace."""
+import math
+
 import pytest
 import torch
 from helpers import check_op, double_backward_matches, float_tolerances
@@ -367,3 +369,29 @@ def test_shape_errors_are_torchs_own():
         a @ b
     with pytest.raises(RuntimeError, match="einsum"):
         torch.einsum("ij,jk->ik", a, b)
+
+
+@pytest.mark.parametrize("shapes", [((2, 3), (3, 4)), ((3,), (3, 4)), ((2, 3), (3,)), ((3,), (3,)),
+                                    ((2, 2, 3), (3, 4))], ids=str)
+@pytest.mark.parametrize("frozen", [0, 1])
+def test_matmul_saves_an_operand_only_for_the_others_gradient(shapes, frozen):
+    """torch saves a only if b needs a gradient, and b only if a does: with one operand frozen, the other may change
+    in place before backward (no error in either), and the gradient is the one of the values at the call."""
+    values = [torch.linspace(-1, 1, math.prod(s), dtype=torch.float64).reshape(s) for s in shapes]
+    weights = None
+    results = []
+    for ours in (True, False):
+        leaves = [tt.tracer(v.clone(), requires_grad=k != frozen) if ours else v.clone().requires_grad_(k != frozen)
+                  for k, v in enumerate(values)]
+        out = leaves[0] @ leaves[1]
+        weights = torch.linspace(0.5, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+        moving = 1 - frozen  # the operand that needs a gradient: nothing reads it
+        with (tt.no_grad() if ours else torch.no_grad()):
+            leaves[moving].mul_(3)
+        (out * weights).sum().backward()
+        results.append(leaves[moving].grad.as_subclass(torch.Tensor))
+    torch.testing.assert_close(results[0], results[1])
+    fixed = values[frozen]
+    loss = (lambda v: (v @ fixed * weights).sum()) if frozen == 1 else (lambda v: (fixed @ v * weights).sum())
+    assert tt.gradcheck(loss, values[1 - frozen].clone())
+    torch.testing.assert_close(results[0], torch.func.grad(loss)(values[1 - frozen].clone()))

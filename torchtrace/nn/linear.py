@@ -11,11 +11,15 @@ from torchtrace.nn.module import Module
 
 @register(F.linear)  # F.linear is torch._C._nn.linear, which nn.Linear calls too
 class LinearFunction(Function):
-    """y = x W^T + b  ->  dy/dx = g W,  dy/dW = g^T x (summed over the batch),  dy/db = g"""
+    """y = x W^T + b  ->  dy/dx = g W,  dy/dW = g^T x (summed over the batch),  dy/db = g
+
+    x is saved only if W needs its gradient, W only if x does, as torch does."""
 
     @staticmethod
     def forward(ctx, input, weight, bias=None):
-        ctx.save_for_backward(input, weight)
+        need_x, need_w = ctx.needs_input_grad[:2]
+        ctx.weight_shape = weight.shape
+        ctx.save_for_backward(input if need_w else None, weight if need_x else None)
         return F.linear(input, weight, bias)
 
     @staticmethod
@@ -23,7 +27,7 @@ class LinearFunction(Function):
         x, w = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         grad_b = g if need_b else None
-        if w.dim() == 1:  # a vector weight: y = x . w, one number per row
+        if len(ctx.weight_shape) == 1:  # a vector weight: y = x . w, one number per row
             g = g.unsqueeze(-1)
             return (g * w if need_x else None), (g * x if need_w else None), grad_b
         grad_x = g @ w if need_x else None
@@ -31,7 +35,7 @@ class LinearFunction(Function):
             return grad_x, None, grad_b
         if x.dim() == 2:  # a batch of rows: dW = g^T x as it is
             return grad_x, g.t() @ x, grad_b
-        n_out, n_in = w.shape
+        n_out, n_in = ctx.weight_shape
         rows = x.numel() // n_in if n_in else g.numel() // n_out if n_out else 0  # no -1: 0-wide
         return grad_x, g.reshape(rows, n_out).t() @ x.reshape(rows, n_in), grad_b
 

@@ -187,27 +187,30 @@ def tensordot_equation(a: torch.Tensor, b: torch.Tensor, dims: Any = 2, *args: A
 
 @register(torch.matmul, T.matmul, T.__matmul__, torch.linalg.matmul)
 class Matmul(Function):
-    """z = a @ b  ->  dz/da = g @ b^T, dz/db = a^T @ g"""
+    """z = a @ b  ->  dz/da = g @ b^T, dz/db = a^T @ g
+
+    Each operand is saved only if the other needs its gradient, as torch does: a later in-place change of an operand
+    that no gradient reads is no error."""
 
     @staticmethod
     def forward(ctx, a, b):
         _real_only("torch.matmul", a, b)
-        ctx.save_for_backward(a, b)
+        need_a, need_b = ctx.needs_input_grad[:2]
+        ctx.vectors = a.dim() == 1, b.dim() == 1
+        ctx.save_for_backward(a if need_b else None, b if need_a else None)
         return torch.matmul(a, b)
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad[:2]
-        if a.dim() == 1 and b.dim() == 1:  # a dot product
+        row, column = ctx.vectors
+        if row and column:  # a dot product
             return (g * b if need_a else None), (g * a if need_b else None)
         # A vector a is a one-row matrix, a vector b a one-column matrix; batch dims are summed by the engine.
-        row, column = a.dim() == 1, b.dim() == 1
         g = g.unsqueeze(-2) if row else g.unsqueeze(-1) if column else g
-        a = a.unsqueeze(0) if row else a
-        b = b.unsqueeze(-1) if column else b
-        da = g @ b.mT if need_a else None
-        db = a.mT @ g if need_b else None
+        da = g @ (b.unsqueeze(-1) if column else b).mT if need_a else None
+        db = (a.unsqueeze(0) if row else a).mT @ g if need_b else None
         return (da.squeeze(-2) if row and need_a else da), (db.squeeze(-1) if column and need_b else db)
 
 

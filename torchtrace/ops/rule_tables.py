@@ -188,4 +188,5 @@ def reordered(name: str, rule: type, targets: Sequence[Callable], order: Sequenc
 
 def reflected(name: str, rule: type, targets: Sequence[Callable]) -> type:
     """`2 - x` arrives as Tensor.__rsub__(x, 2): run `rule` on the swapped operands, swap the gradients back."""
-    return reordered(name, rule, targets, (1, 0), f"{rule.__doc__} (operands swapped)")
+    math, gap, notes = (rule.__doc__ or "").partition("\n\n")  # the note joins the math, its first paragraph
+    return reordered(name, rule, targets, (1, 0), f"{math} (operands swapped){gap}{notes}")
