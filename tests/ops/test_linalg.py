@@ -395,3 +395,40 @@ def test_matmul_saves_an_operand_only_for_the_others_gradient(shapes, frozen):
     loss = (lambda v: (v @ fixed * weights).sum()) if frozen == 1 else (lambda v: (fixed @ v * weights).sum())
     assert tt.gradcheck(loss, values[1 - frozen].clone())
     torch.testing.assert_close(results[0], torch.func.grad(loss)(values[1 - frozen].clone()))
+
+
+CONTRACTIONS = {
+    "mm": (torch.mm, (2, 3), (3, 4)),
+    "bmm": (torch.bmm, (2, 2, 3), (2, 3, 4)),
+    "mv": (torch.mv, (2, 3), (3,)),
+    "dot": (torch.dot, (3,), (3,)),
+    "outer": (torch.outer, (3,), (4,)),
+    "inner": (torch.inner, (2, 3), (4, 3)),
+    "tensordot": (lambda a, b: torch.tensordot(a, b, 1), (2, 3), (3, 4)),
+    "addmm": (lambda a, b: torch.addmm(torch.ones(2, 4, dtype=a.dtype), a, b, beta=0.5, alpha=2.0), (2, 3), (3, 4)),
+    "baddbmm": (lambda a, b: torch.baddbmm(torch.ones(2, 2, 4, dtype=a.dtype), a, b, alpha=0.3), (2, 2, 3), (2, 3, 4)),
+    "addr": (lambda a, b: torch.addr(torch.ones(3, 4, dtype=a.dtype), a, b), (3,), (4,)),
+}
+
+
+@pytest.mark.parametrize("name", CONTRACTIONS)
+@pytest.mark.parametrize("frozen", [0, 1])
+def test_contractions_save_an_operand_only_for_the_others_gradient(name, frozen):
+    """As matmul: the operand that needs a gradient is not saved when its partner is frozen, so it may change in
+    place before backward, as in torch; its gradient is the one at the call's values."""
+    fn, *shapes = CONTRACTIONS[name]
+    values = [torch.linspace(-1, 1, math.prod(s), dtype=torch.float64).reshape(s) for s in shapes]
+    moving = 1 - frozen
+    results, weights = [], None
+    for ours in (True, False):
+        leaves = [tt.tracer(v.clone(), requires_grad=k != frozen) if ours else v.clone().requires_grad_(k != frozen)
+                  for k, v in enumerate(values)]
+        out = fn(*leaves)
+        weights = torch.linspace(0.5, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+        with (tt.no_grad() if ours else torch.no_grad()):
+            leaves[moving].mul_(3)
+        (out * weights).sum().backward()
+        results.append(leaves[moving].grad.as_subclass(torch.Tensor))
+    torch.testing.assert_close(results[0], results[1])
+    loss = lambda v: (fn(*(values[:1] + [v] if moving else [v] + values[1:])) * weights).sum()  # noqa: E731
+    assert tt.gradcheck(loss, values[moving].clone())

@@ -14,7 +14,7 @@ import torch
 
 from torchtrace.autograd.function import Function, register
 from torchtrace.errors import UnsupportedOperationError
-from torchtrace.ops.rule_tables import reflected
+from torchtrace.ops.rule_tables import Meta, reflected
 
 T = torch.Tensor
 LABELS = string.ascii_uppercase + string.ascii_lowercase  # torch.einsum's subscript alphabet
@@ -89,7 +89,7 @@ def _operand_grad(g: torch.Tensor, operands: Sequence[torch.Tensor], inputs: Lis
 def einsum_grads(equation: str, g: torch.Tensor, operands: Sequence[torch.Tensor],
                  needed: Sequence[bool]) -> List[Optional[torch.Tensor]]:
     """Gradients of z = einsum(equation, *operands) for the operands flagged in `needed` (None for the rest)."""
-    inputs, output, unused = parse(equation, tuple(x.dim() for x in operands))
+    inputs, output, unused = parse(equation, tuple(len(x.shape) for x in operands))
     return [_operand_grad(g, operands, inputs, output, k, unused) if need else None for k, need in enumerate(needed)]
 
 
@@ -143,13 +143,25 @@ def contraction(name: str, targets: Sequence[Callable], math: str, equation: Cal
         _real_only(names, a, b)
         z = op(a, b, *args, **kwargs)
         ctx.equation = equation(a, b, *args, **kwargs)
-        ctx.save_for_backward(a, b)
+        save_for_each_other(ctx, a, b, *ctx.needs_input_grad[:2])
         return z
 
     def backward(ctx: Any, g: Any) -> Any:
-        return tuple(einsum_grads(ctx.equation, g, ctx.saved_tensors, ctx.needs_input_grad[:2]))
+        return tuple(einsum_grads(ctx.equation, g, saved_or_meta(ctx), ctx.needs_input_grad[:2]))
 
     return register(*targets, rule=_rule_class(name, math, forward, backward))
+
+
+def save_for_each_other(ctx: Any, a: torch.Tensor, b: torch.Tensor, need_a: bool, need_b: bool) -> None:
+    """Save a only if b needs its gradient and b only if a does, as torch; an operand not saved leaves its Meta
+    (the shape its own gradient takes), so a later in-place change of it is no error."""
+    ctx.metas = [None if need_b else Meta(a.shape, a.dtype, a.device), None if need_a else Meta(b.shape, b.dtype,
+                                                                                                  b.device)]
+    ctx.save_for_backward(a if need_b else None, b if need_a else None)
+
+
+def saved_or_meta(ctx: Any) -> List[Any]:
+    return [t if meta is None else meta for t, meta in zip(ctx.saved_tensors, ctx.metas)]
 
 
 def fixed(equation: str) -> Callable:
@@ -245,14 +257,14 @@ def scaled_contraction(name: str, targets: Sequence[Callable], math: str, equati
         _real_only(names, input, a, b)
         named.update(zip(order, scalars))
         ctx.beta, ctx.alpha = named.pop("beta", 1), named.pop("alpha", 1)
-        ctx.save_for_backward(a, b)
+        save_for_each_other(ctx, a, b, *ctx.needs_input_grad[1:3])
         return op(input, a, b, beta=ctx.beta, alpha=ctx.alpha, **named)
 
     def backward(ctx: Any, g: Any) -> Any:
         need_input, need_a, need_b = ctx.needs_input_grad[:3]
         grad_input = (g if ctx.beta == 1 else g * ctx.beta) if need_input else None
         scaled = g if ctx.alpha == 1 else g * ctx.alpha
-        return (grad_input, *einsum_grads(equation, scaled, ctx.saved_tensors, (need_a, need_b)))
+        return (grad_input, *einsum_grads(equation, scaled, saved_or_meta(ctx), (need_a, need_b)))
 
     return register(*targets, rule=_rule_class(name, math, forward, backward))
 
