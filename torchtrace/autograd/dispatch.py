@@ -215,9 +215,13 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
         _refuse(func)  # before torch changes the argument
     if recording and func in INPLACE:
         rule, twin = INPLACE[func]
+        # x gets its new data from func itself, except where forward drew random numbers: a second draw would give x
+        # other values than the graph recorded (and move torch's generator on twice), so the result is copied in
+        mutate = (lambda result: torch.Tensor.copy_(args[0], result)) if rule.draws_random else (
+            lambda result: func(*args, **kwargs))
         return record_inplace(tracer_type, args[0], callable_name(func),
                               lambda before: run_rule(tracer_type, rule, twin, (before, *args[1:]), kwargs),
-                              lambda result: func(*args, **kwargs), run_rule)
+                              mutate, run_rule)
     with plain_torch():
         out = func(*args, **kwargs)
     if recording and func not in NON_DIFFERENTIABLE and _has_floating(out):

@@ -33,6 +33,7 @@ class Function:
 
     _tt_trusted = False  # one of OUR_RULES: the engine need not note what its backward receives or returns
     forward_when_not_recording = False  # forward runs (on a throwaway ctx) even when no gradient is recorded
+    draws_random = False  # forward draws from torch's random generator: its in-place form must not draw twice
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

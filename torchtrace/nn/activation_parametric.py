@@ -48,6 +48,8 @@ class Rrelu(Function):
     """y = x if x > 0 else r x  ->  dx = g (1 if x > 0 else r), with the very r of forward: r ~ U(lower, upper) per
     element in training, (lower + upper) / 2 in eval"""
 
+    draws_random = True
+
     @staticmethod
     def forward(ctx, input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False, generator=None):
         mean_slope = (lower + upper) / 2

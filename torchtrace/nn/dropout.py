@@ -26,6 +26,7 @@ class DropoutFunction(Function):
     """y = x * m / (1 - p), m ~ Bernoulli(1 - p) elementwise  ->  dy/dx = m / (1 - p)"""
 
     op = staticmethod(F.dropout)
+    draws_random = True
 
     @staticmethod
     def is_identity(input, p=0.5, training=True, inplace=False, *, train=None) -> bool:
@@ -79,6 +80,7 @@ class AlphaDropoutFunction(Function):
     variance)"""
 
     op = staticmethod(F.alpha_dropout)
+    draws_random = True
 
     @staticmethod
     def is_identity(input, p=0.5, training=False, inplace=False, *, train=None) -> bool:

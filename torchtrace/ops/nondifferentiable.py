@@ -10,4 +10,6 @@ NON_DIFFERENTIABLE.update([
     torch.randint_like, T.new_zeros, T.new_ones, T.new_empty, T.new_full, T.new_tensor, T.detach,
     torch.detach,
     T.data.__get__, T.__deepcopy__, T.__reduce_ex__, torch.Tensor.__array__,
+    T.new, T.new_empty_strided,  # constructors: x.new(2, 3) is a new tensor of x's dtype and device, no gradient
+    torch.histc, torch.linspace, torch.logspace,  # torch marks their outputs as carrying no gradient
 ])
