@@ -224,10 +224,67 @@ def test_in_place_on_a_view_reaches_the_base_as_in_torch():
     assert x.grad.tolist() == theirs.grad.tolist()
 
 
-def test_writing_a_grad_requiring_tracer_into_a_plain_tensor_is_refused():
+def _rows_written_into_a_buffer(x):
+    out = torch.zeros(4, 3, dtype=x.dtype)
+    out[1] = x[0] * 2
+    out[2:] = x[1:3].sin()
+    return (out ** 2).sum() + out[0].sum()
+
+
+def _rnn_outputs_in_a_buffer(x):
+    h, outs = torch.zeros(3, dtype=x.dtype), torch.zeros(4, 3, dtype=x.dtype)
+    for t in range(4):
+        h = torch.tanh(x[t % 3] + h * 0.5)
+        outs[t] = h
+    return outs.pow(2).sum()
+
+
+def _accumulated_in_place(x):
+    acc = torch.zeros(3, dtype=x.dtype)
+    acc += x[0]
+    acc.add_(x[1] * 2)
+    acc.mul_(x[2])
+    return acc.sum() + torch.empty(3, dtype=x.dtype).copy_(x[1]).mul(x[0]).sum()
+
+
+def _scattered_into_a_buffer(x):
+    out = torch.zeros(5, 3, dtype=x.dtype)
+    out.index_put_((torch.tensor([0, 2]),), x[:2], accumulate=True)
+    out.scatter_(1, torch.tensor([[0], [1], [2], [0], [1]]), out[:, :1] * 3)
+    return (out * torch.arange(15.0, dtype=x.dtype).reshape(5, 3)).sum()
+
+
+@pytest.mark.parametrize("program", [_rows_written_into_a_buffer, _rnn_outputs_in_a_buffer, _accumulated_in_place,
+                                     _scattered_into_a_buffer])
+def test_a_plain_tensor_written_with_a_grad_requiring_value_joins_the_graph_as_in_torch(program):
+    """out = torch.zeros(...); out[i] = h: torch makes out part of the graph; so does torchtrace (out becomes a tracer,
+    the same object). Checked against torch autograd and central differences."""
+    base = torch.randn(3, 3, dtype=torch.float64)
+    ours, theirs = tt.tracer(base.clone(), requires_grad=True), base.clone().requires_grad_()
+    loss = program(ours)
+    loss.backward()
+    program(theirs).backward()
+    assert torch.allclose(loss.detach(), program(base).detach())
+    torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)
+    numeric = torch.zeros_like(base)
+    for i in range(base.numel()):
+        step = torch.zeros(base.numel(), dtype=torch.float64)
+        step[i] = 1e-6
+        numeric.view(-1)[i] = (program(base + step.view_as(base)) - program(base - step.view_as(base))) / 2e-6
+    torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), numeric, rtol=1e-6, atol=1e-6)
+
+
+def test_a_plain_tensor_that_shares_its_memory_is_not_written_with_a_grad_requiring_value():
+    """A view taken before the write (or a write into a view) would read the new values without their gradient:
+    torch follows the view; torchtrace cannot see it, so it refuses and says what to do."""
     x = leaf(1.0, 2.0)
-    with pytest.raises(RuntimeError, match="plain torch.Tensor"):
-        torch.zeros(2).add_(x)
+    out = torch.zeros(2, 2)
+    row = out[0]
+    with pytest.raises(RuntimeError, match="shares its memory"):
+        out[0] = x
+    with pytest.raises(RuntimeError, match="shares its memory"):
+        row.copy_(x)
+    assert type(out) is torch.Tensor and type(row) is torch.Tensor and not out.any()
 
 
 def test_mul_by_a_number_saves_nothing_that_a_later_write_could_spoil():

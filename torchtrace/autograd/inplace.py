@@ -86,9 +86,7 @@ def record_inplace(tracer_type: type, target: Any, name: str, compute: Callable,
                    record: Record) -> torch.Tensor:
     """x.op_(...) = rebind x to op(x_before, ...): the graph gains a node, then `mutate` changes x's data."""
     if not isinstance(target, tracer_type):
-        raise RuntimeError(f"{name} would write a tracer that requires grad into a plain torch.Tensor, which "
-                           "cannot record it. Make the destination a tracer (e.g. tt.zeros(...)), or build the "
-                           "result out of place (torch.stack / torch.cat / torch.where).")
+        target = _plain_destination(target, tracer_type, name)
     if target._tt_requires_grad and target._tt_node is None:
         raise RuntimeError(f"{name}: a leaf tracer that requires grad is used in an in-place operation. Do it "
                            "under tt.no_grad() (as optimizers do), or use the out-of-place form.")
@@ -117,6 +115,23 @@ def record_inplace(tracer_type: type, target: Any, name: str, compute: Callable,
     _move_retained(*previous, changed)
     if base is not None and old_node is not None and old_nr in (old_node.retained or {}):
         catch_up(target, tracer_type, record)  # a retained view: .grad is now that of its new value, a view of the base
+    return target
+
+
+def _plain_destination(target: Any, tracer_type: type, name: str) -> torch.Tensor:
+    """A plain tensor written with a value that needs a gradient (out = torch.zeros(n); out[i] = h) joins the graph,
+    as in torch: it becomes a tracer itself (its class changes: the caller's object is the tracer). Only while no
+    other tensor shares its memory: a view of it, or the tensor it is a view of, would read the new values without
+    their gradient."""
+    with plain_torch():  # (the storage's users: the tensor, and the storage object this read makes)
+        alone = type(target) is torch.Tensor and not (target.requires_grad or target._is_view() or target.is_inference(
+            )) and torch._C._storage_Use_Count(target.untyped_storage()._cdata) <= 2
+    if not alone:
+        raise RuntimeError(f"{name} would write a tracer that requires grad into a plain torch.Tensor that shares its "
+                           "memory with another tensor (a view of it, or the tensor it is a view of), which would read "
+                           "the new values without their gradient. Make the destination a tracer (tt.zeros(...)) "
+                           "before taking views of it, or build the result out of place (torch.stack / torch.cat).")
+    target.__class__, target._tt_version = tracer_type, target._version
     return target
 
 
