@@ -104,3 +104,77 @@ def test_the_density_plot_draws_the_smoothed_density(mlp_case):
     ax = density.plot()
     (line,) = ax.get_lines()
     assert line.get_xydata().shape == (1000, 2) and ax.get_yscale() == "log"
+
+
+def _mse_case(scale: float = 1.0):
+    """A linear layer under MSE: H = 2/(N m) I_m ⊗ XᵀX, so every eigenvalue occurs once per output (twice here)."""
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 3, generator=g, dtype=torch.float64), torch.randn(8, 2, generator=g, dtype=torch.float64)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2, bias=False).double()
+    w = layer.weight.detach().clone()
+
+    def flat_loss(theta):
+        return scale * torch.nn.functional.mse_loss(x @ theta.view(2, 3).T, y)
+
+    exact = torch.linalg.eigvalsh(torch.autograd.functional.hessian(flat_loss, w.reshape(-1))).flip(0)
+    model = tt.port(layer)
+    return model, (x, y), (lambda m, b: scale * torch.nn.functional.mse_loss(m(b[0]), b[1])), exact
+
+
+def test_repeated_eigenvalues_come_back_as_often_as_they_occur():
+    """A Krylov space holds each distinct eigenvalue once: Lanczos goes on from a new vector where it closes."""
+    model, batch, loss, exact = _mse_case()
+    assert torch.allclose(exact[0], exact[1]) and torch.allclose(exact[2], exact[3])  # each eigenvalue twice
+    for k in (2, 4, 6):
+        s = tt.spectrum(loss, model, batch, k=k, progress=False)
+        torch.testing.assert_close(s.eigenvalues, exact[:k], rtol=1e-10, atol=1e-12)
+        gram = s.eigenvectors @ s.eigenvectors.T
+        torch.testing.assert_close(gram, torch.eye(k, dtype=torch.float64), rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-9, 1e-12])
+def test_lanczos_stopping_scales_with_the_hessian(scale):
+    model, batch, loss, exact = _mse_case(scale)
+    s = tt.spectrum(loss, model, batch, k=3, progress=False)
+    torch.testing.assert_close(s.eigenvalues / scale, exact[:3] / scale, rtol=1e-8, atol=0)
+
+
+def test_fewer_iterations_than_eigenvalues_asked_for_is_refused():
+    model, batch, loss, _ = _mse_case()
+    with pytest.raises(ValueError, match="iterations >= k"):
+        tt.spectrum(loss, model, batch, k=4, iterations=2, progress=False)
+
+
+def test_parameters_of_two_dtypes_keep_their_own_dtype():
+    """A float32 layer feeding a float64 one: each parameter's piece of a direction is cast to its dtype."""
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(3, 3), torch.nn.Linear(3, 2).double()
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(6, 3, generator=g), torch.randn(6, 2, generator=g, dtype=torch.float64)
+    values = [p.detach().clone() for p in (*first.parameters(), *second.parameters())]
+    sizes = [v.numel() for v in values]
+
+    def flat_loss(theta):  # θ in float64; each piece used in its parameter's dtype, as in the model
+        w1, b1, w2, b2 = (t.view(v.shape).to(v.dtype) for t, v in zip(theta.split(sizes), values))
+        return torch.nn.functional.mse_loss(torch.tanh(x @ w1.T + b1).double() @ w2.T + b2, y)
+
+    theta = torch.cat([v.reshape(-1).double() for v in values])
+    exact = torch.linalg.eigvalsh(torch.autograd.functional.hessian(flat_loss, theta)).flip(0)
+    model = tt.port(torch.nn.ModuleDict({"first": first, "second": second}))
+
+    def loss(m, batch):
+        hidden = torch.tanh(m["first"](batch[0])).double()
+        return torch.nn.functional.mse_loss(hidden @ m["second"].weight.T + m["second"].bias, batch[1])
+
+    s = tt.spectrum(loss, model, (x, y), k=2, progress=False)
+    assert s.eigenvectors.dtype == torch.float64
+    torch.testing.assert_close(s.eigenvalues, exact[:2], rtol=1e-5, atol=1e-6)
+
+
+def test_data_without_a_batch_is_refused_with_what_is_wrong():
+    model, _, loss, _ = _mse_case()
+    with pytest.raises(ValueError, match="no batch"):
+        tt.spectrum(loss, model, [], k=1, progress=False)
+    with pytest.raises(ValueError, match="no batch"):
+        tt.landscape(loss, model, [], steps=3)

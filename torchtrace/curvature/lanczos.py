@@ -5,20 +5,24 @@ q_1 = v / ‖v‖; for j = 1..m: w = H q_j − β_{j−1} q_{j−1}, α_j = q_j�
 twice (full reorthogonalisation: in floating point the q_j would otherwise lose orthogonality and repeat
 eigenvalues), β_j = ‖w‖, q_{j+1} = w / β_j. T has α on its diagonal and β beside it. If T s = θ s, then
 θ is a Ritz value and Q s a Ritz vector; after m = n steps (exact arithmetic) they are H's eigenpairs.
-The iteration stops early when β_j vanishes: Q then spans an invariant subspace and its Ritz values are exact.
+When β_j vanishes (next to the largest |α| and β so far: the test scales with H), Q spans an invariant subspace
+and its Ritz values are exact. A Krylov space holds each distinct eigenvalue once, so where `fresh` gives new random
+vectors the iteration goes on from one orthogonal to Q (β_j = 0: T splits into blocks) and a repeated eigenvalue
+appears as often as it occurs; without `fresh` it stops there.
 """
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
 
-def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], start: torch.Tensor,
-            iterations: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(T, Q): the m×m tridiagonal matrix and the m×n orthonormal basis (rows q_j), m <= iterations."""
+def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], start: torch.Tensor, iterations: int,
+            fresh: Optional[Callable[[], torch.Tensor]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(T, Q): the m×m tridiagonal matrix and the m×n orthonormal basis (rows q_j), m <= iterations; `fresh()`
+    gives a random vector to go on from where Q spans an invariant subspace (None: stop there)."""
     n = start.numel()
     basis = torch.zeros(min(iterations, n), n, dtype=start.dtype)
     alphas, betas = [], []
-    q = start / start.norm()
+    q, scale = start / start.norm(), 0.0
     for j in range(basis.shape[0]):
         basis[j] = q
         w = matvec(q)
@@ -30,10 +34,17 @@ def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], start: torch.Tensor,
             w = w - basis[: j + 1].T @ (basis[: j + 1] @ w)
         alphas.append(alpha)
         beta = w.norm()
-        if j + 1 == basis.shape[0] or beta <= 1e-10 * max(1.0, float(alpha.abs())):
+        scale = max(scale, float(alpha.abs()), float(beta))
+        if j + 1 == basis.shape[0]:
             break
+        if beta <= 1e-10 * scale:  # an invariant subspace (or H q = 0 throughout it)
+            q = _orthogonal_to(basis[: j + 1], fresh) if fresh is not None else None
+            if q is None:
+                break
+            beta = torch.zeros((), dtype=start.dtype)
+        else:
+            q = w / beta
         betas.append(beta)
-        q = w / beta
     m = len(alphas)
     tri = torch.diag(torch.stack(alphas))
     if m > 1:
@@ -48,3 +59,15 @@ def ritz(tri: torch.Tensor, basis: torch.Tensor) -> Tuple[torch.Tensor, torch.Te
     order = values.argsort(descending=True)
     values, vectors = values[order], vectors[:, order]
     return values, vectors.T @ basis, vectors
+
+
+def _orthogonal_to(basis: torch.Tensor, fresh: Callable[[], torch.Tensor]) -> Optional[torch.Tensor]:
+    """A unit vector orthogonal to the rows of `basis`, from a random one (None if none is left after a few tries)."""
+    for _ in range(3):
+        v = fresh().to(basis.dtype)
+        for _ in range(2):
+            v = v - basis.T @ (basis @ v)
+        norm = v.norm()
+        if norm > 1e-6 * max(1.0, float(v.abs().max())):
+            return v / norm
+    return None

@@ -6,6 +6,7 @@ H v = Σ_b n_b H_b v / Σ_b n_b. `module="layer3"` keeps only that sub-module's 
 the diagonal block ∂²L/∂θ_layer3², the other parameters held where they are.
 """
 import contextlib
+import functools
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -28,6 +29,8 @@ def _batches(data: Any) -> Sequence[Any]:
     if iter(data) is data:
         raise TypeError("data is an iterator (it can be walked only once, and each HVP walks it again): pass a "
                         "batch, a list of batches or a DataLoader")
+    if hasattr(data, "__len__") and len(data) == 0:
+        raise ValueError("data holds no batch: the loss is a mean over the batches, so it needs at least one")
     return data
 
 
@@ -39,7 +42,8 @@ def _size(batch: Any) -> int:
 
 class ModelLoss:
     """L(θ) of `loss_fn(model, batch)` over `data`, θ the parameters of `model` (or of `model.<module>`) that
-    require a gradient; `hvp`, `loss` and `gradient` take and give flat vectors of θ's dtype."""
+    require a gradient; `hvp`, `loss` and `gradient` take and give flat vectors of θ's dtype (the widest of the
+    parameters' dtypes: each parameter's piece is cast to its own dtype where it is used)."""
 
     def __init__(self, loss_fn: LossFn, model: torch.nn.Module, data: Any, module: Optional[str] = None,
                  show_progress: Optional[bool] = None, method: str = "forward-over-reverse") -> None:
@@ -59,7 +63,8 @@ class ModelLoss:
         self.shapes = [p.shape for p in self.params]
         self.numel = sum(p.numel() for p in self.params)
         with plain_torch():
-            self.dtype = self.params[0].dtype
+            self.dtypes = [p.dtype for p in self.params]
+        self.dtype = functools.reduce(torch.promote_types, self.dtypes)
 
     def flatten(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         """One tensor per parameter -> one flat plain vector (θ's order and dtype)."""
@@ -67,9 +72,10 @@ class ModelLoss:
             return torch.cat([plain(t).reshape(-1).to(self.dtype) for t in tensors])
 
     def unflatten(self, flat: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """One tensor per parameter, each shaped like it (views of `flat`)."""
+        """One tensor per parameter, each shaped like it and of its dtype (views of `flat` where the dtypes agree)."""
         with plain_torch():
-            return tuple(t.view(s) for t, s in zip(flat.split([p.numel() for p in self.params]), self.shapes))
+            pieces = flat.split([p.numel() for p in self.params])
+            return tuple(t.view(s).to(d) for t, s, d in zip(pieces, self.shapes, self.dtypes))
 
     @contextlib.contextmanager
     def kept(self) -> Iterator[None]:

@@ -67,7 +67,8 @@ def spectrum(loss_fn: LossFn, model: torch.nn.Module, data: Any, k: int = 5, met
     """The top-k eigenvalues and eigenvectors of the Hessian of L(θ) = mean over `data` of loss_fn(model, batch).
 
     method="lanczos": `iterations` (default max(2k, 20) + k, at most n) Lanczos steps with full
-    reorthogonalisation from a random start; the k largest Ritz values (largest algebraic value first).
+    reorthogonalisation from a random start (and from a new one orthogonal to the others wherever the Krylov space
+    closes, so repeated eigenvalues come back as often as they occur); the k largest Ritz values (largest first).
     method="power": power iteration with deflation, up to `iterations` (default 1000) steps per eigenvalue: the
     k of largest magnitude, in the order found. module="layer3": the block of model.layer3's parameters only.
     `data` is one batch or an iterable of batches; the model's parameters and buffers are left as they were.
@@ -80,9 +81,12 @@ def spectrum(loss_fn: LossFn, model: torch.nn.Module, data: Any, k: int = 5, met
     generator = torch.Generator().manual_seed(seed)
     start = lambda: torch.randn(loss.numel, generator=generator, dtype=loss.dtype)  # noqa: E731
     if method == "lanczos":
+        if iterations is not None and iterations < k:
+            raise ValueError(f"tt.spectrum: {iterations} Lanczos iterations give at most {iterations} eigenvalues, "
+                             f"not k = {k}: pass iterations >= k")
         steps = min(loss.numel, iterations or max(2 * k, 20) + k)
         with loss.run("Lanczos", steps):
-            tri, basis = lanczos(loss.hvp, start(), steps)
+            tri, basis = lanczos(loss.hvp, start(), steps, fresh=start)
         values, vectors, _ = ritz(tri, basis)
         values, vectors = values[:k], vectors[:k]
     else:
