@@ -1,4 +1,6 @@
 """Batch / layer / group / RMS norm rules and their modules, against torch autograd and finite differences."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -350,3 +352,38 @@ def test_node_is_labelled_with_the_layer():
 def test_group_norm_of_an_empty_batch_matches_torch():
     x, w, b = (torch.randn(*s, dtype=torch.float64) for s in ((0, 2), (2,), (2,)))
     assert tt.check(lambda x, w, b: F.group_norm(x, 1, w, b), x, w, b).ok
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_of_a_low_precision_input_computes_in_float32_as_torch(dtype, training):
+    """Under autocast batch norm runs in its input's dtype with float32 parameters; torch's kernel computes in float32,
+    so dw and db (sums over the batch) are float32-accurate, not rounded term by term to 8 or 11 bits."""
+    torch.manual_seed(0)
+    x0, weights = torch.randn(16, 4, 6, 6) * 3 + 1, torch.randn(1, 4, 6, 6)
+    theirs = torch.nn.BatchNorm2d(4)
+    theirs.running_mean.uniform_(-1, 1)
+    theirs.running_var.uniform_(0.5, 2)
+    theirs.train(training)
+    ours = tt.port(copy.deepcopy(theirs))
+    grads = []
+    for model in (theirs, ours):
+        x = x0.to(dtype).requires_grad_() if model is theirs else tt.tracer(x0.to(dtype), requires_grad=True)
+        with torch.autocast("cpu", dtype=dtype):
+            y = model(x)
+        (y.float() * weights).sum().backward()
+        grads.append([t.as_subclass(torch.Tensor) for t in (model.weight.grad, model.bias.grad, x.grad)])
+    for mine, reference in zip(*reversed(grads)):
+        assert mine.dtype == reference.dtype
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=2e-5, atol=1e-5)  # dw: float32
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=2e-5, atol=1e-5)  # db: float32
+    torch.testing.assert_close(grads[1][2].float(), grads[0][2].float(), rtol=1e-2, atol=1e-2)  # dx: one low ulp
+    exact = torch.nn.BatchNorm2d(4).double()  # float64 from the same rounded input: torchtrace is as close as torch
+    exact.load_state_dict(theirs.state_dict())
+    exact.train(training)
+    x = x0.to(dtype).double().requires_grad_()
+    (exact(x) * weights.double()).sum().backward()
+    for mine, reference, truth in zip(grads[1][:2], grads[0][:2], (exact.weight.grad, exact.bias.grad)):
+        error = ((mine.double() - truth).abs().max() / truth.abs().max()).item()
+        torch_error = ((reference.double() - truth).abs().max() / truth.abs().max()).item()
+        assert error <= 1.5 * torch_error + 1e-6

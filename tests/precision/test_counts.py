@@ -95,3 +95,21 @@ def test_the_predicted_layer_underflows_at_scale_one_and_not_at_two_to_the_sixte
     assert unscaled.gradient_underflow > 0.9
     head = next(r for r in scaled.rows if r.phase == "backward" and r.module == "head")
     assert head.rel_error < 1e-2  # scaled back, the float16 gradient is float32's to float16's resolution
+
+
+def test_the_model_state_is_left_as_it_was():
+    """Both runs move a train-mode BatchNorm's running statistics (as a forward in torch does); tt.precision puts them
+    back, as it puts back .grad."""
+    from precision_models import CNN, cnn_loss
+
+    torch.manual_seed(0)
+    model = tt.port(CNN())
+    x, y = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])
+    before = {name: b.detach().as_subclass(torch.Tensor).clone() for name, b in model.named_buffers()}
+    report = tt.precision(lambda a, b: cnn_loss(model, a, b), x, y, dtype=torch.bfloat16)
+    assert any(r.rule == "BatchNormFunction" for r in report.rows)
+    for name, b in model.named_buffers():
+        assert torch.equal(b.detach().as_subclass(torch.Tensor), before[name]), name
+    assert all(p.grad is None for p in model.parameters())
+    cnn_loss(model, x, y)  # the forward itself still moves them, as torch's does
+    assert int(model.bn1.num_batches_tracked) == 1

@@ -82,8 +82,12 @@ def keep_for_backward(ctx, x, weight, running_mean, running_var, batch_stats: bo
 
 
 def batch_norm_backward(ctx, g) -> tuple:
-    """(dx, dw, db) with batch statistics (standardized over ctx.dims) or fixed running statistics."""
+    """(dx, dw, db) with batch statistics (standardized over ctx.dims) or fixed running statistics. A float16 or
+    bfloat16 input (autocast runs batch norm in the input's dtype, with float32 parameters) is computed in float32, as
+    torch's kernel does: dw and db are sums over the whole batch, and their terms rounded to 8 bits would lose them."""
     x, w, *running = ctx.saved_tensors
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x, g = x.float(), g.float()
     need_x, need_w, need_b = (ctx.needs_input_grad[i] for i in ctx._rule.affine_at)
     if ctx.batch_stats:
         xhat, invstd = standardize(x, ctx.dims, ctx.eps)

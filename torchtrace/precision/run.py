@@ -1,9 +1,13 @@
 """tt.precision(fn, *args, dtype=...): one run under torch.autocast and one in float32, on torchtrace's engine,
 recorded as tt.diff records them (the doctor's recording: values of every op and gradients of every rule)."""
-from typing import Any, Callable, Optional
+import contextlib
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
 
+from torchtrace.autograd.grad_mode import no_grad
+from torchtrace.autograd.plain import plain_torch
 from torchtrace.doctor.recording import Pass, record_pass
 from torchtrace.nested import flatten
 from torchtrace.precision.report import PrecisionReport
@@ -28,22 +32,48 @@ def under_autocast(fn: Callable, device: str, dtype: torch.dtype, scale: float) 
     return run
 
 
+@contextlib.contextmanager
+def buffers_kept() -> Iterator[None]:
+    """The buffers of every module that runs inside (a train-mode BatchNorm's running statistics) are put back on the
+    way out: the comparison runs the forward more than once, and the model's state moves by none of those runs."""
+    saved: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def keep(module: torch.nn.Module, _: Any) -> None:
+        with plain_torch():
+            for buffer in module.buffers(recurse=False):
+                if id(buffer) not in saved:
+                    saved[id(buffer)] = (buffer, buffer.clone())
+
+    handle = register_module_forward_pre_hook(keep)
+    try:
+        yield
+    finally:
+        handle.remove()
+        with no_grad(), plain_torch():
+            for buffer, value in saved.values():
+                buffer.copy_(value)
+
+
 def precision(fn: Callable, *args: Any, dtype: torch.dtype = torch.bfloat16, scale: float = 1.0,
               device: Optional[str] = None, **kwargs: Any) -> PrecisionReport:
     """Run fn(*args) and the backward of its scalar loss twice, in float32 and under torch.autocast(dtype) with the
     loss multiplied by `scale`; report, per op and per rule, the dtype it ran in and why, the shares that underflowed
-    and overflowed, and the relative error against float32. The random state is the same for both runs."""
+    and overflowed, and the relative error against float32. The random state is the same for both runs; the
+    modules' buffers are left as they were before the call (parameters and .grad are too)."""
     if dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"tt.precision compares a low-precision run with float32: dtype must be torch.bfloat16 or "
                          f"torch.float16, not {dtype}")
     low_fn = under_autocast(fn, device or _device(args), dtype, float(scale))
     state = torch.random.get_rng_state()
-    reference = record_pass(fn, args, kwargs)
+    with buffers_kept():  # each run starts from the buffers as they were, as from the same random state
+        reference = record_pass(fn, args, kwargs)
     torch.random.set_rng_state(state)
-    low = record_pass(low_fn, args, kwargs)
+    with buffers_kept():
+        low = record_pass(low_fn, args, kwargs)
 
     def rerun() -> Pass:
         torch.random.set_rng_state(state)
-        return record_pass(low_fn, args, kwargs, explore=True)
+        with buffers_kept():
+            return record_pass(low_fn, args, kwargs, explore=True)
 
     return PrecisionReport(low, reference, dtype, float(scale), rerun)
