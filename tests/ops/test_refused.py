@@ -31,3 +31,27 @@ def test_multi_head_attention_forward_points_at_the_module():
     out_w, out_b = torch.randn(4, 4), torch.randn(4)
     with pytest.raises(tt.UnsupportedOperationError, match=r"head_attention_forward: .* tt.nn.MultiheadAttention"):
         F.multi_head_attention_forward(x, x, x, 4, 2, w, b, None, None, False, 0.0, out_w, out_b)
+
+
+@pytest.mark.parametrize("op", [
+    lambda x, w: torch.histogram(x, 4).hist,
+    lambda x, w: x.histogram(torch.linspace(-2.0, 2.0, 5, dtype=torch.float64)).hist,
+    lambda x, w: torch.histogramdd(x.reshape(3, 2), [2, 2]).hist,
+    lambda x, w: torch.bincount(torch.tensor([0, 1, 1, 2, 0, 3]), weights=w),
+    lambda x, w: torch.tensor([0, 1, 1, 0, 2, 2]).bincount(w),
+])
+def test_ops_torch_does_not_differentiate_run_and_refuse_backward_as_torch(op):
+    """A histogram of an activation for a log runs, as in torch; a backward through it raises, as in torch."""
+    values = torch.randn(6, dtype=torch.float64)
+    weights = torch.rand(6, dtype=torch.float64)
+    x, w = tt.tracer(values.clone(), requires_grad=True), tt.tracer(weights.clone(), requires_grad=True)
+    rx, rw = values.clone().requires_grad_(), weights.clone().requires_grad_()
+    ours, theirs = op(x, w), op(rx, rw)
+    assert torch.equal(ours.as_subclass(torch.Tensor), theirs.detach())
+    assert ours.requires_grad == theirs.requires_grad
+    (x.sum() + w.sum()).backward()  # the watched value is not in the loss: backward runs
+    assert torch.equal(x.grad, torch.ones(6, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="not implemented"):
+        (theirs.sum() + rx.sum() + rw.sum()).backward()
+    with pytest.raises(tt.UnsupportedOperationError, match="no derivative for it either"):
+        (ours.sum() + x.sum() + w.sum()).backward()

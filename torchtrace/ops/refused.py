@@ -42,3 +42,27 @@ refusal(torch.as_strided_scatter,
         "keeps the gradient inside the view instead of outside), so there is no reference to match; write the "
         "values with y = x.clone(); y.as_strided(...).copy_(src) instead",
         torch.Tensor.as_strided_scatter, name="AsStridedScatter")
+
+
+def forward_only(op: Callable, *spellings: Callable) -> type:
+    """A rule for `op`, which torch computes but does not differentiate either: the forward runs, and its floating
+    results need a gradient, as torch's do; a backward that reaches it raises, as torch's does ("derivative for ...
+    is not implemented"). So code that only watches such a value (a histogram for a log) runs as in torch."""
+    reason = ("torch has no derivative for it either, so backward cannot pass it — detach its input when it only "
+              "watches values (torch.histogram(h.detach(), bins)), or keep its result out of the loss")
+    message = f"{callable_name(op)}: {reason}"
+
+    def backward(ctx, *grads):
+        raise UnsupportedOperationError(message)
+
+    def forward(ctx, *args, **kwargs):
+        return op(*args, **kwargs)
+
+    members = {"__doc__": f"refused: {reason}", "forward": staticmethod(forward), "refused": True,
+               "backward": staticmethod(backward)}
+    return register(op, *spellings, rule=type(f"NotDifferentiable_{op.__name__}", (Function,), members))
+
+
+forward_only(torch.histogram, torch.Tensor.histogram)
+forward_only(torch.histogramdd)
+forward_only(torch.bincount, torch.Tensor.bincount)
