@@ -287,6 +287,27 @@ def test_a_plain_tensor_that_shares_its_memory_is_not_written_with_a_grad_requir
     assert type(out) is torch.Tensor and type(row) is torch.Tensor and not out.any()
 
 
+@pytest.mark.parametrize("make, reason", [
+    (lambda: torch.nn.Parameter(torch.zeros(2)), "subclass of torch.Tensor"),
+    (lambda: torch.zeros(2, requires_grad=True), "requires grad in torch autograd"),
+])
+def test_a_plain_destination_torch_itself_would_refuse_is_refused_with_its_reason(make, reason):
+    """torch refuses these too (an in-place write into a leaf that requires grad); torchtrace says why."""
+    out = make()
+    with pytest.raises(RuntimeError, match=reason):
+        out.copy_(leaf(1.0, 2.0))
+    with pytest.raises(RuntimeError):
+        make().copy_(torch.ones(2, requires_grad=True) * 1)
+    assert not out.detach().any()
+
+
+def test_an_inference_tensor_is_not_a_destination():
+    with torch.inference_mode():
+        out = torch.zeros(2)
+    with pytest.raises(RuntimeError, match="inference_mode"):
+        out.copy_(leaf(1.0, 2.0))
+
+
 def test_mul_by_a_number_saves_nothing_that_a_later_write_could_spoil():
     x = leaf(1.0, 2.0)
     y = x * 1

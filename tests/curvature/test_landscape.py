@@ -70,6 +70,13 @@ def test_given_directions_must_fit():
         tt.landscape(loss_fn, model, data("mlp"), directions="random")
 
 
+@pytest.mark.parametrize("steps", [1, 0, -3])
+def test_fewer_than_two_steps_are_refused(steps):
+    _, model = twins(mlp)
+    with pytest.raises(ValueError, match="steps must be at least 2"):
+        tt.landscape(loss_fn, model, data("mlp"), steps=steps, dims=1)
+
+
 def test_one_dimensional_plot_marks_the_path_on_the_curve():
     plain, model = twins(mlp)
     batch = data("mlp", n=16)

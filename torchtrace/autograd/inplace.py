@@ -124,13 +124,16 @@ def _plain_destination(target: Any, tracer_type: type, name: str) -> torch.Tenso
     other tensor shares its memory: a view of it, or the tensor it is a view of, would read the new values without
     their gradient."""
     with plain_torch():  # (the storage's users: the tensor, and the storage object this read makes)
-        alone = type(target) is torch.Tensor and not (target.requires_grad or target._is_view() or target.is_inference(
-            )) and torch._C._storage_Use_Count(target.untyped_storage()._cdata) <= 2
-    if not alone:
-        raise RuntimeError(f"{name} would write a tracer that requires grad into a plain torch.Tensor that shares its "
-                           "memory with another tensor (a view of it, or the tensor it is a view of), which would read "
-                           "the new values without their gradient. Make the destination a tracer (tt.zeros(...)) "
-                           "before taking views of it, or build the result out of place (torch.stack / torch.cat).")
+        why = ("is a subclass of torch.Tensor, whose class torchtrace cannot change" if type(target) is not torch.Tensor
+               else "requires grad in torch autograd (a leaf of torch's graph)" if target.requires_grad
+               else "was made under torch.inference_mode (it has no version counter)" if target.is_inference()
+               else "shares its memory with another tensor (a view of it, or the tensor it is a view of), which would "
+               "read the new values without their gradient: make it a tracer before taking views of it"
+               if target._is_view() or torch._C._storage_Use_Count(target.untyped_storage()._cdata) > 2 else "")
+    if why:
+        raise RuntimeError(f"{name} would write a tracer that requires grad into a plain tensor that {why}. Make the "
+                           "destination a tracer (tt.zeros(...)), or build the result out of place (torch.stack / "
+                           "torch.cat).")
     target.__class__, target._tt_version = tracer_type, target._version
     return target
 

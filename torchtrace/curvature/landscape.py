@@ -128,6 +128,8 @@ def landscape(loss_fn: LossFn, model: torch.nn.Module, data: Any, directions: Un
     parameters, `steps` points per axis from −span to span. The parameters (and buffers) are left as they were."""
     if dims not in (1, 2):
         raise ValueError(f"tt.landscape: dims must be 1 or 2, not {dims}")
+    if steps < 2:  # one point would sit at −span, not at the parameters
+        raise ValueError(f"tt.landscape: steps must be at least 2 (points from −span to span), not {steps}")
     loss = ModelLoss(loss_fn, model, data, module, progress)
     origin = loss.flatten(loss.params)
     flat = _directions(directions, loss, dims, seed, loss_fn, model, data, module)
