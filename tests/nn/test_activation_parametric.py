@@ -125,3 +125,15 @@ def test_rrelu_module_train_and_eval():
         out = ours(tt.tracer(X, requires_grad=True))
         torch.manual_seed(2)
         assert torch.equal(out.as_subclass(torch.Tensor), theirs(X))
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("lower, upper", [(0.3, 0.1), (float("nan"), 0.1), (0.1, float("inf"))])
+def test_rrelu_bounds_are_checked_as_torch_checks_them(training, lower, upper):
+    """In eval mode the bounds went unchecked: lower > upper gave a leaky ReLU of their mean."""
+    x = torch.randn(5, dtype=torch.float64)
+    with pytest.raises(RuntimeError) as theirs:
+        F.rrelu(x, lower, upper, training)
+    with pytest.raises(RuntimeError) as ours:
+        F.rrelu(tt.tracer(x, requires_grad=True), lower, upper, training)
+    assert str(ours.value) == str(theirs.value)

@@ -351,3 +351,29 @@ def test_pad_cropping_everything_gives_zero_gradients_as_torch(mode):
     """F.pad(x, (0, 0, 0, -5)) of 5 rows is empty: its sum is 0 and every gradient is 0, as in torch."""
     check_op(lambda x: F.pad(x, (0, 0, 0, -5), mode=mode).sum() + (x * 0).sum(), torch.randn(1, 5, 3))
     check_op(lambda x: F.pad(x, (0, 0, 0, -5), mode=mode), torch.randn(2, 1, 5, 3))
+
+
+@pytest.mark.parametrize("fn, x_shape, w_shape", [
+    (F.conv2d, (1, 2, 5), (1, 2, 2)), (F.conv1d, (1, 1, 4), (1, 2)), (F.conv1d, (1, 1, 4), (2,)),
+    (torch.conv3d, (1, 1, 4, 4), (1, 1, 2, 2)), (F.conv_transpose1d, (1, 1, 4), (1, 2)),
+    (F.conv_transpose2d, (1, 2, 5), (2, 1, 2)), (F.conv_transpose3d, (1, 2, 5, 5), (2, 1, 2, 2))])
+def test_a_weight_of_another_rank_than_the_function_is_refused_as_torch_refuses_it(fn, x_shape, w_shape):
+    """The rule chose conv1d/2d/3d by the weight's rank: conv2d with a 3-D weight returned conv1d's result, a 2-D
+    weight raised a bare KeyError."""
+    x, w = torch.randn(x_shape, dtype=torch.float64), torch.randn(w_shape, dtype=torch.float64)
+    with pytest.raises(RuntimeError) as theirs:
+        fn(x, w)
+    with pytest.raises(RuntimeError) as ours:
+        fn(tt.tracer(x, requires_grad=True), w)
+    assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("fn, w_shape", [(F.conv1d, (2, 3, 2)), (F.conv2d, (2, 3, 2, 2)), (F.conv3d, (2, 3, 2, 2, 2)),
+                                         (F.conv_transpose1d, (3, 2, 2)), (F.conv_transpose2d, (3, 2, 2, 2)),
+                                         (F.conv_transpose3d, (3, 2, 2, 2, 2))])
+def test_each_convolution_function_has_its_rule_named_as_torchs(fn, w_shape):
+    x = torch.randn(1, 3, *[4] * (len(w_shape) - 2), dtype=torch.float64)
+    w = torch.randn(w_shape, dtype=torch.float64)
+    y = fn(tt.tracer(x, requires_grad=True), tt.tracer(w, requires_grad=True))
+    assert y.grad_fn.name() == ("ConvolutionBackward" if "transpose" not in fn.__name__ else "ConvTransposeBackward")
+    check_op(fn, x, w)

@@ -316,3 +316,16 @@ def test_max_pool2d_through_the_channels_last_kernel_gives_torchs_values_indices
     finite = torch.randn(2, 4, 7, 9, dtype=torch.float64)
     check_op(lambda t: F.max_pool2d(t, *args), finite)
     double_backward_matches(lambda t: F.max_pool2d(t, *args) ** 2, finite)
+
+
+@pytest.mark.parametrize("fn, shape", [(F.max_pool1d, (1, 1, 6)), (F.avg_pool1d, (1, 1, 6)),
+                                       (F.max_pool2d, (1, 1, 6, 6)), (F.avg_pool2d, (1, 1, 6, 6)),
+                                       (F.max_pool3d, (1, 1, 4, 4, 4)), (F.avg_pool3d, (1, 1, 4, 4, 4))])
+def test_a_zero_stride_is_refused_as_torch_refuses_it_and_an_empty_one_is_the_kernel(fn, shape):
+    """stride=0 was read as "not given" (the kernel's size) and pooled without an error."""
+    x = torch.randn(shape, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="stride"):
+        fn(x, 2, stride=0)
+    with pytest.raises(RuntimeError, match="stride.*zero"):  # (max_pool1d: torch's 2-d kernel's words)
+        fn(tt.tracer(x, requires_grad=True), 2, stride=0)
+    check_op(lambda t: fn(t, 2, stride=[]), x)

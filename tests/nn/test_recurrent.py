@@ -186,3 +186,18 @@ def test_errors():
         cell(x[0])
 
 
+
+
+@pytest.mark.parametrize("layer", [torch.nn.RNN, torch.nn.GRU, torch.nn.LSTM])
+def test_an_input_of_another_dtype_than_the_weights_is_refused_in_torchs_words(layer):
+    """A float64 input to a float32 layer raised matmul's dtype error from inside the cell."""
+    torch.manual_seed(0)
+    theirs, ours = layer(3, 5), tt.port(layer(3, 5))
+    x = torch.randn(2, 4, 3, dtype=torch.float64)
+    with pytest.raises(ValueError) as expected:
+        theirs(x)
+    with pytest.raises(ValueError) as got:
+        ours(x)
+    assert str(got.value) == str(expected.value)
+    with pytest.raises(ValueError, match="does not match weight dtype"):  # (torch: matmul's error, for an LSTM)
+        ours(torch.nn.utils.rnn.pack_padded_sequence(x, [2, 1], batch_first=True))

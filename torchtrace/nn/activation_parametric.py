@@ -61,7 +61,7 @@ class Rrelu(Function):
             if upper - lower <= 1e-6:  # torch's backward then uses the fixed slope, as in eval
                 slope = torch.where(input > 0, 1.0, mean_slope).to(input.dtype)
         else:
-            y = F.leaky_relu(input, mean_slope)
+            y = torch.rrelu(input, lower, upper, False)  # torch's checks of the bounds, then leaky_relu(mean_slope)
             slope = torch.where(input > 0, 1.0, mean_slope).to(input.dtype)
         ctx.save_for_backward(slope)
         return y

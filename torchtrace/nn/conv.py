@@ -11,7 +11,7 @@ with roles swapped (`_correlate`): the batch becomes the channel axis, stride an
 Every backward uses only ops with rules (conv, conv_transpose, pad, reshape, transpose, sum), so the
 backward pass can itself be recorded (create_graph=True): double backward works for free.
 """
-from typing import Any, List, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -84,14 +84,15 @@ def _backward_inputs(ctx: Any, g: torch.Tensor) -> Tuple[torch.Tensor, torch.Ten
     return x, w, g, n, False
 
 
-@register(torch.conv1d, torch.conv2d, torch.conv3d)  # F.conv1d/2d/3d are these; nn.Conv*d call them
 class Convolution(Function):
     """y = conv(x, w) + b  ->  dx = conv_transpose(g, w) (same stride, padding, dilation, groups; output_padding
     restores x's size),  dw[o, c, k] = sum_{n,q} g[n,o,q] x_pad[n,c,s q + d k] (conv with roles swapped),  db = sum g"""
 
+    dims = 2  # spatial dims of the torch function called (one rule per function: by_dims)
+
     @staticmethod
     def forward(ctx, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-        n = weight.dim() - 2
+        n = ctx._rule.dims  # (a weight of another rank: the torch function's own error)
         ctx.stride, ctx.dilation, ctx.groups = ntuple(stride, n), ntuple(dilation, n), groups
         ctx.pads = padding_pairs(padding, weight.shape[2:], ctx.dilation)
         ctx.save_for_backward(input, weight)
@@ -120,14 +121,15 @@ class Convolution(Function):
         return grad_x, grad_w, bias_grad(g) if need_b else None
 
 
-@register(torch.conv_transpose1d, torch.conv_transpose2d, torch.conv_transpose3d)  # = F.conv_transpose*d
 class ConvTranspose(Function):
     """y = conv_transpose(x, w) + b, the adjoint of conv  ->  dx = conv(g, w) (same stride, padding, dilation,
     groups),  dw[c, o, k] = sum_{n,q} x[n,c,q] g_pad[n,o,s q + d k] (conv with roles swapped),  db = sum g"""
 
+    dims = 2  # spatial dims of the torch function called (one rule per function: by_dims)
+
     @staticmethod
     def forward(ctx, input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
-        n = weight.dim() - 2
+        n = ctx._rule.dims
         ctx.stride, ctx.padding = ntuple(stride, n), ntuple(padding, n)
         ctx.dilation, ctx.groups = ntuple(dilation, n), groups
         ctx.save_for_backward(input, weight)
@@ -146,6 +148,17 @@ class ConvTranspose(Function):
         if need_w:
             grad_w = _correlate(g, x, ctx.groups, ctx.stride, ctx.padding, ctx.dilation, w.shape[2:])
         return grad_x, grad_w, bias_grad(g) if need_b else None
+
+
+def by_dims(base: type, functions: Dict[int, Callable]) -> None:
+    """One rule per torch function: `base` with `dims` set to that function's spatial dims (so a weight of another
+    rank meets that function's own check), each named as `base` (torch's grad_fn is one ConvolutionBackward)."""
+    for dims, function in functions.items():
+        register(function, rule=type(base.__name__, (base,), {"__doc__": base.__doc__, "dims": dims}))
+
+
+by_dims(Convolution, CONV)  # F.conv1d/2d/3d are these; nn.Conv*d call them
+by_dims(ConvTranspose, CONV_TRANSPOSE)  # = F.conv_transpose*d
 
 
 class _Conv(Module):

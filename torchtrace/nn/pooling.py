@@ -12,7 +12,7 @@ Every backward is linear in g and built from ops with rules (scatter_add, conv_t
 double backward works.
 """
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +26,12 @@ def scatter_to_input(g: torch.Tensor, indices: torch.Tensor, shape: torch.Size, 
     """dx[..., i] = sum of g[..., q] over the outputs q whose index (into the flattened input plane) is i."""
     plane = torch.zeros((*shape[:-n], math.prod(shape[-n:])), dtype=g.dtype, device=g.device)
     return plane.scatter_add(-1, indices.flatten(-n), g.flatten(-n)).reshape(shape)
+
+
+def given(stride: Any) -> bool:
+    """Did the call give a stride? torch takes None and an empty list for "the kernel's size"; 0 is given (and refused
+    by torch's kernel: a window that never moves)."""
+    return stride is not None and not (isinstance(stride, (list, tuple)) and len(stride) == 0)
 
 
 def _channels_last(x: torch.Tensor) -> torch.Tensor:
@@ -46,7 +52,8 @@ class MaxPool(Function):
     @staticmethod
     def forward(ctx, input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
         source = _channels_last(input) if ctx._rule.dims == 2 else input
-        y, indices = ctx._rule.op(source, kernel_size, stride or None, padding, dilation, ceil_mode, True)
+        y, indices = ctx._rule.op(source, kernel_size, stride if given(stride) else None, padding, dilation,
+                                  ceil_mode, True)
         if source is not input:  # the same values and indices, back in input's layout
             y, indices = y.contiguous(), indices.contiguous()
         return MaxPool.keep(ctx, input, y, indices, return_indices)
@@ -94,7 +101,7 @@ class AvgPool(Function):
                 divisor_override=None):
         n = ctx._rule.dims
         ctx.kernel = ntuple(kernel_size, n)
-        ctx.stride = ntuple(stride, n) if stride else ctx.kernel
+        ctx.stride = ntuple(stride, n) if given(stride) else ctx.kernel
         ctx.padding, ctx.include_pad, ctx.divisor = ntuple(padding, n), count_include_pad, divisor_override
         ctx.shape = input.shape
         extra = () if divisor_override is None else (divisor_override,)  # avg_pool1d has no such parameter

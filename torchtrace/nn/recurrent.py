@@ -78,7 +78,12 @@ class RecurrentLayer(Module):
     """forward() of RNN, LSTM and GRU (mixed in before torch's class, which builds the parameters)."""
 
     def forward(self, input: Tensor, hx: Optional[State] = None) -> Tuple[Tensor, State]:
-        if isinstance(input, torch.nn.utils.rnn.PackedSequence):
+        packed = isinstance(input, torch.nn.utils.rnn.PackedSequence)
+        dtype, weight_dtype = (input.data if packed else input).dtype, self.weight_ih_l0.dtype
+        if dtype != weight_dtype and not torch._C._is_any_autocast_enabled():  # (torch's check, in its words)
+            raise ValueError(f"RNN input dtype ({dtype}) does not match weight dtype ({weight_dtype}). Convert input: "
+                             f"input.to({weight_dtype}), or convert model: model.to({dtype})")
+        if packed:
             return run_packed(self, input, hx, STEPS[self.mode], hidden_of)
         name, lstm = type(self).__name__, self.mode == "LSTM"
         if input.dim() not in (2, 3):
