@@ -50,7 +50,9 @@ view's own node (`v.add_(v)`: a hook on v never fired): 1,371. An in-place op th
 samples its rule drew instead of drawing again (x held other values than the graph recorded), and a plain tensor
 written with a value that needs a gradient joins the graph as in torch (`out = torch.zeros(n); out[i] = h`): 1,383.
 A destination refused for each of its reasons by name (a subclass, a torch leaf, an inference tensor, shared memory;
-all four were told they shared memory): 1,386.
+all four were told they shared memory): 1,386. Two silent gradients closed: a factory called on a tracer with
+requires_grad=True (`torch.zeros_like(x, requires_grad=True)`) makes a leaf that requires grad, and a plain torch
+leaf's own tensor and post-accumulate hooks run when a tracer's backward reaches it: 1,390.
 """
 import ast
 import pathlib
@@ -60,7 +62,7 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1386
+BUDGET = 1390
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
 # 340 when the lanes came; then calls with keywords placed as run_rule places them (every torch.nn.functional call),

@@ -194,6 +194,35 @@ def test_a_plain_tensor_that_requires_grad_is_a_leaf_fgsm_pattern():
     assert loss.grad_fn is not None and torch.Tensor.requires_grad.__get__(loss) is False  # torch recorded nothing
 
 
+def test_a_plain_leafs_own_hooks_run_when_a_tracer_reaches_it():
+    """Tensor.register_hook and register_post_accumulate_grad_hook on a plain tensor that requires grad (the
+    weight of an unported torch layer fed a tracer) never ran: .grad missed the hook's change."""
+    def program(w, x):
+        return (torch.nn.functional.linear(x, w) ** 2).sum()
+
+    grads, seen = {}, {}
+    for name, x in [("ours", tt.tracer(X, requires_grad=True)), ("torch", X.clone().requires_grad_(True))]:
+        w = torch.eye(3, dtype=X.dtype)[:2].clone().requires_grad_(True)
+        seen[name] = []
+        w.register_hook(lambda g: g * 3)
+        removed = w.register_hook(lambda g: g * 100)
+        removed.remove()
+        w.register_post_accumulate_grad_hook(lambda p, out=seen[name]: out.append(p.grad.clone()))
+        program(w, x).backward()
+        grads[name] = w.grad
+    torch.testing.assert_close(grads["ours"], grads["torch"])
+    assert len(seen["ours"]) == len(seen["torch"]) == 1
+    torch.testing.assert_close(seen["ours"][0], seen["torch"][0])
+    w0 = torch.eye(3, dtype=X.dtype)[:2]
+    numeric = torch.zeros_like(w0)
+    for i in range(2):
+        for j in range(3):
+            e = torch.zeros_like(w0)
+            e[i, j] = 1e-6
+            numeric[i, j] = (program(w0 + e, X) - program(w0 - e, X)) / 2e-6
+    torch.testing.assert_close(grads["ours"], 3 * numeric, rtol=1e-6, atol=1e-6)
+
+
 def test_a_tensor_computed_by_torch_autograd_meeting_a_tracer_is_refused():
     computed = X.clone().requires_grad_(True) * 2
     with pytest.raises(RuntimeError, match="computed by torch autograd.*met a tracer"):

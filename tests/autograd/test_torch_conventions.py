@@ -176,3 +176,44 @@ def test_full_backward_hooks_on_tt_nn_layers_as_torch():
     ours, theirs = _module_hook_run(model, x, port=False), _module_hook_run(twin, x, port=False)
     # model's input is a plain tensor requiring grad: torchtrace fills its .grad as torch does
     _assert_same_runs(ours, theirs)
+
+
+FACTORIES_LIKE = {
+    "zeros_like": lambda x: torch.zeros_like(x, requires_grad=True),
+    "ones_like": lambda x: torch.ones_like(x, requires_grad=True),
+    "full_like": lambda x: torch.full_like(x, 0.5, requires_grad=True),
+    "new_zeros": lambda x: x.new_zeros(x.shape, requires_grad=True),
+    "new_ones": lambda x: x.new_ones(x.shape, requires_grad=True),
+    "new_full": lambda x: x.new_full(x.shape, -1.5, requires_grad=True),
+    "new_tensor": lambda x: x.new_tensor([0.25, -2.0, 3.0], requires_grad=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES_LIKE))
+def test_a_factory_called_on_a_tracer_with_requires_grad_makes_a_leaf_that_gets_its_gradient(name):
+    """torch.zeros_like(x, requires_grad=True) (delta = ...; an adversarial perturbation) gave a tracer that did
+    not require grad, with torch's own flag left True underneath: no gradient and no error."""
+    make = FACTORIES_LIKE[name]
+    values = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
+
+    def program(x, d):
+        return ((x + d) ** 3 * x).sum()
+
+    ours_x = tt.tracer(values.clone(), requires_grad=True)
+    ours_d = make(ours_x)
+    assert type(ours_d) is tt.tracer and ours_d.requires_grad and ours_d.is_leaf
+    assert not torch.Tensor.requires_grad.__get__(ours_d)  # torch's own flag stays False
+    program(ours_x, ours_d).backward()
+    theirs_x = values.clone().requires_grad_()
+    theirs_d = make(theirs_x)
+    program(theirs_x, theirs_d).backward()
+    torch.testing.assert_close(ours_d.grad.as_subclass(torch.Tensor), theirs_d.grad)
+    base = theirs_d.detach()
+    numeric = torch.stack([(program(values, base + e) - program(values, base - e)) / 2e-6
+                           for e in torch.eye(3, dtype=torch.float64) * 1e-6])
+    torch.testing.assert_close(ours_d.grad.as_subclass(torch.Tensor), numeric, rtol=1e-6, atol=1e-6)
+
+
+def test_a_factory_with_requires_grad_and_an_integer_dtype_is_refused_as_torch():
+    with pytest.raises(RuntimeError, match="floating point"):
+        torch.zeros_like(tt.tracer([1.0, 2.0]), dtype=torch.int64, requires_grad=True)

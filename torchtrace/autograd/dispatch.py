@@ -222,11 +222,13 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
         return record_inplace(tracer_type, args[0], callable_name(func),
                               lambda before: run_rule(tracer_type, rule, twin, (before, *args[1:]), kwargs),
                               mutate, run_rule)
+    leaf = kwargs.get("requires_grad") is True  # torch.zeros_like(x, requires_grad=True): a new leaf of torchtrace's
     with plain_torch():
-        out = func(*args, **kwargs)
+        out = func(*args, **({**kwargs, "requires_grad": False} if leaf else kwargs))
     if recording and func not in NON_DIFFERENTIABLE and _has_floating(out):
         _refuse(func)
-    return _as_tracers(out, tracer_type, args)
+    out = _as_tracers(out, tracer_type, args)
+    return out.requires_grad_() if leaf else out
 
 
 def _is_inplace(func: Callable) -> bool:

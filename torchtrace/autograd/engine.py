@@ -332,8 +332,9 @@ def accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Option
     """A leaf's step: sum g into its .grad (a plain tensor leaf: torch's own .grad), in place once .grad exists, as
     torch does; the first gradient becomes .grad itself when no one else can reach its memory (`Ownership`)."""
     leaf = acc.variable
-    if not acc.torch_leaf and leaf._tt_hooks:
-        g = run_hooks(leaf._tt_hooks, g, "a leaf", ownership.hand_out)
+    hooks = leaf._backward_hooks if acc.torch_leaf else leaf._tt_hooks  # (a plain leaf's: Tensor.register_hook's)
+    if hooks:
+        g = run_hooks(hooks.values() if acc.torch_leaf else hooks, g, "a leaf", ownership.hand_out)
     if captured is not None and captured.get((acc, 0)) is not INTO_GRAD:  # tt.grad: capture, keep .grad as it is
         if (acc, 0) in captured:
             captured[(acc, 0)] = g
@@ -347,9 +348,10 @@ def accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Option
         current.add_(g)  # in place, as torch: a reference to .grad held by the user sees the sum
     if acc.torch_leaf:
         leaf.grad = current
-        return
-    leaf._tt_grad = current
-    for fn in list(leaf._tt_post_hooks or ()):
+    else:
+        leaf._tt_grad = current
+    post = leaf._post_accumulate_grad_hooks if acc.torch_leaf else leaf._tt_post_hooks
+    for fn in list((post.values() if acc.torch_leaf else post) if post else ()):
         fn(leaf)
 
 
