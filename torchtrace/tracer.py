@@ -133,10 +133,23 @@ class tracer(TensorProtocols, torch.Tensor):
     def retain_grad(self) -> None:
         """Keep `.grad` on this non-leaf after backward."""
         self._follow_base()
+        if not self._tt_requires_grad:  # (a leaf that requires grad keeps its .grad anyway: nothing to do)
+            raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
         if self._tt_node is None:
             return
         retained = self._tt_node.retained = self._tt_node.retained or {}
         retained[self._tt_nr] = weakref.ref(self)
+
+    def set_(self, *args: Any, **kwargs: Any) -> "tracer":
+        """torch's Tensor.set_ (a call torch never hands to __torch_function__): it has no derivative, so it is refused
+        on a tracer that requires grad while grad mode is on (torch refuses it on a leaf at once, on a non-leaf at
+        backward)."""
+        if self._tt_requires_grad and torch.is_grad_enabled():
+            raise RuntimeError("set_ on a tracer that requires grad: set_ has no derivative. Do it under tt.no_grad() "
+                               "(as for a leaf in torch), or make a new tracer from the tensor instead.")
+        with plain_torch():
+            torch.Tensor.set_(self, *args, **kwargs)
+        return self
 
     @property
     def retains_grad(self) -> bool:

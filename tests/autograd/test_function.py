@@ -165,3 +165,44 @@ def test_a_users_function_setting_ctx_attributes_matches_torch():
     TorchTwin.apply(theirs).sum().backward()
     torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)
     assert tt.gradcheck(KeepsItsOwnRule.apply, x.clone())
+
+
+def _flag_recorder(base: type) -> type:
+    """The same Function for torch and torchtrace: it unpacks needs_input_grad as torch code does."""
+
+    class Scaled(base):
+        seen = []
+
+        @staticmethod
+        def forward(ctx, a, b, k):
+            need_a, need_b, need_k = ctx.needs_input_grad  # one flag per argument in torch
+            Scaled.seen.append((need_a, need_b, need_k))
+            ctx.save_for_backward(a, b)
+            ctx.k = k
+            return a * b * k
+
+        @staticmethod
+        def backward(ctx, g):
+            a, b = ctx.saved_tensors
+            need_a, need_b, _ = ctx.needs_input_grad
+            return (g * b * ctx.k if need_a else None), (g * a * ctx.k if need_b else None), None
+
+    return Scaled
+
+
+@pytest.mark.parametrize("a_grad, b_grad", [(True, False), (False, True), (True, True)])
+def test_needs_input_grad_has_one_flag_per_argument_as_torchs(a_grad, b_grad):
+    """It had 16 (padded with False): `need_a, need_b = ctx.needs_input_grad` raised ValueError."""
+    values = torch.tensor([1.5, -2.0], dtype=torch.float64), torch.tensor([0.5, 3.0], dtype=torch.float64)
+    ours, theirs = _flag_recorder(tt.Function), _flag_recorder(torch.autograd.Function)
+    a, b = (tt.tracer(v.clone(), requires_grad=r) for v, r in zip(values, (a_grad, b_grad)))
+    ta, tb = (v.clone().requires_grad_(r) for v, r in zip(values, (a_grad, b_grad)))
+    ours.apply(a, b, 2.0).sum().backward()
+    theirs.apply(ta, tb, 2.0).sum().backward()
+    assert ours.seen == theirs.seen == [(a_grad, b_grad, False)]
+    for mine, torchs in ((a, ta), (b, tb)):
+        assert (mine.grad is None) == (torchs.grad is None)
+        if torchs.grad is not None:
+            torch.testing.assert_close(mine.grad.as_subclass(torch.Tensor), torchs.grad)
+    assert ours.apply(*values, 3.0).tolist() == (values[0] * values[1] * 3.0).tolist()  # plain tensors: a call
+    assert ours.seen[-1] == (False, False, False)

@@ -217,3 +217,33 @@ def test_a_factory_called_on_a_tracer_with_requires_grad_makes_a_leaf_that_gets_
 def test_a_factory_with_requires_grad_and_an_integer_dtype_is_refused_as_torch():
     with pytest.raises(RuntimeError, match="floating point"):
         torch.zeros_like(tt.tracer([1.0, 2.0]), dtype=torch.int64, requires_grad=True)
+
+
+def test_set_on_a_tracer_that_requires_grad_is_refused_and_works_under_no_grad_as_torch():
+    """Tensor.set_ never reaches __torch_function__: it swapped a leaf's data unchecked, and a non-leaf's later
+    backward failed with a shape error from the engine."""
+    ours, theirs = tt.tracer([1.0, 2.0], requires_grad=True), torch.tensor([1.0, 2.0], requires_grad=True)
+    for t in (theirs, ours):
+        with pytest.raises(RuntimeError):
+            t.set_(torch.zeros(3))
+    with pytest.raises(RuntimeError, match="set_ has no derivative"):
+        (ours * 2).set_(torch.zeros(3))
+    for t in (theirs, ours):
+        with torch.no_grad():
+            t.set_(torch.arange(3.0))
+    assert type(ours) is tt.tracer and ours.requires_grad and ours.tolist() == theirs.tolist() == [0.0, 1.0, 2.0]
+    (ours * ours).sum().backward()
+    (theirs * theirs).sum().backward()
+    assert ours.grad.tolist() == theirs.grad.tolist() == [0.0, 2.0, 4.0]
+
+
+def test_retain_grad_on_a_tracer_that_does_not_require_grad_is_refused_as_torch():
+    with pytest.raises(RuntimeError, match="requires_grad=False") as theirs:
+        torch.ones(2).retain_grad()
+    with pytest.raises(RuntimeError) as ours:
+        tt.tracer([1.0, 2.0]).retain_grad()
+    assert str(ours.value) == str(theirs.value)
+    leaf = tt.tracer([1.0, 2.0], requires_grad=True)
+    leaf.retain_grad()  # a leaf that requires grad: nothing to do, as torch
+    (leaf * 3).sum().backward()
+    assert leaf.grad.tolist() == [3.0, 3.0]

@@ -60,8 +60,10 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
                 f"{callable_name(func) if func else rule.__name__ + '.apply'}: out= cannot be recorded (no gradient "
                 "can flow into a preallocated output) — assign the result instead, or run the call under tt.no_grad()")
         node = Node(rule, Context(rule, edges, needs), edges, func, STATE.module_stack)
-        if func is None:  # Function.apply: backward must return one gradient per argument, as torch checks
-            node.ctx._n_inputs = len(args) + len(kwargs)
+        if func is None:  # Function.apply: backward must return one gradient per argument, as torch checks, and
+            n = node.ctx._n_inputs = len(args) + len(kwargs)  # a user's forward reads one flag per argument
+            if not rule._tt_trusted:
+                node.ctx.needs_input_grad = node.ctx.needs_input_grad[:n]
         if torch_leaf:  # torch's autograd must not record the plain tensors that require grad
             _set_grad_enabled(False)
         try:

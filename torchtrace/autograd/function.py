@@ -50,7 +50,9 @@ class Function:
                     if isinstance(e, torch.Tensor)]
         if has_torch_function(tensors):
             return handle_torch_function(cls.apply, tensors, *args, **kwargs)
-        return cls.forward(Context(cls), *args, **kwargs)  # plain tensors: an ordinary function call
+        ctx = Context(cls)  # plain tensors: an ordinary function call (one needs_input_grad flag per argument)
+        ctx.needs_input_grad = ctx.needs_input_grad[:len(args) + len(kwargs)]
+        return cls.forward(ctx, *args, **kwargs)
 
     @classmethod
     def parameter_names(cls) -> List[str]:
