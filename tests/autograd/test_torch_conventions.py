@@ -247,3 +247,20 @@ def test_retain_grad_on_a_tracer_that_does_not_require_grad_is_refused_as_torch(
     leaf.retain_grad()  # a leaf that requires grad: nothing to do, as torch
     (leaf * 3).sum().backward()
     assert leaf.grad.tolist() == [3.0, 3.0]
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_grad_materialize_grads_gives_zeros_for_unused_inputs_as_torch(create_graph):
+    values = torch.tensor([1.5, -2.0], dtype=torch.float64)
+    x, unused = tt.tracer(values.clone(), requires_grad=True), tt.tracer(torch.ones(3), requires_grad=True)
+    tx, tunused = values.clone().requires_grad_(), torch.ones(3, requires_grad=True)
+    ours = tt.grad((x ** 3).sum(), [x, unused], materialize_grads=True, create_graph=create_graph)
+    theirs = torch.autograd.grad((tx ** 3).sum(), [tx, tunused], materialize_grads=True, create_graph=create_graph)
+    for mine, torchs in zip(ours, theirs):
+        torch.testing.assert_close(mine.detach().as_subclass(torch.Tensor), torchs.detach())
+        assert mine.requires_grad == torchs.requires_grad
+    torch.testing.assert_close(ours[0].detach().as_subclass(torch.Tensor), 3 * values ** 2)  # d/dx x^3
+    with pytest.raises(ValueError, match="allow_unused"):
+        tt.grad((x ** 3).sum(), [x, unused], allow_unused=False, materialize_grads=True)
+    with pytest.raises(ValueError, match="allow_unused"):
+        torch.autograd.grad((tx ** 3).sum(), [tx, tunused], allow_unused=False, materialize_grads=True)

@@ -63,10 +63,18 @@ def backward(tensors: Tensors, grad_tensors: Optional[Tensors] = None, retain_gr
 
 
 def grad(outputs: Tensors, inputs: Tensors, grad_outputs: Optional[Tensors] = None, retain_graph: Optional[bool] = None,
-         create_graph: bool = False, allow_unused: bool = False,
-         is_grads_batched: bool = False) -> Tuple[Optional[torch.Tensor], ...]:
+         create_graph: bool = False, allow_unused: Optional[bool] = None, is_grads_batched: bool = False,
+         materialize_grads: bool = False) -> Tuple[Optional[torch.Tensor], ...]:
     """Return d(outputs)/d(inputs) * grad_outputs without touching any `.grad`. `is_grads_batched`: each
-    grad_outputs has a leading batch dimension; one backward per row, the results stacked (torch vmaps it)."""
+    grad_outputs has a leading batch dimension; one backward per row, the results stacked (torch vmaps it).
+    `materialize_grads`: zeros instead of None for an input the outputs do not depend on (allow_unused implied)."""
+    if materialize_grads and allow_unused is False:
+        raise ValueError("Expected allow_unused to be True or not passed when materialize_grads=True, but got: "
+                         "allow_unused=False.")
+    if materialize_grads:
+        result = grad(outputs, inputs, grad_outputs, retain_graph, create_graph, True, is_grads_batched)
+        return tuple((torch.zeros_like(t, requires_grad=True) if create_graph else torch.zeros_like(t).as_subclass(
+            torch.Tensor)) if g is None else g for g, t in zip(result, _as_list(inputs)))
     if is_grads_batched:
         return _batched_grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused)
     inputs = _as_list(inputs)
