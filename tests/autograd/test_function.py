@@ -206,3 +206,62 @@ def test_needs_input_grad_has_one_flag_per_argument_as_torchs(a_grad, b_grad):
             torch.testing.assert_close(mine.grad.as_subclass(torch.Tensor), torchs.grad)
     assert ours.apply(*values, 3.0).tolist() == (values[0] * values[1] * 3.0).tolist()  # plain tensors: a call
     assert ours.seen[-1] == (False, False, False)
+
+
+def _sort_and_mask(base: type, materialize: bool) -> type:
+    """The same Function for torch and torchtrace: a float output and an index marked non-differentiable."""
+
+    class SortAndMask(base):
+        seen = []
+
+        @staticmethod
+        def forward(ctx, a):
+            s, i = a.sort()
+            mask = (a > 0).to(a.dtype)
+            ctx.mark_non_differentiable(i, mask)
+            ctx.set_materialize_grads(materialize)
+            ctx.save_for_backward(i)
+            return s, i, mask
+
+        @staticmethod
+        def backward(ctx, gs, gi, gm):
+            SortAndMask.seen.append((gi is None, gm is None, None if gm is None else gm.tolist()))
+            (i,) = ctx.saved_tensors
+            return torch.zeros_like(gs).scatter(0, i, gs)
+
+    return SortAndMask
+
+
+@pytest.mark.parametrize("materialize", [True, False])
+def test_mark_non_differentiable_and_set_materialize_grads_act_as_torchs(materialize):
+    """tt.Function's ctx had neither (AttributeError)."""
+    values, weights = torch.tensor([3.0, -1.0, 2.0], dtype=torch.float64), torch.tensor([1.0, 2.0, 3.0],
+                                                                                          dtype=torch.float64)
+    results = {}
+    for name, base, a in [("ours", tt.Function, tt.tracer(values.clone(), requires_grad=True)),
+                          ("torch", torch.autograd.Function, values.clone().requires_grad_())]:
+        fn = _sort_and_mask(base, materialize)
+        s, i, mask = fn.apply(a)
+        assert s.requires_grad and not i.requires_grad and not mask.requires_grad and mask.grad_fn is None
+        (s * weights).sum().backward()
+        results[name] = a.grad.as_subclass(torch.Tensor), fn.seen
+    assert results["ours"][1] == results["torch"][1]
+    torch.testing.assert_close(*[grad for grad, _ in results.values()])
+    numeric = torch.stack([((values + e).sort()[0] * weights).sum() - ((values - e).sort()[0] * weights).sum()
+                           for e in torch.eye(3, dtype=torch.float64) * 1e-6]) / 2e-6
+    torch.testing.assert_close(results["ours"][0], numeric)
+
+
+def test_mark_dirty_is_refused_with_what_to_do():
+    class Double(tt.Function):
+        @staticmethod
+        def forward(ctx, a):
+            ctx.mark_dirty(a)
+            return a.mul_(2)
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g
+
+    with pytest.raises(tt.UnsupportedOperationError, match="mark_dirty.*clone"):
+        Double.apply(tt.tracer([1.0, 2.0], requires_grad=True) * 1)

@@ -71,6 +71,8 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
             if func is not None and args and out is args[0] and isinstance(out, tracer_type):
                 return out  # torch hands back the input itself (x.contiguous() of a contiguous x): no new node
             result = _link_outputs(out, node, tracer_type, args)
+            if "non_differentiable" in node.ctx.__dict__:  # ctx.mark_non_differentiable(...): tracers without a node
+                _unlink(node.ctx.non_differentiable, out, result)
         finally:
             if torch_leaf:
                 _set_grad_enabled(True)
@@ -187,6 +189,13 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
         if isinstance(t, torch.Tensor) and t._tt_view:
             remember_base(t, args)
     return _rebuild(out, linked)
+
+
+def _unlink(marked: tuple, out: Any, result: Any) -> None:
+    """The results whose forward outputs were marked non-differentiable need no gradient (as torch's)."""
+    for raw, t in zip(out, result) if isinstance(out, _containers) else [(out, result)]:
+        if isinstance(t, torch.Tensor) and any(raw is m or t is m for m in marked):
+            t._tt_node, t._tt_requires_grad = None, False
 
 
 def _as_tracers(out: Any, tracer_type: type, args: tuple) -> Any:

@@ -259,7 +259,8 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
     it, observers see the call, and what user code receives or returns no leaf keeps."""
     if node.output_meta is not None or node.pre_hooks:  # zeros for the outputs of a multi-output node no gradient
         grads = grads if node.output_meta is None else [  # reached; then the grad_fn pre-hooks
-            torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None else g
+            torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None and
+            node.ctx.materialize_grads else g
             for g, meta in zip(grads, node.output_meta)]
         grads = grad_fn_hooks.run_pre_hooks(node, grads) if node.pre_hooks else grads
     trusted = getattr(node.rule, "_tt_trusted", None)

@@ -74,6 +74,23 @@ class Context:
         except RuntimeError:  # an inference tensor has no version counter
             raise saved_inference_tensor(self._rule.__name__) from None
 
+    materialize_grads = True  # backward receives zeros (not None) for an output of several no gradient reached
+
+    def set_materialize_grads(self, value: bool) -> None:
+        """False: backward receives None for an output no gradient reached (as torch's ctx)."""
+        self.materialize_grads = bool(value)
+
+    def mark_non_differentiable(self, *outputs: Any) -> None:
+        """Outputs of forward that carry no gradient (an index, a mask), as torch's ctx: they are returned as tracers
+        that do not require grad, and backward receives zeros (or None) for them."""
+        self.non_differentiable = outputs
+
+    def mark_dirty(self, *tensors: Any) -> None:
+        raise UnsupportedOperationError(
+            f"{self._rule.__name__}: a tt.Function's forward cannot change its inputs in place (ctx.mark_dirty). "
+            "Return a changed copy (x.clone()), or write it as a torch.autograd.Function, which runs on tracers "
+            "with torch's whole ctx API.")
+
     def save_for_forward(self, *tensors: Any) -> None:
         """Keep tensors for the rule's jvp (forward mode), which reads them as ctx.saved_tensors (as torch's)."""
         self.saved_for_forward = tensors
