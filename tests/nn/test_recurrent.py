@@ -201,3 +201,20 @@ def test_an_input_of_another_dtype_than_the_weights_is_refused_in_torchs_words(l
     assert str(got.value) == str(expected.value)
     with pytest.raises(ValueError, match="does not match weight dtype"):  # (torch: matmul's error, for an LSTM)
         ours(torch.nn.utils.rnn.pack_padded_sequence(x, [2, 1], batch_first=True))
+
+
+@pytest.mark.parametrize("cell", [torch.nn.RNNCell, torch.nn.GRUCell, torch.nn.LSTMCell])
+@pytest.mark.parametrize("x_shape, h_shape", [((3, 11), None), ((3, 10), (2, 20)), ((3, 10), (3, 21)), ((11,), None),
+                                              ((10,), (21,))])
+def test_a_cell_refuses_inconsistent_sizes_in_torchs_words(cell, x_shape, h_shape):
+    """The sizes went unchecked: a matmul's or a broadcast's error came from inside the step."""
+    theirs, ours = cell(10, 20), tt.port(cell(10, 20))
+    x = torch.randn(x_shape)
+    hx = None if h_shape is None else torch.randn(h_shape)
+    if hx is not None and cell is torch.nn.LSTMCell:
+        hx = (hx, torch.randn(h_shape))
+    with pytest.raises(RuntimeError) as expected:
+        theirs(x, hx)
+    with pytest.raises(RuntimeError) as got:
+        ours(tt.tracer(x, requires_grad=True), hx)
+    assert str(got.value) == str(expected.value)

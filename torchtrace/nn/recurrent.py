@@ -186,11 +186,24 @@ class RecurrentCell(Module):
         if states is None:
             zeros = torch.zeros(input.size(0), self.hidden_size, dtype=input.dtype, device=input.device)
             states = (zeros, zeros) if self.has_cell_state else (zeros,)
+        self._check_step_sizes(input, states)
         state = self.step(F.linear(input, self.weight_ih, self.bias_ih), states if self.has_cell_state else states[0],
                           self.weight_hh, self.bias_hh)
         if not batched:
             state = tuple(s.squeeze(0) for s in state) if isinstance(state, tuple) else state.squeeze(0)
         return state
+
+    def _check_step_sizes(self, input: Tensor, states: Tuple[Tensor, ...]) -> None:
+        """torch's checks of a cell's sizes, in its words (the matmuls would raise less clearly)."""
+        if input.size(1) != self.input_size:
+            raise RuntimeError(f"input has inconsistent input_size: got {input.size(1)} expected {self.input_size}")
+        for k, state in enumerate(states):
+            if state.size(0) != input.size(0):
+                raise RuntimeError(f"Input batch size {input.size(0)} doesn't match hidden{k} batch size "
+                                   f"{state.size(0)}")
+            if state.size(1) != self.hidden_size:
+                raise RuntimeError(f"hidden{k} has inconsistent hidden_size: got {state.size(1)}, expected "
+                                   f"{self.hidden_size}")
 
     def step(self, x_proj: Tensor, state: State, w_hh: Tensor, b_hh: Optional[Tensor]) -> State:
         raise NotImplementedError
