@@ -329,3 +329,21 @@ def test_a_zero_stride_is_refused_as_torch_refuses_it_and_an_empty_one_is_the_ke
     with pytest.raises(RuntimeError, match="stride.*zero"):  # (max_pool1d: torch's 2-d kernel's words)
         fn(tt.tracer(x, requires_grad=True), 2, stride=0)
     check_op(lambda t: fn(t, 2, stride=[]), x)
+
+
+def test_max_pool1d_refuses_bad_arguments_in_torchs_words():
+    """Through max_pool1d_with_indices, torch's 2-d kernel spoke ("Expected 3D or 4D", "dilationH") of a 1-d pool."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    op = next(o for o in op_db if o.name == "nn.functional.max_pool1d")
+    cases = list(op.error_inputs("cpu"))
+    assert cases
+    for case in cases:
+        sample = case.sample_input
+        messages = []
+        for make in (lambda t: t.detach().requires_grad_(), lambda t: tt.tracer(t.detach(), requires_grad=True)):
+            with pytest.raises(case.error_type) as raised:
+                op(make(sample.input) if sample.input.is_floating_point() else sample.input, *sample.args,
+                   **sample.kwargs)
+            messages.append(str(raised.value))
+        assert messages[0] == messages[1]
