@@ -264,3 +264,17 @@ def test_grad_materialize_grads_gives_zeros_for_unused_inputs_as_torch(create_gr
         tt.grad((x ** 3).sum(), [x, unused], allow_unused=False, materialize_grads=True)
     with pytest.raises(ValueError, match="allow_unused"):
         torch.autograd.grad((tx ** 3).sum(), [tx, tunused], allow_unused=False, materialize_grads=True)
+
+
+def test_a_plain_backward_after_a_create_graph_one_adds_into_the_same_grad_as_torch():
+    """The second backward replaced .grad by a new tensor without a graph; torch adds in place into the .grad the
+    first one made (which keeps its graph)."""
+    results = []
+    for x in (torch.tensor([1.0, 2.0], requires_grad=True), tt.tracer([1.0, 2.0], requires_grad=True)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's warning about the reference cycle create_graph makes
+            (x ** 2).sum().backward(create_graph=True)
+        first = x.grad
+        (x ** 3).sum().backward()
+        results.append((x.grad is first, x.grad.requires_grad, x.grad.tolist()))
+    assert results[0] == results[1] == (True, True, [5.0, 16.0])  # 2x + 3x^2

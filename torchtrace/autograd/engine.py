@@ -351,7 +351,7 @@ def accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Option
     current = leaf.grad if acc.torch_leaf else leaf._tt_grad
     if current is None:
         current = ownership.take(g, leaf, create_graph)
-    elif create_graph or type(current) is not torch.Tensor:
+    elif create_graph:
         current = current + g
     else:
         current.add_(g)  # in place, as torch: a reference to .grad held by the user sees the sum
