@@ -88,8 +88,8 @@ class Context:
     def mark_dirty(self, *tensors: Any) -> None:
         raise UnsupportedOperationError(
             f"{self._rule.__name__}: a tt.Function's forward cannot change its inputs in place (ctx.mark_dirty). "
-            "Return a changed copy (x.clone()), or write it as a torch.autograd.Function, which runs on tracers "
-            "with torch's whole ctx API.")
+            "Return a changed copy (x.clone()), or subclass torch's own autograd Function instead, which runs on "
+            "tracers with torch's whole ctx API.")
 
     def save_for_forward(self, *tensors: Any) -> None:
         """Keep tensors for the rule's jvp (forward mode), which reads them as ctx.saved_tensors (as torch's)."""
