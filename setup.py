@@ -9,8 +9,10 @@ BENCH = ["micrograd"]  # bench/vs_micrograd.py
 # mkdocs-jupyter below 0.27: 0.27 adds a MathJax loader fetched from a CDN to every page (the site renders its math
 # with the vendored KaTeX and loads nothing from the network). mkdocs-material below 9.7.2, mkdocs-gen-files below
 # 0.6.1 and mkdocs-literate-nav below 0.6.3: from those versions on, each prints a banner about MkDocs 2.0 (and what
-# to switch to) on every build, so `mkdocs build --strict` would not be clean
-DOCS = ["mkdocs<2", "mkdocs-material<9.7.2", "pymdown-extensions", "mkdocstrings[python]", "mkdocs-jupyter<0.27",
+# to switch to) on every build, so `mkdocs build --strict` would not be clean. On Python 3.10 the newest mkdocstrings
+# is 1.0.6, which builds pymdown-extensions' highlighter without the `md` argument 12.2 made required (the build fails)
+DOCS = ["mkdocs<2", "mkdocs-material<9.7.2", "pymdown-extensions<12.2; python_version < '3.11'",
+        "pymdown-extensions; python_version >= '3.11'", "mkdocstrings[python]", "mkdocs-jupyter<0.27",
         "mkdocs-gen-files<0.6.1",
         "mkdocs-literate-nav<0.6.3"]  # pip install -e ".[docs]" && mkdocs serve
 # the tests also build the docs site strictly, run tt.explore's widget and drive its page in headless Chromium
