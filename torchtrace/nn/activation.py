@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from torchtrace.autograd.function import register
 from torchtrace.nn.module import Module
+from torchtrace.ops.opmath import opmath
 from torchtrace.ops.rule_tables import table_rule
 
 SELU_ALPHA, SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946  # torch's constants
@@ -54,6 +55,7 @@ def _glu(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, dim: int) -> torch.T
 
 
 def _gelu(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, approximate: str) -> torch.Tensor:
+    g, x = opmath(g, x)  # (x^3 of float16 overflows past 40: 0 * inf)
     if approximate == "tanh":
         c = math.sqrt(2 / math.pi)
         t = torch.tanh(c * (x + 0.044715 * x ** 3))

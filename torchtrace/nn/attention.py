@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torchtrace.autograd.function import Function, register
 from torchtrace.nn.linear import Linear
 from torchtrace.nn.module import Module
+from torchtrace.ops.opmath import opmath
 
 Tensor = torch.Tensor
 
@@ -49,6 +50,7 @@ def safe_softmax(scores: Tensor) -> Tensor:
 def score_gradients(dp: Tensor, p: Tensor, q: Tensor, k: Tensor, scale: float, needs: Tuple[bool, ...]) -> tuple:
     """From dL/dP to (dL/dq, dL/dk, dL/dmask) through P = softmax(q k^T * scale + mask)."""
     need_q, need_k, need_mask = needs
+    dp, p, q, k = opmath(dp, p, q, k)  # (the difference cancels in bfloat16; torch's kernels sum in float32)
     ds = p * (dp - (dp * p).sum(-1, keepdim=True))
     grad_q = ds @ k * scale if need_q else None
     grad_k = ds.transpose(-2, -1) @ q * scale if need_k else None
@@ -126,6 +128,7 @@ class ScaledDotProductAttention(Function):
     @staticmethod
     def backward(ctx, g):
         q, k, v, mask = (*ctx.saved_tensors, None)[:4]
+        q, k, v, mask, g = opmath(q, k, v, mask, g)  # bfloat16 / float16 in float32, as torch's fused kernels
         kv_heads = k.size(-3) if ctx.enable_gqa else None  # grouped-query attention: fewer key/value heads
         k_all, v_all = _all_heads(q, k, v, ctx.enable_gqa)
         p = AttentionWeights.apply(q, k_all, mask, ctx.is_causal, ctx.scale)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
 from torchtrace.nn.module import Module
+from torchtrace.ops.opmath import opmath
 from torchtrace.ops.reduction import vector_norm_grad
 
 
@@ -40,7 +41,7 @@ class Normalize(Function):
 
     @staticmethod
     def backward(ctx, g):
-        (x,) = ctx.saved_tensors
+        x, g = opmath(*ctx.saved_tensors, g)  # (d^2 of float16 overflows past 256)
         n = torch.linalg.vector_norm(x, ctx.p, ctx.dim, keepdim=True)  # recomputed: differentiable under create_graph
         d = n.clamp_min(ctx.eps)
         grad_d = -(g * x).sum(ctx.dim, keepdim=True) / (d * d) * (n >= ctx.eps)

@@ -89,7 +89,7 @@ class GaussianNll(Function):
         grad_x = d / v * s
         grad_var = None
         if need_var:
-            grad_var = 0.5 * (1 / v - d * d / (v * v)) * s
+            grad_var = 0.5 * (1 / v - d * d / v / v) * s  # (d^2/v)/v: v^2 of float16 underflows below 2e-4
             if unsqueezed:
                 grad_var = grad_var.sum_to_size(var.unsqueeze(-1).shape).squeeze(-1)
         return (grad_x if need_x else None), (-grad_x if need_t else None), grad_var

@@ -14,6 +14,7 @@ from torchtrace.errors import UnsupportedOperationError
 from torchtrace.nn.normalization import GroupNormFunction, LayerNormFunction, batch_norm_backward, keep_for_backward
 from torchtrace.nn.sampling import GridSample
 from torchtrace.nn.upsampling import Interpolate
+from torchtrace.ops.opmath import opmath
 
 aten = torch.ops.aten
 
@@ -62,7 +63,7 @@ class NativeGroupNorm(Function):
         finally:
             ctx.needs_input_grad = flags
         if ctx.needs_input_grad[0]:
-            x = ctx.saved_tensors[0]
+            x, g_mean, g_rstd = opmath(ctx.saved_tensors[0], g_mean, g_rstd)
             grouped = x.reshape(x.shape[0], ctx.groups, -1) if x.numel() else x.reshape(x.shape[0], ctx.groups, 0)
             size = grouped.shape[2]
             centred = grouped - grouped.mean(2, keepdim=True)

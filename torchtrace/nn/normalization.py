@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
 from torchtrace.nn.module import Module
+from torchtrace.ops.opmath import opmath
 
 
 def standardize(x: torch.Tensor, dims: Tuple[int, ...], eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -206,7 +207,7 @@ class GroupNormFunction(Function):
 
     @staticmethod
     def backward(ctx, g):
-        x, w = ctx.saved_tensors
+        x, w, g = opmath(*ctx.saved_tensors, g)  # (centred squares of float16 overflow past 256)
         need_x, _, need_w, need_b = ctx.needs_input_grad[:4]
         grouped = (x.shape[0], ctx.groups, x[0].numel() // ctx.groups if x.shape[0] else 0)  # no -1: empty batches
         xhat_grouped, invstd = standardize(x.reshape(grouped), (2,), ctx.eps)
@@ -231,7 +232,7 @@ class RMSNormFunction(Function):
 
     @staticmethod
     def backward(ctx, g):
-        x, w = ctx.saved_tensors
+        x, w, g = opmath(*ctx.saved_tensors, g)  # (x^2 of float16 overflows past 256)
         need_x, _, need_w = ctx.needs_input_grad[:3]
         invrms = torch.rsqrt((x * x).mean(ctx.dims, keepdim=True) + ctx.eps)
         xhat = x * invrms

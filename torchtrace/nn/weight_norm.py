@@ -12,6 +12,7 @@ import torch
 
 from torchtrace.autograd.function import Function, register
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.ops.opmath import opmath
 
 
 def _other_dims(v: torch.Tensor, dim: int) -> List[int]:
@@ -30,7 +31,7 @@ class WeightNorm(Function):
 
     @staticmethod
     def backward(ctx, gw):
-        v, g = ctx.saved_tensors
+        v, g, gw = opmath(*ctx.saved_tensors, gw)  # (v^2 of float16 overflows past 256)
         dims = _other_dims(v, ctx.dim)
         norm = (v * v).sum(dims, keepdim=True).sqrt()
         along = (gw * v).sum(dims, keepdim=True)

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import torch
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.ops.opmath import opmath
 from torchtrace.ops.padding import Pad
 from torchtrace.ops.reduction import VectorNorm
 from torchtrace.ops.rule_tables import binary
@@ -73,7 +74,7 @@ class SoftmaxBackwardData(Function):
 
     @staticmethod
     def backward(ctx, g):
-        h, y = ctx.saved_tensors
+        h, y, g = opmath(*ctx.saved_tensors, g)
         need_h, need_y = ctx.needs_input_grad[:2]
         gy = (g * y).sum(ctx.dim, keepdim=True)
         dh = y * (g - gy) if need_h else None

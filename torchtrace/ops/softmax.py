@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.ops.opmath import opmath
 
 T = torch.Tensor
 
@@ -34,7 +35,7 @@ class Softmax(Function):
 
     @staticmethod
     def backward(ctx, g):
-        (y,) = ctx.saved_tensors
+        y, g = opmath(*ctx.saved_tensors, g)  # (the difference cancels in bfloat16)
         return y * (g - (g * y).sum(ctx.dim, keepdim=True))
 
 
@@ -46,7 +47,7 @@ class LogSoftmax(Softmax):
 
     @staticmethod
     def backward(ctx, g):
-        (y,) = ctx.saved_tensors
+        y, g = opmath(*ctx.saved_tensors, g)
         return g - y.exp() * g.sum(ctx.dim, keepdim=True)
 
 
