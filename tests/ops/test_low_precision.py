@@ -39,7 +39,8 @@ CASES = {
                                                                           dtype=B)],
                      [0.6602, 0.2676, 0.0618, 0.6211, -0.4512]),
     "log_softmax_bf16": (lambda x: torch.log_softmax(x, 0),
-                         lambda: [torch.tensor([-0.0674, 4.8125, -7.4062, -6.625], dtype=B)], [0.6602, 0.2676, 0.0618, -2.0]),
+                         lambda: [torch.tensor([-0.0674, 4.8125, -7.4062, -6.625], dtype=B)],
+                         [0.6602, 0.2676, 0.0618, -2.0]),
     "sdpa_bf16_causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), _sdpa_inputs, None),
 }
 
