@@ -1,4 +1,5 @@
 """tt.draw (torchtrace/inspect/dot.py): labels, colours, clusters, depth, gradient view, real rendering."""
+import os
 import sys
 import xml.etree.ElementTree as ET
 
@@ -396,3 +397,21 @@ def test_auto_collapses_as_deep_as_keeps_the_drawing_small():
     assert "depth=3 opens one more level" in drawn.source
     small = tt.port(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()))
     assert draw(small(torch.randn(2, 4)).sum(), small).collapsed_depth is None
+
+
+def test_the_same_model_is_drawn_the_same_in_every_process():
+    """Sibling module clusters were attached in a set's order, which Python's string hashing changes from process to
+    process: a notebook's stored drawing came out with its layers swapped (seen on Python 3.10)."""
+    import subprocess
+    import sys
+
+    program = ("import torch, torchtrace as tt; torch.manual_seed(0); "
+               "m = tt.port(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2), "
+               "torch.nn.Tanh())); loss = m(tt.tracer(torch.ones(2, 3))).pow(2).mean(); loss.backward(); "
+               "print(tt.draw(loss, m).source)")
+    sources = {subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in range(4)}
+    assert len(sources) == 1
+    source = sources.pop()
+    assert source.index("label=\"0 (Linear)\"") < source.index("label=\"1 (Tanh)\"") < source.index(
+        "label=\"2 (Linear)\"")

@@ -155,7 +155,7 @@ class _Builder:
             target = clusters[path] if path else graph
             for node_id in items:
                 target.node(node_id, **self.attrs[node_id])
-        for path in sorted(paths, key=len, reverse=True):
+        for path in sorted(paths, key=lambda p: (-len(p), p)):  # (siblings in order: the same picture every run)
             (clusters[path[:-1]] if len(path) > 1 else graph).subgraph(clusters[path])
         for attrs in self.edges.values():
             graph.edge(**attrs)
