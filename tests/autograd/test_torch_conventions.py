@@ -278,3 +278,18 @@ def test_a_plain_backward_after_a_create_graph_one_adds_into_the_same_grad_as_to
         (x ** 3).sum().backward()
         results.append((x.grad is first, x.grad.requires_grad, x.grad.tolist()))
     assert results[0] == results[1] == (True, True, [5.0, 16.0])  # 2x + 3x^2
+
+
+def test_backward_and_grad_refuse_gradients_that_do_not_fit_as_torch():
+    """A second output without a gradient was dropped by zip (no error, no gradient from it); a list of floats as
+    gradient raised an AttributeError; tt.grad with no inputs returned ()."""
+    for make, backward, grad in [(lambda: tt.tracer([1.0, 2.0, 3.0], requires_grad=True), tt.backward, tt.grad),
+                                 (lambda: torch.tensor([1.0, 2.0, 3.0], requires_grad=True), torch.autograd.backward,
+                                  torch.autograd.grad)]:
+        y = make() * 2
+        with pytest.raises(TypeError, match="Tensors or None, but got float"):
+            y.backward([1.0, 1.0, 1.0])
+        with pytest.raises(RuntimeError, match="got 2 tensors and 1 gradients"):
+            backward([y.sum(), (y * y).sum()], [torch.tensor(1.0)])
+        with pytest.raises(RuntimeError, match="cannot be empty"):
+            grad(y.sum(), [])

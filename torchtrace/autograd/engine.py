@@ -78,6 +78,8 @@ def grad(outputs: Tensors, inputs: Tensors, grad_outputs: Optional[Tensors] = No
     if is_grads_batched:
         return _batched_grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused)
     inputs = _as_list(inputs)
+    if not inputs:
+        raise RuntimeError("inputs argument to grad() cannot be empty: pass the tensors to differentiate by")
     targets = [_edge_of(t, f"input {i}") for i, t in enumerate(inputs)]
     captured: Dict[Tuple[Any, int], Any] = {edge: None for edge in targets}
     roots, tracer_type = _roots(outputs, grad_outputs, create_graph, "grad_outputs")
@@ -125,6 +127,12 @@ def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool,
     is what the caller calls the gradients (backward's gradient=, tt.grad's grad_outputs=), for the message."""
     tensors = _as_list(tensors)
     grads = [None] * len(tensors) if grads is None else _as_list(grads)
+    for g in grads:
+        if g is not None and not isinstance(g, torch.Tensor):
+            raise TypeError(f"{grads_name} can be either Tensors or None, but got {type(g).__name__}")
+    if len(grads) != len(tensors):
+        raise RuntimeError(f"{grads_name}: got {len(tensors)} tensors and {len(grads)} gradients (one each, None for "
+                           "a scalar)")
     tracer_type = next((t._tt_type for t in tensors if hasattr(type(t), "_tt_type")), None)
     if tracer_type is None:
         raise RuntimeError("backward needs tracers: these tensors were not computed by torchtrace "
