@@ -88,3 +88,21 @@ def test_torch_compile_on_tracers_names_tt_compile():
     compiled = torch.compile(lambda a: a * 2)
     with pytest.raises(tt.UnsupportedOperationError, match=r"torch.compile: .*use tt.compile\(fn, example_inputs\)"):
         compiled(tt.tracer([1.0], requires_grad=True))
+
+
+@pytest.mark.parametrize("call", [
+    lambda: tt.register(torch.special.expit, rule=int),  # installed int as expit's rule: later calls broke
+    lambda: tt.register(torch.special.expit, rule=lambda x: x),
+    lambda: tt.register(torch.special.expit, rule=tt.Function),
+    lambda: tt.register(5),
+    lambda: tt.register("torch.sin"),
+    lambda: tt.register(),
+    lambda: tt.register(torch.nn.Linear(2, 2), rule=tt.Function),
+])
+def test_register_refuses_what_is_not_a_torch_callable_and_a_rule(call):
+    from torchtrace.autograd.function import RULES
+
+    before = dict(RULES)
+    with pytest.raises(TypeError, match="tt.register"):
+        call()
+    assert RULES == before

@@ -79,7 +79,15 @@ def register(*torch_callables: Callable, rule: Optional[type] = None) -> Any:
     if len(torch_callables) > 1 and isinstance(last, type) and issubclass(last, Function):
         *torch_callables, rule = torch_callables
 
+    if not torch_callables or not all(callable(t) and not isinstance(t, (type, torch.nn.Module))
+                                      for t in torch_callables):
+        raise TypeError("tt.register takes the torch callables a rule is for (torch.mul, torch.Tensor.mul, ...), then "
+                        f"the rule: register(torch.mul, Mul); got {', '.join(map(repr, torch_callables)) or 'none'}")
+
     def add(fn_class: type) -> type:
+        if not (isinstance(fn_class, type) and issubclass(fn_class, Function)) or fn_class is Function:
+            raise TypeError(f"tt.register: the rule must be a subclass of tt.Function with forward and backward, not "
+                            f"{fn_class!r}")
         for target in torch_callables:
             RULES[target] = fn_class
             _note_inplace_forms(target, fn_class)
