@@ -117,3 +117,17 @@ def test_check_uses_finite_differences_where_torch_cannot_differentiate():
 
     report = tt.check(lambda x: ZetaScaledCube.apply(x), torch.rand(3, dtype=torch.float64) + 1)
     assert report.reference.startswith("finite differences (torch autograd cannot differentiate it")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda x: tt.check(lambda t: 3.0, x), "tt.check: the function returned no tensor"),
+    (lambda x: tt.check(lambda t: None, x), "tt.check: the function returned no tensor"),
+    (lambda x: tt.gradcheck(lambda t: 1.0, x), "tt.gradcheck: the function returned no tensor"),
+    (lambda x: tt.gradcheck(lambda t: t * 2, torch.tensor([1, 2])), "at least one floating-point tensor input"),
+    (lambda x: tt.gradcheck(lambda t: t * 2, x, eps=0), "eps"),
+])
+def test_a_check_of_nothing_is_refused_rather_than_reported_as_passed(call, message):
+    """Each of these reported a pass (ok over 0 graph nodes, or True) without comparing anything; eps=0 divided by
+    zero. torch's gradcheck refuses inputs that need no gradient the same way."""
+    with pytest.raises(ValueError, match=message):
+        call(torch.tensor([1.0, 2.0], dtype=torch.float64))

@@ -104,6 +104,7 @@ def _check_once(fn: Callable, inputs: Sequence[Any], rtol: float, atol: float) -
     random_state = RandomState()
     with observing(keep_call, lambda node, grads, result: observed.append((node, grads, result))):
         out_ours, _ = flatten(fn(*rebuild(ours)))
+        _refuse_no_tensor("tt.check", out_ours)
         random_state.replay()  # the reference run draws what ours drew
         with PlainCopies() as reference_run:  # torch autograd alone: parameters and captured tracers as plain copies
             out_theirs, _ = flatten(fn(*rebuild(theirs)))
@@ -236,12 +237,26 @@ def _first_diverging_node(observed: List[Tuple[Node, List[Any], Tuple[Any, ...]]
     return "No single node's rule disagrees with torch; the difference comes from how gradients were combined."
 
 
+def _refuse_no_tensor(tool: str, outputs: List[Any]) -> None:
+    """A function that returns no tensor leaves nothing to compare: say so rather than report a check of nothing."""
+    if not any(isinstance(o, torch.Tensor) for o in outputs):
+        kinds = ", ".join(sorted({type(o).__name__ for o in outputs})) or "nothing"
+        raise ValueError(f"{tool}: the function returned no tensor ({kinds}), so there is nothing to compare: return "
+                         "the tensor(s) whose gradients you want checked")
+
+
 def gradcheck(fn: Callable, *inputs: Any, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3) -> bool:
     """Compare torchtrace's gradients with central finite differences, in float64."""
+    if not eps > 0:
+        raise ValueError(f"tt.gradcheck: eps is the finite-difference step and must be positive, not {eps}")
     leaves, rebuild = flatten(list(inputs))
+    if not any(_differentiable(x) for x in leaves):
+        raise ValueError("tt.gradcheck expects at least one floating-point tensor input: it checks the gradients with "
+                         "respect to the inputs (for a model's parameters, use tt.check)")
     leaves = [_plain(x).double().contiguous() if _differentiable(x) else x for x in leaves]
     ours = [as_tracer(x.clone(), True) if _differentiable(x) else x for x in leaves]
     out_ours, _ = flatten(fn(*rebuild(ours)))
+    _refuse_no_tensor("tt.gradcheck", out_ours)
     weights = _weights(out_ours)
     pairs = [(o, w) for o, w in zip(out_ours, weights) if w is not None and o.requires_grad]
     if pairs:
