@@ -178,3 +178,24 @@ def test_data_without_a_batch_is_refused_with_what_is_wrong():
         tt.spectrum(loss, model, [], k=1, progress=False)
     with pytest.raises(ValueError, match="no batch"):
         tt.landscape(loss, model, [], steps=3)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda m, d: tt.spectrum(loss_fn, m, d, k=2.5, progress=False), TypeError, "k must be an integer"),
+    (lambda m, d: tt.spectrum(loss_fn, m, d, k="3", progress=False), TypeError, "k must be an integer"),
+    (lambda m, d: tt.spectrum(loss_fn, m, d, k=2, iterations=3.5, progress=False), TypeError, "iterations"),
+    (lambda m, d: tt.spectrum(loss_fn, m, d, k=2, method="power", iterations=0, progress=False), ValueError,
+     "iterations must be at least 1"),
+    (lambda m, d: tt.spectrum(loss_fn, m, d, k=1, progress=False).density(iterations=0), ValueError, "iterations"),
+    (lambda m, d: tt.spectrum(loss_fn, m, d, k=1, progress=False).density(runs=-1), ValueError, "runs"),
+    (lambda m, d: tt.spectrum(loss_fn, m, d, k=1, progress=False).density(sigma=0), ValueError, "sigma"),
+    (lambda m, d: tt.spectrum(loss_fn, m, d, k=1, progress=False).trace(samples=2.7), TypeError, "samples"),
+    (lambda m, d: tt.landscape(loss_fn, m, d, steps=3.5, dims=1, progress=False), TypeError, "steps"),
+    (lambda m, d: tt.landscape(loss_fn, m, d, span=float("nan"), dims=1, progress=False), ValueError, "span"),
+    (lambda m, d: tt.landscape(loss_fn, m, d, span=0, dims=1, progress=False), ValueError, "span"),
+])
+def test_counts_and_scales_of_the_wrong_kind_are_refused_by_name(call, error, message):
+    """Each failed deep inside (slicing, torch.zeros, a division by sigma = 0) or returned nothing."""
+    _, model = twins(mlp)
+    with pytest.raises(error, match=message):
+        call(model, data("mlp"))

@@ -16,6 +16,7 @@ import torch
 
 from torchtrace.autograd.grad_mode import no_grad
 from torchtrace.autograd.plain import plain_torch
+from torchtrace.curvature.arguments import count, positive
 from torchtrace.curvature.model_loss import LossFn, ModelLoss
 from torchtrace.curvature.spectrum import spectrum
 from torchtrace.forward.transpose import plain
@@ -128,8 +129,8 @@ def landscape(loss_fn: LossFn, model: torch.nn.Module, data: Any, directions: Un
     parameters, `steps` points per axis from −span to span. The parameters (and buffers) are left as they were."""
     if dims not in (1, 2):
         raise ValueError(f"tt.landscape: dims must be 1 or 2, not {dims}")
-    if steps < 2:  # one point would sit at −span, not at the parameters
-        raise ValueError(f"tt.landscape: steps must be at least 2 (points from −span to span), not {steps}")
+    steps = count("tt.landscape", "steps", steps, least=2)  # (one point would sit at −span, not at the parameters)
+    span = positive("tt.landscape", "span", span)
     loss = ModelLoss(loss_fn, model, data, module, progress)
     origin = loss.flatten(loss.params)
     flat = _directions(directions, loss, dims, seed, loss_fn, model, data, module)

@@ -9,6 +9,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
+from torchtrace.curvature.arguments import count, positive
 from torchtrace.curvature.density import Density
 from torchtrace.curvature.hutchinson import Estimate, hutchinson, rademacher
 from torchtrace.curvature.lanczos import lanczos, ritz
@@ -43,11 +44,14 @@ class Spectrum:
 
     def trace(self, samples: int = 100) -> Estimate:
         """tr H by Hutchinson: `.value` ± `.stderr` from `samples` Rademacher probes (one HVP each)."""
+        samples = count("trace", "samples", samples)
         with self._loss.run("trace", samples):
             return hutchinson(self._loss.hvp, self._loss.numel, self._loss.dtype, samples, self._generator(1))
 
     def density(self, iterations: int = 50, runs: int = 3, sigma: Optional[float] = None) -> Density:
         """The eigenvalue density by SLQ: `runs` Lanczos runs of `iterations` steps from random unit vectors."""
+        iterations, runs = count("density", "iterations", iterations), count("density", "runs", runs)
+        sigma = None if sigma is None else positive("density", "sigma", sigma)
         nodes, weights = [], []
         generator = self._generator(2)
         with self._loss.run("density", runs * iterations):
@@ -75,8 +79,10 @@ def spectrum(loss_fn: LossFn, model: torch.nn.Module, data: Any, k: int = 5, met
     """
     if method not in ("lanczos", "power"):
         raise ValueError(f"tt.spectrum: method must be 'lanczos' or 'power', not {method!r}")
+    k = count("tt.spectrum", "k", k)
+    iterations = None if iterations is None else count("tt.spectrum", "iterations", iterations)
     loss = ModelLoss(loss_fn, model, data, module, progress, hvp_method)
-    if k < 1 or k > loss.numel:
+    if k > loss.numel:
         raise ValueError(f"tt.spectrum: k must be between 1 and the {loss.numel} parameters, not {k}")
     generator = torch.Generator().manual_seed(seed)
     start = lambda: torch.randn(loss.numel, generator=generator, dtype=loss.dtype)  # noqa: E731

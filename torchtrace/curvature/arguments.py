@@ -1,0 +1,21 @@
+"""Checks of the curvature lab's numeric arguments: a count given as a float or a string would fail deep inside
+(slicing, torch.zeros), and a zero or negative one would return nothing or divide by zero."""
+import math
+import numbers
+from typing import Any
+
+
+def count(tool: str, name: str, value: Any, least: int = 1) -> int:
+    """`value` as an int of at least `least`, else a TypeError or ValueError that names the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{tool}: {name} must be an integer, not {value!r}")
+    if value < least:
+        raise ValueError(f"{tool}: {name} must be at least {least}, not {value}")
+    return int(value)
+
+
+def positive(tool: str, name: str, value: Any) -> float:
+    """`value` as a finite float above 0, else a ValueError that names the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{tool}: {name} must be a finite number above 0, not {value!r}")
+    return float(value)
