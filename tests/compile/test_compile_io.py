@@ -238,3 +238,16 @@ def test_a_view_of_a_buffer_changed_without_gradient_keeps_sharing_its_memory():
     f(x).backward()
     torch.testing.assert_close(got, x.grad)
     assert torch.equal(got[:2], torch.ones(2))
+
+
+@pytest.mark.parametrize("arguments, error, message", [
+    ((5, ()), TypeError, "takes a function"),
+    ((None, ()), TypeError, "takes a function"),
+    ((lambda x: x, (), None, 1e-5, 2.5), ValueError, "verify"),
+    ((lambda x: x, (), None, 1e-5, -1), ValueError, "verify"),
+    ((lambda x: x, (), None, -1.0), ValueError, "check_tolerance"),
+])
+def test_compile_refuses_arguments_of_the_wrong_kind_when_called(arguments, error, message):
+    """Each was accepted: the error came at the first call (or verify=2.5 ran three checks and left -0.5)."""
+    with pytest.raises(error, match=message):
+        tt.compile(*arguments)

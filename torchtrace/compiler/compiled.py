@@ -20,6 +20,13 @@ class Compiled:
 
     def __init__(self, fn: Callable, example_inputs: Any, check_inputs: Optional[Sequence[Any]] = None,
                  check_tolerance: float = 1e-5, verify: int = 0):
+        if not callable(fn):
+            raise TypeError(f"tt.compile takes a function (or a module) to compile, not {fn!r}")
+        if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
+            raise ValueError(f"tt.compile: verify is how many calls to check against eager, an integer >= 0, not "
+                             f"{verify!r}")
+        if not (isinstance(check_tolerance, (int, float)) and check_tolerance >= 0):
+            raise ValueError(f"tt.compile: check_tolerance must be a number >= 0, not {check_tolerance!r}")
         self.fn = fn
         self.example_inputs = _as_args(example_inputs)
         self.program = Program(getattr(fn, "__name__", type(fn).__name__))
