@@ -150,6 +150,8 @@ class DiffReport:
 
     def top(self, k: int = 5) -> List[Divergence]:
         """The k largest divergences (rule steps and leaves), largest first."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"top: k is how many divergences to list, an integer >= 0, not {k!r}")
         return sorted(self.divergences + self.leaf_divergences, key=lambda d: -d.error)[:k]
 
     def __str__(self) -> str:

@@ -72,7 +72,7 @@ def diagnose(fn_or_loss: Any, *args: Any, model: Optional[torch.nn.Module] = Non
     diagnosis = _run_backward(loss, watch, models, arg_leaves, cuts.cut_leaves, ran.ran, forward=True,
                               unrecorded=cuts.unrecorded.origin)
     return Diagnosis(diagnosis.findings, diagnosis.checked, list(watch.lines),
-                     lambda: record_pass(fn_or_loss, args, kwargs, explore=True))
+                     lambda: record_pass(fn_or_loss, args, kwargs, explore=True, tool="tt.diagnose"))
 
 
 def _diagnose_graph(loss: torch.Tensor, model: Optional[torch.nn.Module]) -> Diagnosis:

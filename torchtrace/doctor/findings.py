@@ -62,6 +62,8 @@ class Diagnosis:
         return True
 
     def of_kind(self, kind: str) -> List[Finding]:
+        if kind not in ORDER:  # (a misspelt kind would find nothing, and look like a clean bill of health)
+            raise ValueError(f"of_kind: kind must be one of {', '.join(ORDER)}, not {kind!r}")
         return [f for f in self.findings if f.kind == kind]
 
     @property

@@ -101,7 +101,7 @@ def _leaf_keys(models: List[torch.nn.Module], fresh: List[torch.Tensor]) -> Dict
     return keys
 
 
-def record_pass(fn: Any, args: tuple, kwargs: dict, explore: bool = False) -> Pass:
+def record_pass(fn: Any, args: tuple, kwargs: dict, explore: bool = False, tool: str = "tt.diff") -> Pass:
     """Run fn(*args) and the backward of its scalar result, writing down every rule step (with `explore`, the
     backward runs through tt.explore, whose record the Pass keeps for the player)."""
     call_args, fresh = _fresh(args)
@@ -121,7 +121,7 @@ def record_pass(fn: Any, args: tuple, kwargs: dict, explore: bool = False) -> Pa
         handle.remove()
     scalars = [t for t in flatten(output)[0] if isinstance(t, torch.Tensor) and t.numel() == 1]
     if not scalars or not getattr(scalars[0], "_tt_requires_grad", False):
-        raise RuntimeError("tt.diff: each function must return a scalar tracer that requires grad (the loss)")
+        raise RuntimeError(f"{tool}: the function must return a scalar tracer that requires grad (the loss)")
     loss = scalars[0]
     names: Dict[int, str] = {}
     for model in ran.roots():

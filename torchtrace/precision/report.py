@@ -57,6 +57,10 @@ class PrecisionReport:
         """The k rows largest by `by` ("rel_error", "underflow", "overflow" or "subnormal"), of one phase or both."""
         if by not in BY:
             raise ValueError(f"by must be one of {BY}, not {by!r}")
+        if phase not in (None, "forward", "backward"):
+            raise ValueError(f"phase must be 'forward', 'backward' or None (both), not {phase!r}")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"top: k is how many rows to list, an integer >= 0, not {k!r}")
         rows = [r for r in self.rows if phase is None or r.phase == phase]
         return sorted(rows, key=lambda r: -getattr(r, by))[:k]
 

@@ -1,6 +1,7 @@
 """tt.precision(fn, *args, dtype=...): one run under torch.autocast and one in float32, on torchtrace's engine,
 recorded as tt.diff records them (the doctor's recording: values of every op and gradients of every rule)."""
 import contextlib
+import math
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -63,17 +64,20 @@ def precision(fn: Callable, *args: Any, dtype: torch.dtype = torch.bfloat16, sca
     if dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"tt.precision compares a low-precision run with float32: dtype must be torch.bfloat16 or "
                          f"torch.float16, not {dtype}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"tt.precision: scale multiplies the loss (as a GradScaler does) and must be a finite number "
+                         f"above 0, not {scale!r}")
     low_fn = under_autocast(fn, device or _device(args), dtype, float(scale))
     state = torch.random.get_rng_state()
     with buffers_kept():  # each run starts from the buffers as they were, as from the same random state
-        reference = record_pass(fn, args, kwargs)
+        reference = record_pass(fn, args, kwargs, tool="tt.precision")
     torch.random.set_rng_state(state)
     with buffers_kept():
-        low = record_pass(low_fn, args, kwargs)
+        low = record_pass(low_fn, args, kwargs, tool="tt.precision")
 
     def rerun() -> Pass:
         torch.random.set_rng_state(state)
         with buffers_kept():
-            return record_pass(low_fn, args, kwargs, explore=True)
+            return record_pass(low_fn, args, kwargs, explore=True, tool="tt.precision")
 
     return PrecisionReport(low, reference, dtype, float(scale), rerun)
