@@ -55,3 +55,21 @@ def test_ops_piped_into_a_reader_that_left_ends_without_a_traceback():
         os.close(write_end)
     assert b"Traceback" not in done.stderr and b"BrokenPipeError" not in done.stderr
     assert done.returncode == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["demo", "--epochs", "0"], "--epochs: must be at least 1"),
+    (["diagnose", "--steps", "-1", "script.py"], "--steps: must be at least 1"),
+    (["ops", "--coverage", "--samples", "0"], "--samples: must be at least 1"),
+])
+def test_a_count_below_one_is_refused(argv, message, capsys):
+    """Each ran nothing and exited 0 ("Training -1 epochs", "0 backward passes diagnosed")."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_diagnose_names_a_missing_script():
+    """It printed runpy's FileNotFoundError traceback."""
+    with pytest.raises(SystemExit, match="no such script: /nonexistent/train.py"):
+        main(["diagnose", "/nonexistent/train.py"])

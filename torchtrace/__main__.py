@@ -64,9 +64,19 @@ def _ops(args: argparse.Namespace) -> None:
 def _diagnose(args: argparse.Namespace) -> None:
     from torchtrace.doctor.script import run_script
 
+    if not os.path.isfile(args.script):
+        raise SystemExit(f"python -m torchtrace diagnose: no such script: {args.script}")
     session = run_script(args.script, args.args, steps=args.steps)
     if any(f.kind != "zero_by_construction" for _, f in session.findings):
         raise SystemExit(1)
+
+
+def at_least_one(text: str) -> int:
+    """argparse's type for a count: an integer >= 1 (0 or -1 epochs, steps or samples ran nothing and exited 0)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
     commands = main_parser.add_subparsers(dest="command", required=True, metavar="{demo,ops,diagnose}")
     demo = commands.add_parser("demo", help="train a small CNN on the digits, with the trace, drawing and checks",
                                description="A short tour on scikit-learn's bundled digits (nothing downloaded).")
-    demo.add_argument("--epochs", type=int, default=6, help="training epochs (default 6)")
+    demo.add_argument("--epochs", type=at_least_one, default=6, help="training epochs (default 6)")
     demo.add_argument("--out-dir", default=None,
                       help="where the graph's SVG is written (default: a new temporary folder, printed)")
     demo.set_defaults(run=_demo)
@@ -88,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
     ops.add_argument("--show", metavar="RULE", help="print the fast lane generated from a rule (e.g. Mul, Tanh)")
     ops.add_argument("--coverage", action="store_true", help="judge every OpInfo op against torch autograd")
     ops.add_argument("--full", action="store_true", help="with --coverage: every sample (default: the first few)")
-    ops.add_argument("--samples", type=int, default=3,
+    ops.add_argument("--samples", type=at_least_one, default=3,
                      help="with --coverage or --compile: samples per op (--coverage: without --full)")
     ops.add_argument("--only", nargs="+", help="with --coverage or --compile: only these OpInfo entries (name or "
                                                "name.variant)")
@@ -105,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
                                                "it found a problem.")
     diagnose.add_argument("script", help="the Python script to run")
     diagnose.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed on to the script")
-    diagnose.add_argument("--steps", type=int, default=20, help="backward passes to diagnose (default 20)")
+    diagnose.add_argument("--steps", type=at_least_one, default=20, help="backward passes to diagnose (default 20)")
     diagnose.set_defaults(run=_diagnose)
     return main_parser
 
