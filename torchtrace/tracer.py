@@ -206,6 +206,9 @@ _use_lanes(LANES_ON[0])
 
 def as_tracer(tensor: torch.Tensor, requires_grad: bool = False) -> tracer:
     """Wrap `tensor` as a tracer without copying (the storage is shared)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tt.as_tracer wraps a torch.Tensor without copying it, not a {type(tensor).__name__}: for "
+                        "lists, numbers or numpy arrays use tt.tracer(data)")
     with plain_torch():
         t = tensor.detach().as_subclass(tracer)
     if requires_grad:

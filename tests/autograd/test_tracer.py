@@ -192,3 +192,10 @@ def test_pickle_and_deepcopy_drop_the_graph():
     torch.save({"w": x.as_subclass(torch.Tensor)}, buffer)
     buffer.seek(0)
     assert torch.load(buffer, weights_only=True)["w"].tolist() == [1.0, 2.0]
+
+
+def test_as_tracer_refuses_what_is_not_a_tensor_and_names_tt_tracer():
+    """A list raised AttributeError: 'list' object has no attribute 'detach'."""
+    for data in ([1.0, 2.0], None, 3.0):
+        with pytest.raises(TypeError, match=r"tt.tracer\(data\)"):
+            tt.as_tracer(data)

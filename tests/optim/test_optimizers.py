@@ -318,6 +318,10 @@ def test_named_parameters_are_accepted():
     (lambda p: tto.Adam(p, betas=(1.0, 0.999)), ValueError, "Invalid beta parameter at index 0: 1.0"),
     (lambda p: tto.Adam(p, betas=(0.9, -0.1)), ValueError, "Invalid beta parameter at index 1"),
     (lambda p: tto.Adam(p, eps=-1e-8), ValueError, "Invalid epsilon value"),
+    (lambda p: tto.Adam(p, betas=(0.9,)), ValueError, "a pair"),  # step() failed to unpack it
+    (lambda p: tto.Adam(p, betas=(0.9, 0.99, 0.5)), ValueError, "a pair"),
+    (lambda p: tto.SGD(p, lr="a"), TypeError, "Invalid learning rate: 'a'"),  # '<' not supported between...
+    (lambda p: tto.SGD(p, lr=0.1, momentum=None), TypeError, "Invalid momentum"),
     (lambda p: tto.AdamW(p, weight_decay=-1), ValueError, "Invalid weight_decay value: -1"),
     (lambda p: tto.RMSprop(p, alpha=-0.5), ValueError, "Invalid alpha value: -0.5"),
     (lambda p: tto.Adagrad(p, lr_decay=-1), ValueError, "Invalid lr_decay value"),

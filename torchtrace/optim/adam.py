@@ -23,6 +23,8 @@ class Adam(Optimizer):
                  foreach: Optional[bool] = None, maximize: bool = False, capturable: bool = False,
                  differentiable: bool = False, fused: Optional[bool] = None, decoupled_weight_decay: bool = False):
         check_non_negative(lr=lr, epsilon=eps, weight_decay=weight_decay)
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:  # (step() would fail to unpack it)
+            raise ValueError(f"Invalid betas: {betas!r}: a pair (beta1, beta2), as (0.9, 0.999)")
         for i, beta in enumerate(betas):
             if not 0.0 <= beta < 1.0:
                 raise ValueError(f"Invalid beta parameter at index {i}: {beta}")

@@ -7,6 +7,7 @@ that is a plain tensor already is handed as it is), so the in-place update chang
 recording anything and the state it creates stays plain.
 """
 import copy
+import numbers
 from typing import Any, Callable, Dict, Iterable, Optional, Union
 
 import torch
@@ -33,6 +34,8 @@ def _plain_alias(t: torch.Tensor) -> torch.Tensor:
 def check_non_negative(**values: float) -> None:
     """Refuse negative hyperparameters with torch's messages ("Invalid learning rate: -1")."""
     for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (numbers.Real, torch.Tensor)):
+            raise TypeError(f"Invalid {'learning rate' if name == 'lr' else name}: {value!r} (a number)")
         if value < 0:
             label = "learning rate" if name == "lr" else f"{name} value"
             raise ValueError(f"Invalid {label}: {value}")
