@@ -193,3 +193,18 @@ def test_flagged_is_an_attribute_and_with_flag_filters():
     assert isinstance(report.flagged, list) and report.flagged == [row.name for row in report if row.flag]
     assert set(report.with_flag("vanishing")) <= set(report.flagged)
     assert report.with_flag("exploding") == []
+
+
+def test_an_output_without_a_graph_and_thresholds_out_of_order_are_refused():
+    """output= was ignored when it was not a tracer with a grad_fn; vanishing above exploding flagged nonsense."""
+    model = tt.port(torch.nn.Linear(3, 2))
+    loss = model(torch.randn(4, 3)).pow(2).mean()
+    loss.backward()
+    assert tt.flow(model, output=loss).rows
+    for output in (torch.tensor(1.0), 5):
+        with pytest.raises(ValueError, match="output must be the loss tracer"):
+            tt.flow(model, output=output)
+    with pytest.raises(ValueError, match="vanishing < exploding"):
+        tt.flow(model, vanishing=1.0, exploding=0.5)
+    with pytest.raises(ValueError, match="vanishing < exploding"):
+        tt.flow(model, vanishing=-1)

@@ -233,6 +233,11 @@ def flow(params: Named, output: Optional[torch.Tensor] = None, vanishing: float 
     `vanishing` and `exploding`. `output` (the loss the backward ran from) lets the table tell a gradient
     that is zero by construction (a bias before a batch norm) from a vanishing one.
     """
+    if output is not None and getattr(output, "_tt_node", None) is None:
+        raise ValueError("tt.flow: output must be the loss tracer the backward ran from (one with a grad_fn), not "
+                         f"{type(output).__name__}{' without one' if isinstance(output, torch.Tensor) else ''}")
+    if not 0 <= vanishing < exploding:
+        raise ValueError(f"tt.flow: needs 0 <= vanishing < exploding, not vanishing={vanishing}, exploding={exploding}")
     rows = [_row(name, p, vanishing, exploding) for name, p in _named(params)]
     structural = set(zero_by_structure(params)) if isinstance(params, torch.nn.Module) else set()
     if output is not None and getattr(output, "_tt_node", None) is not None:
