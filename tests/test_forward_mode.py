@@ -143,3 +143,11 @@ def test_bad_input_is_refused_with_a_message_that_says_what_to_pass():
         tt.jacobian(lambda t: t.sum().item(), x)
     with pytest.raises(ValueError, match="'forward' or 'reverse'"):
         tt.jacobian(torch.sin, x, mode="backward")
+
+
+def test_jvp_without_a_tensor_primal_is_refused_as_torch_func():
+    """It returned (f(), 0)."""
+    with pytest.raises(RuntimeError, match="at least one Tensor"):
+        torch.func.jvp(lambda: torch.tensor([1.0]), (), ())
+    with pytest.raises(RuntimeError, match="at least one tensor"):
+        tt.jvp(lambda: tt.tracer([1.0]), (), ())

@@ -54,6 +54,8 @@ def _checked_tangents(primals: Any, tangents: Any) -> List[torch.Tensor]:
                         "e.g. tt.jvp(f, (x,), (v,))")
     if len(primals) != len(tangents):
         raise ValueError(f"tt.jvp: {len(primals)} primals but {len(tangents)} tangents; give one tangent per primal")
+    if not any(isinstance(p, torch.Tensor) for p in primals):
+        raise RuntimeError("tt.jvp: expected primals to contain at least one tensor (the point f is differentiated at)")
     checked = []
     for i, (p, t) in enumerate(zip(primals, tangents)):
         if not isinstance(t, torch.Tensor):
