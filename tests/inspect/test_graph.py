@@ -1,6 +1,7 @@
 """tt.trace: the recorded graph of one run, printable, serialisable, comparable between runs."""
 import json
 
+import pytest
 import torch
 
 import torchtrace as tt
@@ -58,3 +59,10 @@ def test_diff_shows_the_branch_that_changed_and_both_branches_get_right_gradient
 
     for x in (positive, negative):
         assert tt.check(functional, x, weight, bias).ok
+
+
+def test_trace_of_what_is_not_callable_says_what_it_takes():
+    """tt.trace(loss) raised "'tracer' object is not callable" from inside."""
+    loss = (tt.tracer([1.0, 2.0], requires_grad=True) * 2).sum()
+    with pytest.raises(TypeError, match=r"tt.trace\(model, x\)"):
+        tt.trace(loss)

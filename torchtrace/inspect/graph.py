@@ -72,6 +72,9 @@ def _describe(value: Any) -> Tuple[Any, str]:
 
 def trace(model: Callable, *example_inputs: Any, **kwargs: Any) -> Graph:
     """Run `model(*example_inputs, **kwargs)` once, recording every op; return the Graph."""
+    if not callable(model):
+        raise TypeError(f"tt.trace takes the model or function to run, then its example inputs (tt.trace(model, x)), "
+                        f"not a {type(model).__name__}")
     names = module_names(model) if isinstance(model, torch.nn.Module) else {}
     params = {id(p): name for name, p in model.named_parameters()} if isinstance(model, torch.nn.Module) else {}
     recorded: List[Tuple[Node, Any]] = []
