@@ -243,7 +243,7 @@ def test_a_view_of_a_buffer_changed_without_gradient_keeps_sharing_its_memory():
 @pytest.mark.parametrize("arguments, error, message", [
     ((5, ()), TypeError, "takes a function"),
     ((None, ()), TypeError, "takes a function"),
-    ((lambda x: x, (), None, 1e-5, 2.5), ValueError, "verify"),
+    ((lambda x: x, (), None, 1e-5, 2.5), TypeError, "verify"),
     ((lambda x: x, (), None, 1e-5, -1), ValueError, "verify"),
     ((lambda x: x, (), None, -1.0), ValueError, "check_tolerance"),
 ])

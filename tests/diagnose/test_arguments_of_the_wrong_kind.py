@@ -25,9 +25,10 @@ def test_top_takes_a_count():
     model, loss = _model_and_loss()
     report = tt.diff(loss, loss)
     assert report.top(0) == []
-    for k in (-1, 1.5):
-        with pytest.raises(ValueError, match="integer >= 0"):
-            report.top(k)
+    with pytest.raises(ValueError, match="k .* must be at least 0, not -1"):
+        report.top(-1)
+    with pytest.raises(TypeError, match="k .* must be an integer, not 1.5"):
+        report.top(1.5)
 
 
 def test_precision_names_itself_and_checks_scale_phase_and_count():
@@ -41,5 +42,7 @@ def test_precision_names_itself_and_checks_scale_phase_and_count():
     assert len(report.top(2, phase="backward")) == 2
     with pytest.raises(ValueError, match="phase must be"):
         report.top(2, phase="bogus")
-    with pytest.raises(ValueError, match="integer >= 0"):
+    with pytest.raises(ValueError, match="must be at least 0"):
         report.top(-1)
+    with pytest.raises(TypeError, match="must be an integer"):
+        report.top("2")

@@ -5,6 +5,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from torchtrace.argument_checks import count
 from torchtrace.autograd.state import STATE
 from torchtrace.compiler.checking import argument_names, compare_with_eager, flat_tensors
 from torchtrace.compiler.ir import Program, Statement
@@ -22,9 +23,7 @@ class Compiled:
                  check_tolerance: float = 1e-5, verify: int = 0):
         if not callable(fn):
             raise TypeError(f"tt.compile takes a function (or a module) to compile, not {fn!r}")
-        if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
-            raise ValueError(f"tt.compile: verify is how many calls to check against eager, an integer >= 0, not "
-                             f"{verify!r}")
+        verify = count("tt.compile", "verify (how many calls to check against eager)", verify, least=0)
         if not (isinstance(check_tolerance, (int, float)) and check_tolerance >= 0):
             raise ValueError(f"tt.compile: check_tolerance must be a number >= 0, not {check_tolerance!r}")
         self.fn = fn

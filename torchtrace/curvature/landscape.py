@@ -14,9 +14,9 @@ from typing import Any, List, Optional, Sequence, Union
 
 import torch
 
+from torchtrace.argument_checks import count, positive
 from torchtrace.autograd.grad_mode import no_grad
 from torchtrace.autograd.plain import plain_torch
-from torchtrace.curvature.arguments import count, positive
 from torchtrace.curvature.model_loss import LossFn, ModelLoss
 from torchtrace.curvature.spectrum import spectrum
 from torchtrace.forward.transpose import plain

@@ -9,7 +9,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from torchtrace.curvature.arguments import count, positive
+from torchtrace.argument_checks import count, positive
 from torchtrace.curvature.density import Density
 from torchtrace.curvature.hutchinson import Estimate, hutchinson, rademacher
 from torchtrace.curvature.lanczos import lanczos, ritz

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from torchtrace.argument_checks import count
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.doctor.recording import Pass, record_pass
 
@@ -150,8 +151,7 @@ class DiffReport:
 
     def top(self, k: int = 5) -> List[Divergence]:
         """The k largest divergences (rule steps and leaves), largest first."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"top: k is how many divergences to list, an integer >= 0, not {k!r}")
+        k = count("top", "k (how many divergences to list)", k, least=0)
         return sorted(self.divergences + self.leaf_divergences, key=lambda d: -d.error)[:k]
 
     def __str__(self) -> str:

@@ -3,6 +3,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from torchtrace import argument_checks
 from torchtrace.doctor.comparison import _aligned
 from torchtrace.doctor.recording import Pass
 from torchtrace.precision.counts import Counts, count, count_all, relative_error
@@ -59,8 +60,7 @@ class PrecisionReport:
             raise ValueError(f"by must be one of {BY}, not {by!r}")
         if phase not in (None, "forward", "backward"):
             raise ValueError(f"phase must be 'forward', 'backward' or None (both), not {phase!r}")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"top: k is how many rows to list, an integer >= 0, not {k!r}")
+        k = argument_checks.count("top", "k (how many rows to list)", k, least=0)
         rows = [r for r in self.rows if phase is None or r.phase == phase]
         return sorted(rows, key=lambda r: -getattr(r, by))[:k]
 

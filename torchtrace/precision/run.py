@@ -1,12 +1,12 @@
 """tt.precision(fn, *args, dtype=...): one run under torch.autocast and one in float32, on torchtrace's engine,
 recorded as tt.diff records them (the doctor's recording: values of every op and gradients of every rule)."""
 import contextlib
-import math
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
+from torchtrace.argument_checks import positive
 from torchtrace.autograd.grad_mode import no_grad
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.doctor.recording import Pass, record_pass
@@ -64,10 +64,8 @@ def precision(fn: Callable, *args: Any, dtype: torch.dtype = torch.bfloat16, sca
     if dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"tt.precision compares a low-precision run with float32: dtype must be torch.bfloat16 or "
                          f"torch.float16, not {dtype}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"tt.precision: scale multiplies the loss (as a GradScaler does) and must be a finite number "
-                         f"above 0, not {scale!r}")
-    low_fn = under_autocast(fn, device or _device(args), dtype, float(scale))
+    scale = positive("tt.precision", "scale (what multiplies the loss, as a GradScaler does)", scale)
+    low_fn = under_autocast(fn, device or _device(args), dtype, scale)
     state = torch.random.get_rng_state()
     with buffers_kept():  # each run starts from the buffers as they were, as from the same random state
         reference = record_pass(fn, args, kwargs, tool="tt.precision")

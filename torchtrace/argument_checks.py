@@ -1,5 +1,6 @@
-"""Checks of the curvature lab's numeric arguments: a count given as a float or a string would fail deep inside
-(slicing, torch.zeros), and a zero or negative one would return nothing or divide by zero."""
+"""Checks of the numeric arguments the tools share: a count given as a float or a string would fail deep inside
+(slicing, torch.zeros), a zero or negative one would return nothing or divide by zero. Each error names the tool and
+the argument; a value of the wrong kind is a TypeError, one out of range a ValueError (as Python's own range())."""
 import math
 import numbers
 from typing import Any
