@@ -293,3 +293,40 @@ def test_backward_and_grad_refuse_gradients_that_do_not_fit_as_torch():
             backward([y.sum(), (y * y).sum()], [torch.tensor(1.0)])
         with pytest.raises(RuntimeError, match="cannot be empty"):
             grad(y.sum(), [])
+
+
+LAYOUTS = {
+    "transposed": lambda: torch.randn(4, 3, dtype=torch.float64).t(),
+    "channels_last": lambda: torch.randn(2, 3, 4, 5, dtype=torch.float64).to(memory_format=torch.channels_last),
+    "contiguous": lambda: torch.randn(3, 4, dtype=torch.float64),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("kind", ["tracer", "plain leaf"])
+def test_grad_is_laid_out_as_its_leaf_as_torch(layout, kind):
+    """torch's gradient layout contract: a dense leaf's .grad has the leaf's strides (a transposed or channels_last
+    weight); torchtrace's was always contiguous. Values against torch and central differences; strides as torch's,
+    after the first backward and after an accumulating second one."""
+    values = LAYOUTS[layout]()
+    weights = torch.rand(values.shape, dtype=torch.float64)
+
+    def program(w, x):
+        return ((w * x) ** 2 * weights).sum()
+
+    theirs = values.clone(memory_format=torch.preserve_format).requires_grad_()
+    ours_x = tt.tracer(torch.ones((), dtype=torch.float64), requires_grad=True)
+    if kind == "tracer":
+        ours = tt.tracer(values.clone(memory_format=torch.preserve_format), requires_grad=True)
+    else:
+        ours = values.clone(memory_format=torch.preserve_format).requires_grad_()
+    assert ours.stride() == theirs.stride()
+    for _ in range(2):
+        program(theirs, torch.ones((), dtype=torch.float64)).backward()
+        program(ours, ours_x).backward()
+        assert ours.grad.stride() == theirs.grad.stride()
+        torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad, rtol=1e-12, atol=1e-12)
+    base = values.detach().reshape(-1)
+    numeric = torch.stack([(program((base + e).reshape(values.shape), 1.0) - program((base - e).reshape(
+        values.shape), 1.0)) / 2e-6 for e in torch.eye(base.numel(), dtype=torch.float64) * 1e-6])
+    torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor).reshape(-1), 2 * numeric, rtol=1e-6, atol=1e-6)

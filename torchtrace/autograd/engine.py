@@ -402,18 +402,44 @@ class Ownership:
         gradient (create_graph) is never changed in place later, so only other leaves must not share it."""
         storage = _storage(g)
         free = storage not in self.handed_out and storage not in self.kept
-        if create_graph or not (free and self.enabled and type(g) is torch.Tensor and g.is_contiguous()
+        if create_graph or not (free and self.enabled and type(g) is torch.Tensor and _obeys_layout(g, leaf)
                                 and (g._base is None or g._base.numel() == g.numel())):
             if create_graph:
                 self.handed_out.add(storage)
-            return g if create_graph and free else _private_copy(g, create_graph)
+            return g if create_graph and free else _private_copy(g, create_graph, leaf)
         self.kept[storage] = leaf
         return g
 
 
-def _private_copy(g: Any, create_graph: bool = False) -> Any:
-    """A copy of g for a leaf's .grad: recorded in the graph with create_graph, else a plain contiguous tensor."""
-    return g.clone() if create_graph else g.clone(memory_format=torch.contiguous_format).as_subclass(torch.Tensor)
+def _private_copy(g: Any, create_graph: bool = False, leaf: Any = None) -> Any:
+    """A copy of g for the .grad of `leaf` (of g itself where it is one): recorded in the graph with create_graph, else
+    a plain tensor laid out as torch's layout contract says (_obeys_layout)."""
+    if create_graph:
+        return g.clone()
+    like = g if leaf is None else leaf
+    if _dense_not_contiguous(like):  # a transposed or channels_last leaf: its .grad has the leaf's strides
+        return torch.empty_strided(like.shape, like.stride(), dtype=g.dtype, device=g.device).copy_(g)
+    return g.clone(memory_format=torch.contiguous_format).as_subclass(torch.Tensor)
+
+
+def _obeys_layout(g: torch.Tensor, leaf: torch.Tensor) -> bool:
+    """torch's gradient layout contract for .grad: the strides of its leaf (dimensions of size 1 aside) where the leaf
+    is dense and non-overlapping (a transposed or channels_last weight), else contiguous."""
+    if not _dense_not_contiguous(leaf):
+        return g.is_contiguous()
+    return all(size == 1 or a == b for size, a, b in zip(g.shape, g.stride(), leaf.stride()))
+
+
+def _dense_not_contiguous(t: torch.Tensor) -> bool:
+    """Does t fill its memory without gaps or overlaps in another order than row-major (t.t(), channels_last)?"""
+    if t.is_contiguous() or t.numel() == 0:
+        return False
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _storage(t: torch.Tensor) -> int:
