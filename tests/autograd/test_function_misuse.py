@@ -106,3 +106,27 @@ def test_register_refuses_what_is_not_a_torch_callable_and_a_rule(call):
     with pytest.raises(TypeError, match="tt.register"):
         call()
     assert RULES == before
+
+
+@pytest.mark.parametrize("base", [tt.Function, torch.autograd.Function], ids=["tt_function", "torch_function"])
+@pytest.mark.parametrize("make", [tt.tracer, torch.tensor], ids=["tracer", "torch_tensor"])
+def test_saving_a_number_for_backward_is_refused_as_torch(base, make):
+    """ctx.save_for_backward(3) was kept and handed back by saved_tensors; torch refuses anything but tensors and
+    None there (other values belong on ctx as attributes)."""
+    class Scale(base):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x, None, 3)
+            return x * 3
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 3
+
+    x = make([1.0, 2.0], requires_grad=True)
+    if base is torch.autograd.Function and make is torch.tensor:
+        with pytest.raises(TypeError, match="save_for_backward can only save variables, but argument 2 is of type int"):
+            Scale.apply(x)
+    else:
+        with pytest.raises(TypeError, match="save_for_backward can only save tensors .*argument 2 is of type int"):
+            Scale.apply(x)

@@ -199,3 +199,18 @@ def test_as_tracer_refuses_what_is_not_a_tensor_and_names_tt_tracer():
     for data in ([1.0, 2.0], None, 3.0):
         with pytest.raises(TypeError, match=r"tt.tracer\(data\)"):
             tt.as_tracer(data)
+
+
+@pytest.mark.parametrize("flag", ["yes", 1, None])
+def test_requires_grad_must_be_a_bool_as_torch(flag):
+    """'yes', 1 or None were taken as a truth value; torch refuses each (TypeError for the argument, RuntimeError for
+    the attribute), and so does torchtrace, in the same words."""
+    for make in (lambda: torch.tensor([1.0], requires_grad=flag), lambda: tt.tracer([1.0], requires_grad=flag),
+                 lambda: torch.ones(1).requires_grad_(flag), lambda: tt.tracer([1.0]).requires_grad_(flag),
+                 lambda: tt.as_tracer(torch.ones(1), requires_grad=flag)):
+        with pytest.raises(TypeError, match="argument 'requires_grad'.*must be bool, not"):
+            make()
+    for x in (torch.ones(1), tt.tracer([1.0])):
+        with pytest.raises(RuntimeError, match="requires_grad must be a bool"):
+            x.requires_grad = flag
+        assert not x.requires_grad

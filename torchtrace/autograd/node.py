@@ -73,6 +73,11 @@ class Context:
             self._saved, self._versions = tensors, list(map(getattr, tensors, _VERSION, _NONE))
         except RuntimeError:  # an inference tensor has no version counter
             raise saved_inference_tensor(self._rule.__name__) from None
+        if None in self._versions and not getattr(self._rule, "_tt_trusted", False):  # a user rule saved a number?
+            for i, t in enumerate(tensors):
+                if t is not None and not isinstance(t, torch.Tensor):
+                    raise TypeError(f"save_for_backward can only save tensors (or None), but argument {i} is of type "
+                                    f"{type(t).__name__}: keep other values as attributes of ctx (ctx.k = k)")
 
     materialize_grads = True  # backward receives zeros (not None) for an output of several no gradient reached
 

@@ -93,7 +93,9 @@ class Checkpoint(Function):
     def forward(ctx: Any, block: Any, *inputs: Any) -> Any:
         block = block.value
         ctx.block = block
-        ctx.save_for_backward(*inputs[:block.n_args])
+        arguments = inputs[:block.n_args]  # tensors are saved (their in-place changes caught); others kept as they are
+        ctx.save_for_backward(*[a if isinstance(a, torch.Tensor) else None for a in arguments])
+        ctx.others = [None if isinstance(a, torch.Tensor) else a for a in arguments]
         ctx.leaves = inputs[block.n_args:]
         outputs = block.outputs
         block.outputs = []
@@ -102,7 +104,7 @@ class Checkpoint(Function):
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
         block = ctx.block
-        inputs = ctx.saved_tensors
+        inputs = [a if other is None else other for a, other in zip(ctx.saved_tensors, ctx.others)]
         create_graph = STATE.create_graph
         if create_graph:
             _check_second_order(inputs, ctx.leaves)
