@@ -18,7 +18,7 @@ from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, leaf_accumulator
 from torchtrace.inspect.construction import zero_leaves
 from torchtrace.inspect.names import Names, Params, Path, place_nodes
-from torchtrace.inspect.recorded import require_tracers
+from torchtrace.inspect.recorded import output_list, require_tracers
 from torchtrace.inspect.values import VALUE_LIMIT, Summary, norm_of, number, recording, summary, text, watch
 
 __all__ = ["draw", "recording", "Drawing", "DotNotFound"]
@@ -270,9 +270,9 @@ def draw(
         raise ValueError(f"rankdir must be 'TB', 'LR', 'BT' or 'RL', not {rankdir!r}")
     if depth is not None and depth != "auto" and (isinstance(depth, str) or depth < 1):
         raise ValueError(f"depth must be a positive module depth (1 = top-level modules), not {depth}")
-    outputs = [output] if isinstance(output, torch.Tensor) else list(output)
+    outputs = output_list("tt.draw", output)
     require_tracers("tt.draw", outputs)
-    names = Names(params)
+    names = Names(params, "tt.draw")
     roots = _roots(outputs)
     order = topological_order(roots)
     for node in order:

@@ -24,6 +24,7 @@ import torch
 from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.inspect.construction import zero_leaves
+from torchtrace.inspect.names import PARAMS_KINDS, named_pairs
 from torchtrace.inspect.zeros_by_structure import zero_by_structure
 
 Named = Union[torch.nn.Module, Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]], Iterable[torch.Tensor]]
@@ -48,12 +49,9 @@ class FlowRow:
 def _named(params: Named) -> List[Tuple[str, torch.Tensor]]:
     if isinstance(params, torch.nn.Module):
         return list(params.named_parameters())
-    if isinstance(params, Mapping):
-        return list(params.items())
-    items = list(params)
-    if all(isinstance(item, torch.Tensor) for item in items):
-        return [(f"param{i}", t) for i, t in enumerate(items)]
-    return [(name, t) for name, t in items]
+    if params is None:
+        raise TypeError(f"tt.flow takes the parameters whose gradients to tabulate: {PARAMS_KINDS}, not None")
+    return named_pairs("tt.flow", params)
 
 
 def _row(name: str, param: torch.Tensor, vanishing: float, exploding: float) -> FlowRow:

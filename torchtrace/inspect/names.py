@@ -3,7 +3,7 @@
 A module of the given model is named by its attribute path (`blocks.0.attn`); another one by its class
 name, numbered (`Linear_0`), inside the module that ran around it.
 """
-from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Sequence, Tuple, Union
 
 import torch
 
@@ -13,10 +13,34 @@ Path = Tuple[str, ...]  # a module's place in the model: ("blocks", "0", "attn")
 Params = Union[None, torch.nn.Module, Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]]]
 
 
+PARAMS_KINDS = "a torch.nn.Module, a dict name -> tensor, (name, tensor) pairs or a list of tensors"
+
+
+def named_pairs(tool: str, params: Any, unnamed: Callable[[int, Any], str] = lambda i, _: f"param{i}"
+                ) -> List[Tuple[Any, Any]]:
+    """The (name, tensor) pairs of `params` given as a dict, (name, tensor) pairs or tensors (tensor i named
+    unnamed(i, tensor): param0, param1, ...); None gives none. Anything else (a number, one tensor, a string) is a
+    TypeError naming the tool."""
+    if params is None:
+        return []
+    if isinstance(params, Mapping):
+        return list(params.items())
+    if isinstance(params, (str, bytes, torch.Tensor)) or not isinstance(params, Iterable):
+        hint = " (one tensor: put it in a list, [w])" if isinstance(params, torch.Tensor) else ""
+        raise TypeError(f"{tool}: params names the tensors: {PARAMS_KINDS}, not {type(params).__name__}{hint}")
+    items = list(params)
+    if items and all(isinstance(item, torch.Tensor) for item in items):
+        return [(unnamed(i, t), t) for i, t in enumerate(items)]
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], torch.Tensor)):
+            raise TypeError(f"{tool}: params names the tensors: {PARAMS_KINDS}; one of its items is {item!r}")
+    return items
+
+
 class Names:
     """Tensor names (id(tensor) -> "conv.0.weight"), named intermediate tensors, and module paths."""
 
-    def __init__(self, params: Params) -> None:
+    def __init__(self, params: Params, tool: str = "params") -> None:
         self.tensors: Dict[int, str] = {}
         self.results: Dict[Tuple[Any, int], Tuple[str, torch.Tensor]] = {}  # (node, output nr) -> (name, tensor)
         self.modules: Dict[int, Path] = {}
@@ -27,10 +51,8 @@ class Names:
                 self.modules.setdefault(id(module), split_name(name))
                 self.kinds.setdefault(split_name(name), type(module).__name__)
             pairs: Iterable[Tuple[str, torch.Tensor]] = params.named_parameters(remove_duplicate=False)
-        elif isinstance(params, Mapping):
-            pairs = params.items()
         else:
-            pairs = params or ()
+            pairs = named_pairs(tool, params)
         for name, tensor in pairs:
             node = getattr(tensor, "_tt_node", None)
             if node is not None:  # a named intermediate result (micrograd's `e = a * b`)

@@ -1,6 +1,6 @@
 """What every graph tool checks first: a plain torch tensor reached it. torchtrace records only computations on
 tracers, so such a tensor has no torchtrace graph (torch's autograd may have one: a `SumBackward0` is torch's)."""
-from typing import Iterable
+from typing import Any, Iterable, List
 
 import torch
 
@@ -26,3 +26,13 @@ def require_tracers(tool: str, outputs: Iterable[object]) -> None:
     for output in outputs:
         if isinstance(output, torch.Tensor) and not isinstance(output, tracer):
             raise TypeError(plain_tensor_message(tool, output))
+
+
+def output_list(tool: str, output: Any) -> List[torch.Tensor]:
+    """The outputs a graph tool starts from: one tensor, or a non-empty list or tuple of them (a TypeError else)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (list, tuple)) and output and all(isinstance(o, torch.Tensor) for o in output):
+        return list(output)
+    raise TypeError(f"{tool} takes the output tracer whose graph to show (or a list of them), not "
+                    f"{type(output).__name__}{' ' + repr(output) if isinstance(output, (list, tuple)) else ''}")

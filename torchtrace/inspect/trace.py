@@ -43,7 +43,7 @@ def _op_text(node: Node) -> str:
 def leaf_names(order: List[Any], params: Params = None) -> Dict[int, str]:
     """id(leaf tensor) -> its name: from `params` (a model's `0.weight`, or a dict such as {"w": w}),
     else from the outermost module that ran an op using it (the model that was called)."""
-    names = Names(params)
+    names = Names(params, "tt.show")
     models = {id(node.module_path[0]): node.module_path[0] for node in order
               if not isinstance(node, AccumulateGrad) and node.module_path}
     for model in models.values():

@@ -27,7 +27,7 @@ from torchtrace.inspect.explore.produced import dropped_notice
 from torchtrace.inspect.explore.shown import matrix_text
 from torchtrace.inspect.explore.side_by_side import side_by_side
 from torchtrace.inspect.explore.steps import Sent, Step
-from torchtrace.inspect.names import Params
+from torchtrace.inspect.names import Params, named_pairs
 
 __all__ = ["explore", "Explorer", "Exploration", "Step", "Sent", "Finding", "side_by_side"]
 
@@ -144,11 +144,8 @@ def _named(params: Any, variables: Mapping[str, Any]) -> Params:
     """A list (or generator) of tensors becomes (name, tensor) pairs, named by the caller's variables holding them."""
     if params is None or isinstance(params, (torch.nn.Module, Mapping)):
         return params
-    params = list(params)
-    if not all(isinstance(p, torch.Tensor) for p in params):
-        return params  # (name, tensor) pairs
     held = {id(v): k for k, v in variables.items() if isinstance(v, torch.Tensor) and not k.startswith("_")}
-    return [(held.get(id(p), f"params[{i}]"), p) for i, p in enumerate(params)]
+    return named_pairs("tt.explore", params, lambda i, p: held.get(id(p), f"params[{i}]"))
 
 
 def explore(output: Union[torch.Tensor, Callable[..., torch.Tensor]], *inputs: Any, params: Params = None,

@@ -88,7 +88,7 @@ class Collector:
         self.output = output
         self.root = output._tt_node if output._tt_node is not None else leaf_accumulator(output)
         self.order = engine.topological_order([self.root])
-        self.names = Names(params if params is not None else _model_of(self.order))
+        self.names = Names(params if params is not None else _model_of(self.order), "tt.explore")
         self.names.adopt(local_names, self.order)
         self.place = place_nodes(self.order, self.names)
         self.ids = {node: f"n{i}" for i, node in enumerate(self.order)}
