@@ -6,10 +6,16 @@ import numbers
 from typing import Any
 
 
-def count(tool: str, name: str, value: Any, least: int = 1) -> int:
-    """`value` as an int of at least `least`, else a TypeError or ValueError that names the argument."""
+def integer(tool: str, name: str, value: Any) -> int:
+    """`value` as an int (a seed), else a TypeError that names the argument (True is not 1 here)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{tool}: {name} must be an integer, not {value!r}")
+    return int(value)
+
+
+def count(tool: str, name: str, value: Any, least: int = 1) -> int:
+    """`value` as an int of at least `least`, else a TypeError or ValueError that names the argument."""
+    value = integer(tool, name, value)
     if value < least:
         raise ValueError(f"{tool}: {name} must be at least {least}, not {value}")
     return int(value)

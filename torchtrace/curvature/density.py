@@ -17,8 +17,8 @@ class Density:
 
     def __init__(self, nodes: torch.Tensor, weights: torch.Tensor, sigma: Optional[float] = None) -> None:
         self.nodes, self.weights = nodes, weights
-        spread = float(nodes.max() - nodes.min())
-        self.sigma = sigma if sigma is not None else max(spread, 1e-12) / 100
+        spread = float(nodes.max() - nodes.min())  # (all nodes equal, H = c I: a width relative to c instead)
+        self.sigma = sigma if sigma is not None else max(spread, 1e-2 * float(nodes.abs().max()), 1e-12) / 100
 
     def grid(self, points: int = 1000) -> torch.Tensor:
         """t from 5σ below the smallest node to 5σ above the largest: the density's mass lies inside."""

@@ -29,14 +29,14 @@ def _checked(method: str, what: str) -> None:
         raise ValueError(f"{what}: method must be one of {METHODS}, not {method!r}")
 
 
-def _gradient(loss: torch.Tensor, leaves: Sequence[torch.Tensor]) -> Tuple[torch.Tensor, ...]:
-    """g = ∇loss, recorded (create_graph=True), a zero tensor for a leaf the loss does not use."""
+def _gradient(loss: torch.Tensor, leaves: Sequence[torch.Tensor], name: str = "f") -> Tuple[torch.Tensor, ...]:
+    """g = ∇loss, recorded (create_graph=True), a zero tensor for a leaf the loss does not use (all of them for a
+    loss that depends on none: its Hessian is 0, as torch.func's)."""
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise ValueError(f"a Hessian needs a scalar function; f returned {shape}")
+        raise ValueError(f"a Hessian needs a scalar function; {name} returned {shape}")
     if not getattr(loss, "_tt_requires_grad", False):
-        raise ValueError("f's result does not depend on the parameters (or was computed under no_grad, or on plain "
-                         "tensors): compute it from the tensors you pass, with gradients on")
+        return tuple(torch.zeros_like(plain(leaf)) for leaf in leaves)
     g = grad(loss, list(leaves), create_graph=True, allow_unused=True)
     return tuple(gi if gi is not None else torch.zeros_like(plain(leaf)) for gi, leaf in zip(g, leaves))
 
@@ -51,24 +51,32 @@ class HVPPasses:
 
 
 def hvp_at(loss_of: Callable[[], torch.Tensor], leaves: Sequence[torch.Tensor], v: Sequence[torch.Tensor],
-           method: str = "forward-over-reverse") -> Tuple[List[torch.Tensor], HVPPasses]:
-    """H v for the loss `loss_of()` computes from the tracer leaves `leaves` (they are not copied: a model's own
-    parameters work), v one plain tensor per leaf. Returns (H v as plain tensors, the passes)."""
+           method: str = "forward-over-reverse", name: str = "f") -> Tuple[List[torch.Tensor], HVPPasses]:
+    """H v for the loss `loss_of()` (the function the caller calls `name`) computes from the tracer leaves `leaves`
+    (they are not copied: a model's own parameters work), v one plain tensor per leaf. Returns (H v as plain
+    tensors, the passes). It records with gradients on whatever the caller's grad mode (as torch.func ignores an
+    outer no_grad)."""
     _checked(method, "tt.hvp")
+    with torch.enable_grad():
+        return _hvp_at(loss_of, leaves, v, method, name)
+
+
+def _hvp_at(loss_of: Callable[[], torch.Tensor], leaves: Sequence[torch.Tensor], v: Sequence[torch.Tensor],
+            method: str, name: str) -> Tuple[List[torch.Tensor], HVPPasses]:
     if method == "forward-over-reverse":
         dual = DualPass()
         for leaf, t in zip(leaves, v):
             dual.seed(leaf, t)
         with dual.running():
             loss = loss_of()
-            g = _gradient(loss, leaves)
+            g = _gradient(loss, leaves, name)
         products = []
         for gi in g:
             dot = dual.tangent_of(gi)
             products.append(plain(dot) if dot is not None else torch.zeros_like(plain(gi)))
         return products, HVPPasses(loss, g, dual)
     loss = loss_of()
-    g = _gradient(loss, leaves)
+    g = _gradient(loss, leaves, name)
     terms = [gi.mul(vi).sum() for gi, vi in zip(g, v) if getattr(gi, "_tt_requires_grad", False)]
     if not terms:  # the gradient does not depend on θ: f is linear in θ, H = 0
         return [torch.zeros_like(plain(leaf)) for leaf in leaves], HVPPasses(loss, g, None)
@@ -170,4 +178,5 @@ def hessian(f: Callable[..., torch.Tensor], x: Tensors, method: str = "forward-o
         g = _gradient(f(*xs), xs)
         return g if is_tuple else g[0]
 
-    return jacobian(gradient, x, mode="forward" if method == "forward-over-reverse" else "reverse")
+    with torch.enable_grad():
+        return jacobian(gradient, x, mode="forward" if method == "forward-over-reverse" else "reverse")

@@ -16,9 +16,13 @@ import torch
 
 
 def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], start: torch.Tensor, iterations: int,
-            fresh: Optional[Callable[[], torch.Tensor]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(T, Q): the m×m tridiagonal matrix and the m×n orthonormal basis (rows q_j), m <= iterations; `fresh()`
-    gives a random vector to go on from where Q spans an invariant subspace (None: stop there)."""
+            fresh: Optional[Callable[[], torch.Tensor]] = None,
+            converged: Optional[Callable[[torch.Tensor, float], bool]] = None
+            ) -> Tuple[torch.Tensor, torch.Tensor, float]:
+    """(T, Q, β): the m×m tridiagonal matrix, the m×n orthonormal basis (rows q_j), m <= iterations, and β_m, the
+    norm of what H q_m has outside Q (Ritz pair i's residual ‖H y_i − θ_i y_i‖ is β_m |s_mi|: `residuals`);
+    `fresh()` gives a random vector to go on from where Q spans an invariant subspace (None: stop there);
+    `converged(T, β)`, asked after each step, stops the iteration early when it says so."""
     n = start.numel()
     basis = torch.zeros(min(iterations, n), n, dtype=start.dtype)
     alphas, betas = [], []
@@ -35,7 +39,7 @@ def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], start: torch.Tensor,
         alphas.append(alpha)
         beta = w.norm()
         scale = max(scale, float(alpha.abs()), float(beta))
-        if j + 1 == basis.shape[0]:
+        if j + 1 == basis.shape[0] or (converged is not None and converged(_tridiagonal(alphas, betas), float(beta))):
             break
         if beta <= 1e-10 * scale:  # an invariant subspace (or H q = 0 throughout it)
             q = _orthogonal_to(basis[: j + 1], fresh) if fresh is not None else None
@@ -46,11 +50,23 @@ def lanczos(matvec: Callable[[torch.Tensor], torch.Tensor], start: torch.Tensor,
             q = w / beta
         betas.append(beta)
     m = len(alphas)
+    last = 0.0 if m == basis.shape[1] or beta <= 1e-10 * scale else float(beta)  # (Q spans all, or an invariant space)
+    return _tridiagonal(alphas, betas), basis[:m], last
+
+
+def _tridiagonal(alphas: list, betas: list) -> torch.Tensor:
+    """T: the α_j on the diagonal, β_j beside it (the first m − 1 of them)."""
+    m = len(alphas)
     tri = torch.diag(torch.stack(alphas))
     if m > 1:
         off = torch.stack(betas[: m - 1])
         tri = tri + torch.diag(off, 1) + torch.diag(off, -1)
-    return tri, basis[:m]
+    return tri
+
+
+def residuals(beta: float, ritz_vectors_of_t: torch.Tensor) -> torch.Tensor:
+    """‖H y_i − θ_i y_i‖ = β_m |s_mi| for each Ritz pair (s_i: T's eigenvector i, a column), free of HVPs."""
+    return beta * ritz_vectors_of_t[-1].abs()
 
 
 def ritz(tri: torch.Tensor, basis: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

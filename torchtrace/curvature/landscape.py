@@ -10,11 +10,12 @@ Directions:
 - or the directions themselves: a list of flat vectors or of per-parameter tuples.
 A training path (checkpoints) is drawn by least-squares coordinates: c = argmin ‖D c − (θ_t − θ*)‖, D = [d₁ d₂].
 """
+import itertools
 from typing import Any, List, Optional, Sequence, Union
 
 import torch
 
-from torchtrace.argument_checks import count, positive
+from torchtrace.argument_checks import count, integer, positive
 from torchtrace.autograd.grad_mode import no_grad
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.curvature.model_loss import LossFn, ModelLoss
@@ -63,6 +64,8 @@ class Landscape:
     def project(self, path: Sequence[Any]) -> torch.Tensor:
         """The coordinates (points × directions) of checkpoints (state dicts, parameter lists or flat vectors):
         least squares c = argmin ‖D c − (θ_t − θ*)‖."""
+        if len(path) == 0:
+            raise ValueError("project takes the checkpoints to place on the landscape: at least one")
         offsets = torch.stack([self._flat_point(c) - self._origin for c in path])
         return torch.linalg.lstsq(self._flat.T, offsets.T).solution.T
 
@@ -113,13 +116,33 @@ def _directions(directions: Union[str, List[Any]], loss: ModelLoss, dims: int, s
                             progress=loss.show_progress).eigenvectors
         generator = torch.Generator().manual_seed(seed)
         return torch.stack([filter_normalized(loss, generator) for _ in range(dims)])
+    if not isinstance(directions, (list, tuple)):
+        raise TypeError(f"tt.landscape: directions is one of {DIRECTIONS} or a list of {dims} directions, not "
+                        f"{type(directions).__name__}")
     if len(directions) != dims:
         raise ValueError(f"tt.landscape: {dims} dims need {dims} directions, got {len(directions)}")
-    flat = [plain(d).reshape(-1).to(loss.dtype) if isinstance(d, torch.Tensor) else loss.flatten(d)
-            for d in directions]
-    if any(d.numel() != loss.numel for d in flat):
-        raise ValueError(f"a direction must have one entry per parameter element ({loss.numel})")
-    return torch.stack(flat)
+    return torch.stack([_flat_direction(d, loss) for d in directions])
+
+
+def _flat_direction(direction: Any, loss: ModelLoss) -> torch.Tensor:
+    """A given direction as one flat vector: a flat tensor of one entry per parameter element, or one tensor per
+    parameter, each of its parameter's shape."""
+    if isinstance(direction, torch.Tensor):
+        if direction.numel() != loss.numel:
+            raise ValueError(f"tt.landscape: a flat direction has one entry per parameter element ({loss.numel}), "
+                             f"not {direction.numel()}")
+        return plain(direction).reshape(-1).to(loss.dtype)
+    if not isinstance(direction, (list, tuple)) or not all(isinstance(d, torch.Tensor) for d in direction):
+        raise TypeError("tt.landscape: a direction is a flat tensor or one tensor per parameter (a tuple), not "
+                        f"{type(direction).__name__}")
+    if len(direction) != len(loss.params):
+        raise ValueError(f"tt.landscape: a direction given per parameter has one tensor for each of the "
+                         f"{len(loss.params)} parameters {loss.names}, not {len(direction)}")
+    for name, d, shape in zip(loss.names, direction, loss.shapes):
+        if d.shape != shape:
+            raise ValueError(f"tt.landscape: the direction's piece for {name} has shape {tuple(d.shape)}, the "
+                             f"parameter {tuple(shape)}")
+    return loss.flatten(direction)
 
 
 def landscape(loss_fn: LossFn, model: torch.nn.Module, data: Any, directions: Union[str, List[Any]] =
@@ -127,18 +150,19 @@ def landscape(loss_fn: LossFn, model: torch.nn.Module, data: Any, directions: Un
               progress: Optional[bool] = None, seed: int = 0) -> Landscape:
     """The loss of `loss_fn(model, batch)` over `data` on a line (dims=1) or a plane (dims=2) through the current
     parameters, `steps` points per axis from −span to span. The parameters (and buffers) are left as they were."""
+    dims = count("tt.landscape", "dims", dims)
     if dims not in (1, 2):
         raise ValueError(f"tt.landscape: dims must be 1 or 2, not {dims}")
     steps = count("tt.landscape", "steps", steps, least=2)  # (one point would sit at −span, not at the parameters)
     span = positive("tt.landscape", "span", span)
-    loss = ModelLoss(loss_fn, model, data, module, progress)
+    seed = integer("tt.landscape", "seed", seed)
+    loss = ModelLoss(loss_fn, model, data, module, progress, seed=seed, tool="tt.landscape")
     origin = loss.flatten(loss.params)
     flat = _directions(directions, loss, dims, seed, loss_fn, model, data, module)
     alphas = torch.linspace(-span, span, steps, dtype=loss.dtype)
-    grid = [(i,) for i in range(steps)] if dims == 1 else [(i, j) for i in range(steps) for j in range(steps)]
     losses = torch.zeros((steps,) * dims, dtype=torch.float64)
-    with loss.kept(), loss.run("landscape", len(grid)):
-        for index in grid:
+    with loss.kept(), loss.run("landscape", steps ** dims):
+        for index in itertools.product(range(steps), repeat=dims):
             point = origin + sum(alphas[i] * flat[axis] for axis, i in enumerate(index))
             with no_grad(), plain_torch():
                 for p, value in zip(loss.params, loss.unflatten(point)):
