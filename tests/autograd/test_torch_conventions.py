@@ -330,3 +330,52 @@ def test_grad_is_laid_out_as_its_leaf_as_torch(layout, kind):
     numeric = torch.stack([(program((base + e).reshape(values.shape), 1.0) - program((base - e).reshape(
         values.shape), 1.0)) / 2e-6 for e in torch.eye(base.numel(), dtype=torch.float64) * 1e-6])
     torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor).reshape(-1), 2 * numeric, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("where", ["leaf", "non-leaf"])
+def test_a_hook_that_changes_the_dtype_is_refused_as_torch(where):
+    """torch refuses it; torchtrace left a float32 .grad on a float64 leaf (on a non-leaf: rounded it silently)."""
+    for make in (lambda v: torch.tensor(v, dtype=torch.float64, requires_grad=True),
+                 lambda v: tt.tracer(torch.tensor(v, dtype=torch.float64), requires_grad=True)):
+        x = make([1.0, 2.0, 3.0])
+        h = x if where == "leaf" else x * 1
+        h.register_hook(lambda g: (g / 3).float())
+        with pytest.raises(RuntimeError, match="hook '<lambda>' has changed the type of value"):
+            (h * 2).sum().backward()
+
+
+def test_a_leaf_frozen_between_forward_and_backward_gets_no_grad_as_torch():
+    """w.requires_grad_(False) after the forward: torch leaves w.grad None (its optimizers then skip w); torchtrace
+    filled it. The other leaf's gradient is unchanged, against torch and central differences."""
+    results = []
+    for make in (lambda v: torch.tensor(v, dtype=torch.float64, requires_grad=True),
+                 lambda v: tt.tracer(torch.tensor(v, dtype=torch.float64), requires_grad=True)):
+        w, x = make([1.0, 2.0]), make([0.5, -1.0])
+        loss = (w * x * x).sum()
+        w.requires_grad_(False)
+        loss.backward()
+        assert w.grad is None
+        results.append(x.grad.as_subclass(torch.Tensor))
+    torch.testing.assert_close(results[1], results[0])
+    numeric = torch.tensor([((torch.tensor([1.0, 2.0]) * (torch.tensor([0.5, -1.0]) + e) ** 2).sum()
+                             - (torch.tensor([1.0, 2.0]) * (torch.tensor([0.5, -1.0]) - e) ** 2).sum()) / 2e-3
+                            for e in torch.eye(2) * 1e-3], dtype=torch.float64)
+    torch.testing.assert_close(results[1], numeric, rtol=1e-4, atol=1e-4)
+
+
+def test_grad_with_respect_to_a_result_does_not_run_its_own_node_as_torch():
+    """tt.grad(loss, h) for h = x.exp() ran (and freed) ExpBackward: a later backward through h failed with 'backward
+    through the graph a second time'. torch captures h's gradient without running h's node."""
+    outcomes = []
+    for grad, make in ((torch.autograd.grad, lambda v: torch.tensor(v, dtype=torch.float64, requires_grad=True)),
+                       (tt.grad, lambda v: tt.tracer(torch.tensor(v, dtype=torch.float64), requires_grad=True))):
+        x = make([1.0, 2.0])
+        h = x.exp()
+        (gh,) = grad((h * h).sum(), h)
+        (again,) = grad(h, h, torch.ones(2, dtype=torch.float64))  # h itself: captured at its node, not run
+        h.sum().backward()
+        outcomes.append((gh.as_subclass(torch.Tensor), again.as_subclass(torch.Tensor),
+                         x.grad.as_subclass(torch.Tensor)))
+    for ours, theirs in zip(outcomes[1], outcomes[0]):
+        torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(outcomes[1][2], torch.tensor([1.0, 2.0], dtype=torch.float64).exp())  # d/dx sum e^x

@@ -222,6 +222,8 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
                 if (node.hooks or node.retained or captured is not None) and not getattr(
                         node.rule, "_tt_hooks_inside", False):  # (a compiled call's node runs them itself)
                     non_leaf_hooks(node, grads, captured, ownership.hand_out)
+                if needed is not None and not any(edge.node in needed for edge in node.edges):
+                    continue  # a captured input's own node, with no other input below: captured, not run (as torch)
                 _send(node, _call_rule(node, grads, create_graph, tracer_type, ownership, observers), buffers, ready)
                 if not retain_graph and node.ctx._saved:
                     node.ctx.release()
@@ -356,6 +358,8 @@ def accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Option
         if (acc, 0) in captured:
             captured[(acc, 0)] = g
         return
+    if not (leaf.requires_grad if acc.torch_leaf else leaf._tt_requires_grad):
+        return  # requires_grad_(False) since the forward (frozen): no .grad, as torch's AccumulateGrad
     current = leaf.grad if acc.torch_leaf else leaf._tt_grad
     if current is None:
         current = ownership.take(g, leaf, create_graph)

@@ -22,6 +22,11 @@ def run_hooks(hooks: List[Callable], g: Any, where: str, hand_out: Callable[[Any
             got = f"shape {tuple(replaced.shape)}" if isinstance(replaced, torch.Tensor) else type(replaced).__name__
             raise RuntimeError(f"hook {getattr(fn, '__name__', fn)} on {where} returned {got}; a hook must return "
                                f"None or a tensor of the gradient's shape {tuple(g.shape)}")
+        for what, was, got, fix in (("type", g.dtype, replaced.dtype, ".to(g.dtype)"),
+                                    ("device", g.device, replaced.device, ".to(g.device)")):
+            if was != got:  # torch refuses both, in these words
+                raise RuntimeError(f"hook '{getattr(fn, '__name__', fn)}' has changed the {what} of value (was {was} "
+                                   f"got {got}): return the gradient as it came ({fix})")
         g = replaced
         hand_out(g)
     return g
