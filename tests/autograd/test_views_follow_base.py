@@ -97,9 +97,36 @@ def transposed_view_written(w):
     return (y ** 2).sum()
 
 
+def view_transposed_in_place(w):
+    """t_ on a view changes only the view's strides: it wrote the transposed values into the base's graph."""
+    y = w[:4].reshape(2, 2) * 1
+    y[:].t_()
+    return (y * torch.tensor([[1.0, 10.0], [100.0, 1000.0]], dtype=w.dtype)).sum()
+
+
+def view_reshaped_in_place_then_written(w):
+    y = w.reshape(3, 4) * 1
+    v = y[:, :2]
+    v.swapdims_(0, 1)
+    v.mul_(w[:6].reshape(2, 3))
+    v.unsqueeze_(0)
+    v.add_(w[6])
+    v.squeeze_(0)
+    return (y * y * torch.arange(12.0, dtype=w.dtype).reshape(3, 4)).sum() + (v * v).sum()
+
+
+def view_as_strided_in_place(w):
+    y = w * 1
+    v = y[2:10]
+    v.as_strided_((2, 3), (3, 1))
+    v.mul_(w[:3])
+    return (y * torch.arange(12.0, dtype=w.dtype)).sum() + v.sum()
+
+
 CASES = [base_changed_after_view, nonleaf_base_changed, transposed_view, view_of_view, expanded_view,
          inplace_on_view, augmented_assignment_on_index, view_changed_then_used, diagonal_written, overlapping_views,
-         buffer_written_through_view, copied_into_view, transposed_view_written]
+         buffer_written_through_view, copied_into_view, transposed_view_written, view_transposed_in_place,
+         view_reshaped_in_place_then_written, view_as_strided_in_place]
 
 
 @pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__)
@@ -107,7 +134,8 @@ def test_gradients_follow_memory_shared_by_views(fn):
     check_op(fn, torch.rand(12) + 0.5)
 
 
-@pytest.mark.parametrize("fn", [nonleaf_base_changed, inplace_on_view, diagonal_written, transposed_view_written],
+@pytest.mark.parametrize("fn", [nonleaf_base_changed, inplace_on_view, diagonal_written, transposed_view_written,
+                                view_reshaped_in_place_then_written],
                          ids=lambda f: f.__name__)
 def test_second_derivatives_follow_views(fn):
     double_backward_matches(fn, torch.rand(12, dtype=torch.float64) + 0.5)

@@ -6,7 +6,14 @@ import torch
 from torchtrace.autograd.arguments import KEYWORD_PLANS, keywords_to_positions, wants_gradient
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.function_contract import returned_outputs
-from torchtrace.autograd.inplace import catch_up, inplace_requested, record_inplace, record_inplace_flag, remember_base
+from torchtrace.autograd.inplace import (
+    RESHAPING,
+    catch_up,
+    inplace_requested,
+    record_inplace,
+    record_inplace_flag,
+    remember_base,
+)
 from torchtrace.autograd.kept_values import kept_output
 from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node, keep_values, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
@@ -232,7 +239,7 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
             lambda result: func(*args, **kwargs))
         return record_inplace(tracer_type, args[0], callable_name(func),
                               lambda before: run_rule(tracer_type, rule, twin, (before, *args[1:]), kwargs),
-                              mutate, run_rule)
+                              mutate, run_rule, getattr(func, "__name__", "") in RESHAPING)
     leaf = kwargs.get("requires_grad") is True  # torch.zeros_like(x, requires_grad=True): a new leaf of torchtrace's
     with plain_torch():
         out = func(*args, **({**kwargs, "requires_grad": False} if leaf else kwargs))

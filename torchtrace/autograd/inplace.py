@@ -82,17 +82,24 @@ def record_inplace_flag(tracer_type: type, rule: type, func: Callable, args: tup
                           lambda result: torch.Tensor.copy_(target, result), record)
 
 
+# in-place ops that change only a tensor's shape or strides (its metadata): on a view they write nothing into the base
+RESHAPING = frozenset({"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_", "squeeze_", "as_strided_"})
+
+
 def record_inplace(tracer_type: type, target: Any, name: str, compute: Callable, mutate: Callable,
-                   record: Record) -> torch.Tensor:
-    """x.op_(...) = rebind x to op(x_before, ...): the graph gains a node, then `mutate` changes x's data."""
+                   record: Record, reshapes: bool = False) -> torch.Tensor:
+    """x.op_(...) = rebind x to op(x_before, ...): the graph gains a node, then `mutate` changes x's data (or, where
+    it `reshapes` x, only its shape or strides: a view then stays a view of its base, whose data is untouched)."""
     if not isinstance(target, tracer_type):
         target = _plain_destination(target, tracer_type, name)
     if target._tt_requires_grad and target._tt_node is None:
         raise RuntimeError(f"{name}: a leaf tracer that requires grad is used in an in-place operation. Do it "
                            "under tt.no_grad() (as optimizers do), or use the out-of-place form.")
     # a view up to date with its base is read by the op's other arguments through its own node (its hooks), as torch
+    if reshapes and target._tt_view:
+        catch_up(target, tracer_type, record)  # (a view whose base changed since: its value from the base first)
     as_read = (target._tt_node, target._tt_nr) if target._tt_view and target._version == target._tt_version else None
-    base = _written_base(target, name, tracer_type, record) if target._tt_view else None
+    base = _written_base(target, name, tracer_type, record) if target._tt_view and not reshapes else None
     old_node, old_nr = target._tt_node, target._tt_nr
     with plain_torch():
         before = target.clone()
