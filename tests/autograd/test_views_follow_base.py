@@ -278,3 +278,26 @@ def test_a_hooked_view_written_with_itself_as_torch(fn):
     scaling by 1 the same program is checked against finite differences too."""
     check_op(fn, torch.rand(12) + 0.5, gradcheck=False)
     check_op(functools.partial(fn, scale=1.0), torch.rand(12) + 0.5)
+
+
+@pytest.mark.parametrize("write", ["mul_", "setitem", "relu inplace", "add_ of a tracer"])
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "chunk under no_grad", "leaf base"])
+def test_a_view_taken_without_grad_mode_is_not_changed_in_place_with_it_as_torch(mode, write):
+    """y[1:] taken under no_grad, then v.mul_(10) with grad mode on: y's data changed but its graph did not, so
+    x.grad was [2, 2, 2] for a y whose gradient is [2, 20, 20]. torch refuses the write; so does torchtrace."""
+    import torch.nn.functional as F
+
+    writes = {"mul_": lambda v, x: v.mul_(10), "setitem": lambda v, x: v.__setitem__(0, 5.0),
+              "relu inplace": lambda v, x: F.relu(v, inplace=True), "add_ of a tracer": lambda v, x: v.add_(x[:1] * 1)}
+    for make in (lambda v: torch.tensor(v, requires_grad=True), lambda v: tt.tracer(v, requires_grad=True)):
+        x = make([1.0, 2.0, 3.0, 4.0])
+        y = x if mode == "leaf base" else x * 2
+        with torch.inference_mode() if mode == "inference_mode" else torch.no_grad():
+            v = y.chunk(2)[1] if mode == "chunk under no_grad" else y[1:]
+        with pytest.raises(RuntimeError, match="created in (no_grad|inference) mode and is being modified inplace"):
+            writes[write](v, x)
+    before = y.tolist()
+    with torch.no_grad():  # both inside the block: allowed, as torch
+        v = y[1:]
+        v.mul_(10)
+    assert y.tolist() == [before[0], *[10 * value for value in before[1:]]]

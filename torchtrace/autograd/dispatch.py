@@ -12,6 +12,7 @@ from torchtrace.autograd.inplace import (
     inplace_requested,
     record_inplace,
     record_inplace_flag,
+    refuse_no_grad_view,
     remember_base,
 )
 from torchtrace.autograd.kept_values import kept_output
@@ -217,6 +218,8 @@ def _as_tracers(out: Any, tracer_type: type, args: tuple) -> Any:
         if view:
             t._tt_view, t._tt_version = True, out._version
             remember_base(t, args)
+            if not _grad_enabled():  # torch's CreationMeta: no in-place change of it once grad mode is back on
+                t._tt_no_grad_view = True
         return t
     if isinstance(out, _containers):
         return _rebuild(out, [_as_tracers(o, tracer_type, args) for o in out])
@@ -229,6 +232,8 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
     if isinstance(owner, type) and issubclass(owner, Function) and func.__name__ == "apply":
         return returned_outputs(owner, run_rule(tracer_type, owner, None, args, kwargs))
     recording = _grad_enabled() and (wants_gradient(args) or wants_gradient(kwargs))
+    if args and (func in INPLACE or _is_inplace(func)):
+        refuse_no_grad_view(args[0])
     if recording and func not in INPLACE and func not in NON_DIFFERENTIABLE and _is_inplace(func):
         _refuse(func)  # before torch changes the argument
     if recording and func in INPLACE:

@@ -56,6 +56,20 @@ def catch_up(view: torch.Tensor, tracer_type: type, record: Record, always: bool
         _move_retained(old_node, old_nr, view)
 
 
+def refuse_no_grad_view(target: Any) -> None:
+    """A view taken while grad mode was off (no_grad, inference_mode) of a tensor that requires grad may not be
+    changed in place with grad mode on, as torch refuses it: which value should the base's graph record?"""
+    if not getattr(target, "_tt_no_grad_view", False) or not _grad_enabled():
+        return
+    base = target._tt_base
+    if base is not None and base._tt_requires_grad:
+        raise RuntimeError("A view was created in no_grad mode and is being modified inplace with grad mode enabled. "
+                           "Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify "
+                           "your code by moving both the view and the inplace either both inside the no_grad block "
+                           "(if you don't want the inplace to be tracked) or both outside (if you want the inplace "
+                           "to be tracked).")
+
+
 def inplace_requested(position: int, args: tuple, kwargs: dict) -> bool:
     return bool(kwargs.get("inplace") if "inplace" in kwargs else len(args) > position and args[position])
 
@@ -66,6 +80,7 @@ def record_inplace_flag(tracer_type: type, rule: type, func: Callable, args: tup
     identity = getattr(rule, "is_identity", None)
     if identity is not None and identity(*args, **kwargs):  # eval-mode dropout: torch hands x back untouched
         return args[0]
+    refuse_no_grad_view(args[0])
     if not (_grad_enabled() and (wants_gradient(args) or wants_gradient(kwargs))):
         with plain_torch():
             func(*args, **kwargs)
