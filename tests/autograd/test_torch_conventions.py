@@ -379,3 +379,72 @@ def test_grad_with_respect_to_a_result_does_not_run_its_own_node_as_torch():
     for ours, theirs in zip(outcomes[1], outcomes[0]):
         torch.testing.assert_close(ours, theirs)
     torch.testing.assert_close(outcomes[1][2], torch.tensor([1.0, 2.0], dtype=torch.float64).exp())  # d/dx sum e^x
+
+
+def _pack_rounded(calls):
+    return (lambda t: calls.append("pack") or torch.round(t.detach() * 4) / 4,
+            lambda t: calls.append("unpack") or t)
+
+
+def test_saved_tensors_hooks_pack_and_unpack_what_rules_save_as_torch():
+    """Hooks that change what is saved (compressed activations) were never called: another gradient than torch's.
+    Now each saved tensor goes through pack in forward and unpack in backward, as torch's; the gradient equals
+    torch's, and (without the rounding) central differences."""
+    def program(x, w):
+        return (torch.tanh(x * w) * x).sum()
+
+    outcomes = []
+    for make in (lambda v: torch.tensor(v, dtype=torch.float64, requires_grad=True),
+                 lambda v: tt.tracer(torch.tensor(v, dtype=torch.float64), requires_grad=True)):
+        x, w = make([0.3, -1.2, 2.1]), make([1.1, 0.7, -0.4])
+        calls = []
+        with torch.autograd.graph.saved_tensors_hooks(*_pack_rounded(calls)):
+            y = program(x, w)
+        y.backward()
+        outcomes.append((x.grad.as_subclass(torch.Tensor), w.grad.as_subclass(torch.Tensor), sorted(calls)))
+        with pytest.raises(RuntimeError, match="second time"):
+            y.backward()
+    torch.testing.assert_close(outcomes[1][:2], outcomes[0][:2])
+    assert outcomes[1][2] == outcomes[0][2] and "pack" in outcomes[1][2]
+    x0 = torch.tensor([0.3, -1.2, 2.1], dtype=torch.float64)
+    w0 = torch.tensor([1.1, 0.7, -0.4], dtype=torch.float64)
+    x, w = tt.tracer(x0.clone(), requires_grad=True), tt.tracer(w0.clone(), requires_grad=True)
+    with torch.autograd.graph.save_on_cpu():
+        program(x, w).backward()
+    numeric = torch.stack([(program(x0 + e, w0) - program(x0 - e, w0)) / 2e-6 for e in torch.eye(3) * 1e-6])
+    torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), numeric, rtol=1e-6, atol=1e-6)
+
+
+def test_create_graph_through_hooked_saves_is_refused_and_compile_runs_eagerly_under_hooks():
+    x = tt.tracer(torch.tensor([0.3, -1.2], dtype=torch.float64), requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        y = torch.tanh(x).sum()
+    with pytest.raises(RuntimeError, match="create_graph=True through tensors saved under"):
+        tt.grad(y, x, create_graph=True)
+    compiled = tt.compile(lambda v: (v * v * 0.5).sum(), (x,))
+    calls = []
+    with torch.autograd.graph.saved_tensors_hooks(*_pack_rounded(calls)):
+        out = compiled(x)
+    (gx,) = tt.grad(out, x)
+    theirs = torch.tensor([0.3, -1.2], dtype=torch.float64, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(*_pack_rounded([])):
+        (expected,) = torch.autograd.grad((theirs * theirs * 0.5).sum(), theirs)
+    torch.testing.assert_close(gx.as_subclass(torch.Tensor), expected)
+    assert "pack" in calls
+
+
+def test_torch_checkpoint_without_reentrance_still_gives_the_exact_gradient():
+    """torch.utils.checkpoint's default mode works through saved_tensors_hooks of its own: those are not followed
+    on tracers (they rebuild torch autograd's graph), so what it saves is kept and the gradient is exact."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    theirs = torch.nn.Linear(3, 3).double()
+    ours = tt.port(copy.deepcopy(theirs))
+    data = torch.randn(2, 3, dtype=torch.float64)
+    x = tt.tracer(data.clone(), requires_grad=True)
+    checkpoint(lambda h: torch.tanh(ours(h)), x, use_reentrant=False).sum().backward()
+    plain_x = data.clone().requires_grad_()
+    checkpoint(lambda h: torch.tanh(theirs(h)), plain_x, use_reentrant=False).sum().backward()
+    torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), plain_x.grad)
+    torch.testing.assert_close(ours.weight.grad.as_subclass(torch.Tensor), theirs.weight.grad)

@@ -225,7 +225,7 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
                 if needed is not None and not any(edge.node in needed for edge in node.edges):
                     continue  # a captured input's own node, with no other input below: captured, not run (as torch)
                 _send(node, _call_rule(node, grads, create_graph, tracer_type, ownership, observers), buffers, ready)
-                if not retain_graph and node.ctx._saved:
+                if not retain_graph and (node.ctx._saved or node.ctx._packed is not None):
                     node.ctx.release()
     finally:
         STATE.create_graph, STATE.walk = previous
@@ -294,6 +294,10 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
 def _call_in_forward_state(node: Node, grads: List[Any], create_graph: bool, tracer_type: type) -> Any:
     """rule.backward under the torch.autocast state forward ran in, and with create_graph with the saved outputs
     re-linked to this node, so their second derivative flows back through it."""
+    if create_graph and node.ctx._packed is not None:
+        raise RuntimeError(f"{node.name}: create_graph=True through tensors saved under "
+                           "torch.autograd.graph.saved_tensors_hooks is not followed by torchtrace (a saved result "
+                           "would lose its second derivative): compute the forward outside the hooks")
     relink = create_graph and node.saved_outputs
     if relink:  # the node's saved outputs become tracers produced by this node
         saved = list(node.ctx._saved)

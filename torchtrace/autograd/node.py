@@ -61,6 +61,7 @@ class Context:
     __slots__ = ("_rule", "_edges", "_mask", "_saved", "_versions", "needs_input_grad", "__dict__")
     _released = False
     _graph_saved: Optional[Tuple[Any, ...]] = None
+    _packed: Optional[Tuple[Callable, List[Any]]] = None  # (unpack, what pack made of each saved tensor): see below
     _n_inputs: Optional[int] = None  # set for Function.apply: how many arguments backward returns gradients for
 
     def __init__(self, rule: type, edges: Any = (), needs_mask: int = 0):  # mask bit i set: argument i needs a gradient
@@ -78,6 +79,17 @@ class Context:
                 if t is not None and not isinstance(t, torch.Tensor):
                     raise TypeError(f"save_for_backward can only save tensors (or None), but argument {i} is of type "
                                     f"{type(t).__name__}: keep other values as attributes of ctx (ctx.k = k)")
+        if _top_hooks(False) is not None:  # (one C call when none: this runs for every op that saves)
+            hooks = saved_tensor_hooks()
+            if hooks is not None:
+                self._pack(*hooks)
+
+    def _pack(self, pack: Callable, unpack: Callable) -> None:
+        """Under torch.autograd.graph.saved_tensors_hooks (save_on_cpu, a user's compression), as torch: each saved
+        tensor goes through pack now and unpack in backward, and only what pack returned is kept. Its version can
+        then not be read in backward: an in-place change of it afterwards is not caught (torch keeps a counter)."""
+        self._packed = unpack, [(pack(t), True) if isinstance(t, torch.Tensor) else (t, False) for t in self._saved]
+        self._saved, self._versions = (), _UNSAVED  # (a number a rule keeps, as Mul's 0.6 in x * 0.6, stays as it is)
 
     materialize_grads = True  # backward receives zeros (not None) for an output of several no gradient reached
 
@@ -104,6 +116,9 @@ class Context:
     def saved_tensors(self) -> Tuple[Any, ...]:
         if self._released:
             self._refuse()
+        if self._packed is not None:
+            unpack, packed = self._packed
+            return tuple(unpack(p) if was_tensor else p for p, was_tensor in packed)
         if list(map(getattr, self._saved, _VERSION, _NONE)) != self._versions and any(  # (one read per tensor, in C)
                 v is not None and t._version != v for t, v in zip(self._saved, self._versions)):  # None: unchecked
             self._refuse()
@@ -128,8 +143,21 @@ class Context:
 
     def release(self) -> None:
         """Free what forward saved (after the node ran, unless retain_graph)."""
-        if self._saved:
-            self._saved, self._versions, self._released = (), _UNSAVED, True
+        if self._saved or self._packed is not None:
+            self._saved, self._versions, self._released, self._packed = (), _UNSAVED, True, None
+
+
+_top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+
+
+def saved_tensor_hooks() -> Optional[Tuple[Callable, Callable]]:
+    """(pack, unpack) of the torch.autograd.graph.saved_tensors_hooks in force, None without. torch.utils.checkpoint's
+    own (its non-reentrant mode) are not followed: they rebuild torch autograd's graph, which tracers do not have (a
+    checkpoint on tracers keeps what it saves: its gradient is exact, its memory is not saved)."""
+    hooks = _top_hooks(False)
+    if hooks is None or hooks[0].__qualname__.startswith("_checkpoint_hook."):
+        return None
+    return hooks
 
 
 _NEEDS: Dict[int, Tuple[bool, ...]] = {}  # bit mask of the arguments needing a gradient -> needs_input_grad flags

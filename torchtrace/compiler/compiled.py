@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from torchtrace.argument_checks import count
+from torchtrace.autograd.node import saved_tensor_hooks
 from torchtrace.autograd.state import STATE
 from torchtrace.compiler.checking import argument_names, compare_with_eager, flat_tensors
 from torchtrace.compiler.ir import Program, Statement
@@ -38,9 +39,10 @@ class Compiled:
             self.check(*_as_args(inputs), tolerance=check_tolerance)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_DEPTH, "value", 0) or STATE.on_record or torch._C._is_any_autocast_enabled():
-            return self.fn(*args, **kwargs)  # inside another compiled call, under a tool that watches every op, or
-            # under autocast (whose backward casts as forward did): eager, and an outer run sees each call
+        if getattr(_DEPTH, "value", 0) or STATE.on_record or torch._C._is_any_autocast_enabled() or \
+                saved_tensor_hooks() is not None:
+            return self.fn(*args, **kwargs)  # inside another compiled call, under a tool that watches every op, under
+            # autocast (whose backward casts as forward did) or saved_tensors_hooks: eager (an outer run sees each call)
         if self.verify_left > 0 and not kwargs:
             self.verify_left -= 1
             self.check(*args, tolerance=self.tolerance)

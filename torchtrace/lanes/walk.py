@@ -80,7 +80,7 @@ def walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bo
                         buffers[target] = buf = [None] * target.n_outputs
                         heappush(ready, (-target.sequence_nr, target))
                     buf[nr] = g if buf[nr] is None else buf[nr] + g
-                if not retain_graph and ctx._saved:
+                if not retain_graph and (ctx._saved or ctx._packed is not None):
                     ctx.release()
     finally:
         STATE.create_graph, STATE.walk = previous
