@@ -259,3 +259,41 @@ def test_mark_dirty_is_refused_with_what_to_do():
 
     with pytest.raises(tt.UnsupportedOperationError, match="mark_dirty.*clone"):
         Double.apply(tt.tracer([1.0, 2.0], requires_grad=True) * 1)
+
+
+@pytest.mark.parametrize("base", ["tt", "torch"])
+def test_a_function_in_torch_2_style_with_setup_context_as_torch(base):
+    """forward(x, k=2.0) without ctx, and setup_context(ctx, inputs, output): tt.Function called forward(ctx, x, k)
+    (a TypeError, or ctx taken as x when k had a default). inputs have forward's defaults filled in, as torch's."""
+    seen = []
+
+    def make(parent):
+        class Scale(parent):
+            @staticmethod
+            def forward(x, k=2.0):
+                return x * k
+
+            @staticmethod
+            def setup_context(ctx, inputs, output):
+                seen.append(len(inputs))
+                ctx.k = inputs[1]
+                ctx.save_for_backward(inputs[0])
+
+            @staticmethod
+            def backward(ctx, g):
+                (x,) = ctx.saved_tensors
+                return g * ctx.k + x * 0, None
+
+        return Scale
+
+    ours = make(tt.Function if base == "tt" else torch.autograd.Function)
+    theirs = make(torch.autograd.Function)
+    values = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    x = tt.tracer(values.clone(), requires_grad=True)
+    (ours.apply(x) * x).sum().backward()
+    plain = values.clone().requires_grad_()
+    (theirs.apply(plain) * plain).sum().backward()
+    torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), plain.grad)
+    torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), 4 * values)  # d/dx 2x·x = 4x
+    y = ours.apply(tt.tracer(values.clone(), requires_grad=True), 3.0)
+    assert y.tolist() == [3.0, -6.0] and seen == [2, 2, 2]

@@ -38,6 +38,8 @@ class Function:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._tt_trusted = cls.__module__.startswith(OUR_RULES)  # each class its own flag: a user's subclass is not
+        if "setup_context" in cls.__dict__ and "forward" in cls.__dict__:
+            cls.forward = staticmethod(_with_setup_context(cls.forward, cls.setup_context))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise instantiated_function(type(self).__name__)
@@ -71,6 +73,24 @@ class Function:
         if name in ("input", "self") and names:
             return 0
         raise TypeError(f"{cls.__name__}: cannot route the gradient of keyword argument '{name}'")
+
+
+def _with_setup_context(forward: Callable, setup_context: Callable) -> Callable:
+    """torch 2's style of Function, forward(*args) without ctx and setup_context(ctx, inputs, output), as the
+    forward(ctx, *args) every rule has: inputs are the arguments with forward's defaults filled in, as torch's."""
+    signature = inspect.signature(forward)
+
+    def forward_with_ctx(ctx: Context, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        output = forward(*bound.args, **bound.kwargs)
+        setup_context(ctx, bound.args, output)
+        return output
+
+    ctx_parameter = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY)
+    forward_with_ctx.__signature__ = signature.replace(parameters=[ctx_parameter, *signature.parameters.values()])
+    forward_with_ctx.__name__, forward_with_ctx.__doc__ = forward.__name__, forward.__doc__
+    return forward_with_ctx
 
 
 def register(*torch_callables: Callable, rule: Optional[type] = None) -> Any:

@@ -172,7 +172,7 @@ def _poison(result: Any) -> Any:
 
 def apply_on_tracers(user_class: type, new_style: bool, args: tuple, kwargs: dict) -> Any:
     """Run `user_class.apply(*args, **kwargs)` as one torchtrace node."""
-    if kwargs:
+    if kwargs or new_style:  # (with setup_context torch fills in forward's defaults: its inputs hold them)
         params = list(inspect.signature(user_class.forward).parameters.values())[0 if new_style else 1:]
         bound = inspect.Signature(params).bind(*args, **kwargs)
         bound.apply_defaults()
