@@ -448,3 +448,42 @@ def test_torch_checkpoint_without_reentrance_still_gives_the_exact_gradient():
     checkpoint(lambda h: torch.tanh(theirs(h)), plain_x, use_reentrant=False).sum().backward()
     torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), plain_x.grad)
     torch.testing.assert_close(ours.weight.grad.as_subclass(torch.Tensor), theirs.weight.grad)
+
+
+@pytest.mark.parametrize("where", ["tensor hook", "tt.Function backward", "torch Function backward"])
+def test_autograd_inside_a_hook_or_a_backward_as_torch(where):
+    """with torch.enable_grad(): tt.grad(...) inside a hook or a custom backward (implicit differentiation, a
+    reentrant checkpoint) failed: the walk hid the tracers' ops from torchtrace. Gradients against torch's and the
+    closed form d/dx Σ 2x · 3w² = 6w²."""
+    def program(make, grad, base, x0, w0):
+        w, x = make(w0), make(x0)
+
+        def hook(g):
+            with torch.enable_grad():
+                (gw,) = grad((w ** 3).sum(), w)
+            return g * gw
+
+        class Twice(base):
+            @staticmethod
+            def forward(ctx, v):
+                return v * 2
+
+            @staticmethod
+            def backward(ctx, g):
+                return hook(g) * 2
+
+        if where == "tensor hook":
+            y = x * 2
+            y.register_hook(hook)
+        else:
+            y = Twice.apply(x)
+        y.sum().backward()
+        return x.grad.as_subclass(torch.Tensor)
+
+    torch_make = lambda v: v.clone().requires_grad_()  # noqa: E731
+    tt_make = lambda v: tt.tracer(v.clone(), requires_grad=True)  # noqa: E731
+    x0, w0 = torch.tensor([3.0, 4.0], dtype=torch.float64), torch.tensor([1.0, 2.0], dtype=torch.float64)
+    ours = program(tt_make, tt.grad, torch.autograd.Function if where.startswith("torch") else tt.Function, x0, w0)
+    theirs = program(torch_make, torch.autograd.grad, torch.autograd.Function, x0, w0)
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(ours, 2 * 3 * w0 ** 2)  # d/dx sum(2x) = 2, scaled by 3w² elementwise

@@ -15,7 +15,7 @@ import torch
 from torchtrace.autograd import function_contract, grad_fn_hooks
 from torchtrace.autograd.dispatch import run_rule
 from torchtrace.autograd.function import OUR_RULES
-from torchtrace.autograd.hooks import non_leaf_hooks, run_hooks
+from torchtrace.autograd.hooks import as_user_code, non_leaf_hooks, run_hooks
 from torchtrace.autograd.inplace import catch_up
 from torchtrace.autograd.node import AccumulateGrad, Edge, Node, gradient_for, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
@@ -280,8 +280,10 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
         ownership.hand_out(grads)
     if node.autocast or (create_graph and node.saved_outputs):
         result = _call_in_forward_state(node, grads, create_graph, tracer_type)
-    else:
+    elif trusted:
         result = node.rule.backward(node.ctx, *grads)
+    else:  # a user's backward: user code (hooks.as_user_code)
+        result = as_user_code(node.rule.backward, node.ctx, *grads)
     if type(result) is not tuple or node.ctx._n_inputs is not None or node.post_hooks:
         result = grad_fn_hooks.run_post_hooks(node, _as_tuple(node, result), grads)
     if not trusted:

@@ -11,11 +11,30 @@ import torch
 from torchtrace.autograd.node import Node
 
 
+def as_user_code(call: Callable, *args: Any) -> Any:
+    """call(*args) for a hook or a user's backward: torch calls on tracers inside it are seen by torchtrace, so with
+    torch.enable_grad() it may record and call tt.grad (a DEQ's implicit gradient, a reentrant checkpoint), as under
+    torch, though a plain backward's walk runs on plain tensors; the tracers it returns come back plain."""
+    if torch._C._is_torch_function_enabled():  # (create_graph: the walk itself records)
+        return call(*args)
+    with torch._C._EnableTorchFunction():
+        result = call(*args)
+    return _plain(result)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value if type(value) is torch.Tensor else value.as_subclass(torch.Tensor)
+    if type(value) in (tuple, list):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
 def run_hooks(hooks: List[Callable], g: Any, where: str, hand_out: Callable[[Any], None]) -> Any:
     """hook(grad) for each hook; a returned tensor (of the gradient's shape) replaces the gradient."""
     for fn in list(hooks):
         hand_out(g)
-        replaced = fn(g)
+        replaced = as_user_code(fn, g)
         if replaced is None:
             continue
         if not isinstance(replaced, torch.Tensor) or replaced.shape != g.shape:
