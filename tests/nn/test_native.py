@@ -56,12 +56,17 @@ def test_native_batch_norm_spellings(form):
     check_op(lambda x, w, b: calls[form](x, w, b)[0] * OUT_W, X, W, B)
 
 
-def test_batch_norm_statistics_outputs_refuse_a_gradient():
-    x = tt.tracer(X, requires_grad=True)
-    y, mean, invstd = torch.native_batch_norm(x, W, B, None, None, True, 0.1, 1e-5)
-    with pytest.raises(tt.UnsupportedOperationError,
-                       match=r"torch.native_batch_norm: its saved mean / inverse std outputs are not differentiable"):
-        (y.sum() + mean.sum()).backward()
+@pytest.mark.parametrize("form", ["native_batch_norm", "native_layer_norm", "with_update"])
+def test_norm_statistics_outputs_are_constants_as_torch(form):
+    """torch marks the statistics outputs non-differentiable (requires_grad False: constants in a loss); torchtrace
+    refused a loss that used them. The gradient equals torch's (finite differences would see the statistics move)."""
+    calls = {"native_batch_norm": lambda x, w, b: torch.native_batch_norm(x, w, b, None, None, True, 0.1, 1e-5),
+             "native_layer_norm": lambda x, w, b: torch.native_layer_norm(x, list(X.shape[1:]), None, None, 1e-5),
+             "with_update": lambda x, w, b: aten._batch_norm_with_update(x, w, b, *stats(), 0.1, 1e-5)}
+    outputs = calls[form](tt.tracer(X, requires_grad=True), W, B)
+    assert outputs[0].requires_grad and not any(t.requires_grad for t in outputs[1:])
+    assert tt.check(lambda x, w, b: (lambda o: (o[0] * OUT_W).sum() + (o[1] * o[2]).sum())(calls[form](x, w, b)),
+                    X, W, B).ok
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2])

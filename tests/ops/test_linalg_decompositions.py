@@ -252,10 +252,15 @@ def test_lstsq_residuals_double_backward():
     double_backward_matches(lambda a, b: linalg.lstsq(a, b, driver="gelsd").residuals, rand(5, 3), rand(5, 2))
 
 
-def test_lstsq_singular_values_are_refused():
+def test_lstsq_rank_and_singular_values_are_constants_as_torch():
+    """torch marks them non-differentiable (requires_grad False: constants in a loss); torchtrace refused a loss that
+    used them. The gradient of a loss using them equals torch's (which finite differences cannot check: they see the
+    singular values move)."""
     a, b = tt.tracer(rand(5, 3), requires_grad=True), tt.tracer(rand(5, 2), requires_grad=True)
-    with pytest.raises(UnsupportedOperationError, match="singular_values has no gradient"):
-        linalg.lstsq(a, b, driver="gelsd").singular_values.sum().backward()
+    out = linalg.lstsq(a, b, driver="gelsd")
+    assert not out.singular_values.requires_grad and not out.rank.requires_grad and out.solution.requires_grad
+    assert tt.check(lambda a, b: (lambda r: r.solution.sum() + r.singular_values.sum())(
+        linalg.lstsq(a, b, driver="gelsd")), rand(5, 3), rand(5, 2)).ok
 
 
 def test_lstsq_double_backward():

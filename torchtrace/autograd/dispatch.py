@@ -79,8 +79,6 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
             if func is not None and args and out is args[0] and isinstance(out, tracer_type):
                 return out  # torch hands back the input itself (x.contiguous() of a contiguous x): no new node
             result = _link_outputs(out, node, tracer_type, args)
-            if "non_differentiable" in node.ctx.__dict__:  # ctx.mark_non_differentiable(...): tracers without a node
-                _unlink(node.ctx.non_differentiable, out, result)
         finally:
             if torch_leaf:
                 _set_grad_enabled(True)
@@ -169,7 +167,15 @@ def _fresh(out: torch.Tensor, args: tuple) -> bool:
 
 def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     """The forward's result as tracers produced by node. A result the rule saved stays a plain tensor with a tracer
-    alias (as a tracer it would hold the node that holds it); a fresh one becomes the tracer itself."""
+    alias (as a tracer it would hold the node that holds it); a fresh one becomes the tracer itself; one the rule
+    marked non-differentiable (ctx.mark_non_differentiable: an index, a norm's statistics) a tracer without a node."""
+    result = _linked(out, node, tracer_type, args)
+    if "non_differentiable" in node.ctx.__dict__:
+        _unlink(node.ctx.non_differentiable, out, result)
+    return result
+
+
+def _linked(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     saved = node.ctx._saved
     if isinstance(out, torch.Tensor):
         kept = ()  # which saved tensors are the output: create_graph re-links them to the node

@@ -5,7 +5,6 @@ grid_sampler_2d / grid_sampler_3d (F.grid_sample), _upsample_bilinear2d_aa (F.in
 The native norms return (output, mean, rstd, ...). As in torch, only the output is differentiable, except
 native_group_norm, whose mean and rstd also carry gradients (torch's infinitely differentiable backward).
 """
-from typing import Sequence
 
 import torch
 
@@ -19,12 +18,11 @@ from torchtrace.ops.opmath import opmath
 aten = torch.ops.aten
 
 
-def no_gradient_through(name: str, grads: Sequence[torch.Tensor]) -> None:
-    """The statistics outputs torch does not differentiate: refuse a gradient arriving through them."""
-    if any(g is not None and bool(g.ne(0).any()) for g in grads):
-        raise UnsupportedOperationError(
-            f"{name}: its saved mean / inverse std outputs are not differentiable (as in torch) — use only the first "
-            "output in the loss, or compute the statistics with mean / var")
+def statistics_not_differentiable(ctx, outputs: tuple) -> tuple:
+    """The statistics outputs torch does not differentiate (mean, rstd / invstd, ...) are marked so: tracers without a
+    node, constants in a loss, as torch's requires_grad=False outputs."""
+    ctx.mark_non_differentiable(*outputs[1:])
+    return outputs
 
 
 @register(torch.native_layer_norm)
@@ -35,11 +33,10 @@ class NativeLayerNorm(Function):
     @staticmethod
     def forward(ctx, input, normalized_shape, weight, bias, eps):
         LayerNormFunction.forward(ctx, input, normalized_shape, weight, bias, eps)
-        return torch.native_layer_norm(input, normalized_shape, weight, bias, eps)
+        return statistics_not_differentiable(ctx, torch.native_layer_norm(input, normalized_shape, weight, bias, eps))
 
     @staticmethod
     def backward(ctx, g, g_mean, g_rstd):
-        no_gradient_through("torch.native_layer_norm", (g_mean, g_rstd))
         return (*LayerNormFunction.backward(ctx, g), None)
 
 
@@ -85,14 +82,15 @@ class _NativeBatchNorm(Function):
         if isinstance(running_mean, bool):  # _native_batch_norm_legit.no_stats(x, w, b, training, momentum, eps)
             ctx.n_args = 6
             keep_for_backward(ctx, input, weight, None, None, running_mean, training)
-            return ctx._rule.op(input, weight, bias, running_mean, running_var, training)
+            return statistics_not_differentiable(ctx, ctx._rule.op(input, weight, bias, running_mean, running_var,
+                                                                   training))
         ctx.n_args = 8
         keep_for_backward(ctx, input, weight, running_mean, running_var, training, eps)
-        return ctx._rule.op(input, weight, bias, running_mean, running_var, training, momentum, eps)
+        return statistics_not_differentiable(ctx, ctx._rule.op(input, weight, bias, running_mean, running_var,
+                                                               training, momentum, eps))
 
     @staticmethod
     def backward(ctx, g, *statistics):
-        no_gradient_through(ctx._rule.name, statistics)
         return (*batch_norm_backward(ctx, g), *(None,) * (ctx.n_args - 3))
 
 
@@ -108,7 +106,8 @@ def batch_norm_twin(name: str, op: object, with_update: bool = False) -> type:
 def _with_update_forward(ctx, input, weight, bias, running_mean, running_var, momentum, eps):
     ctx.n_args = 7
     keep_for_backward(ctx, input, weight, running_mean, running_var, True, eps)
-    return aten._batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps)
+    return statistics_not_differentiable(ctx, aten._batch_norm_with_update(input, weight, bias, running_mean,
+                                                                           running_var, momentum, eps))
 
 
 register(torch.native_batch_norm, rule=batch_norm_twin("NativeBatchNorm", torch.native_batch_norm))

@@ -364,13 +364,11 @@ class Lstsq(Function):
         out = linalg.lstsq(A, B, rcond, driver=driver)
         ctx.vector = B.dim() == A.dim() - 1
         ctx.save_for_backward(A, B, out.solution)
+        ctx.mark_non_differentiable(out.rank, out.singular_values)  # (as torch's: constants in a loss)
         return out
 
     @staticmethod
     def backward(ctx, g, g_residuals, g_rank, g_values):
-        if used(g_values):
-            raise UnsupportedOperationError(
-                "torch.linalg.lstsq: singular_values has no gradient (as in torch) — use torch.linalg.svdvals(A)")
         a, b, x = ctx.saved_tensors
         g, b, x = (t.unsqueeze(-1) for t in (g, b, x)) if ctx.vector else (g, b, x)
         p = linalg.pinv(a)
