@@ -93,3 +93,4 @@ def test_upsample_bilinear2d_aa(size, scales):
     if size is not None:
         check_op(lambda a: aten._upsample_bilinear2d_aa.default(a, size, True).sin(), x)
         check_op(lambda a: aten._upsample_bilinear2d_aa(a, size, False, scales_h=None, scales_w=None).sin(), x)
+        check_op(lambda a: aten._upsample_bilinear2d_aa(a, size, False, None, None).sin(), x)  # (a TypeError)

@@ -141,9 +141,11 @@ class UpsampleBilinearAA(Function):
     """y = x x_1 A_1 x_2 A_2 (antialiased bilinear weights A_d, as F.interpolate)  ->  dx = g x_1 A_1^T x_2 A_2^T"""
 
     @staticmethod
-    def forward(ctx, input, output_size, align_corners, scale_factors=None, *, scales_h=None, scales_w=None):
-        if scales_h is not None or scales_w is not None or scale_factors is None:  # the .default form
+    def forward(ctx, input, output_size, align_corners, *rest, scales_h=None, scales_w=None):
+        if len(rest) != 1:  # the .default form: (scales_h, scales_w) by position or keyword; the .vec form: factors
+            scales_h, scales_w = (*rest, None, None)[:2] if rest else (scales_h, scales_w)
             return UpsampleBilinearAADefault.forward(ctx, input, output_size, align_corners, scales_h, scales_w)
+        scale_factors = rest[0]
         size = list(output_size) if output_size is not None else None
         return Interpolate.forward(ctx, input, size, None if size else scale_factors, "bilinear", align_corners,
                                    None, True)
