@@ -116,6 +116,7 @@ register(aten._batch_norm_with_update, aten._batch_norm_with_update.default,
          rule=batch_norm_twin("BatchNormWithUpdate", aten._batch_norm_with_update, True))
 
 INTERPOLATION = {0: "bilinear", 1: "nearest", 2: "bicubic"}
+DEFAULT_FORM = object()  # _upsample_bilinear2d_aa called without scale_factors: its .default overload
 PADDING = {0: "zeros", 1: "border", 2: "reflection"}
 
 
@@ -141,11 +142,13 @@ class UpsampleBilinearAA(Function):
     """y = x x_1 A_1 x_2 A_2 (antialiased bilinear weights A_d, as F.interpolate)  ->  dx = g x_1 A_1^T x_2 A_2^T"""
 
     @staticmethod
-    def forward(ctx, input, output_size, align_corners, *rest, scales_h=None, scales_w=None):
-        if len(rest) != 1:  # the .default form: (scales_h, scales_w) by position or keyword; the .vec form: factors
+    def forward(ctx, input, output_size, align_corners, *rest, scale_factors=DEFAULT_FORM, scales_h=None,
+                scales_w=None):
+        if scale_factors is DEFAULT_FORM and len(rest) == 1:  # the .vec form: (scale_factors) by position or keyword
+            scale_factors = rest[0]
+        if scale_factors is DEFAULT_FORM:  # the .default form: (scales_h, scales_w) by position or keyword
             scales_h, scales_w = (*rest, None, None)[:2] if rest else (scales_h, scales_w)
             return UpsampleBilinearAADefault.forward(ctx, input, output_size, align_corners, scales_h, scales_w)
-        scale_factors = rest[0]
         size = list(output_size) if output_size is not None else None
         return Interpolate.forward(ctx, input, size, None if size else scale_factors, "bilinear", align_corners,
                                    None, True)
