@@ -61,6 +61,7 @@ class tracer(TensorProtocols, torch.Tensor):
     _tt_view = False  # the forward result was a view of another tensor (they share memory)
     _tt_base: Optional["tracer"] = None  # the tracer a view shares memory with (None: not a view, or not known)
     _tt_no_grad_view = False  # a view taken with grad mode off: not to be changed in place with it on (as torch)
+    _tt_custom_view = ""  # "Output i of F": a user Function's output sharing an input's memory (no in-place, as torch)
 
     # a rule's common call takes its generated lane (torchtrace/lanes), every other call dispatch.torch_function;
     # everything dispatch.torch_function while the lanes are off (tt.readable(), a tool observing calls)

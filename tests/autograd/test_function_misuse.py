@@ -130,3 +130,28 @@ def test_saving_a_number_for_backward_is_refused_as_torch(base, make):
     else:
         with pytest.raises(TypeError, match="save_for_backward can only save tensors .*argument 2 is of type int"):
             Scale.apply(x)
+
+
+@pytest.mark.parametrize("base", [tt.Function, torch.autograd.Function], ids=["tt_function", "torch_function"])
+@pytest.mark.parametrize("returned", ["a view", "the input"])
+def test_in_place_on_a_view_a_function_returned_is_refused_as_torch(base, returned):
+    """y = F.apply(h) returning h.view(-1) (or h), then y.mul_(2): the write went into h around F's backward (x.grad
+    2 where the backward multiplies by 5). torch forbids it; so does torchtrace. Under no_grad it is allowed."""
+    class Times5(base):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view(-1) if returned == "a view" else x
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 5
+
+    for make in (lambda: torch.ones(6, requires_grad=True), lambda: tt.tracer(torch.ones(6), requires_grad=True)):
+        h = make() * 1
+        y = Times5.apply(h)
+        with pytest.raises(RuntimeError, match="Output 0 of .* is a view and is being modified inplace"):
+            y.mul_(2)
+        with torch.no_grad():
+            y.mul_(2)
+    fresh = Times5.apply(tt.tracer(torch.ones(6), requires_grad=True) * 1) * 1
+    fresh.mul_(2)  # a result computed from it is an ordinary tensor

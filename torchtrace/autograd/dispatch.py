@@ -79,6 +79,8 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
             if func is not None and args and out is args[0] and isinstance(out, tracer_type):
                 return out  # torch hands back the input itself (x.contiguous() of a contiguous x): no new node
             result = _link_outputs(out, node, tracer_type, args)
+            if not rule._tt_trusted:
+                _mark_custom_views(out, result, node, args)
         finally:
             if torch_leaf:
                 _set_grad_enabled(True)
@@ -203,6 +205,16 @@ def _linked(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
         if isinstance(t, torch.Tensor) and t._tt_view:
             remember_base(t, args)
     return _rebuild(out, linked)
+
+
+def _mark_custom_views(out: Any, result: Any, node: Node, args: tuple) -> None:
+    """A user Function's output that is a view (or an input returned as-is) may not be changed in place with grad
+    mode on: torch forbids it, since the write would bypass the custom backward."""
+    inputs = {id(a) for a in args if isinstance(a, torch.Tensor)}
+    pairs = zip(out, result) if isinstance(out, _containers) else [(out, result)]
+    for nr, (raw, t) in enumerate(pairs):
+        if isinstance(t, torch.Tensor) and (id(raw) in inputs or raw._is_view()):
+            t._tt_custom_view = f"Output {nr} of {node.rule.__name__}"
 
 
 def _unlink(marked: tuple, out: Any, result: Any) -> None:

@@ -107,6 +107,12 @@ def record_inplace(tracer_type: type, target: Any, name: str, compute: Callable,
     it `reshapes` x, only its shape or strides: a view then stays a view of its base, whose data is untouched)."""
     if not isinstance(target, tracer_type):
         target = _plain_destination(target, tracer_type, name)
+    if target._tt_custom_view:
+        raise RuntimeError(f"{target._tt_custom_view} is a view and is being modified inplace. This view was created "
+                           "inside a custom Function (or because an input was returned as-is) and the autograd logic "
+                           "to handle view+inplace would override the custom backward associated with the custom "
+                           "Function, leading to incorrect gradients. This behavior is forbidden. You can fix this by "
+                           "cloning the output of the custom Function.")
     if target._tt_requires_grad and target._tt_node is None:
         raise RuntimeError(f"{name}: a leaf tracer that requires grad is used in an in-place operation. Do it "
                            "under tt.no_grad() (as optimizers do), or use the out-of-place form.")
