@@ -301,3 +301,22 @@ def test_a_view_taken_without_grad_mode_is_not_changed_in_place_with_it_as_torch
         v = y[1:]
         v.mul_(10)
     assert y.tolist() == [before[0], *[10 * value for value in before[1:]]]
+
+
+def test_a_leaf_view_of_a_tensor_without_gradient_stays_a_leaf_when_its_base_changes():
+    """v = a[1:3]; v.requires_grad_(); a.mul_(2): v lost requires_grad (it became a view of a, which needs none),
+    and backward failed. torch keeps v a leaf whose values are a's new ones; so does torchtrace."""
+    weights = torch.tensor([1.0, 10.0], dtype=torch.float64)
+    grads, values = [], []
+    for make in (lambda: torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64),
+                 lambda: tt.tracer(torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64))):
+        a = make()
+        v = a[1:3]
+        v.requires_grad_()
+        a.mul_(2)
+        assert v.requires_grad and v.is_leaf
+        ((v * v) * weights).sum().backward()
+        grads.append(v.grad.as_subclass(torch.Tensor))
+        values.append(v.detach().as_subclass(torch.Tensor))
+    torch.testing.assert_close(grads[1], grads[0])
+    torch.testing.assert_close(grads[1], 2 * values[1] * weights)  # d/dv Σ w v² = 2 w v, at v's new values

@@ -41,6 +41,9 @@ def catch_up(view: torch.Tensor, tracer_type: type, record: Record, always: bool
         version, base = view._version, view._tt_base
         if (version == view._tt_version and not always) or not _grad_enabled():
             return
+        if view._tt_node is None and view._tt_requires_grad and base is not None and not base._tt_requires_grad:
+            view._tt_version = version  # a leaf view of a tensor without gradient (requires_grad_() on it) stays a
+            return  # leaf, its values read from the memory it shares, as torch's
         if base is None or base.dtype != view.dtype:
             if view._tt_requires_grad:
                 raise RuntimeError("A view was changed in place through its base (or another view), and torchtrace "
