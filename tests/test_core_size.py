@@ -60,7 +60,14 @@ TypeError before): 1,410. A user Function's ctx with torch's mark_non_differenti
 mark_dirty refused with what to do (each an AttributeError before): 1,427. Gradients that do not fit their outputs
 refused as torch refuses them (a missing one was dropped by zip), and tt.grad without inputs: 1,435. tt.register
 refusing what is not a torch callable or not a rule (`rule=int` was installed as a rule): 1,442. tt.as_tracer naming
-tt.tracer for what is not a tensor (an AttributeError): 1,445.
+tt.tracer for what is not a tensor (an AttributeError): 1,445. Then differences from torch found by probing from
+outside, each closed where it arose: .grad laid out as its leaf (transposed, channels_last), requires_grad a bool,
+save_for_backward of a number refused, a hook changing the dtype refused, a leaf frozen before backward left without
+.grad, tt.grad capturing a result without running its node, metadata-only in-place ops on views (t_, unsqueeze_: a
+wrong gradient), in-place on views taken without grad mode and on views a custom Function returned refused (two wrong
+gradients), saved_tensors_hooks followed, autograd inside hooks and user backwards, torch 2's setup_context style,
+grad mode off inside a user forward, non-differentiable outputs marked on every linking path, a leaf view kept a
+leaf: 1,583.
 """
 import ast
 import pathlib
@@ -70,7 +77,7 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1445
+BUDGET = 1583
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
 # 340 when the lanes came; then calls with keywords placed as run_rule places them (every torch.nn.functional call),

@@ -72,7 +72,8 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
             n = node.ctx._n_inputs = len(args) + len(kwargs)  # a user's forward reads one flag per argument
             if not rule._tt_trusted:
                 node.ctx.needs_input_grad = node.ctx.needs_input_grad[:n]
-        if torch_leaf:  # torch's autograd must not record the plain tensors that require grad
+        grad_off = torch_leaf or not rule._tt_trusted  # torch's autograd must not record the plain tensors that
+        if grad_off:  # require grad; a user's forward runs with grad mode off, as torch runs Function.forward
             _set_grad_enabled(False)
         try:
             out = rule.forward(node.ctx, *args, **kwargs)
@@ -82,7 +83,7 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
             if not rule._tt_trusted:
                 _mark_custom_views(out, result, node, args)
         finally:
-            if torch_leaf:
+            if grad_off:
                 _set_grad_enabled(True)
         if _any_autocast():
             node.autocast = _autocast_state(args)

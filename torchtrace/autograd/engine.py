@@ -298,7 +298,7 @@ def _call_in_forward_state(node: Node, grads: List[Any], create_graph: bool, tra
     re-linked to this node, so their second derivative flows back through it."""
     if create_graph and node.ctx._packed is not None:
         raise RuntimeError(f"{node.name}: create_graph=True through tensors saved under "
-                           "torch.autograd.graph.saved_tensors_hooks is not followed by torchtrace (a saved result "
+                           "torch's saved_tensors_hooks is not followed by torchtrace (a saved result "
                            "would lose its second derivative): compute the forward outside the hooks")
     relink = create_graph and node.saved_outputs
     if relink:  # the node's saved outputs become tracers produced by this node

@@ -85,7 +85,7 @@ class Context:
                 self._pack(*hooks)
 
     def _pack(self, pack: Callable, unpack: Callable) -> None:
-        """Under torch.autograd.graph.saved_tensors_hooks (save_on_cpu, a user's compression), as torch: each saved
+        """Under torch's saved_tensors_hooks (save_on_cpu, a user's compression), as torch: each saved
         tensor goes through pack now and unpack in backward, and only what pack returned is kept. Its version can
         then not be read in backward: an in-place change of it afterwards is not caught (torch keeps a counter)."""
         self._packed = unpack, [(pack(t), True) if isinstance(t, torch.Tensor) else (t, False) for t in self._saved]
@@ -151,7 +151,7 @@ _top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 
 
 def saved_tensor_hooks() -> Optional[Tuple[Callable, Callable]]:
-    """(pack, unpack) of the torch.autograd.graph.saved_tensors_hooks in force, None without. torch.utils.checkpoint's
+    """(pack, unpack) of torch's saved_tensors_hooks in force, None without. torch.utils.checkpoint's
     own (its non-reentrant mode) are not followed: they rebuild torch autograd's graph, which tracers do not have (a
     checkpoint on tracers keeps what it saves: its gradient is exact, its memory is not saved)."""
     hooks = _top_hooks(False)

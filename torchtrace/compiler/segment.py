@@ -66,6 +66,7 @@ class Segment:
     _released = False
     _n_inputs = None
     _saved: tuple = ()
+    _packed = None  # (a compiled call under saved_tensors_hooks runs eagerly: its segments pack nothing)
     shown = False  # a statement's node was shown as a result's grad_fn (it may hold grad_fn hooks)
 
     def __init__(self, first_value: int) -> None:
