@@ -67,7 +67,7 @@ save_for_backward of a number refused, a hook changing the dtype refused, a leaf
 wrong gradient), in-place on views taken without grad mode and on views a custom Function returned refused (two wrong
 gradients), saved_tensors_hooks followed, autograd inside hooks and user backwards, torch 2's setup_context style,
 grad mode off inside a user forward, non-differentiable outputs marked on every linking path, a leaf view kept a
-leaf: 1,583.
+leaf, grad_fn hooks on a leaf's AccumulateGrad: 1,587.
 """
 import ast
 import pathlib
@@ -77,7 +77,7 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1583
+BUDGET = 1587
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
 # 340 when the lanes came; then calls with keywords placed as run_rule places them (every torch.nn.functional call),

@@ -487,3 +487,24 @@ def test_autograd_inside_a_hook_or_a_backward_as_torch(where):
     theirs = program(torch_make, torch.autograd.grad, torch.autograd.Function, x0, w0)
     torch.testing.assert_close(ours, theirs)
     torch.testing.assert_close(ours, 2 * 3 * w0 ** 2)  # d/dx sum(2x) = 2, scaled by 3w² elementwise
+
+
+def test_a_leafs_accumulate_grad_node_takes_grad_fn_hooks_as_torch():
+    """y.grad_fn.next_functions[0][0] (a leaf's AccumulateGrad, where older DDP code hooks) had no register_hook /
+    register_prehook (AttributeError). A pre-hook may replace the gradient; a hook sees ((), (grad,)) after."""
+    seen = {}
+    for name, make in (("torch", lambda: torch.tensor([1.0, -2.0], dtype=torch.float64, requires_grad=True)),
+                       ("tt", lambda: tt.tracer(torch.tensor([1.0, -2.0], dtype=torch.float64), requires_grad=True))):
+        w = make()
+        acc = (w * 1).grad_fn.next_functions[0][0]
+        acc.register_prehook(lambda gs: (gs[0] * 2,))
+        calls = []
+        handle = acc.register_hook(lambda gi, go: calls.append((len(gi), go[0].as_subclass(torch.Tensor).clone())))
+        (w * w * 3).sum().backward()
+        handle.remove()
+        (w * 1).sum().backward()
+        seen[name] = (w.grad.as_subclass(torch.Tensor), calls)
+    torch.testing.assert_close(seen["tt"][0], seen["torch"][0])
+    torch.testing.assert_close(seen["tt"][0], torch.tensor([1.0, -2.0], dtype=torch.float64) * 12 + 2)  # 2·6w, 2·1
+    assert [n for n, _ in seen["tt"][1]] == [n for n, _ in seen["torch"][1]] == [0]
+    torch.testing.assert_close(seen["tt"][1][0][1], seen["torch"][1][0][1])

@@ -360,6 +360,8 @@ def accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Option
     hooks = leaf._backward_hooks if acc.torch_leaf else leaf._tt_hooks  # (a plain leaf's: Tensor.register_hook's)
     if hooks:
         g = run_hooks(hooks.values() if acc.torch_leaf else hooks, g, "a leaf", ownership.hand_out)
+    if acc.pre_hooks:
+        (g,) = grad_fn_hooks.run_pre_hooks(acc, [g])
     if captured is not None and captured.get((acc, 0)) is not INTO_GRAD:  # tt.grad: capture, keep .grad as it is
         if (acc, 0) in captured:
             captured[(acc, 0)] = g
@@ -380,6 +382,8 @@ def accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Option
     post = leaf._post_accumulate_grad_hooks if acc.torch_leaf else leaf._tt_post_hooks
     for fn in list((post.values() if acc.torch_leaf else post) if post else ()):
         fn(leaf)
+    for hook in list(acc.post_hooks or ()):
+        hook((), (g,))
 
 
 class Ownership:

@@ -221,8 +221,9 @@ class Node(GradFnHooks):
         return f"<{self.name}>"
 
 
-class AccumulateGrad:
-    """The node of a leaf: gradients that reach it are summed into the leaf's `.grad`."""
+class AccumulateGrad(GradFnHooks):
+    """The node of a leaf: gradients that reach it are summed into the leaf's `.grad` (its grad_fn hooks as torch's:
+    a pre-hook sees (grad,) before, a hook ((), (grad,)) after)."""
 
     name = NodeName("AccumulateGrad")
     n_outputs = 1
