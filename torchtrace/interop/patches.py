@@ -4,7 +4,8 @@ Installed once at import (torchtrace/__init__.py). Each wrapper looks for a trac
 none go to torch's original untouched.
 - torch.autograd.Function.apply: a user Function on tracers runs its own forward/backward as a torchtrace node
   (torch.utils.checkpoint's reentrant CheckpointFunction becomes a recomputing torchtrace checkpoint instead).
-- torch.autograd.grad / torch.autograd.backward on tracers: a clear error naming tt.grad / y.backward().
+- torch.autograd.grad / torch.autograd.backward on tracers: a clear error naming tt.grad / y.backward();
+  torch.autograd.graph.register_multi_grad_hook on tracers (an AssertionError from torch's engine): one too.
 """
 from typing import Any, Callable
 
@@ -60,3 +61,8 @@ def install() -> None:
     if not getattr(torch.autograd.backward, "_torchtrace", False):
         torch.autograd.backward = _refuse_on_tracers(
             torch.autograd.backward, "torch.autograd.backward", "use y.backward() or tt.backward(tensors, ...)")
+    multi = torch.autograd.graph.register_multi_grad_hook
+    if not getattr(multi, "_torchtrace", False):  # (it asks torch's engine which tensors a backward reaches)
+        torch.autograd.graph.register_multi_grad_hook = _refuse_on_tracers(
+            multi, "torch.autograd.graph.register_multi_grad_hook",
+            "register a hook on each tensor instead (t.register_hook(fn)), and combine what they receive")

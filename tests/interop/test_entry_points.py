@@ -1,0 +1,29 @@
+"""torch's autograd entry points that cannot serve tracers refuse them by name, naming what to use; on plain tensors
+they are torch's own, untouched."""
+import pytest
+import torch
+
+import torchtrace as tt
+
+CALLS = {
+    "torch.autograd.grad": (lambda x: torch.autograd.grad((x * 2).sum(), x), "tt.grad"),
+    "torch.autograd.backward": (lambda x: torch.autograd.backward((x * 2).sum()), "y.backward()"),
+    "torch.autograd.graph.register_multi_grad_hook": (  # (an AssertionError from inside torch's engine before)
+        lambda x: torch.autograd.graph.register_multi_grad_hook((x, x * 1), lambda grads: None), "t.register_hook"),
+}
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_an_entry_point_of_torch_autograd_refuses_tracers_by_name(name):
+    call, instead = CALLS[name]
+    with pytest.raises(tt.UnsupportedOperationError, match=f"^{name}: torch's autograd does not see tracers") as error:
+        call(tt.tracer([1.0, 2.0], requires_grad=True))
+    assert instead in str(error.value)
+
+
+def test_register_multi_grad_hook_on_plain_tensors_is_torchs():
+    a, b = torch.ones(2, requires_grad=True), torch.ones(3, requires_grad=True)
+    seen = []
+    torch.autograd.graph.register_multi_grad_hook((a, b), lambda grads: seen.append([g.tolist() for g in grads]))
+    ((a * 2).sum() + (b * 3).sum()).backward()
+    assert seen == [[[2.0, 2.0], [3.0, 3.0, 3.0]]]
