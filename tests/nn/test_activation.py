@@ -107,6 +107,28 @@ def test_gelu_double_backward():
     double_backward_matches(F.gelu, X / 3)
 
 
+@pytest.mark.parametrize("fn", [F.relu6, F.hardtanh, F.hardshrink, F.softshrink, F.hardsigmoid, F.leaky_relu,
+                                lambda x: F.threshold(x, 0.2, -1.0)], ids=lambda f: getattr(f, "__name__", "threshold"))
+def test_a_second_derivative_through_a_piecewise_linear_activation_is_zeros_as_torch(fn):
+    """Their first-order gradient under create_graph did not require grad (a mask of x times g), so differentiating it
+    again raised 'does not require grad' where torch gives zeros (its formula, hardtanh_backward(g, x), is a
+    function of x whose derivative is 0). Written with the same VJP ops now; zeros also by finite differences."""
+    value, weights = X.double() * 3, torch.randn(X.shape, dtype=torch.float64)
+    results = []
+    for make, grad in ((lambda: value.clone().requires_grad_(), torch.autograd.grad),
+                       (lambda: tt.tracer(value.clone(), requires_grad=True), tt.grad)):
+        x = make()
+        (first,) = grad((fn(x) * weights).sum(), x, create_graph=True)
+        assert first.requires_grad
+        if fn is F.hardsigmoid and grad is torch.autograd.grad:  # torch: "derivative for aten::hardsigmoid_backward
+            with pytest.raises(RuntimeError, match="not implemented"):  # is not implemented"
+                grad((first * first).sum(), x)
+            continue
+        results.append(grad((first * first).sum(), x)[0].as_subclass(torch.Tensor))
+    torch.testing.assert_close(results[-1], results[0])
+    assert not results[-1].any()  # the first-order gradient is piecewise constant in x
+
+
 def test_leaky_relu_second_derivative_sends_zeros_to_its_input_as_torch():
     """torch's leaky_relu_backward sends zeros to its input in a second derivative; meeting a NaN in the Jacobian of
     what made that input (cumprod of [0, nan]) they give NaN there, in torch and in torchtrace alike."""

@@ -15,6 +15,7 @@ from torchtrace.nn.module import Module
 from torchtrace.ops.opmath import opmath
 from torchtrace.ops.rule_tables import table_rule
 
+aten = torch.ops.aten  # the VJP ops torch's own formulas use (rules in ops/aten_forms.py: second derivatives 0)
 SELU_ALPHA, SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946  # torch's constants
 
 
@@ -25,21 +26,6 @@ def activation(name: str, target: Callable, math_line: str, grad: Callable, uses
     `defaults` lists target's options in positional order, with their default values.
     """
     return table_rule(name, [target], math_line, [grad], [uses], options=defaults)
-
-
-def _inside(g: torch.Tensor, x: torch.Tensor, low: float, high: float) -> torch.Tensor:
-    """g where low < x < high, 0 elsewhere, a NaN x included (as torch's hardsigmoid); an infinite g stays 0 there."""
-    return torch.where((x > low) & (x < high), g, 0.0)
-
-
-def _not_clamped(g: torch.Tensor, x: torch.Tensor, low: float, high: float) -> torch.Tensor:
-    """0 where x <= low or x >= high, g elsewhere, a NaN x included (as torch's hardtanh / relu6)."""
-    return torch.where((x <= low) | (x >= high), 0.0, g)
-
-
-def _outside(g: torch.Tensor, x: torch.Tensor, lambd: float) -> torch.Tensor:
-    """0 where -lambd <= x <= lambd, g elsewhere, a NaN x included (softshrink / hardshrink, as torch)."""
-    return torch.where((x >= -lambd) & (x <= lambd), 0.0, g)
 
 
 def _below_zero(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -75,12 +61,12 @@ def _silu(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 activation("Relu6", F.relu6, "y = min(max(x, 0), 6)  ->  dy/dx = 1 for 0 < x < 6, else 0",
-           lambda g, x, y: _not_clamped(g, x, 0, 6), uses=("x",), inplace=False)
+           lambda g, x, y: aten.hardtanh_backward(g, x, 0.0, 6.0), uses=("x",), inplace=False)
 activation("Hardtanh", F.hardtanh, "y = clamp(x, lo, hi)  ->  dy/dx = 1 for lo < x < hi, else 0",
-           lambda g, x, y, min_val, max_val: _not_clamped(g, x, min_val, max_val), uses=("x",),
+           lambda g, x, y, min_val, max_val: aten.hardtanh_backward(g, x, min_val, max_val), uses=("x",),
            min_val=-1.0, max_val=1.0, inplace=False)
 activation("LeakyRelu", F.leaky_relu, "y = x if x > 0 else a x  ->  dy/dx = 1 if x > 0 else a",
-           lambda g, x, y, negative_slope: torch.ops.aten.leaky_relu_backward(g, x, negative_slope, False), uses=("x",),
+           lambda g, x, y, negative_slope: aten.leaky_relu_backward(g, x, negative_slope, False), uses=("x",),
            negative_slope=0.01, inplace=False)
 activation("Elu", F.elu, "y = x if x > 0 else a (e^x - 1)  ->  dy/dx = 1 if x > 0 else a e^x",
            lambda g, x, y, alpha: torch.where(x <= 0, g * alpha * torch.exp(_below_zero(x, x)), g), uses=("x",),
@@ -106,7 +92,7 @@ register(torch._C._nn.hardswish, rule=activation(
     lambda g, x, y: torch.where(x <= -3, 0.0, torch.where(x < 3, g * (x / 3 + 0.5), g)), uses=("x",), inplace=False))
 register(torch._C._nn.hardsigmoid, rule=activation(
     "Hardsigmoid", F.hardsigmoid, "y = relu6(x + 3) / 6  ->  dy/dx = 1/6 for -3 < x < 3, else 0",
-    lambda g, x, y: _inside(g, x, -3, 3) / 6, uses=("x",), inplace=False))
+    lambda g, x, y: aten.hardsigmoid_backward(g, x), uses=("x",), inplace=False))
 activation("LogSigmoid", F.logsigmoid, "y = log s(x) = -softplus(-x)  ->  dy/dx = s(-x) = 1 - s(x)",
            lambda g, x, y: g * torch.sigmoid(-x), uses=("x",))
 activation("Softsign", F.softsign, "y = x / (1 + |x|)  ->  dy/dx = 1 / (1 + |x|)^2",
@@ -114,13 +100,13 @@ activation("Softsign", F.softsign, "y = x / (1 + |x|)  ->  dy/dx = 1 / (1 + |x|)
 activation("Tanhshrink", F.tanhshrink, "y = x - tanh x  ->  dy/dx = tanh^2 x",
            lambda g, x, y: g * torch.tanh(x) ** 2, uses=("x",))
 activation("Softshrink", F.softshrink, "y = x - l if x > l, x + l if x < -l, else 0  ->  dy/dx = 1 if |x| > l, else 0",
-           lambda g, x, y, lambd: _outside(g, x, lambd), uses=("x",), lambd=0.5)
+           lambda g, x, y, lambd: aten.softshrink_backward(g, x, lambd), uses=("x",), lambd=0.5)
 register(torch.Tensor.hardshrink, rule=activation(
     "Hardshrink", F.hardshrink, "y = x if |x| > l else 0  ->  dy/dx = 1 if |x| > l, else 0",
-    lambda g, x, y, lambd: _outside(g, x, lambd), uses=("x",), lambd=0.5))
+    lambda g, x, y, lambd: aten.hardshrink_backward(g, x, lambd), uses=("x",), lambd=0.5))
 register(torch.threshold, rule=activation(
     "Threshold", F.threshold, "y = x if x > threshold else value  ->  dy/dx = 1 if x > threshold, else 0",
-    lambda g, x, y, threshold, value: torch.ops.aten.threshold_backward(g, x, threshold), uses=("x",),
+    lambda g, x, y, threshold, value: aten.threshold_backward(g, x, threshold), uses=("x",),
     threshold=None, value=None, inplace=False))
 activation("Softplus", F.softplus, "y = log(1 + e^(b x)) / b (x if b x > threshold)  ->  dy/dx = s(b x) (1 past it)",
            lambda g, x, y, beta, threshold: torch.where(x * beta > threshold, g, g * torch.sigmoid(x * beta)),

@@ -1,6 +1,8 @@
 """aten-level spellings that reach __torch_function__ from decompositions and tests: constant_pad_nd,
-aten.slice, aten._safe_softmax, the VJP ops aten._softmax_backward_data / threshold_backward /
-leaky_relu_backward / native_dropout_backward / max_pool2d_with_indices_backward; and torch.dist, torch.nextafter."""
+aten.slice, aten._safe_softmax, the VJP ops aten._softmax_backward_data / threshold_backward / leaky_relu_backward /
+hardtanh_backward / hardshrink_backward / softshrink_backward / hardsigmoid_backward / native_dropout_backward /
+max_pool2d_with_indices_backward (the activations' rules write their gradients with them, as torch's formulas do, so a
+second derivative through them is zeros, not absent); and torch.dist, torch.nextafter."""
 from types import SimpleNamespace
 
 import torch
@@ -82,39 +84,35 @@ class SoftmaxBackwardData(Function):
         return dh, dy, None, None
 
 
-@register(aten.threshold_backward, aten.threshold_backward.default)
-class ThresholdBackward(Function):
-    """r = h where y > t, else 0 (ReLU's VJP)  ->  dh = g where y > t, else 0;  dy = 0 (piecewise constant in y)"""
+def masked_vjp(name: str, op: object, math: str) -> type:
+    """The rule of a piecewise-linear activation's VJP op r = op(h, x, *options): linear in h, piecewise constant in
+    x. So dh = op(g, x, *options) and dx = 0 — zeros, as torch sends them: the activation's gradient, written with
+    this op, is a function of x whose derivative is 0, so a second derivative through it is zeros (a NaN in what
+    made x meets them as in torch's), not absent."""
 
-    @staticmethod
-    def forward(ctx, grad_output, self, threshold):
-        ctx.threshold = threshold
+    def forward(ctx, grad_output, self, *options):
+        ctx.options = options
         ctx.save_for_backward(self)
-        return aten.threshold_backward(grad_output, self, threshold)
+        return op(grad_output, self, *options)
 
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        dy = torch.zeros_like(y) if ctx.needs_input_grad[1] else None
-        return aten.threshold_backward(g, y, ctx.threshold), dy, None
-
-
-@register(aten.leaky_relu_backward, aten.leaky_relu_backward.default)
-class LeakyReluBackward(Function):
-    """r = h where x > 0, else a h (LeakyReLU's VJP)  ->  dh = g where x > 0, else a g;  dx = 0 (piecewise constant
-    in x: zeros, as torch sends them, so a NaN in what made x meets them as in torch's second derivative)"""
-
-    @staticmethod
-    def forward(ctx, grad_output, self, negative_slope, self_is_result):
-        ctx.negative_slope, ctx.self_is_result = negative_slope, self_is_result
-        ctx.save_for_backward(self)
-        return aten.leaky_relu_backward(grad_output, self, negative_slope, self_is_result)
-
-    @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
         dx = torch.zeros_like(x) if ctx.needs_input_grad[1] else None
-        return aten.leaky_relu_backward(g, x, ctx.negative_slope, ctx.self_is_result), dx, None, None
+        return (op(g, x, *ctx.options), dx, *(None,) * len(ctx.options))
+
+    rule = type(name, (Function,), {"__doc__": f"{math}  ->  dh = the same of g;  dx = 0 (piecewise constant in x)",
+                                    "forward": staticmethod(forward), "backward": staticmethod(backward),
+                                    "__module__": __name__})
+    register(op, op.default, rule=rule)
+    return rule
+
+
+masked_vjp("ThresholdBackward", aten.threshold_backward, "r = h where y > t, else 0 (ReLU's VJP)")
+masked_vjp("LeakyReluBackward", aten.leaky_relu_backward, "r = h where x > 0, else a h (LeakyReLU's VJP)")
+masked_vjp("HardtanhBackward", aten.hardtanh_backward, "r = h where lo < x < hi, else 0 (hardtanh's, relu6's VJP)")
+masked_vjp("HardshrinkBackward", aten.hardshrink_backward, "r = h where |x| > l, else 0 (hardshrink's VJP)")
+masked_vjp("SoftshrinkBackward", aten.softshrink_backward, "r = h where |x| > l, else 0 (softshrink's VJP)")
+masked_vjp("HardsigmoidBackward", aten.hardsigmoid_backward, "r = h / 6 where -3 < x < 3, else 0 (its VJP)")
 
 
 @register(aten.native_dropout_backward, aten.native_dropout_backward.default)
