@@ -107,7 +107,7 @@ def masked_vjp(name: str, op: object, math: str) -> type:
     return rule
 
 
-masked_vjp("ThresholdBackward", aten.threshold_backward, "r = h where y > t, else 0 (ReLU's VJP)")
+masked_vjp("ThresholdBackward", aten.threshold_backward, "r = h where x > t, else 0 (ReLU's VJP)")
 masked_vjp("LeakyReluBackward", aten.leaky_relu_backward, "r = h where x > 0, else a h (LeakyReLU's VJP)")
 masked_vjp("HardtanhBackward", aten.hardtanh_backward, "r = h where lo < x < hi, else 0 (hardtanh's, relu6's VJP)")
 masked_vjp("HardshrinkBackward", aten.hardshrink_backward, "r = h where |x| > l, else 0 (hardshrink's VJP)")
