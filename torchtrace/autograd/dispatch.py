@@ -168,6 +168,17 @@ def _fresh(out: torch.Tensor, args: tuple) -> bool:
     return True
 
 
+def _link_result(out: torch.Tensor, saved: bool, node: Node, nr: int, tracer_type: type, args: tuple) -> torch.Tensor:
+    """link_output for result nr of a forward: a fresh result becomes the tracer itself; one the rule saved (it stays
+    plain in ctx) gets, if it is no view, a detached alias as its tracer, which shares its memory and version counter
+    (an in-place change of the tracer is caught in backward) and is no view, as torch's result is not; anything else
+    (an input handed back, a view) an alias that is a view of it."""
+    fresh = _fresh(out, args)
+    if saved and fresh and not out._is_view():
+        return link_output(out.detach(), node, nr, tracer_type, True)
+    return link_output(out, node, nr, tracer_type, fresh and not saved)
+
+
 def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     """The forward's result as tracers produced by node. A result the rule saved stays a plain tensor with a tracer
     alias (as a tracer it would hold the node that holds it); a fresh one becomes the tracer itself; one the rule
@@ -186,7 +197,7 @@ def _linked(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
             if s is out:
                 kept = node.saved_outputs = (*kept, (i, 0))
         value = kept_output(out)  # the value itself, within the budget (read before out becomes the tracer)
-        t = link_output(out, node, 0, tracer_type, not kept and _fresh(out, args))
+        t = _link_result(out, bool(kept), node, 0, tracer_type, args)
         keep_values(node, (value,), (t,))
         if t._tt_view:
             remember_base(t, args)
@@ -199,7 +210,7 @@ def _linked(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     node.saved_outputs = tuple((i, nr) for i, s in enumerate(saved) for nr, o in enumerate(outputs) if s is o)
     kept = {id(s) for s in saved}
     values = [kept_output(o) if isinstance(o, torch.Tensor) else None for o in outputs]
-    linked = [link_output(o, node, nr, tracer_type, id(o) not in kept and _fresh(o, args))
+    linked = [_link_result(o, id(o) in kept, node, nr, tracer_type, args)
               if isinstance(o, torch.Tensor) else o for nr, o in enumerate(outputs)]
     keep_values(node, values, linked)
     for t in linked:

@@ -295,7 +295,8 @@ def _table_body(rule: type, table: Dict[str, Any], n_args: int) -> List[str]:
 def _SAVED_RESULT(n: int) -> List[str]:
     """The result is saved: the tracer is a second Python object over it (a tracer saved by its own node would
     keep that node alive through itself), and create_graph re-links the saved one (saved_outputs)."""
-    return ["        t = out.as_subclass(T)  # the saved result stays plain; the tracer is an alias",
+    return ["        t = out.detach()  # the saved result stays plain; the tracer: a detached alias",
+            "        t.__class__ = T",
             *_keep_lines("out", "t"),
             f"        node.saved_outputs = (({n}, 0),)",
             "        t._tt_node, t._tt_requires_grad, t._tt_version = node, True, version",

@@ -28,7 +28,11 @@ def plain(t: torch.Tensor) -> torch.Tensor:
 
 def _plain_alias(t: torch.Tensor) -> torch.Tensor:
     """plain(t) inside a plain_torch() guard: t itself when it is one already (as gradients usually are)."""
-    return t if type(t) is torch.Tensor and not t.requires_grad else _detach(t).as_subclass(torch.Tensor)
+    if type(t) is torch.Tensor and not t.requires_grad:
+        return t
+    alias = _detach(t)  # a new object of t's class (no one else holds it): it becomes a plain tensor itself
+    alias.__class__ = torch.Tensor
+    return alias
 
 
 def check_non_negative(**values: float) -> None:
