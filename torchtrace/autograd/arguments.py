@@ -12,6 +12,7 @@ _POSITIONAL: Dict[Callable, tuple] = {}  # keyed by registered torch callables o
 # to a position, the keywords that stay): how a call to a Python function of torch's (exact signature) is normalised,
 # which depends on those names only. dispatch.run_rule applies it without calling keywords_to_positions again.
 KEYWORD_PLANS: Dict[tuple, Tuple[tuple, tuple]] = {}
+
 _NUMPY_NAMES = (("axis", "dim"), ("keepdims", "keepdim"))
 # torch's argument parser also takes these names for a builtin's `input` and `other` (torch.mul(x1=a, x2=b))
 _PARSER_ALIASES = {"x": "input", "a": "input", "x1": "input", "x2": "other"}
@@ -114,6 +115,20 @@ def keywords_to_positions(func: Optional[Callable], rule: type, args: tuple, kwa
     if exact and func is not None and as_written and "out" not in kwargs:
         KEYWORD_PLANS[key] = (tuple(moved), tuple(rest))  # the keyword names decide it all
     return tuple(args) + tuple(filled), rest
+
+
+def planned_positions(plan: Tuple[tuple, tuple], args: tuple, kwargs: dict) -> tuple:
+    """The positional arguments of a call whose keyword spelling has a plan: the parameters it moves, each the call's
+    keyword or its default, after the call's own positional ones (the keywords that stay, plan[1], are not in it)."""
+    return (*args, *[kwargs.get(name, default) for name, default in plan[0]])
+
+
+def to_positions(func: Optional[Callable], rule: type, args: tuple, kwargs: dict) -> Tuple[tuple, dict]:
+    """keywords_to_positions, by its plan where this spelling of the call has one (no signature read again)."""
+    plan = KEYWORD_PLANS.get((func, len(args), *kwargs))
+    if plan is None:
+        return keywords_to_positions(func, rule, args, kwargs)
+    return planned_positions(plan, args, kwargs), {k: kwargs[k] for k in plan[1]}
 
 
 def _parser_names(kwargs: dict, names: list, accepted: frozenset) -> dict:

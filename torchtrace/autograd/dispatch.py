@@ -3,7 +3,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
-from torchtrace.autograd.arguments import KEYWORD_PLANS, keywords_to_positions, wants_gradient
+from torchtrace.autograd.arguments import to_positions, wants_gradient
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.function_contract import returned_outputs
 from torchtrace.autograd.inplace import (
@@ -52,9 +52,7 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
     """Run `rule` (forward of func); record a Node when some argument requires a gradient."""
     call = args, kwargs  # as the caller wrote it: what torch itself is called with when nothing is recorded
     if kwargs:  # tensors passed by keyword move to their positions (arguments.py); a known call's plan is applied here
-        plan = KEYWORD_PLANS.get((func, len(args), *kwargs))
-        args, kwargs = keywords_to_positions(func, rule, args, kwargs) if plan is None else (
-            (*args, *[kwargs.get(name, default) for name, default in plan[0]]), {k: kwargs[k] for k in plan[1]})
+        args, kwargs = to_positions(func, rule, args, kwargs)
     if func in INPLACE_FLAG and inplace_requested(INPLACE_FLAG[func], args, kwargs):
         return record_inplace_flag(tracer_type, rule, func, *call, run_rule)
     with plain_torch():

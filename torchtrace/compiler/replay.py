@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch.overrides import TorchFunctionMode
 
-from torchtrace.autograd.arguments import keywords_to_positions
+from torchtrace.autograd.arguments import to_positions
 from torchtrace.autograd.dispatch import _fresh, _grad_edges, _link_outputs, _rebuild
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.inplace import inplace_requested, remember_base
@@ -94,7 +94,7 @@ def is_inplace(func: Callable, args: tuple, kwargs: dict) -> bool:
 def _normalise(func: Callable, args: tuple, kwargs: dict) -> Tuple[Optional[type], tuple, dict]:
     rule = RULES.get(func)
     if kwargs and rule is not None:
-        args, kwargs = keywords_to_positions(func, rule, args, kwargs)
+        args, kwargs = to_positions(func, rule, args, kwargs)
     return rule, args, kwargs
 
 
@@ -103,7 +103,7 @@ def _positional(func: Callable, rule: type, args: tuple, kwargs: dict) -> Option
     where a keyword stays one."""
     try:
         with plain_torch():
-            args, kwargs = keywords_to_positions(func, rule, args, kwargs)
+            args, kwargs = to_positions(func, rule, args, kwargs)
     except Exception:  # keywords it cannot place: the general path says what is wrong, as eager does
         return None
     return None if kwargs else args

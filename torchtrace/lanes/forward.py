@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from torchtrace.autograd.arguments import KEYWORD_PLANS
+from torchtrace.autograd.arguments import KEYWORD_PLANS, planned_positions
 from torchtrace.autograd.dispatch import _link_outputs, run_rule
 from torchtrace.autograd.dispatch import torch_function as readable_torch_function
 from torchtrace.autograd.function import INPLACE_FLAG, RULES
@@ -45,7 +45,7 @@ def torch_function(cls: type, func: Callable, types: Any, args: tuple = (), kwar
             plan = KEYWORD_PLANS.get((func, len(args), *kwargs))  # spelling whose keywords the readable path placed
             if plan is None or plan[1]:  # before all go to those positions (arguments.py)
                 return readable_torch_function(cls, func, types, args, kwargs)
-            positional = (*args, *[kwargs.get(name, default) for name, default in plan[0]])
+            positional = planned_positions(plan, args, kwargs)
         if len(positional) < MOST_ARGUMENTS:
             lanes = LANES.get(rule)
             if lanes is None:  # (setdefault: threads that get here at once share one list)
