@@ -272,6 +272,28 @@ def test_the_lanes_save_what_the_readable_path_saves():
     assert saved_per_node(readable=False) == saved_per_node(readable=True)
 
 
+@pytest.mark.parametrize("readable", [False, True])
+@pytest.mark.parametrize("op", [torch.tanh, torch.sigmoid, torch.exp])
+def test_a_result_its_rule_saved_is_no_view_and_an_inplace_change_is_refused_as_torch(op, readable):
+    """The tracer over a result its own rule saved (y = tanh x keeps y) is a detached alias of it: no view (torch's
+    result is none), its gradient torch's and central differences', and an in-place change of it before backward
+    refused."""
+    x0 = torch.rand(3, 4, dtype=torch.float64)
+    x, xt = tt.as_tracer(x0.clone(), requires_grad=True), x0.clone().requires_grad_()
+    with tt.readable() if readable else contextlib.nullcontext():
+        y = op(x)
+        assert y._is_view() == op(xt)._is_view() is False
+        (y * y).sum().backward()
+    (op(xt) * op(xt)).sum().backward()
+    torch.testing.assert_close(x.grad, xt.grad, rtol=0, atol=1e-12)
+    with tt.readable() if readable else contextlib.nullcontext():
+        assert tt.gradcheck(lambda v: (op(v) * op(v)).sum(), x0.clone())  # and central differences
+        y = op(x)
+        y.mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+            y.sum().backward()
+
+
 def test_the_environment_variable_selects_the_readable_path_for_a_whole_run():
     import os
     import subprocess

@@ -16,7 +16,10 @@ from typing import Optional
 
 import torch
 
-BUDGET = [64 * 2**20]  # bytes of results the nodes of one thread may hold strongly at once
+# bytes of results the nodes of one thread may hold strongly at once: every graph a lesson draws fits; a real model's
+# step does not pay for it (a result held past its last use is memory the allocator cannot reuse: at 64 MB a GPT step
+# of bench/models.py ran 20% slower)
+BUDGET = [2 * 2**20]
 
 
 class _Thread(threading.local):

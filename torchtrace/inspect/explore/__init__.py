@@ -155,7 +155,7 @@ def explore(output: Union[torch.Tensor, Callable[..., torch.Tensor]], *inputs: A
     `tt.explore(fn, *inputs)` runs `fn(*inputs)` first (tensor inputs become leaves that require grad, named by
     fn's parameters), holding every result, so every node shows its value and small steps get a
     finite-difference check. On a graph built the ordinary way, every node keeps what its op produced while the
-    thread's kept results fit `tt.explore.keep_values(bytes)` (64 MB unless set); beyond it a node shows its value
+    thread's kept results fit `tt.explore.keep_values(bytes)` (2 MB unless set); beyond it a node shows its value
     while something holds it (the caller's variables, a rule that saved it, `tt.recording()`), else says it is gone,
     and the player counts such nodes. A value changed in place after its op is never shown as the op's result.
 

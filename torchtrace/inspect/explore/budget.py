@@ -9,7 +9,7 @@ _UNBOUNDED = 2**62  # credited to a thread's count while it keeps every value
 
 
 def keep_values(budget: Optional[int] = None) -> int:
-    """Set how many bytes of results the graph keeps for the player (per thread; default 64 MB), return the budget.
+    """Set how many bytes of results the graph keeps for the player (per thread; default 2 MB), return the budget.
 
     Results beyond it are held weakly and the player may show them as gone; `tt.explore(fn, *inputs)` keeps
     them all whatever the budget."""
