@@ -111,9 +111,13 @@ def test_each_thread_counts_its_own_bytes():
     assert got == [(40, True)] and held_bytes() == start
 
 
-def test_keep_values_refuses_a_negative_budget():
-    with pytest.raises(ValueError, match="bytes >= 0"):
-        tt.explore.keep_values(-1)
+@pytest.mark.parametrize("budget, error", [(-1, ValueError), (1.5, TypeError), (True, TypeError),
+                                           ("abc", TypeError), (float("inf"), TypeError)])
+def test_keep_values_refuses_a_budget_that_is_no_number_of_bytes(budget, error):
+    before = tt.explore.keep_values()
+    with pytest.raises(error, match="tt.explore.keep_values: the budget"):
+        tt.explore.keep_values(budget)
+    assert tt.explore.keep_values() == before
 
 
 @pytest.mark.parametrize("kept", [True, False], ids=["kept", "weak"])

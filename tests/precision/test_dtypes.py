@@ -99,7 +99,78 @@ def test_the_reason_given_is_what_torch_autocast_does_with_the_op(model, dtype):
     assert [row.why for row in report.rows if row.phase == "forward"] == [why(c[0]) for c in calls]
 
 
-def test_a_dtype_that_is_not_low_is_refused():
+@pytest.mark.parametrize("call, error, says", [
+    (lambda fn, args: tt.precision(fn, *args, dtype=torch.float64), ValueError, "bfloat16 or torch.float16, not torch"),
+    (lambda fn, args: tt.precision(fn, *args, dtype="float16"), ValueError, "not 'float16' \\(a str\\)"),
+    (lambda fn, args: tt.precision(42, *args), TypeError, "fn must be a function"),
+    (lambda fn, args: tt.precision(fn, *args, device="tpu"), ValueError, "device must be a device type"),
+    (lambda fn, args: tt.precision(torch.nn.Linear(4, 1), torch.randn(3, 4)), RuntimeError, "tt.port\\(model\\)"),
+], ids=["float64", "a string", "not callable", "unknown device", "a module not ported"])
+def test_arguments_it_cannot_take_are_refused_naming_them(call, error, says):
     fn, args = CASES["cnn"]
-    with pytest.raises(ValueError, match="bfloat16 or torch.float16"):
-        tt.precision(fn, *args, dtype=torch.float64)
+    with pytest.raises(error, match=says):
+        call(fn, args)
+
+
+def _cast_floating(args, dtype):
+    return [a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+
+
+def _assert_autocast_does(reason, func, args, kwargs, dtype):
+    """What each reason means, checked on plain tensors under torch.autocast: the lower-precision list casts float32
+    inputs down, the float32 list casts low ones up, and an op on no list keeps both as they come."""
+    def under_autocast(inputs_dtype):
+        with torch.autocast("cpu", dtype=dtype):
+            return _first_tensor(func(*_cast_floating(args, inputs_dtype), **kwargs)).dtype
+
+    if reason == WHY_LOWER:
+        assert under_autocast(torch.float32) == dtype
+    elif reason == WHY_FLOAT32:
+        assert under_autocast(dtype) == torch.float32
+    else:
+        assert (under_autocast(torch.float32), under_autocast(dtype)) == (torch.float32, dtype)
+
+
+def _spd():
+    a = torch.randn(4, 4)
+    return a @ a.T + 4 * torch.eye(4)
+
+
+SINGLE_OPS = {  # name -> (callable, its tensor arguments, its other arguments)
+    "linalg.inv": (torch.linalg.inv, lambda: [_spd()], {}),
+    "linalg.solve": (torch.linalg.solve, lambda: [_spd(), torch.randn(4, 2)], {}),
+    "linalg.cholesky": (torch.linalg.cholesky, lambda: [_spd()], {}),
+    "linalg.eigh": (torch.linalg.eigh, lambda: [_spd()], {}),
+    "linalg.svdvals": (torch.linalg.svdvals, lambda: [torch.randn(4, 3)], {}),
+    "linalg.qr": (torch.linalg.qr, lambda: [torch.randn(4, 3)], {}),
+    "linalg.matmul": (torch.linalg.matmul, lambda: [torch.randn(4, 3), torch.randn(3, 2)], {}),
+    "linalg.vector_norm": (torch.linalg.vector_norm, lambda: [torch.randn(5)], {}),
+    "inverse": (torch.inverse, lambda: [_spd()], {}),
+    "einsum": (lambda a, b: torch.einsum("ij,jk->ik", a, b), lambda: [torch.randn(4, 3), torch.randn(3, 2)], {}),
+    "tensordot": (torch.tensordot, lambda: [torch.randn(4, 3), torch.randn(3, 2)], {"dims": 1}),
+    "inner": (torch.inner, lambda: [torch.randn(4, 3), torch.randn(2, 3)], {}),
+    "pad reflect 1d": (torch.nn.functional.pad, lambda: [torch.randn(1, 2, 8)], {"pad": (1, 1), "mode": "reflect"}),
+    "pad replicate 2d": (torch.nn.functional.pad, lambda: [torch.randn(1, 2, 5, 5)],
+                         {"pad": (1, 1, 2, 0), "mode": "replicate"}),
+    "pad circular 1d": (torch.nn.functional.pad, lambda: [torch.randn(1, 2, 8)], {"pad": (1, 1), "mode": "circular"}),
+    "pad constant": (torch.nn.functional.pad, lambda: [torch.randn(1, 2, 8)], {"pad": (1, 1)}),
+    "mse_loss": (torch.nn.functional.mse_loss, lambda: [torch.randn(5), torch.randn(5)], {}),
+}
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=str)
+@pytest.mark.parametrize("name", sorted(SINGLE_OPS))
+def test_the_reason_a_report_gives_for_one_op_is_what_torch_autocast_does(name, dtype):
+    func, make, kwargs = SINGLE_OPS[name]
+    torch.manual_seed(0)
+    args = make()
+    report = tt.precision(lambda *ts: _first_tensor(func(*ts, **kwargs)).float().sum(),
+                          *[tt.tracer(a, requires_grad=True) for a in args], dtype=dtype)
+    _assert_autocast_does(report.rows[0].why, func, args, kwargs, dtype)
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=str)
+@pytest.mark.parametrize("func", [torch.fft.fft, torch.fft.rfft, torch.fft.ifft, torch.fft.fftshift,
+                                  torch.linalg.eigvals, torch.linalg.cond], ids=lambda f: f.__name__)
+def test_the_reason_of_ops_without_a_rule_is_what_torch_autocast_does(func, dtype):
+    _assert_autocast_does(why(func), lambda a: _first_tensor(func(a)).real, [_spd()], {}, dtype)

@@ -121,7 +121,9 @@ def record_pass(fn: Any, args: tuple, kwargs: dict, explore: bool = False, tool:
         handle.remove()
     scalars = [t for t in flatten(output)[0] if isinstance(t, torch.Tensor) and t.numel() == 1]
     if not scalars or not getattr(scalars[0], "_tt_requires_grad", False):
-        raise RuntimeError(f"{tool}: the function must return a scalar tracer that requires grad (the loss)")
+        raise RuntimeError(f"{tool}: the function must return a scalar tracer that requires grad (the loss); port the "
+                           "model first (tt.port(model)) so its parameters are tracers, or pass tracers that require "
+                           "grad as inputs")
     loss = scalars[0]
     names: Dict[int, str] = {}
     for model in ran.roots():

@@ -30,29 +30,42 @@ FLOAT32 = frozenset((
     "triplet_margin_loss", "multi_margin_loss", "ctc_loss", "kl_div", "multilabel_margin_loss",
     "binary_cross_entropy_with_logits", "geqrf", "qr", "svd", "triangular_solve", "fractional_max_pool2d",
     "fractional_max_pool3d", "adaptive_max_pool3d", "multilabel_margin_loss_forward",
+    "linalg_inv", "linalg_inv_ex", "linalg_solve", "linalg_cholesky", "linalg_cholesky_ex", "linalg_svd",
+    "linalg_svdvals", "linalg_qr", "linalg_eig", "linalg_eigh", "linalg_eigvals", "linalg_eigvalsh", "linalg_cond",
+    "linalg_matrix_rank", "linalg_lstsq", "linalg_householder_product", "linalg_tensorinv", "linalg_tensorsolve",
+    "fft_fft", "fft_ifft", "fft_fft2", "fft_ifft2", "fft_fftn", "fft_ifftn", "fft_rfft", "fft_irfft", "fft_rfft2",
+    "fft_irfft2", "fft_rfftn", "fft_irfftn", "fft_hfft", "fft_ihfft",
 ))
 PROMOTE = frozenset(("stack", "cat", "index_copy"))
 
-# The Python spelling of an op -> the name autocast's lists use for it.
+# The Python spelling of an op -> the name autocast's lists use for it; for an op on no list that runs a listed one
+# inside (einsum's bmm), that one's, which decides the dtype.
 ATEN_NAME = {"cross_entropy": "cross_entropy_loss", "__matmul__": "matmul", "__rmatmul__": "matmul",
-             "adaptive_avg_pool3d": "adaptive_avg_pool3d", "concat": "cat", "concatenate": "cat"}
+             "concat": "cat", "concatenate": "cat", "linalg_matmul": "matmul", "einsum": "bmm", "tensordot": "mm",
+             "inner": "mm", "chain_matmul": "mm", "linalg_multi_dot": "mm", "linalg_matrix_power": "matmul"}
+NAMESPACES = (("torch.linalg.", "linalg_"), ("torch.fft.", "fft_"))  # torch.linalg.inv is ATen's linalg_inv
 
 WHY_LOWER, WHY_FLOAT32, WHY_PROMOTED = "lower-precision list", "float32 list", "promoted"
 
 
-def op_name(func: Optional[Callable]) -> str:
+def op_name(func: Optional[Callable], pad_mode: Optional[str] = None, pad_dims: int = 0) -> str:
     """The name autocast's lists know `func` by: `torch.nn.functional.linear` and `Tensor.matmul` -> 'linear',
-    'matmul'; `F.cross_entropy` -> 'cross_entropy_loss'."""
+    'matmul'; `F.cross_entropy` -> 'cross_entropy_loss'; `torch.linalg.inv` -> 'linalg_inv'; F.pad in `pad_mode`
+    'reflect' over `pad_dims` dimensions -> 'reflection_pad2d' (its constant and circular modes are on no list)."""
     if func is None:
         return ""
-    name = callable_name(func).rsplit(".", 1)[-1]
+    qualified = callable_name(func)
+    name = next((prefix + qualified[len(space):] for space, prefix in NAMESPACES if qualified.startswith(space)),
+                qualified.rsplit(".", 1)[-1])
+    if name == "pad" and pad_mode in ("reflect", "replicate"):
+        name = f"{'reflection' if pad_mode == 'reflect' else 'replication'}_pad{pad_dims}d"
     return ATEN_NAME.get(name, name)
 
 
-def why(func: Any) -> str:
+def why(func: Any, pad_mode: Optional[str] = None, pad_dims: int = 0) -> str:
     """'lower-precision list', 'float32 list', or 'promoted' (the promote list's widest input type, and every op on
-    no list: the type its inputs give it)."""
-    name = op_name(func)
+    no list: the type its inputs give it). F.pad's reason depends on its mode and dimensions (op_name)."""
+    name = op_name(func, pad_mode, pad_dims)
     if name in LOWER_PRECISION:
         return WHY_LOWER
     if name in FLOAT32:

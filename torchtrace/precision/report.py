@@ -17,12 +17,19 @@ def _dtype(tensors: List[Optional[torch.Tensor]]) -> Optional[torch.dtype]:
     return next((t.dtype for t in tensors if t is not None), None)
 
 
+def why_of(node: Any) -> str:
+    """lists.why for the op a node recorded (F.pad's reason reads the mode and the pads its rule kept)."""
+    ctx = node.ctx
+    pads = getattr(ctx, "pad", None) if hasattr(ctx, "__dict__") else None
+    return why(node.func, getattr(ctx, "mode", None), len(pads) // 2 if isinstance(pads, (list, tuple)) else 0)
+
+
 def forward_rows(low: Pass, reference: Pass) -> List[Row]:
     rows = []
     for i, j in _aligned(low.forward, reference.forward):
         op, ref = low.forward[i], reference.forward[j]
         node = low.recorded[i]
-        rows.append(Row(op.rule, op.module, op.line, "forward", _dtype([op.value]), why(node.func),
+        rows.append(Row(op.rule, op.module, op.line, "forward", _dtype([op.value]), why_of(node),
                         count(op.value, ref.value), relative_error(op.value, ref.value), op.value, ref.value, node, i))
     return rows
 
@@ -36,7 +43,7 @@ def backward_rows(low: Pass, reference: Pass, scale: float, computed_in: Dict[An
         errors = [relative_error(a, b, scale) for a, b in zip(step.sent, ref.sent)]
         first = next((k for k, t in enumerate(step.sent) if t is not None), 0)
         dtype = computed_in.get(step.node) or _dtype(step.sent)
-        rows.append(Row(step.rule, step.module, step.line, "backward", dtype, why(step.node.func),
+        rows.append(Row(step.rule, step.module, step.line, "backward", dtype, why_of(step.node),
                         count_all(zip(step.sent, ref.sent), scale, dtype), max(errors, default=0.0),
                         step.sent[first] if step.sent else None, ref.sent[first] if ref.sent else None, step.node, i))
     return rows

@@ -61,9 +61,19 @@ def precision(fn: Callable, *args: Any, dtype: torch.dtype = torch.bfloat16, sca
     loss multiplied by `scale`; report, per op and per rule, the dtype it ran in and why, the shares that underflowed
     and overflowed, and the relative error against float32. The random state is the same for both runs; the
     modules' buffers are left as they were before the call (parameters and .grad are too)."""
+    if not callable(fn):
+        raise TypeError(f"tt.precision: fn must be a function (or a module) returning the scalar loss, not "
+                        f"{type(fn).__name__}")
     if dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"tt.precision compares a low-precision run with float32: dtype must be torch.bfloat16 or "
-                         f"torch.float16, not {dtype}")
+                         f"torch.float16, not {dtype!r}" + ("" if isinstance(dtype, torch.dtype) else
+                                                            f" (a {type(dtype).__name__})"))
+    if device is not None:
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"tt.precision: device must be a device type torch.autocast runs on ('cpu', 'cuda'), "
+                             f"not {device!r}") from None
     scale = positive("tt.precision", "scale (what multiplies the loss, as a GradScaler does)", scale)
     low_fn = under_autocast(fn, device or _device(args), dtype, scale)
     state = torch.random.get_rng_state()

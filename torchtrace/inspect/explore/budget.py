@@ -3,6 +3,7 @@ and a block that keeps everything (the nodes keep their values in torchtrace/aut
 import contextlib
 from typing import Iterator, Optional
 
+from torchtrace.argument_checks import count
 from torchtrace.autograd.kept_values import BUDGET, THREAD
 
 _UNBOUNDED = 2**62  # credited to a thread's count while it keeps every value
@@ -14,9 +15,7 @@ def keep_values(budget: Optional[int] = None) -> int:
     Results beyond it are held weakly and the player may show them as gone; `tt.explore(fn, *inputs)` keeps
     them all whatever the budget."""
     if budget is not None:
-        if int(budget) < 0:
-            raise ValueError(f"keep_values takes a number of bytes >= 0, not {budget}")
-        BUDGET[0] = int(budget)
+        BUDGET[0] = count("tt.explore.keep_values", "the budget (a number of bytes)", budget, least=0)
     return BUDGET[0]
 
 

@@ -8,6 +8,8 @@ caller's named variables, a call copied by tt.explore(fn, *inputs) or tt.recordi
 A result changed in place after its op (under no_grad, or a view whose base changed) has a newer version
 than the op gave it: its memory is not what the op produced. The player then shows a copy taken when the op
 ran, where one exists, else says so and shows both: what it holds now, and that the op's value is lost.
+A write that moves no version counter (through `.data` or a numpy array's memory) is not seen, as torch's check
+of saved tensors does not see it either.
 """
 from typing import Any, List, Mapping, Optional, Tuple
 
