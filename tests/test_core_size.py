@@ -67,7 +67,9 @@ save_for_backward of a number refused, a hook changing the dtype refused, a leaf
 wrong gradient), in-place on views taken without grad mode and on views a custom Function returned refused (two wrong
 gradients), saved_tensors_hooks followed, autograd inside hooks and user backwards, torch 2's setup_context style,
 grad mode off inside a user forward, non-differentiable outputs marked on every linking path, a leaf view kept a
-leaf, grad_fn hooks on a leaf's AccumulateGrad: 1,587.
+leaf, grad_fn hooks on a leaf's AccumulateGrad: 1,587. A saved result's tracer made a detached alias (half an
+as_subclass's cost, and no view, as torch's result is none), and the plan of a keyword spelling applied by tt.compile's
+replay too (it read signatures again on every call): 1,597.
 """
 import ast
 import pathlib
@@ -77,7 +79,7 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1587
+BUDGET = 1597
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
 # 340 when the lanes came; then calls with keywords placed as run_rule places them (every torch.nn.functional call),
