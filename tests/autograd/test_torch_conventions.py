@@ -178,6 +178,51 @@ def test_full_backward_hooks_on_tt_nn_layers_as_torch():
     _assert_same_runs(ours, theirs)
 
 
+class _TwoOutputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.layer(x)
+        return y, y.exp()
+
+
+def _unused_output_run(model, x):
+    seen = []
+
+    def pre(module, grad_output):
+        seen.append(("pre", [None if g is None else g.clone() for g in grad_output]))
+        return tuple(None if g is None else g * 2 for g in grad_output)
+
+    def post(module, grad_input, grad_output):
+        seen.append(("post", [None if g is None else g.clone() for g in (*grad_input, *grad_output)]))
+
+    model.register_full_backward_pre_hook(pre)
+    model.register_full_backward_hook(post)
+    y, _ = model(x)  # the second output gets no gradient
+    (y * y).sum().backward()
+    return x.grad, seen
+
+
+def test_full_backward_hooks_see_none_for_a_module_output_no_gradient_reached():
+    """As torch's: the hooks see None there (not zeros), and the rule still gets zeros for it."""
+    torch.manual_seed(0)
+    model = _TwoOutputs().double()
+    x = torch.randn(3, 4, dtype=torch.float64)
+    ours = _unused_output_run(tt.port(copy.deepcopy(model)), tt.tracer(x, requires_grad=True))
+    theirs = _unused_output_run(model, x.clone().requires_grad_(True))
+    torch.testing.assert_close(ours[0], theirs[0], rtol=0, atol=1e-12)
+    nones = [[(kind, [g is None for g in gs]) for kind, gs in run[1]] for run in (ours, theirs)]
+    assert nones[0] == nones[1] == [("pre", [False, True]), ("post", [False, False, True])]
+    for (_, mine), (_, torchs) in zip(ours[1], theirs[1]):
+        for a, b in zip(mine, torchs):
+            if a is not None:
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    w, b = model.layer.weight.detach(), model.layer.bias.detach()  # dL/dx = 2 * 2y W: the pre-hook doubles dL/dy
+    torch.testing.assert_close(ours[0].as_subclass(torch.Tensor), 4 * (x @ w.T + b) @ w, rtol=0, atol=1e-12)
+
+
 FACTORIES_LIKE = {
     "zeros_like": lambda x: torch.zeros_like(x, requires_grad=True),
     "ones_like": lambda x: torch.ones_like(x, requires_grad=True),

@@ -267,12 +267,12 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
                observers: List[Callable]) -> tuple:
     """rule.backward(ctx, *grads) as a tuple, with zeros for outputs no gradient reached; grad_fn hooks run around
     it, observers see the call, and what user code receives or returns no leaf keeps."""
-    if node.output_meta is not None or node.pre_hooks:  # zeros for the outputs of a multi-output node no gradient
-        grads = grads if node.output_meta is None else [  # reached; then the grad_fn pre-hooks
-            torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None and
-            node.ctx.materialize_grads else g
-            for g, meta in zip(grads, node.output_meta)]
-        grads = grad_fn_hooks.run_pre_hooks(node, grads) if node.pre_hooks else grads
+    if node.pre_hooks:  # the grad_fn pre-hooks, then zeros for the outputs of a multi-output node no gradient
+        grads = grad_fn_hooks.run_pre_hooks(node, grads)  # reached (the hooks see None there, as torch's)
+    seen = grads
+    if node.output_meta is not None:
+        grads = [torch.zeros(meta[0], dtype=meta[1], device=meta[2]) if g is None and meta is not None and
+                 node.ctx.materialize_grads else g for g, meta in zip(grads, node.output_meta)]
     trusted = getattr(node.rule, "_tt_trusted", None)
     if trusted is None:  # a rule class that is no Function: one of OUR_RULES by its module
         trusted = node.rule.__module__.startswith(OUR_RULES)
@@ -285,7 +285,7 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
     else:  # a user's backward: user code (hooks.as_user_code)
         result = as_user_code(node.rule.backward, node.ctx, *grads)
     if type(result) is not tuple or node.ctx._n_inputs is not None or node.post_hooks:
-        result = grad_fn_hooks.run_post_hooks(node, _as_tuple(node, result), grads)
+        result = grad_fn_hooks.run_post_hooks(node, _as_tuple(node, result), seen)
     if not trusted:
         ownership.hand_out(result)
     for observe in observers:
