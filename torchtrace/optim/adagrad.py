@@ -3,7 +3,15 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from torchtrace.optim.optimizer import Optimizer, Params, check_non_negative, l2_regularised, next_step, refuse_flags
+from torchtrace.optim.optimizer import (
+    Optimizer,
+    Params,
+    check_non_negative,
+    l2_regularised,
+    next_step,
+    plain,
+    refuse_flags,
+)
 
 
 class Adagrad(Optimizer):
@@ -25,11 +33,24 @@ class Adagrad(Optimizer):
         defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
                         initial_accumulator_value=initial_accumulator_value, maximize=maximize)
         super().__init__(params, defaults)
+        for group in self.param_groups:  # as torch: every parameter's state exists from the start
+            for p in group["params"]:
+                self._start(self.state[p], plain(p))
+
+    def _start(self, state: Dict[str, Any], param: torch.Tensor) -> None:
+        """A parameter's first state, as torch's: s starts at the constructor's initial_accumulator_value (torch reads
+        no group's own, neither of a group given at construction nor of one added later)."""
+        state["step"] = torch.tensor(0.0)
+        state["sum"] = torch.full_like(param, self.defaults["initial_accumulator_value"])
+
+    def share_memory(self) -> None:
+        """The accumulated sums in shared memory, for training in several processes (as torch's)."""
+        for state in self.state.values():
+            state["sum"].share_memory_()
 
     def update(self, param: torch.Tensor, grad: torch.Tensor, state: Dict[str, Any], group: Dict[str, Any]) -> None:
-        if not state:
-            state["step"] = torch.tensor(0.0)
-            state["sum"] = torch.full_like(param, group["initial_accumulator_value"])
+        if not state:  # a parameter of a group added since
+            self._start(state, param)
         step = next_step(state)
         grad = l2_regularised(grad, param, group["maximize"], group["weight_decay"])
         lr_t = float(group["lr"]) / (1 + (step - 1) * group["lr_decay"])

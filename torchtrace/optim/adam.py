@@ -33,6 +33,13 @@ class Adam(Optimizer):
                         maximize=maximize, decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
 
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        """After load_state_dict: the flags a checkpoint from an older torch lacks take their defaults, as torch's."""
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for flag in ("amsgrad", "maximize", "decoupled_weight_decay"):
+                group.setdefault(flag, False)
+
     def update(self, param: torch.Tensor, grad: torch.Tensor, state: Dict[str, Any], group: Dict[str, Any]) -> None:
         lr, (beta1, beta2), weight_decay = float(group["lr"]), group["betas"], group["weight_decay"]
         if not state:
@@ -42,7 +49,7 @@ class Adam(Optimizer):
             if group["amsgrad"]:
                 state["max_exp_avg_sq"] = torch.zeros_like(param)
         step = next_step(state)
-        decoupled = group.get("decoupled_weight_decay", False)
+        decoupled = group["decoupled_weight_decay"]
         grad = l2_regularised(grad, param, group["maximize"], 0 if decoupled else weight_decay)
         if decoupled and weight_decay != 0:
             param.mul_(1 - lr * weight_decay)
@@ -70,3 +77,10 @@ class AdamW(Adam):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
                          capturable=capturable, differentiable=differentiable, fused=fused,
                          decoupled_weight_decay=True)
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        """After load_state_dict, as torch's AdamW: the decay stays decoupled, whatever the checkpoint says (an Adam's
+        state_dict, or one older than the flag, would otherwise turn it into Adam's L2 penalty)."""
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group["decoupled_weight_decay"] = True

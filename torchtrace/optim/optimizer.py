@@ -40,6 +40,8 @@ def check_non_negative(**values: float) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (numbers.Real, torch.Tensor)):
             raise TypeError(f"Invalid {'learning rate' if name == 'lr' else name}: {value!r} (a number)")
+        if isinstance(value, torch.Tensor) and value.numel() != 1:
+            raise ValueError(f"Tensor {name} must be 1-element")
         if value < 0:
             label = "learning rate" if name == "lr" else f"{name} value"
             raise ValueError(f"Invalid {label}: {value}")
@@ -87,7 +89,10 @@ class Optimizer(torch.optim.Optimizer):
                 for p, param, grad in pairs:
                     if grad.is_sparse:
                         raise RuntimeError(f"torchtrace.optim.{type(self).__name__} does not support sparse gradients")
-                    self.update(param, grad, state[p], group)
+                    kept = state[p]
+                    self.update(param, grad, kept, group)
+                    if not kept:  # nothing to keep (SGD without momentum): no entry, as torch's state
+                        del state[p]
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
