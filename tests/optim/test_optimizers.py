@@ -375,6 +375,14 @@ def test_same_gradients_give_bit_identical_steps(name, options):
             assert torch.equal(as_plain(a), b.detach()), f"step {i}: {name} {options} differs from torch.optim"
 
 
+def _side_by_side(name: str, groups=lambda params: params, **options) -> tuple:
+    """The same parameters as tracers and as torch leaves, with torchtrace's and torch's optimizer `name` on them."""
+    init = initial_values()
+    ours, theirs = tracers(init), torch_leaves(init)
+    ours_opt = getattr(tto, name)(groups(ours), **options)
+    return ours, theirs, ours_opt, getattr(torch.optim, name)(groups(theirs), **options)
+
+
 def _adam_checkpoint(without_flag: bool) -> dict:
     """torch.optim.Adam's state_dict after 3 steps (optionally as an older torch wrote it: no decoupled flag)."""
     theirs = torch_leaves(initial_values())
@@ -390,9 +398,7 @@ def _adam_checkpoint(without_flag: bool) -> dict:
 @pytest.mark.parametrize("without_flag", [False, True], ids=["an Adam checkpoint", "an older checkpoint"])
 def test_adamw_keeps_its_decay_decoupled_after_loading_any_checkpoint(without_flag):
     """As torch's AdamW: loading Adam's state (or one without the flag) must not turn its decay into an L2 penalty."""
-    ours, theirs = tracers(initial_values()), torch_leaves(initial_values())
-    ours_opt = tto.AdamW(ours, lr=0.05, weight_decay=0.1)
-    theirs_opt = torch.optim.AdamW(theirs, lr=0.05, weight_decay=0.1)
+    ours, theirs, ours_opt, theirs_opt = _side_by_side("AdamW", lr=0.05, weight_decay=0.1)
     ours_opt.load_state_dict(_adam_checkpoint(without_flag))
     theirs_opt.load_state_dict(_adam_checkpoint(without_flag))
     assert ours_opt.param_groups[0]["decoupled_weight_decay"] is theirs_opt.param_groups[0]["decoupled_weight_decay"]
@@ -404,13 +410,11 @@ def test_adamw_keeps_its_decay_decoupled_after_loading_any_checkpoint(without_fl
 def test_adagrad_starts_every_sum_at_the_constructors_value_as_torch():
     """torch reads no group's own initial_accumulator_value (given at construction or in add_param_group), and its
     state exists before the first step."""
-    init = initial_values()
-    ours, theirs = tracers(init), torch_leaves(init)
-    groups = lambda p: [{"params": p[:2], "initial_accumulator_value": 3.0}]  # noqa: E731
-    ours_opt = tto.Adagrad(groups(ours), lr=0.1, initial_accumulator_value=0.5)
-    theirs_opt = torch.optim.Adagrad(groups(theirs), lr=0.1, initial_accumulator_value=0.5)
-    assert {i: {k: v.tolist() for k, v in s.items()} for i, s in ours_opt.state_dict()["state"].items()} == \
-        {i: {k: v.tolist() for k, v in s.items()} for i, s in theirs_opt.state_dict()["state"].items()}
+    first_two = lambda p: [{"params": p[:2], "initial_accumulator_value": 3.0}]  # noqa: E731
+    ours, theirs, ours_opt, theirs_opt = _side_by_side("Adagrad", first_two, lr=0.1, initial_accumulator_value=0.5)
+    states = [{i: {k: v.tolist() for k, v in s.items()} for i, s in o.state_dict()["state"].items()}
+              for o in (ours_opt, theirs_opt)]
+    assert states[0] == states[1] != {}
     ours_opt.add_param_group({"params": ours[2:], "initial_accumulator_value": 7.0})
     theirs_opt.add_param_group({"params": theirs[2:], "initial_accumulator_value": 7.0})
     run(ours_opt, ours, 5)
@@ -419,9 +423,7 @@ def test_adagrad_starts_every_sum_at_the_constructors_value_as_torch():
 
 
 def test_sgd_without_momentum_keeps_no_state_entries_as_torch():
-    init = initial_values()
-    ours, theirs = tracers(init), torch_leaves(init)
-    ours_opt, theirs_opt = tto.SGD(ours, lr=0.1), torch.optim.SGD(theirs, lr=0.1)
+    ours, theirs, ours_opt, theirs_opt = _side_by_side("SGD", lr=0.1)
     run(ours_opt, ours, 2)
     run(theirs_opt, theirs, 2)
     assert ours_opt.state_dict()["state"] == theirs_opt.state_dict()["state"] == {}
