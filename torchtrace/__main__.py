@@ -56,7 +56,7 @@ def _ops(args: argparse.Namespace) -> None:
     from torchtrace.coverage import WRONG
     from torchtrace.coverage import main as coverage
 
-    results = coverage(full=args.full, limit=args.samples, only=args.only)
+    results = coverage(full=args.full, limit=args.samples, only=args.only, device=args.device)
     if any(r.status == WRONG for r in results):
         raise SystemExit(1)
 
@@ -102,6 +102,7 @@ def parser() -> argparse.ArgumentParser:
                      help="with --coverage or --compile: samples per op (--coverage: without --full)")
     ops.add_argument("--only", nargs="+", help="with --coverage or --compile: only these OpInfo entries (name or "
                                                "name.variant)")
+    ops.add_argument("--device", default="cpu", help="with --coverage: where both sides run (e.g. cuda)")
     ops.add_argument("--compile", action="store_true",
                      help="trace every rule symbolically on OpInfo samples: clean (straight-line code for tt.compile) "
                           "or why not; --samples per entry (default 3)")

@@ -1,9 +1,9 @@
 """OpInfo coverage: PyTorch's own op database run on tracers and under torch autograd, op by op.
 
-`python -m torchtrace ops --coverage [--full] [--samples N] [--only NAME ...]` prints one line per judged op
-and the totals. An op is *judged* when its OpInfo entry (counted once per `name` + `variant_test_name`, e.g.
-`max_pool2d_with_indices_backward` and `norm.nuc` are two ops) supports autograd and has float64 samples on
-the CPU. Each sample runs in every form the entry offers -- the function (`op.op`), the method, the
+`python -m torchtrace ops --coverage [--full] [--samples N] [--only NAME ...] [--device cuda]` prints one line per
+judged op and the totals. An op is *judged* when its OpInfo entry (counted once per `name` + `variant_test_name`,
+e.g. `max_pool2d_with_indices_backward` and `norm.nuc` are two ops) supports autograd and has float64 samples on
+the device (the CPU unless `--device` names another; both sides then run there). Each sample runs in every form the entry offers -- the function (`op.op`), the method, the
 operator, and the in-place twins on a clone of the input -- through the entry's own `gradcheck_wrapper`,
 and is compared with torch autograd in float64: forward values, the gradient of every tensor input that
 requires grad (tensors inside list arguments included), and second derivatives where the entry
@@ -91,11 +91,12 @@ def op_key(op: Any) -> str:
     return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
 
 
-def judged_ops() -> list:
-    """The OpInfo entries that support autograd and have float64 samples on the CPU."""
+def judged_ops(device: str = "cpu") -> list:
+    """The OpInfo entries that support autograd and have float64 samples on `device`."""
     from torch.testing._internal.common_methods_invocations import op_db
 
-    return [op for op in op_db if op.supports_autograd and torch.float64 in op.supported_dtypes("cpu")]
+    kind = torch.device(device).type
+    return [op for op in op_db if op.supports_autograd and torch.float64 in op.supported_dtypes(kind)]
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -140,7 +141,8 @@ def _tt_leaf(t: torch.Tensor, wants: bool) -> torch.Tensor:
 
 def _weights(tensors: Sequence[Optional[torch.Tensor]], seed: int) -> List[Optional[torch.Tensor]]:
     generator = torch.Generator().manual_seed(seed)
-    return [None if t is None else torch.randn(t.shape, generator=generator, dtype=t.dtype) for t in tensors]
+    return [None if t is None else torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device)
+            for t in tensors]
 
 
 def _torch_grads(outputs: list, weights: list, leaves: list, create_graph: bool) -> List[Optional[torch.Tensor]]:
@@ -283,16 +285,16 @@ def describe_sample(sample: Any) -> str:
     return "(" + ", ".join(parts) + ")"
 
 
-def samples(op: Any, limit: Optional[int]) -> Iterable[Any]:
+def samples(op: Any, limit: Optional[int], device: str = "cpu") -> Iterable[Any]:
     """The op's float64 samples. Its sample function is called directly: op.sample_inputs walks the Python stack
     to seed each sample from the calling test's name (slow under pytest, and a different seed per caller)."""
     torch.manual_seed(0)
-    generated = iter(op.sample_inputs_func(op, "cpu", torch.float64, True))
+    generated = iter(op.sample_inputs_func(op, device, torch.float64, True))
     return itertools.islice(generated, limit) if limit else generated
 
 
-def judge(op: Any, limit: Optional[int] = 3) -> OpResult:
-    """Run up to `limit` samples of one op in every form; never raises."""
+def judge(op: Any, limit: Optional[int] = 3, device: str = "cpu") -> OpResult:
+    """Run up to `limit` samples of one op on `device` in every form; never raises."""
     name = op_key(op)
     random = getattr(op.gradcheck_wrapper, "__name__", "") == "wrapper_set_seed"
     gradgrad = bool(op.supports_gradgrad)
@@ -301,7 +303,7 @@ def judge(op: Any, limit: Optional[int] = 3) -> OpResult:
     bare = False
     skipped = "no samples"
     try:
-        sample_list = list(samples(op, limit))
+        sample_list = list(samples(op, limit, device))
     except Exception as exc:
         return OpResult(name, SKIPPED, f"sample_inputs raised {type(exc).__name__}: {exc}")
     for index, sample in enumerate(sample_list):
@@ -339,14 +341,15 @@ def _first_line(exc: Any) -> str:
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
-def run(limit: Optional[int] = 3, only: Optional[Sequence[str]] = None, out: Any = None) -> List[OpResult]:
-    """Judge every op (or those named in `only`), printing one line per op as it goes."""
+def run(limit: Optional[int] = 3, only: Optional[Sequence[str]] = None, out: Any = None,
+        device: str = "cpu") -> List[OpResult]:
+    """Judge every op (or those named in `only`) on `device`, printing one line per op as it goes."""
     out = out or sys.stdout
     results = []
-    ops = [op for op in judged_ops() if not only or op_key(op) in only or op.name in only]
+    ops = [op for op in judged_ops(device) if not only or op_key(op) in only or op.name in only]
     for op in ops:
         start = time.perf_counter()
-        result = judge(op, limit)
+        result = judge(op, limit, device)
         seconds = time.perf_counter() - start
         results.append(result)
         print(f"{result.status:<12} {result.name:<45} {seconds:6.2f}s  {result.detail}", file=out, flush=True)
@@ -357,14 +360,15 @@ def totals(results: Sequence[OpResult]) -> str:
     """One line: judged ops and the count per verdict."""
     counts = {status: sum(r.status == status for r in results) for status in (PASS, UNSUPPORTED, WRONG, SKIPPED)}
     legacy = sum(r.status == UNSUPPORTED and r.bare_refusal for r in results)
-    return (f"judged ops: {len(results)} (OpInfo name + variant_test_name, supports_autograd, float64 on CPU) -- "
+    return (f"judged ops: {len(results)} (OpInfo name + variant_test_name, supports_autograd, float64) -- "
             f"PASS {counts[PASS]}, unsupported {counts[UNSUPPORTED]} ({legacy} of them refused with a bare "
             f"NotImplementedError), WRONG {counts[WRONG]}, skipped {counts[SKIPPED]}")
 
 
-def main(full: bool = False, limit: int = 3, only: Optional[Sequence[str]] = None) -> List[OpResult]:
+def main(full: bool = False, limit: int = 3, only: Optional[Sequence[str]] = None,
+         device: str = "cpu") -> List[OpResult]:
     """`python -m torchtrace ops --coverage`: the table, the WRONG ops again, and the totals."""
-    results = run(None if full else limit, only)
+    results = run(None if full else limit, only, device=device)
     wrong = [r for r in results if r.status == WRONG]
     if wrong:
         print("\nWRONG (a value or gradient differs from torch, or torchtrace crashed):")
