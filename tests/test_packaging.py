@@ -81,3 +81,17 @@ def test_installs_into_a_fresh_environment_and_back_propagates(how, source, whee
     target = str(wheel) if how == "wheel" else str(source)
     run(python, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", target, cwd=tmp_path)
     assert run(python, "-c", SMOKE, cwd=tmp_path).startswith("ok")
+
+
+def test_imports_and_back_propagates_on_a_torch_without_a_newer_function():
+    """A torch release older than the pin lacks some callables torchtrace has rules for (F.linear_cross_entropy):
+    torchtrace still imports, registers no rule for what is missing, and differentiates the rest."""
+    program = ("import torch.nn.functional as F; del F.linear_cross_entropy\n"
+               "import torch, torchtrace as tt\n"
+               "x = tt.as_tracer(torch.tensor([1.0, 2.0]), requires_grad=True)\n"
+               "F.cross_entropy(x[None], torch.tensor([1])).backward()\n"
+               "expected = torch.softmax(torch.tensor([1.0, 2.0]), 0) - torch.tensor([0.0, 1.0])\n"
+               "assert torch.allclose(x.grad, expected), x.grad\n"
+               "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -160,7 +160,7 @@ class GPT(nn.Module):
         self.head.weight = self.tok.weight  # weight tying
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.tok(tokens) + self.pos(torch.arange(tokens.size(1)))
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.size(1), device=tokens.device))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))

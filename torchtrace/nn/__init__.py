@@ -9,11 +9,13 @@ from torch.nn import functional, init  # noqa: F401  (torch's initialisers fill 
 from torchtrace.nn import (  # noqa: F401  (rules without modules: grid_sample, _weight_norm, aten norms, elu_)
     activation_inplace,
     gumbel_softmax,
-    linear_cross_entropy,
     native,
     sampling,
     weight_norm,
 )
+
+if hasattr(functional, "linear_cross_entropy"):  # older torch releases have none: no rule to register
+    from torchtrace.nn import linear_cross_entropy  # noqa: F401
 from torchtrace.nn import parallel as parallel  # tt.nn.parallel.DistributedDataParallel
 from torchtrace.nn.activation import (
     CELU,
