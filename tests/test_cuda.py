@@ -124,3 +124,43 @@ def test_compiled_training_equals_eager_on_the_device(name):
     for (name_c, p_c), (name_e, p_e) in zip(compiled_model.named_parameters(), eager_model.named_parameters()):
         assert name_c == name_e
         torch.testing.assert_close(plain(p_c), plain(p_e), rtol=0, atol=0, msg=name_c)
+
+
+DROPOUTS = {
+    "F.dropout": lambda x: torch.nn.functional.dropout(x, 0.4, True),
+    "F.dropout(inplace=True)": lambda x: torch.nn.functional.dropout(x, 0.4, True, inplace=True),
+    "torch.dropout_": lambda x: torch.dropout_(x, 0.4, True),
+    "F.dropout2d(inplace=True)": lambda x: torch.nn.functional.dropout2d(x, 0.4, True, inplace=True),
+}
+
+
+@pytest.mark.parametrize("form", DROPOUTS)
+def test_dropout_draws_torchs_mask_on_the_device(form):
+    """On CUDA torch draws out-of-place dropout with a fused kernel and in-place dropout with bernoulli_: each form
+    drops exactly the elements torch's same form drops after the same seed, and the gradient is that mask's."""
+    x = torch.rand(4, 6, 5, 5, dtype=torch.float64, device=DEVICE) + 0.5
+    results = []
+    for leaf in (x.clone().requires_grad_(), tt.as_tracer(x.clone(), requires_grad=True)):
+        torch.manual_seed(11)
+        y = DROPOUTS[form](leaf * 1.0)
+        (y * x).sum().backward()
+        results.append((plain(y.detach()), plain(leaf.grad)))
+    (y_torch, g_torch), (y_ours, g_ours) = results
+    assert torch.equal(y_ours, y_torch) and torch.equal(g_ours, g_torch)
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (5, 3), (4, 4), (2, 3, 5)])
+@pytest.mark.parametrize("pivot", [True, False])
+def test_lu_gradients_with_and_without_pivoting(shape, pivot):
+    """torch.linalg.lu(A, pivot=False) exists on CUDA only (P is then empty and A = L U)."""
+    if not pivot and DEVICE != "cuda":
+        pytest.skip("LU without pivoting is CUDA-only in torch")
+    a = torch.randn(shape, dtype=torch.float64, device=DEVICE, generator=None) + 3 * torch.eye(
+        *shape[-2:], dtype=torch.float64, device=DEVICE)
+    weights = [torch.randn(t.shape, dtype=torch.float64, device=DEVICE) for t in torch.linalg.lu(a, pivot=pivot)[1:]]
+    grads = []
+    for leaf in (a.clone().requires_grad_(), tt.as_tracer(a.clone(), requires_grad=True)):
+        _, lower, upper = torch.linalg.lu(leaf, pivot=pivot)
+        ((lower * weights[0]).sum() + (upper * weights[1]).sum()).backward()
+        grads.append(plain(leaf.grad))
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-10)

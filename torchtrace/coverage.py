@@ -3,8 +3,9 @@
 `python -m torchtrace ops --coverage [--full] [--samples N] [--only NAME ...] [--device cuda]` prints one line per
 judged op and the totals. An op is *judged* when its OpInfo entry (counted once per `name` + `variant_test_name`,
 e.g. `max_pool2d_with_indices_backward` and `norm.nuc` are two ops) supports autograd and has float64 samples on
-the device (the CPU unless `--device` names another; both sides then run there). Each sample runs in every form the entry offers -- the function (`op.op`), the method, the
-operator, and the in-place twins on a clone of the input -- through the entry's own `gradcheck_wrapper`,
+the device (the CPU unless `--device` names another; both sides then run there). Each sample runs in every form
+the entry offers -- the function (`op.op`), the method, the operator, and the in-place twins on a clone of the
+input -- through the entry's own `gradcheck_wrapper`,
 and is compared with torch autograd in float64: forward values, the gradient of every tensor input that
 requires grad (tensors inside list arguments included), and second derivatives where the entry
 `supports_gradgrad`. Verdicts:

@@ -10,7 +10,9 @@ map a y + b that keeps the mean and variance: y = x a m + shift. Its forward run
 zeros, which draws exactly torch's mask and returns the shift, from which the mask is read back (shift > 0
 exactly where a unit is kept); so it too matches torch bit for bit under the same seed.
 `inplace=True` writes the result into the input (recorded as x.relu_() is); when dropout is the identity the
-input is handed back untouched (`is_identity`), as torch does, so that is no in-place change at all.
+input is handed back untouched (`is_identity`), as torch does, so that is no in-place change at all. The in-place
+form of plain dropout (F.dropout(x, inplace=True), torch.dropout_) draws its mask as torch's does on every device,
+with bernoulli_ on a new tensor: out of place, torch runs a fused kernel on CUDA that draws differently.
 """
 import math
 from typing import Callable
@@ -18,7 +20,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from torchtrace.autograd.function import Function, register
+from torchtrace.autograd.function import INPLACE, Function, register
 from torchtrace.nn.module import Module
 
 
@@ -56,15 +58,35 @@ def _identity(p: float, training: bool) -> bool:
     return isinstance(p, (int, float)) and 0 <= p <= 1 and (not training or p == 0)
 
 
+def _scale_drawn_in_place(ones: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """m / (1 - p) drawn as torch's in-place dropout draws it: bernoulli_(1 - p) on a new tensor (p = 1: no draws)."""
+    if not 0 <= p <= 1:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if p == 1:
+        return torch.zeros_like(ones)
+    return torch.empty_like(ones).bernoulli_(1 - p).div_(1 - p)
+
+
+class InPlaceDropout(DropoutFunction):
+    """in place (F.dropout(x, inplace=True), torch.dropout_): y = x * m / (1 - p), m ~ Bernoulli(1 - p)  ->
+    dy/dx = m / (1 - p)"""
+
+    op = staticmethod(_scale_drawn_in_place)
+
+
 def dropout_rule(name: str, op: Callable, math_line: str, base: type = DropoutFunction) -> type:
-    """The rule of a dropout variant: `base` (DropoutFunction) drawing its mask with `op`."""
+    """The rule of a dropout variant: `base` (DropoutFunction) drawing its mask with `op`, in place as out of place."""
     body = {"__doc__": math_line, "op": staticmethod(op)}
-    return register(op, rule=type(name, (base,), body))
+    rule = register(op, rule=type(name, (base,), body))
+    rule.inplace_rule = rule
+    return rule
 
 
 register(F.dropout, DropoutFunction)
+DropoutFunction.inplace_rule = InPlaceDropout  # F.dropout(x, inplace=True)
 dropout_rule("TorchDropout", torch.dropout,
              "torch.dropout(x, p, train): y = x * m / (1 - p), m ~ Bernoulli(1 - p)  ->  dx = g m / (1 - p)")
+INPLACE[torch.dropout_] = (InPlaceDropout, torch.dropout)
 FEATURE = "y = x * m / (1 - p), one m ~ Bernoulli(1 - p) per (sample, channel)  ->  dy/dx = m / (1 - p)"
 dropout_rule("Dropout1dFunction", F.dropout1d, FEATURE)
 dropout_rule("Dropout2dFunction", F.dropout2d, FEATURE)

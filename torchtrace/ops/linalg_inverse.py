@@ -287,9 +287,9 @@ def lu_parts(lu: torch.Tensor) -> tuple:
     return lower, triu(lu[..., :k, :])
 
 
-def lu_grad(p: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor, g_lower: torch.Tensor,
+def lu_grad(p: Optional[torch.Tensor], lower: torch.Tensor, upper: torch.Tensor, g_lower: torch.Tensor,
             g_upper: torch.Tensor) -> torch.Tensor:
-    """dA of A = P L U from dL, dU:  square: dA = P L^-T (tril_-1(L^T gL) + triu(gU U^T)) U^-T.
+    """dA of A = P L U from dL, dU:  square: dA = P L^-T (tril_-1(L^T gL) + triu(gU U^T)) U^-T (p None: P = I).
 
     Wide (m < n, U = [U1 U2]): U2 = L^-1 P^T A2 adds -gU2 U2^T to L^T gL, and dA2 = P L^-T gU2.
     Tall (m > n, L = [L1; L2]): L2 = B2 U^-1 adds -L2^T gL2 to gU U^T, and dB2 = gL2 U^-T (B = P^T A).
@@ -310,7 +310,7 @@ def lu_grad(p: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor, g_lower: 
     else:
         core = linalg.solve_triangular(l1.mT, core, upper=True, unitriangular=True)
         grad = linalg.solve_triangular(u1.mT, torch.cat([core, g_lower[..., k:, :]], -2), upper=False, left=False)
-    return p @ grad
+    return grad if p is None else p @ grad
 
 
 def permutation(lu: torch.Tensor, pivots: torch.Tensor) -> torch.Tensor:
@@ -376,7 +376,7 @@ class Lu(Function):
     def forward(ctx, A, *, pivot=True):
         real_only("torch.linalg.lu", A)
         out = linalg.lu(A, pivot=pivot)
-        ctx.save_for_backward(out.P, out.L, out.U)
+        ctx.save_for_backward(out.P if pivot else None, out.L, out.U)  # pivot=False (CUDA only): P is empty, A = L U
         return out
 
     @staticmethod
