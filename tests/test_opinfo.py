@@ -90,3 +90,11 @@ if __name__ == "__main__" and "--write" in sys.argv:
     names = [r.name for r in coverage.run(limit=2, out=open("/dev/null", "w")) if r.status == coverage.PASS]
     PASSING_FILE.write_text("\n".join(sorted(names)) + "\n")
     print(f"{len(names)} ops written to {PASSING_FILE}")
+
+
+def test_a_sample_with_a_float32_tensor_is_compared_at_float32_tolerances():
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    x64 = torch.zeros(2, dtype=torch.float64)
+    assert coverage.tolerances(SampleInput(x64, args=(x64,))) == (coverage.RTOL, coverage.ATOL)
+    assert coverage.tolerances(SampleInput(x64, kwargs={"aweights": x64.float()})) == (1.3e-6, 1e-5)

@@ -70,14 +70,27 @@ def test_scaled_dot_product_attention_double_backward(fn, inputs):
 
 
 def _dropped_attention(q, k, v, p, mask=None, is_causal=False, scale=None):
-    """sdpa with dropout written out, drawing its mask as the rule does: one bernoulli_ of the weights' shape."""
+    """sdpa with dropout written out, drawing its mask as the rule does: F.dropout of ones of the weights' shape."""
     weights = AttentionWeights.apply(q, k, mask, is_causal, scale) if isinstance(q, tt.tracer) else None
     scores = q @ k.transpose(-2, -1) * (scale or 1 / math.sqrt(q.size(-1)))
     if mask is not None:
         scores = scores + mask
     weights = torch.softmax(scores, -1) if weights is None else weights
-    keep = torch.empty_like(weights.detach()).bernoulli_(1 - p)
-    return (weights * (keep / (1 - p) if p < 1 else keep)) @ v
+    return (weights * torch.nn.functional.dropout(torch.ones_like(weights.detach()), p, True)) @ v
+
+
+@pytest.mark.parametrize("p", [0.4, 1.0])
+def test_sdpa_dropout_draws_what_torchs_own_kernel_draws(p):
+    """On the CPU torch's math kernel runs dropout on the weights: after the same seed torchtrace drops the same
+    weights and leaves the generator where torch leaves it (p = 1 draws nothing)."""
+    results = []
+    for make in (lambda x: x, lambda x: tt.tracer(x, requires_grad=True)):
+        torch.manual_seed(3)
+        out = sdpa(make(Q.double()), make(K.double()), make(V.double()), dropout_p=p)
+        results.append((out.detach().as_subclass(torch.Tensor), torch.rand(4)))
+    (theirs, after_theirs), (ours, after_ours) = results
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)  # the same weights dropped (else O(1) apart)
+    assert torch.equal(after_ours, after_theirs)
 
 
 @pytest.mark.parametrize("p, options, inputs", [

@@ -105,10 +105,11 @@ class ScaledDotProductAttention(Function):
     dP = (G V^T) * D,  dQ = dS K * scale,  dK = dS^T Q * scale,  dmask = dS;  D = dropout's kept/(1 - p) (1 without
     dropout)
 
-    With dropout_p > 0 while recording, the mask D is drawn here, from torch's RNG (one bernoulli_ draw of P's
-    shape), and saved: forward and backward use the same mask. It is not the mask torch's fused kernel would draw
-    for the same seed (that kernel consumes the RNG stream its own way), so outputs differ from torch's for a
-    given seed; their distribution is the same.
+    With dropout_p > 0 while recording, the mask D is drawn here as torch's math kernel draws it (F.dropout of P's
+    shape, on a tensor of ones: D is m / (1 - p) itself) and saved: forward and backward use the same mask. After
+    the same seed, that is torch's mask wherever torch runs its math kernel (the CPU, float64 on CUDA). Torch's fused
+    CUDA kernels (flash, memory-efficient: float32 and lower on CUDA) consume the RNG stream their own way, so there
+    outputs differ from torch's for a given seed; their distribution is the same.
     """
 
     @staticmethod
@@ -121,8 +122,7 @@ class ScaledDotProductAttention(Function):
                                                   enable_gqa=enable_gqa)
         k_all, v_all = _all_heads(query, key, value, enable_gqa)
         p = attention_weights(query, k_all, attn_mask, is_causal, ctx.scale)
-        kept = torch.empty_like(p).bernoulli_(1 - dropout_p)
-        ctx.keep = kept / (1 - dropout_p) if dropout_p < 1 else kept  # p = 1: every weight dropped
+        ctx.keep = F.dropout(torch.ones_like(p), dropout_p, True)  # m / (1 - p); p = 1: zeros, nothing drawn
         return (p * ctx.keep) @ v_all
 
     @staticmethod
