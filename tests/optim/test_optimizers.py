@@ -70,6 +70,10 @@ CASES = [
     ("Adam", dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True, amsgrad=True)),
     ("AdamW", dict(lr=0.01)),
     ("AdamW", dict(lr=0.01, weight_decay=0.5, amsgrad=True, betas=(0.5, 0.9))),
+    # torch's multi-tensor kernels (its default on CUDA): every step at once for all parameters
+    ("Adam", dict(lr=0.01, foreach=True)),
+    ("Adam", dict(lr=0.01, weight_decay=0.1, amsgrad=True, maximize=True, foreach=True)),
+    ("AdamW", dict(lr=0.01, weight_decay=0.5, amsgrad=True, foreach=True)),
     ("RMSprop", dict()),
     ("RMSprop", dict(lr=0.001, alpha=0.9, eps=1e-6, momentum=0.9)),
     ("RMSprop", dict(lr=0.01, centered=True)),
@@ -105,6 +109,37 @@ def test_parameters_stay_leaves_and_nothing_is_recorded(name):
     for p in params:
         assert type(p) is tt.tracer and p.is_leaf and p.grad_fn is None and p.requires_grad
         assert type(p.grad) is torch.Tensor
+
+
+@pytest.mark.parametrize("name", ["Adam", "AdamW"])
+def test_foreach_updates_are_torchs_bit_for_bit_in_float32(name):
+    """The multi-tensor form (torch's default on CUDA; foreach=True here on the CPU) equals torch's own, exactly,
+    and equals the one-parameter-at-a-time form to rounding."""
+    init = [v.float() for v in initial_values()]
+    results = []
+    for module, foreach in ((tto, True), (torch.optim, True), (tto, False)):
+        params = tracers(init) if module is tto else torch_leaves(init)
+        optimizer = getattr(module, name)(params, lr=0.01, amsgrad=True, weight_decay=0.1, foreach=foreach)
+        for i in range(30):
+            optimizer.zero_grad()
+            model_loss(params, *[t.float() for t in DATA[i % len(DATA)]]).backward()
+            optimizer.step()
+        results.append([as_plain(p) for p in params])
+    ours, theirs, one_at_a_time = results
+    for a, b, c in zip(ours, theirs, one_at_a_time):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(a, c)
+
+
+def test_foreach_with_a_tensor_lr_is_refused_as_torch_refuses_it():
+    message = "lr as a Tensor is not supported for capturable=False and foreach=True"
+    params = tracers(initial_values())
+    with pytest.raises(ValueError, match=message):
+        tto.Adam(params, lr=torch.tensor(0.01), foreach=True)
+    optimizer = tto.Adam(params, lr=0.01, foreach=True)
+    optimizer.param_groups[0]["lr"] = torch.tensor(0.01)  # set later: torch's step refuses it
+    with pytest.raises(RuntimeError, match=message):
+        run(optimizer, params, 1)
 
 
 def test_param_groups_with_different_lrs():

@@ -1,9 +1,17 @@
 """Adam and AdamW: adaptive moment estimation, with L2 (Adam) or decoupled (AdamW) weight decay and AMSGrad."""
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from torchtrace.optim.optimizer import Optimizer, Params, check_non_negative, l2_regularised, next_step, refuse_flags
+from torchtrace.optim.optimizer import (
+    Optimizer,
+    Params,
+    check_non_negative,
+    l2_regularised,
+    next_step,
+    refuse_flags,
+    uses_foreach,
+)
 
 
 class Adam(Optimizer):
@@ -16,6 +24,9 @@ class Adam(Optimizer):
         v <- beta2 * v + (1 - beta2) * g^2        second moment, state['exp_avg_sq']
         v <- v_max = max(v_max, v)                if amsgrad,    state['max_exp_avg_sq']
         theta <- theta - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+
+    `update` is that rule for one parameter; `update_all` runs the same steps for all of a group's parameters at
+    once with torch's multi-tensor kernels where torch does (CUDA by default, or foreach=True).
     """
 
     def __init__(self, params: Params, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
@@ -29,8 +40,10 @@ class Adam(Optimizer):
             if not 0.0 <= beta < 1.0:
                 raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
         refuse_flags(capturable=capturable, differentiable=differentiable, fused=fused)
+        if isinstance(lr, torch.Tensor) and foreach:
+            raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                        maximize=maximize, decoupled_weight_decay=decoupled_weight_decay)
+                        maximize=maximize, foreach=foreach, decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
@@ -40,14 +53,19 @@ class Adam(Optimizer):
             for flag in ("amsgrad", "maximize", "decoupled_weight_decay"):
                 group.setdefault(flag, False)
 
-    def update(self, param: torch.Tensor, grad: torch.Tensor, state: Dict[str, Any], group: Dict[str, Any]) -> None:
-        lr, (beta1, beta2), weight_decay = float(group["lr"]), group["betas"], group["weight_decay"]
+    @staticmethod
+    def first_state(param: torch.Tensor, state: Dict[str, Any], group: Dict[str, Any]) -> None:
+        """t = 0, m = v (= v_max) = 0, on a parameter's first step."""
         if not state:
             state["step"] = torch.tensor(0.0)
             state["exp_avg"] = torch.zeros_like(param)
             state["exp_avg_sq"] = torch.zeros_like(param)
             if group["amsgrad"]:
                 state["max_exp_avg_sq"] = torch.zeros_like(param)
+
+    def update(self, param: torch.Tensor, grad: torch.Tensor, state: Dict[str, Any], group: Dict[str, Any]) -> None:
+        lr, (beta1, beta2), weight_decay = float(group["lr"]), group["betas"], group["weight_decay"]
+        self.first_state(param, state, group)
         step = next_step(state)
         decoupled = group["decoupled_weight_decay"]
         grad = l2_regularised(grad, param, group["maximize"], 0 if decoupled else weight_decay)
@@ -64,6 +82,37 @@ class Adam(Optimizer):
         step_size = lr / (1 - beta1**step)
         denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(group["eps"])
         param.addcdiv_(exp_avg, denom, value=-step_size)
+
+    def update_all(self, params: List[torch.Tensor], grads: List[torch.Tensor], states: List[Dict[str, Any]],
+                   group: Dict[str, Any]) -> None:
+        """`update`'s steps, each for all the parameters at once (torch._foreach_*), where torch uses them."""
+        if not uses_foreach(group, params):
+            return super().update_all(params, grads, states, group)
+        if isinstance(group["lr"], torch.Tensor):
+            raise RuntimeError("lr as a Tensor is not supported for capturable=False and foreach=True")
+        lr, (beta1, beta2), weight_decay = group["lr"], group["betas"], group["weight_decay"]
+        for param, state in zip(params, states):
+            self.first_state(param, state, group)
+        steps = [state["step"] for state in states]
+        exp_avgs, exp_avg_sqs = [state["exp_avg"] for state in states], [state["exp_avg_sq"] for state in states]
+        torch._foreach_add_(steps, 1)
+        if group["maximize"]:
+            grads = torch._foreach_neg(grads)
+        if weight_decay != 0 and group["decoupled_weight_decay"]:
+            torch._foreach_mul_(params, 1 - lr * weight_decay)
+        elif weight_decay != 0:
+            grads = torch._foreach_add(grads, params, alpha=weight_decay)
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+        if group["amsgrad"]:
+            exp_avg_sqs = [state["max_exp_avg_sq"] for state in states]
+            torch._foreach_maximum_(exp_avg_sqs, [state["exp_avg_sq"] for state in states])
+        counts = [float(step) for step in steps]
+        denoms = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_div_(denoms, [(1 - beta2**t) ** 0.5 for t in counts])
+        torch._foreach_add_(denoms, group["eps"])
+        torch._foreach_addcdiv_(params, exp_avgs, denoms, [(lr / (1 - beta1**t)) * -1 for t in counts])
 
 
 class AdamW(Adam):

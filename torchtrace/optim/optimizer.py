@@ -1,14 +1,14 @@
 """Optimizer: a torch.optim.Optimizer (parameter groups, state, hooks, (de)serialisation) with torchtrace's updates.
 
 A subclass passes its hyperparameters as `defaults` and writes one method, `update(param, grad, state, group)`:
-the update rule for a single parameter. The base class calls it under `no_grad()` for every parameter that has
+the update rule for a single parameter (`update_all` may run the same rule on all of a group's parameters at once). The base class calls it under `no_grad()` for every parameter that has
 a gradient, handing it plain-tensor aliases of the parameter and its gradient (same storage, no tracer; a gradient
 that is a plain tensor already is handed as it is), so the in-place update changes the tracer's values without
 recording anything and the state it creates stays plain.
 """
 import copy
 import numbers
-from typing import Any, Callable, Dict, Iterable, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 import torch
 
@@ -56,7 +56,8 @@ def refuse_flags(**flags: Optional[bool]) -> None:
 
 
 class Optimizer(torch.optim.Optimizer):
-    """A torch.optim.Optimizer whose update rule is torchtrace's own `update()`, one parameter at a time.
+    """A torch.optim.Optimizer whose update rule is torchtrace's own `update()`, one parameter at a time (Adam and
+    AdamW also run it for all parameters at once with torch's multi-tensor kernels where torch does: `update_all`).
 
     torch's base class keeps `param_groups` and `state`, checks the parameters, runs step / state_dict hooks and
     is what torch's lr schedulers, `ReduceLROnPlateau`, `torch.optim.swa_utils` and training loops expect.
@@ -86,14 +87,21 @@ class Optimizer(torch.optim.Optimizer):
                 with plain_torch():  # one guard for all the aliases of a group (this loop runs every step)
                     pairs = [(p, _plain_alias(p), _plain_alias(grad))
                              for p in group["params"] if (grad := p.grad) is not None]
-                for p, param, grad in pairs:
-                    if grad.is_sparse:
-                        raise RuntimeError(f"torchtrace.optim.{type(self).__name__} does not support sparse gradients")
-                    kept = state[p]
-                    self.update(param, grad, kept, group)
-                    if not kept:  # nothing to keep (SGD without momentum): no entry, as torch's state
+                if any(grad.is_sparse for _, _, grad in pairs):
+                    raise RuntimeError(f"torchtrace.optim.{type(self).__name__} does not support sparse gradients")
+                kept = [state[p] for p, _, _ in pairs]
+                self.update_all([param for _, param, _ in pairs], [grad for _, _, grad in pairs], kept, group)
+                for (p, _, _), values in zip(pairs, kept):
+                    if not values:  # nothing to keep (SGD without momentum): no entry, as torch's state
                         del state[p]
         return loss
+
+    def update_all(self, params: List[torch.Tensor], grads: List[torch.Tensor], states: List[Dict[str, Any]],
+                   group: Dict[str, Any]) -> None:
+        """The update of one group's parameters that have gradients: `update` on each in turn (an optimizer may do
+        them all at once with torch's multi-tensor kernels where torch does, see `uses_foreach`)."""
+        for param, grad, state in zip(params, grads, states):
+            self.update(param, grad, state, group)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's gradient: to None (default), or to plain zeros (a create_graph gradient's graph is
@@ -126,6 +134,17 @@ def _copy_state(values: Dict[str, Any]) -> Dict[str, Any]:
     """Copy one parameter's state: tensors as plain tensors, other values deep-copied."""
     return {key: plain(value).clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
             for key, value in values.items()}
+
+
+def uses_foreach(group: Dict[str, Any], params: List[torch.Tensor]) -> bool:
+    """torch's choice between its two implementations: the multi-tensor one (torch._foreach_* kernels, a few launches
+    for all parameters) with foreach=True, or with foreach unset when every parameter is on CUDA (torch's default
+    there, unless lr is a tensor); otherwise one parameter at a time."""
+    foreach = group.get("foreach")
+    if foreach is None:
+        return bool(params) and all(p.device.type in ("cuda", "xpu") for p in params) and \
+            not isinstance(group["lr"], torch.Tensor)
+    return bool(foreach)
 
 
 def next_step(state: Dict[str, Any]) -> float:
