@@ -1,10 +1,11 @@
 """Optimizer: a torch.optim.Optimizer (parameter groups, state, hooks, (de)serialisation) with torchtrace's updates.
 
 A subclass passes its hyperparameters as `defaults` and writes one method, `update(param, grad, state, group)`:
-the update rule for a single parameter (`update_all` may run the same rule on all of a group's parameters at once). The base class calls it under `no_grad()` for every parameter that has
-a gradient, handing it plain-tensor aliases of the parameter and its gradient (same storage, no tracer; a gradient
-that is a plain tensor already is handed as it is), so the in-place update changes the tracer's values without
-recording anything and the state it creates stays plain.
+the update rule for a single parameter (`update_all` may run the same rule on all of a group's parameters at
+once). The base class calls it under `no_grad()` for every parameter that has a gradient, handing it plain-tensor
+aliases of the parameter and its gradient (same storage, no tracer; a gradient that is a plain tensor already is
+handed as it is), so the in-place update changes the tracer's values without recording anything and the state it
+creates stays plain.
 """
 import copy
 import numbers
