@@ -69,6 +69,12 @@ def test_a_count_below_one_is_refused(argv, message, capsys):
     assert exited.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_coverage_names_an_op_it_does_not_know():
+    """`--only cov dropout` judged cov alone and said nothing of dropout (OpInfo names it nn.functional.dropout)."""
+    with pytest.raises(SystemExit, match="no judged OpInfo entry is named dropout"):
+        main(["ops", "--coverage", "--only", "cov", "dropout"])
+
+
 def test_diagnose_names_a_missing_script():
     """It printed runpy's FileNotFoundError traceback."""
     with pytest.raises(SystemExit, match="no such script: /nonexistent/train.py"):

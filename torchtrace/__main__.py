@@ -56,7 +56,10 @@ def _ops(args: argparse.Namespace) -> None:
     from torchtrace.coverage import WRONG
     from torchtrace.coverage import main as coverage
 
-    results = coverage(full=args.full, limit=args.samples, only=args.only, device=args.device)
+    try:
+        results = coverage(full=args.full, limit=args.samples, only=args.only, device=args.device)
+    except ValueError as exc:
+        raise SystemExit(f"python -m torchtrace ops --coverage: {exc}") from None
     if any(r.status == WRONG for r in results):
         raise SystemExit(1)
 

@@ -359,6 +359,10 @@ def run(limit: Optional[int] = 3, only: Optional[Sequence[str]] = None, out: Any
     out = out or sys.stdout
     results = []
     ops = [op for op in judged_ops(device) if not only or op_key(op) in only or op.name in only]
+    unknown = sorted(set(only or ()) - {name for op in ops for name in (op_key(op), op.name)})
+    if unknown:
+        raise ValueError(f"no judged OpInfo entry is named {', '.join(unknown)} (OpInfo's names, e.g. "
+                         "nn.functional.dropout, norm.nuc; `python -m torchtrace ops --coverage` lists them all)")
     for op in ops:
         start = time.perf_counter()
         result = judge(op, limit, device)

@@ -79,6 +79,17 @@ def _dropped_attention(q, k, v, p, mask=None, is_causal=False, scale=None):
     return (weights * torch.nn.functional.dropout(torch.ones_like(weights.detach()), p, True)) @ v
 
 
+@pytest.mark.parametrize("options, message", [
+    ({"dropout_p": 0.5, "is_causal": True, "attn_mask": torch.ones(3, 3, dtype=torch.bool)},
+     "Explicit attn_mask should not be set when is_causal=True"),
+    ({"dropout_p": 1.5}, "dropout probability has to be between 0 and 1, but got 1.5"),
+])
+def test_sdpa_dropout_refuses_what_torch_refuses(options, message):
+    for q in (Q.double(), tt.tracer(Q.double(), requires_grad=True)):
+        with pytest.raises(RuntimeError, match=message):
+            sdpa(q, q, q, **options)
+
+
 @pytest.mark.parametrize("p", [0.4, 1.0])
 def test_sdpa_dropout_draws_what_torchs_own_kernel_draws(p):
     """On the CPU torch's math kernel runs dropout on the weights: after the same seed torchtrace drops the same

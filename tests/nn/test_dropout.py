@@ -161,8 +161,12 @@ def test_inplace_flag_on_a_leaf_that_requires_grad_raises():
     (lambda x: F.dropout(x, 1.5), ValueError, "dropout probability has to be between 0 and 1, but got 1.5"),
     (lambda x: F.dropout2d(x, -0.1), ValueError, "dropout probability has to be between 0 and 1"),
     (lambda x: F.dropout1d(x, 0.5), RuntimeError, "dropout1d: Expected 2D or 3D input"),
+    (lambda x: F.dropout(x * 1, 1.5, inplace=True), ValueError, "dropout probability has to be between 0 and 1"),
+    (lambda x: torch.dropout_(x * 1, 1.5, True), RuntimeError, "dropout probability has to be between 0 and 1"),
 ])
 def test_torchs_argument_errors(fn, error, message):
+    with pytest.raises(error, match=message):
+        fn(X4.clone().requires_grad_())  # torch's own error, which torchtrace must raise too
     with pytest.raises(error, match=message):
         fn(tt.tracer(X4, requires_grad=True))
 

@@ -142,6 +142,50 @@ def test_foreach_with_a_tensor_lr_is_refused_as_torch_refuses_it():
         run(optimizer, params, 1)
 
 
+def test_foreach_skips_a_group_without_gradients_as_torch():
+    init = initial_values()
+    sides = []
+    for module, params in ((tto, tracers(init)), (torch.optim, torch_leaves(init))):
+        optimizer = module.Adam([{"params": params[:2]}, {"params": params[2:], "lr": 0.1}], foreach=True)
+        (params[0] * params[1]).sum().backward()  # the second group gets no gradient
+        optimizer.step()
+        sides.append((params, len(optimizer.state)))
+    (ours, our_states), (theirs, their_states) = sides
+    assert our_states == their_states == 2
+    assert_params_equal(ours, theirs, atol=0)
+
+
+@pytest.mark.parametrize("betas, foreach, message", [
+    ((torch.tensor(0.9), torch.tensor(0.99)), True, r"betas\[0\] as a Tensor is not supported"),
+    ((0.9, torch.tensor(0.99)), None, "betas must be either both floats or both Tensors"),
+])
+def test_adam_refuses_betas_as_torch_does(betas, foreach, message):
+    for module in (torch.optim, tto):
+        with pytest.raises(ValueError, match=message):
+            module.Adam(torch_leaves(initial_values()), betas=betas, foreach=foreach)
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+def test_a_checkpoint_with_a_numeric_step_count_loads_as_torchs(foreach):
+    """A state_dict whose step counts are numbers (older checkpoints): loaded, they become 0-d tensors and the
+    steps continue exactly as torch's."""
+    init = initial_values()
+    sides = []
+    for module, params in ((tto, tracers(init)), (torch.optim, torch_leaves(init))):
+        optimizer = module.Adam(params, lr=0.01, foreach=foreach)
+        run(optimizer, params, 2)
+        saved = optimizer.state_dict()
+        for values in saved["state"].values():
+            values["step"] = float(values["step"])
+        optimizer = module.Adam(params, lr=0.01, foreach=foreach)
+        optimizer.load_state_dict(saved)
+        run(optimizer, params, 3, start=2)
+        sides.append((params, optimizer))
+    (ours, ours_opt), (theirs, theirs_opt) = sides
+    assert_params_equal(ours, theirs, atol=0)
+    assert all(type(ours_opt.state[p]["step"]) is torch.Tensor for p in ours)
+
+
 def test_param_groups_with_different_lrs():
     init = initial_values()
     ours, theirs = tracers(init), torch_leaves(init)

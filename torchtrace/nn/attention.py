@@ -118,8 +118,13 @@ class ScaledDotProductAttention(Function):
         ctx.save_for_backward(query, key, value, *([] if attn_mask is None else [attn_mask]))  # only tensors are saved
         ctx.keep = None
         if dropout_p <= 0:
-            return F.scaled_dot_product_attention(query, key, value, attn_mask, 0.0, is_causal, scale=scale,
+            return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                                                   enable_gqa=enable_gqa)
+        if attn_mask is not None and is_causal:  # torch's own checks, which its kernel would make
+            raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when "
+                               "is_causal=True")
+        if dropout_p > 1:
+            raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
         k_all, v_all = _all_heads(query, key, value, enable_gqa)
         p = attention_weights(query, k_all, attn_mask, is_causal, ctx.scale)
         ctx.keep = F.dropout(torch.ones_like(p), dropout_p, True)  # m / (1 - p); p = 1: zeros, nothing drawn

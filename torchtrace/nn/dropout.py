@@ -58,20 +58,30 @@ def _identity(p: float, training: bool) -> bool:
     return isinstance(p, (int, float)) and 0 <= p <= 1 and (not training or p == 0)
 
 
-def _scale_drawn_in_place(ones: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """m / (1 - p) drawn as torch's in-place dropout draws it: bernoulli_(1 - p) on a new tensor (p = 1: no draws)."""
+def _scale_drawn_in_place(ones: torch.Tensor, p: float, training: bool, refusal: type) -> torch.Tensor:
+    """m / (1 - p) drawn as torch's in-place dropout draws it: bernoulli_(1 - p) on a new tensor (p = 1: no draws).
+    A p outside [0, 1] raises `refusal` (F.dropout: ValueError; torch.dropout_: RuntimeError), torch's message."""
     if not 0 <= p <= 1:
-        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        raise refusal(f"dropout probability has to be between 0 and 1, but got {p}")
     if p == 1:
         return torch.zeros_like(ones)
     return torch.empty_like(ones).bernoulli_(1 - p).div_(1 - p)
 
 
 class InPlaceDropout(DropoutFunction):
-    """in place (F.dropout(x, inplace=True), torch.dropout_): y = x * m / (1 - p), m ~ Bernoulli(1 - p)  ->
-    dy/dx = m / (1 - p)"""
+    """in place (F.dropout(x, inplace=True)): y = x * m / (1 - p), m ~ Bernoulli(1 - p)  ->  dy/dx = m / (1 - p)"""
 
-    op = staticmethod(_scale_drawn_in_place)
+    @staticmethod
+    def op(ones: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+        return _scale_drawn_in_place(ones, p, training, ValueError)
+
+
+class TorchInPlaceDropout(DropoutFunction):
+    """torch.dropout_(x, p, train): y = x * m / (1 - p), m ~ Bernoulli(1 - p)  ->  dy/dx = m / (1 - p)"""
+
+    @staticmethod
+    def op(ones: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+        return _scale_drawn_in_place(ones, p, training, RuntimeError)
 
 
 def dropout_rule(name: str, op: Callable, math_line: str, base: type = DropoutFunction) -> type:
@@ -86,7 +96,7 @@ register(F.dropout, DropoutFunction)
 DropoutFunction.inplace_rule = InPlaceDropout  # F.dropout(x, inplace=True)
 dropout_rule("TorchDropout", torch.dropout,
              "torch.dropout(x, p, train): y = x * m / (1 - p), m ~ Bernoulli(1 - p)  ->  dx = g m / (1 - p)")
-INPLACE[torch.dropout_] = (InPlaceDropout, torch.dropout)
+INPLACE[torch.dropout_] = (TorchInPlaceDropout, torch.dropout)
 FEATURE = "y = x * m / (1 - p), one m ~ Bernoulli(1 - p) per (sample, channel)  ->  dy/dx = m / (1 - p)"
 dropout_rule("Dropout1dFunction", F.dropout1d, FEATURE)
 dropout_rule("Dropout2dFunction", F.dropout2d, FEATURE)

@@ -33,15 +33,20 @@ class Adam(Optimizer):
                  eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False, *,
                  foreach: Optional[bool] = None, maximize: bool = False, capturable: bool = False,
                  differentiable: bool = False, fused: Optional[bool] = None, decoupled_weight_decay: bool = False):
+        if isinstance(lr, torch.Tensor) and foreach:
+            raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
         check_non_negative(lr=lr, epsilon=eps, weight_decay=weight_decay)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:  # (step() would fail to unpack it)
             raise ValueError(f"Invalid betas: {betas!r}: a pair (beta1, beta2), as (0.9, 0.999)")
         for i, beta in enumerate(betas):
             if not 0.0 <= beta < 1.0:
                 raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
+        if not any(all(isinstance(beta, kind) for beta in betas) for kind in (float, torch.Tensor)):
+            raise ValueError("betas must be either both floats or both Tensors")
+        for i, beta in enumerate(betas):
+            if isinstance(beta, torch.Tensor) and foreach:
+                raise ValueError(f"betas[{i}] as a Tensor is not supported for capturable=False and foreach=True")
         refuse_flags(capturable=capturable, differentiable=differentiable, fused=fused)
-        if isinstance(lr, torch.Tensor) and foreach:
-            raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize, foreach=foreach, decoupled_weight_decay=decoupled_weight_decay)
         super().__init__(params, defaults)
@@ -52,6 +57,10 @@ class Adam(Optimizer):
         for group in self.param_groups:
             for flag in ("amsgrad", "maximize", "decoupled_weight_decay"):
                 group.setdefault(flag, False)
+            for p in group["params"]:  # a checkpoint that kept the step count as a number: a 0-d tensor, as torch
+                values = self.state.get(p)
+                if values and not torch.is_tensor(values["step"]):
+                    values["step"] = torch.tensor(float(values["step"]))
 
     @staticmethod
     def first_state(param: torch.Tensor, state: Dict[str, Any], group: Dict[str, Any]) -> None:
@@ -86,6 +95,8 @@ class Adam(Optimizer):
     def update_all(self, params: List[torch.Tensor], grads: List[torch.Tensor], states: List[Dict[str, Any]],
                    group: Dict[str, Any]) -> None:
         """`update`'s steps, each for all the parameters at once (torch._foreach_*), where torch uses them."""
+        if not params:  # no gradient in this group: nothing to do
+            return None
         if not uses_foreach(group, params):
             return super().update_all(params, grads, states, group)
         if isinstance(group["lr"], torch.Tensor):
