@@ -125,10 +125,11 @@ class ScaledDotProductAttention(Function):
                                "is_causal=True")
         if dropout_p > 1:
             raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
-        k_all, v_all = _all_heads(query, key, value, enable_gqa)
-        p = attention_weights(query, k_all, attn_mask, is_causal, ctx.scale)
+        q, k, v, mask = opmath(query, key, value, attn_mask)  # bfloat16 / float16 in float32, as torch's math kernel
+        k_all, v_all = _all_heads(q, k, v, enable_gqa)
+        p = attention_weights(q, k_all, mask, is_causal, ctx.scale)
         ctx.keep = F.dropout(torch.ones_like(p), dropout_p, True)  # m / (1 - p); p = 1: zeros, nothing drawn
-        return (p * ctx.keep) @ v_all
+        return ((p * ctx.keep) @ v_all).to(query.dtype)
 
     @staticmethod
     def backward(ctx, g):
