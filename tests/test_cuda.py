@@ -5,72 +5,28 @@ runs PyTorch's OpInfo samples there, and bench/*.py --device cuda times it.
 
 TORCHTRACE_TEST_DEVICE=cpu runs this file on the CPU (to check the file itself on a machine without a GPU).
 """
-import copy
 import os
-from typing import Any, Tuple
 
 import pytest
 import torch
 import torch.nn as nn
-from test_port import LAYERS, MODELS, assert_same_grads, assert_same_state, batch, plain
+from test_port import LAYERS, MODELS, batch, check_adam_steps, check_layer, check_model, plain, twins
 
 import torchtrace as tt
-from torchtrace.port import port
 
 DEVICE = os.environ.get("TORCHTRACE_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def twins_on_device(build: Any, seed: int = 0) -> Tuple[nn.Module, nn.Module]:
-    """(ported model, its torch twin), float64, identical weights, both on DEVICE."""
-    torch.manual_seed(seed)
-    model = build().double().to(DEVICE)
-    twin = copy.deepcopy(model)
-    return port(model), twin
-
-
-def on_device(tree: Any) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return tree.to(DEVICE)
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(on_device(t) for t in tree)
-    if isinstance(tree, dict):
-        return {k: on_device(v) for k, v in tree.items()}
-    return tree
-
-
-def device_batch(kind: str, seed: int = 1) -> Tuple[torch.Tensor, torch.Tensor, Any]:
-    x, target, loss_fn = batch(kind, seed)
-    return x.to(DEVICE), target.to(DEVICE), loss_fn
-
-
 @pytest.mark.parametrize("name", MODELS)
 def test_model_forward_and_gradients_match_torch_on_the_device(name):
-    build, kind = MODELS[name]
-    model, twin = twins_on_device(build)
-    x, target, loss_fn = device_batch(kind)
-    ours, theirs = model(x), twin(x)
-    assert ours.device == theirs.device == x.device and ours.grad_fn is not None
-    torch.testing.assert_close(plain(ours), theirs.detach(), rtol=1e-10, atol=1e-12)
-    loss_fn(ours, target).backward()
-    loss_fn(theirs, target).backward()
-    assert all(p.grad.device == x.device for p in model.parameters())
-    assert_same_grads(model, twin)
-    assert_same_state(model, twin)
+    check_model(name, DEVICE)
 
 
 @pytest.mark.parametrize("name", ["mlp", "lenet", "gpt"])
 def test_twenty_adam_steps_track_torch_on_the_device(name):
-    build, kind = MODELS[name]
-    model, twin = twins_on_device(build)
-    ours, theirs = tt.optim.Adam(model.parameters(), lr=1e-2), torch.optim.Adam(twin.parameters(), lr=1e-2)
-    for step in range(20):
-        x, target, loss_fn = device_batch(kind, seed=step)
-        for net, optimizer in ((model, ours), (twin, theirs)):
-            optimizer.zero_grad()
-            loss_fn(net(x), target).backward()
-            optimizer.step()
-    assert_same_state(model, twin, atol=1e-7)
+    """On CUDA both optimizers take torch's multi-tensor (foreach) path by default."""
+    check_adam_steps(name, DEVICE, atol=1e-7)
 
 
 # torch's multi-layer RNNs on CUDA run cuDNN, which draws the dropout between layers from its own generator state;
@@ -80,40 +36,25 @@ CUDNN_DRAWS = {"bidirectional-GRU-dropout"}
 
 @pytest.mark.parametrize("name", LAYERS)
 def test_common_layers_differentiate_like_torch_on_the_device(name):
-    """Train-mode dropout draws torch's mask on the device too (the same generator, the same calls)."""
     if DEVICE == "cuda" and name in CUDNN_DRAWS:
         pytest.skip("cuDNN draws this dropout mask from its own generator state")
-    build, inputs = LAYERS[name]
-    model, twin = twins_on_device(build)
-    args, kwargs = on_device(inputs())
-    outputs = []
-    for net in (model, twin):
-        torch.manual_seed(7)
-        out = net(*args, **kwargs)
-        outputs.append(out[0] if isinstance(out, tuple) else out)
-    ours, theirs = outputs
-    torch.testing.assert_close(plain(ours), theirs.detach(), rtol=1e-10, atol=1e-12)
-    weights = torch.linspace(-1, 1, theirs.numel(), dtype=torch.float64, device=DEVICE).reshape(theirs.shape)
-    (ours * weights).sum().backward()
-    (theirs * weights).sum().backward()
-    assert_same_grads(model, twin)
-    assert_same_state(model, twin)
+    check_layer(name, DEVICE)
 
 
 @pytest.mark.parametrize("name", ["mlp", "lenet", "gpt"])
 def test_compiled_training_equals_eager_on_the_device(name):
     """Five SGD steps through tt.compile (recorded once, then replayed) against the same steps run eagerly."""
     build, kind = MODELS[name]
-    compiled_model, _ = twins_on_device(build)
-    eager_model, _ = twins_on_device(build)
+    compiled_model, _ = twins(build, device=DEVICE)
+    eager_model, _ = twins(build, device=DEVICE)
 
     def loss_of(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return loss_fn(model(x), target)
 
-    x, target, loss_fn = device_batch(kind)
+    x, target, loss_fn = batch(kind, device=DEVICE)
     compiled_loss = tt.compile(loss_of, (compiled_model, x, target))
     for step in range(5):
-        x, target, loss_fn = device_batch(kind, seed=step)
+        x, target, loss_fn = batch(kind, seed=step, device=DEVICE)
         for model, run in ((compiled_model, compiled_loss), (eager_model, loss_of)):
             model.zero_grad()
             run(model, x, target).backward()

@@ -10,7 +10,7 @@ import inspect
 import io
 import math
 import pickle
-from typing import Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import pytest
 import torch
@@ -171,10 +171,10 @@ def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------- harness
-def twins(build: Callable[[], nn.Module], seed: int = 0) -> Tuple[nn.Module, nn.Module]:
-    """(ported model, its un-ported torch twin), float64, identical weights."""
+def twins(build: Callable[[], nn.Module], seed: int = 0, device: str = "cpu") -> Tuple[nn.Module, nn.Module]:
+    """(ported model, its un-ported torch twin), float64, identical weights, on `device`."""
     torch.manual_seed(seed)
-    model = build().double()
+    model = build().double().to(device)
     twin = copy.deepcopy(model)
     return port(model), twin
 
@@ -200,16 +200,16 @@ def assert_same_grads(model: nn.Module, twin: nn.Module, atol: float = 1e-10) ->
         torch.testing.assert_close(plain(ours[name].grad), p.grad, rtol=1e-7, atol=atol, msg=name)
 
 
-def batch(kind: str, seed: int = 1) -> Tuple[torch.Tensor, torch.Tensor, Callable]:
-    """(input, target, loss) for a model kind, float64."""
+def batch(kind: str, seed: int = 1, device: str = "cpu") -> Tuple[torch.Tensor, torch.Tensor, Callable]:
+    """(input, target, loss) for a model kind, float64, on `device`."""
     g = torch.Generator().manual_seed(seed)
     if kind == "tokens":
         tokens = torch.randint(0, 20, (3, 9), generator=g)
-        return tokens[:, :-1], tokens[:, 1:], sequence_loss
+        return tokens[:, :-1].to(device), tokens[:, 1:].to(device), sequence_loss
     shapes = {"vector": (5, 6), "mnist": (4, 1, 28, 28), "image": (4, 3, 8, 8)}
     classes = {"vector": 3, "mnist": 10, "image": 5}[kind]
     x = torch.randn(shapes[kind], generator=g, dtype=torch.float64)
-    return x, torch.randint(0, classes, (shapes[kind][0],), generator=g), F.cross_entropy
+    return x.to(device), torch.randint(0, classes, (shapes[kind][0],), generator=g).to(device), F.cross_entropy
 
 
 MODELS: Dict[str, Tuple[Callable[[], nn.Module], str]] = {
@@ -225,13 +225,13 @@ MODELS: Dict[str, Tuple[Callable[[], nn.Module], str]] = {
 
 
 # ---------------------------------------------------------------------------------------- models vs torch
-@pytest.mark.parametrize("name", MODELS)
-def test_forward_and_every_parameter_gradient_match_torch(name):
+def check_model(name: str, device: str = "cpu") -> None:
+    """Output, every parameter gradient and buffer of model `name` equal to its torch twin's, on `device`."""
     build, kind = MODELS[name]
-    model, twin = twins(build)
-    x, target, loss_fn = batch(kind)
+    model, twin = twins(build, device=device)
+    x, target, loss_fn = batch(kind, device=device)
     ours, theirs = model(x), twin(x)
-    assert isinstance(ours, tracer) and ours.grad_fn is not None
+    assert isinstance(ours, tracer) and ours.grad_fn is not None and ours.device == x.device
     torch.testing.assert_close(plain(ours), theirs.detach(), rtol=1e-10, atol=1e-12)
     loss_fn(ours, target).backward()
     loss_fn(theirs, target).backward()
@@ -239,21 +239,31 @@ def test_forward_and_every_parameter_gradient_match_torch(name):
     assert_same_state(model, twin)  # BatchNorm's running stats took the same in-place update
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_twenty_adam_steps_track_torch(name):
+def check_adam_steps(name: str, device: str = "cpu", atol: float = ATOL) -> None:
+    """Twenty Adam steps (tt.optim on the ported model, torch.optim on the twin) keep the two together."""
     build, kind = MODELS[name]
-    model, twin = twins(build)
+    model, twin = twins(build, device=device)
     ours, theirs = tt.optim.Adam(model.parameters(), lr=1e-2), torch.optim.Adam(twin.parameters(), lr=1e-2)
     for step in range(20):
-        x, target, loss_fn = batch(kind, seed=step)
+        x, target, loss_fn = batch(kind, seed=step, device=device)
         for net, optimizer in ((model, ours), (twin, theirs)):
             optimizer.zero_grad()
             loss_fn(net(x), target).backward()
             optimizer.step()
-    assert_same_state(model, twin)
+    assert_same_state(model, twin, atol)
     model.eval(), twin.eval()  # BatchNorm now normalizes with the running stats both sides accumulated
-    x, _, _ = batch(kind, seed=99)
-    torch.testing.assert_close(plain(model(x)), twin(x).detach(), rtol=1e-7, atol=ATOL)
+    x, _, _ = batch(kind, seed=99, device=device)
+    torch.testing.assert_close(plain(model(x)), twin(x).detach(), rtol=1e-7, atol=atol)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_forward_and_every_parameter_gradient_match_torch(name):
+    check_model(name)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_twenty_adam_steps_track_torch(name):
+    check_adam_steps(name)
 
 
 def test_gpt_weight_tying_survives_port_and_training():
@@ -516,12 +526,23 @@ LAYERS = {  # name: (build, inputs() -> (args, kwargs))
 }
 
 
-@pytest.mark.parametrize("name", LAYERS)
-def test_common_torch_layers_differentiate_like_torch(name):
-    """Output, parameter gradients and buffers equal to torch's; train-mode dropout draws torch's mask."""
+def on_device(tree: Any, device: str) -> Any:
+    """Every tensor of nested tuples, lists and dicts moved to `device`."""
+    if isinstance(tree, torch.Tensor):
+        return tree.to(device)
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(on_device(t, device) for t in tree)
+    if isinstance(tree, dict):
+        return {k: on_device(v, device) for k, v in tree.items()}
+    return tree
+
+
+def check_layer(name: str, device: str = "cpu") -> None:
+    """Output, parameter gradients and buffers of layer `name` equal to torch's; train-mode dropout draws torch's
+    mask (the same generator, the same calls)."""
     build, inputs = LAYERS[name]
-    model, twin = twins(build)
-    args, kwargs = inputs()
+    model, twin = twins(build, device=device)
+    args, kwargs = on_device(inputs(), device)
     outputs = []
     for net in (model, twin):
         torch.manual_seed(7)
@@ -529,11 +550,16 @@ def test_common_torch_layers_differentiate_like_torch(name):
         outputs.append(out[0] if isinstance(out, tuple) else out)
     ours, theirs = outputs
     torch.testing.assert_close(plain(ours), theirs.detach(), rtol=1e-10, atol=1e-12)
-    weights = torch.linspace(-1, 1, theirs.numel(), dtype=torch.float64).reshape(theirs.shape)
+    weights = torch.linspace(-1, 1, theirs.numel(), dtype=torch.float64, device=device).reshape(theirs.shape)
     (ours * weights).sum().backward()
     (theirs * weights).sum().backward()
     assert_same_grads(model, twin)
     assert_same_state(model, twin)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_common_torch_layers_differentiate_like_torch(name):
+    check_layer(name)
 
 
 def test_a_ported_model_names_its_layers_in_the_trace(capsys):
