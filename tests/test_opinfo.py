@@ -98,3 +98,60 @@ def test_a_sample_with_a_float32_tensor_is_compared_at_float32_tolerances():
     x64 = torch.zeros(2, dtype=torch.float64)
     assert coverage.tolerances(SampleInput(x64, args=(x64,))) == (coverage.RTOL, coverage.ATOL)
     assert coverage.tolerances(SampleInput(x64, kwargs={"aweights": x64.float()})) == (1.3e-6, 1e-5)
+
+
+class Scaled(tt.Function):
+    """y = x w (x float64, w float32)  ->  dx = g w,  dw = g x (cast to w's dtype)"""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w, (g * x).to(w.dtype)
+
+
+class ScaledRoundedNextToALargeNumber(Scaled):
+    """as Scaled, dw = (g x + 1e3) - 1e3 in w's dtype: exact enough in float64, ~5e-5 off in float32"""
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w, (g * x).to(w.dtype) + 1e3 - 1e3
+
+
+class ScaledInHalfPrecision(Scaled):
+    """as Scaled, dw computed in float16 when w is float32 (a low-precision defect float64 cannot show)"""
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w, (g * x).to(torch.float16 if w.dtype == torch.float32 else w.dtype).to(w.dtype)
+
+
+def _weighted_op(rule: type) -> SimpleNamespace:
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    def op(x, w):
+        return rule.apply(x, w) if isinstance(x, tt.tracer) else x * w
+
+    def sample_inputs(device, dtype, requires_grad=False):
+        x = torch.linspace(-3, 3, 7, dtype=torch.float64).requires_grad_(requires_grad)
+        yield SampleInput(x, args=(torch.linspace(0.5, 2, 7, dtype=torch.float32).requires_grad_(requires_grad),))
+
+    return SimpleNamespace(name="weighted", variant_test_name="", op=op, method_variant=None, operator_variant=None,
+                           inplace_variant=None, inplace_operator_variant=None, supports_gradgrad=False,
+                           gradcheck_wrapper=lambda op, *args, **kwargs: op(*args, **kwargs),
+                           sample_inputs_func=lambda op, *args: sample_inputs(*args))
+
+
+@pytest.mark.parametrize("rule, verdict", [(Scaled, coverage.PASS), (ScaledRoundedNextToALargeNumber, coverage.PASS),
+                                           (ScaledInHalfPrecision, coverage.WRONG)])
+def test_a_float32_difference_right_in_float64_passes_and_a_half_precision_one_is_wrong(rule, verdict):
+    """Beyond float32's tolerances but within 10 times them, a sample holding a float32 tensor is judged again with
+    it in float64 (rounding in another order than torch's is no defect); a float16 computation inside is one."""
+    result = coverage.judge(_weighted_op(rule))
+    assert result.status == verdict, result.detail

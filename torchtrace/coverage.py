@@ -72,7 +72,9 @@ def _raised_in_torchtrace(exc: BaseException) -> bool:
 
 
 class Mismatch(Exception):
-    """A value or gradient that differs from torch's."""
+    """A value or gradient that differs from torch's (`near`: within 10 times the tolerances)."""
+
+    near = False
 
 
 class Skip(Exception):
@@ -168,6 +170,24 @@ def tolerances(sample: Any) -> Tuple[float, float]:
     return max([(RTOL, ATOL)] + [LOWER_PRECISION[t.dtype] for t in tensors if t.dtype in LOWER_PRECISION])
 
 
+def _agrees_in_float64(op: Any, fn: Callable, sample: Any, gradgrad: bool) -> bool:
+    """The tie-breaker for a sample that mixes in float32 / float16 / bfloat16 tensors and differs from torch beyond
+    that dtype's tolerances, but within 10 times them (a second derivative through cov's float32 weights, say): the
+    same sample with those tensors in float64 matches torch at float64's tolerances (so the rule's math is right, and
+    the difference is rounding through the low-precision tensor, which torch's formula rounds in another order)."""
+    def widen(t: torch.Tensor) -> torch.Tensor:
+        return _plain(t).double().requires_grad_(t.requires_grad) if t.dtype in LOWER_PRECISION else t
+
+    widened = type(sample)(_map(sample.input, widen), args=_map(tuple(sample.args), widen),
+                           kwargs=_map(dict(sample.kwargs), widen),
+                           output_process_fn_grad=sample.output_process_fn_grad)
+    try:
+        compare_sample(op, fn, widened, gradgrad)
+    except Exception:
+        return False
+    return True
+
+
 def _compare(what: str, ours: Any, theirs: Any, tolerance: Tuple[float, float] = (RTOL, ATOL)) -> None:
     if ours is None and theirs is None:
         return
@@ -184,7 +204,10 @@ def _compare(what: str, ours: Any, theirs: Any, tolerance: Tuple[float, float] =
         close = torch.allclose(ours.to(theirs.dtype), theirs, rtol=tolerance[0], atol=tolerance[1], equal_nan=True)
         if not close:
             diff = (ours.to(theirs.dtype) - theirs).abs().nan_to_num(float("inf")).max().item()
-            raise Mismatch(f"{what} differs from torch: max |diff| = {diff:.3g}")
+            mismatch = Mismatch(f"{what} differs from torch: max |diff| = {diff:.3g}")
+            mismatch.near = torch.allclose(ours.to(theirs.dtype), theirs, rtol=10 * tolerance[0],
+                                           atol=10 * tolerance[1], equal_nan=True)
+            raise mismatch
     elif not torch.equal(ours, theirs):
         raise Mismatch(f"{what} differs from torch")
 
@@ -332,6 +355,9 @@ def judge(op: Any, limit: Optional[int] = 3, device: str = "cpu") -> OpResult:
             except Mismatch as exc:
                 if random and str(exc).startswith("output"):
                     return OpResult(name, SKIPPED, f"random op: forward draws differ from torch ({exc})")
+                if exc.near and tolerances(sample) != (RTOL, ATOL) and _agrees_in_float64(op, fn, sample, gradgrad):
+                    compared += 1  # rounding through the low-precision tensor, in another order than torch's
+                    continue
                 return OpResult(name, WRONG, f"{where}: {exc}", compared)
             except Exception as exc:
                 if is_refusal(exc):
