@@ -85,3 +85,18 @@ def test_jacobian_of_a_view_written_in_place_in_both_modes():
     f = lambda t: view_written_in_place(t)[1]  # noqa: E731
     torch.testing.assert_close(tt.jacobian(f, x, mode="forward"), torch.func.jacfwd(f)(x))
     torch.testing.assert_close(tt.jacobian(f, x, mode="reverse"), torch.func.jacrev(f)(x))
+
+
+@pytest.mark.parametrize("form", [lambda t: torch.nn.functional.dropout(t * 1, 0.5, True, inplace=True),
+                                  lambda t: torch.dropout_(t * 1, 0.5, True)])
+def test_in_place_dropout_has_its_own_tangent(form):
+    """ẏ = m / (1 - p) ẋ with torch's mask (after the same seed), by the rule's tangent: nothing transposed."""
+    x, v = torch.randn(3, 4, dtype=D), torch.randn(3, 4, dtype=D)
+    torch.manual_seed(0)
+    expected = torch.func.jvp(form, (x,), (v,))
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tt.forward.TransposedOpsWarning)
+        out, tangent = tt.jvp(form, (x,), (v,))
+    assert torch.equal(out.as_subclass(torch.Tensor), expected[0])
+    assert torch.equal(torch.as_tensor(tangent), expected[1])

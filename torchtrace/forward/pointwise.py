@@ -20,6 +20,7 @@ declare("""Exp Exp2 Expm1 Log Log2 Log10 Log1p Erf Erfc Sqrt Rsqrt Square Abs Si
 declare("""Relu Frac Positive Sgn Angle Logit Mvlgamma TensorPolygamma Rdiv Rpow Rremainder Bernoulli Rrelu TorchRrelu
            DropoutFunction Dropout1dFunction Dropout2dFunction Dropout3dFunction AlphaDropoutFunction
            FeatureAlphaDropoutFunction FeatureDropout TorchAlphaDropout TorchDropout TorchFeatureAlphaDropout
+           InPlaceDropout TorchInPlaceDropout
            EluInPlace SeluInPlace CeluInPlace""",
         "{gradient}, so ẏ = f'(x) ẋ: the backward applied to ẋ (J = J^T for an elementwise op)", diagonal)
 

@@ -49,8 +49,9 @@ def math_of(name: str) -> str:
 
 def our_rules() -> Dict[str, type]:
     """Every gradient rule torchtrace records, by name: the registered ones, those of in-place forms only
-    (x[i] = v), and the two that views use."""
+    (x[i] = v, F.dropout(x, inplace=True)), and the two that views use."""
     from torchtrace.autograd.views import ViewOfBase, WriteIntoView
 
-    rules = [*RULES.values(), *(rule for rule, _ in INPLACE.values()), ViewOfBase, WriteIntoView]
+    in_place = [getattr(rule, "inplace_rule", rule) for rule in RULES.values()]
+    rules = [*RULES.values(), *in_place, *(rule for rule, _ in INPLACE.values()), ViewOfBase, WriteIntoView]
     return {rule.__name__: rule for rule in rules if rule.__module__.startswith(_OURS)}
