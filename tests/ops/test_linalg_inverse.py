@@ -301,3 +301,10 @@ def test_complex_inputs_are_refused(fn):
     a = tt.tracer(torch.randn(2, 2, dtype=torch.complex128), requires_grad=True)
     with pytest.raises(UnsupportedOperationError, match="complex inputs are not supported"):
         fn(a)
+
+
+def test_lu_without_pivoting_is_refused_on_the_cpu_as_torch_refuses_it():
+    """(tests/test_cuda.py checks its gradient where torch has it, on CUDA)"""
+    for leaf in (torch.eye(3).requires_grad_(), tt.as_tracer(torch.eye(3), requires_grad=True)):
+        with pytest.raises(RuntimeError, match="LU without pivoting is not implemented on the CPU"):
+            torch.linalg.lu(leaf, pivot=False)

@@ -58,7 +58,7 @@ def _identity(p: float, training: bool) -> bool:
     return isinstance(p, (int, float)) and 0 <= p <= 1 and (not training or p == 0)
 
 
-def _scale_drawn_in_place(ones: torch.Tensor, p: float, training: bool, refusal: type) -> torch.Tensor:
+def _scale_drawn_in_place(ones: torch.Tensor, p: float, refusal: type) -> torch.Tensor:
     """m / (1 - p) drawn as torch's in-place dropout draws it: bernoulli_(1 - p) on a new tensor (p = 1: no draws).
     A p outside [0, 1] raises `refusal` (F.dropout: ValueError; torch.dropout_: RuntimeError), torch's message."""
     if not 0 <= p <= 1:
@@ -73,7 +73,7 @@ class InPlaceDropout(DropoutFunction):
 
     @staticmethod
     def op(ones: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-        return _scale_drawn_in_place(ones, p, training, ValueError)
+        return _scale_drawn_in_place(ones, p, ValueError)
 
 
 class TorchInPlaceDropout(DropoutFunction):
@@ -81,7 +81,7 @@ class TorchInPlaceDropout(DropoutFunction):
 
     @staticmethod
     def op(ones: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-        return _scale_drawn_in_place(ones, p, training, RuntimeError)
+        return _scale_drawn_in_place(ones, p, RuntimeError)
 
 
 def dropout_rule(name: str, op: Callable, math_line: str, base: type = DropoutFunction) -> type:
