@@ -272,6 +272,55 @@ def test_the_lanes_save_what_the_readable_path_saves():
     assert saved_per_node(readable=False) == saved_per_node(readable=True)
 
 
+@pytest.mark.parametrize("holds", ["saves", "marks", "keeps", "returns"])
+def test_a_hand_written_rule_that_holds_its_result_is_linked_as_the_readable_path_links_it(holds):
+    """A lane links a hand-written rule's result itself only when nothing else holds it: a result the rule saved,
+    marked non-differentiable, kept on ctx or handed back as it came goes the readable path's way (gradients and
+    graphs equal, the saved result no tracer of its own node)."""
+
+    class Doubled(tt.Function):
+        """y = 2 a: dy/da = 2 (a stand-in that holds its result in one way or another)"""
+
+        @staticmethod
+        def forward(ctx, a, b):
+            out = a if holds == "returns" else a * 2
+            if holds == "saves":
+                ctx.save_for_backward(out)
+            elif holds == "marks":
+                ctx.mark_non_differentiable(out)
+            elif holds == "keeps":
+                ctx.out = out
+            return out
+
+        @staticmethod
+        def backward(ctx, g):
+            return g if holds == "returns" else g * 2, None
+
+    def run(readable: bool) -> Tuple[Any, ...]:
+        x = tt.as_tracer(torch.arange(3.0), requires_grad=True)
+        with tt.readable() if readable else contextlib.nullcontext():
+            y = torch.atan2(x, x)
+            graph = _graph([y])
+            saved = getattr(y.grad_fn, "saved", ())  # (read before the backward frees it)
+            if y.requires_grad:
+                (y * y).sum().backward()
+        return (coverage._plain(y), y.requires_grad, graph, None if x.grad is None else coverage._plain(x.grad),
+                [type(s).__name__ for s in saved])
+
+    old = RULES[torch.atan2]
+    try:
+        tt.register(torch.atan2, Doubled)
+        fast, reference = run(readable=False), run(readable=True)
+    finally:
+        tt.register(torch.atan2, old)
+    _assert_identical(list(fast), list(reference), holds)
+    if holds != "marks":  # d/dx (2x)^2 = 8x, or d/dx x^2 = 2x for the result handed back
+        expected = torch.arange(3.0) * (2 if holds == "returns" else 8)
+        torch.testing.assert_close(fast[3], expected, rtol=0, atol=0)
+    if holds == "saves":
+        assert fast[4] == ["Tensor"]  # the saved result stays plain: no tracer of its own node
+
+
 @pytest.mark.parametrize("readable", [False, True])
 @pytest.mark.parametrize("op", [torch.tanh, torch.sigmoid, torch.exp])
 def test_a_result_its_rule_saved_is_no_view_and_an_inplace_change_is_refused_as_torch(op, readable):

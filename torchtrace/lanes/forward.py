@@ -10,10 +10,9 @@ retagged as a tracer. Any call outside the common case goes to run_rule, unchang
 --show Mul` prints a rule's lane.
 """
 import inspect
-import itertools
 import linecache
-import operator
 import os
+import sys
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -89,7 +88,8 @@ def _namespace(rule: type) -> Dict[str, Any]:
             "containers": (list, tuple), "AccumulateGrad": AccumulateGrad, "Edge": Edge, "new_edge": tuple.__new__,
             "Context": Context, "Node": Node, "STATE": STATE,
             "KEPT": KEPT, "BUDGET": BUDGET, "Kept": Kept,
-            "weak": weakref.ref, "finish": finish, "saves_output": saves_output,
+            "weak": weakref.ref, "finish": finish,
+            "refcount": sys.getrefcount, "ALONE": ALONE,
             "holds_tensor": holds_tensor, "catch_up": catch_up, "forward": rule.forward,
             **({} if table is None else {"op": table["op"], "check": table["check"], "Meta": table["Meta"],
                                          "OPTIONS": _options(table)})}
@@ -106,10 +106,6 @@ def finish(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
 
 def holds_tensor(items: Any) -> bool:
     return any(isinstance(item, torch.Tensor) for item in items)
-
-
-def saves_output(ctx: Context, out: torch.Tensor) -> bool:
-    return any(map(operator.is_, ctx._saved, itertools.repeat(out)))
 
 
 def _table(rule: type) -> Optional[Dict[str, Any]]:
@@ -234,12 +230,26 @@ def _not_plain_result(n_args: int) -> str:
 
 
 def _function_body(n_args: int) -> List[str]:
-    """A hand-written rule: its own forward runs (it saves what its backward reads)."""
+    """A hand-written rule: its own forward runs (it saves what its backward reads). Its result is linked here only
+    when nothing but this frame holds it (one reference count read: not an argument handed back, not saved, not
+    marked non-differentiable, not kept anywhere by the rule); any other goes to `finish`, as run_rule links it."""
     call = ", ".join(f"a{i}" for i in range(n_args))
     return [f"        out = forward(ctx, {call})",
-            f"        if {_not_plain_result(n_args)} or ctx._saved and saves_output(ctx, out):",
+            "        if type(out) is not Tensor or refcount(out) != ALONE or not out.is_floating_point() or "
+            "out._is_view():",
             "            return finish(out, node, T, args)",
             *_RETAG]
+
+
+def _references_of_a_local() -> int:
+    """sys.getrefcount of an object only a local variable holds, read as the lanes read it (the count includes the
+    call's own argument; interpreters that borrow references on their stack count fewer): a result whose count is
+    higher is held elsewhere too."""
+    out = object()
+    return sys.getrefcount(out)
+
+
+ALONE = _references_of_a_local()
 
 
 def _table_body(rule: type, table: Dict[str, Any], n_args: int) -> List[str]:
