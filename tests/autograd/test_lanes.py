@@ -172,6 +172,8 @@ def test_a_rule_registered_later_replaces_the_lane():
     class Twice(tt.Function):
         """y = 2 a (a stand-in)"""
 
+        _tt_trusted = True  # as torchtrace's own rules: it takes a lane
+
         @staticmethod
         def forward(ctx, a, b):
             return a * 2
@@ -197,6 +199,8 @@ def test_every_change_of_the_rule_table_reaches_the_lanes(change):
 
     class Halved(tt.Function):
         """y = a / 2 (a stand-in)"""
+
+        _tt_trusted = True  # as torchtrace's own rules: it takes a lane
 
         @staticmethod
         def forward(ctx, a, b):
@@ -225,6 +229,54 @@ def test_every_change_of_the_rule_table_reaches_the_lanes(change):
     x.grad = None
     torch.atan2(x, x).sum().backward()  # the rule put back is the one that runs again: d/dx atan2(x, x) = 0
     assert torch.equal(x.grad.as_subclass(torch.Tensor), torch.zeros(3))
+
+
+@pytest.mark.parametrize("readable", [False, True])
+def test_a_users_rule_runs_as_a_custom_function_on_both_paths(readable):
+    """A rule registered by a user is no rule of torchtrace's: on either path its forward runs without grad mode (as
+    torch runs a Function's forward) and a view it returns is refused in-place changes (its own backward would be
+    skipped), as in torch."""
+    from torch.overrides import handle_torch_function
+
+    def scaled(x):
+        return x * 1
+
+    def flat(x):
+        return x.view(-1)
+
+    class Scaled(tt.Function):
+        """y = x: 1 without grad mode, 100 with it (a probe)"""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x * (100 if torch.is_grad_enabled() else 1)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    class Flat(tt.Function):
+        """y = x flattened, dx = 10 g (a gradient of its own)"""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x.view(-1)
+
+        @staticmethod
+        def backward(ctx, g):
+            return 10 * g.view(2, 3)
+
+    tt.register(scaled, Scaled)
+    tt.register(flat, Flat)
+    x = tt.as_tracer(torch.ones(2, 3, dtype=torch.float64), requires_grad=True)
+    with tt.readable() if readable else contextlib.nullcontext():
+        ones = torch.ones(2, 3, dtype=torch.float64)
+        assert torch.equal(coverage._plain(handle_torch_function(scaled, (x,), x)), ones)
+        y = handle_torch_function(flat, (x,), x * 1)
+        with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
+            y.mul_(2)
+        handle_torch_function(flat, (x,), x * 1).sum().backward()
+    torch.testing.assert_close(coverage._plain(x.grad), torch.full((2, 3), 10.0, dtype=torch.float64), rtol=0, atol=0)
 
 
 def test_inference_tensors_take_the_readable_path():
@@ -280,6 +332,8 @@ def test_a_hand_written_rule_that_holds_its_result_is_linked_as_the_readable_pat
 
     class Doubled(tt.Function):
         """y = 2 a: dy/da = 2 (a stand-in that holds its result in one way or another)"""
+
+        _tt_trusted = True  # as torchtrace's own rules: it takes a lane (a user's rule takes run_rule)
 
         @staticmethod
         def forward(ctx, a, b):

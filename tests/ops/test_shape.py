@@ -155,6 +155,12 @@ CASES = {
     "Tensor.unbind": (lambda x: x.unbind(1), [(2, 3, 4)]),
     "torch.unbind negative dim": (lambda x: torch.unbind(x, -1), [(2, 3)]),
     "iteration (unbind 0)": (lambda x: [r * i for i, r in enumerate(x)], [(3, 2)]),
+    # the sizes given by name, as torch accepts them
+    "Tensor.permute dims=": (lambda x: x.permute(dims=(2, 0, 1)), [(2, 3, 4)]),
+    "torch.permute dims=": (lambda x: torch.permute(x, dims=(1, 0)), [(2, 3)]),
+    "Tensor.repeat repeats=": (lambda x: x.repeat(repeats=(2, 1, 3)), [(3, 2)]),
+    "torch.tile dims=": (lambda x: torch.tile(x, dims=(2, 1)), [(3, 2)]),
+    "torch.movedim source= destination=": (lambda x: torch.movedim(x, source=0, destination=2), [(2, 3, 4)]),
     # an input used twice in one expression
     "used twice: cat": (lambda x: torch.cat([x, x * 2, x], 1), [(2, 3)]),
     "used twice: permute and transpose": (lambda x: x.permute(1, 0) * x.transpose(0, 1), [(2, 3)]),

@@ -38,8 +38,8 @@ def torch_function(cls: type, func: Callable, types: Any, args: tuple = (), kwar
     """tracer.__torch_function__ while the lanes are on: a rule's call by position takes its lane; every other call
     dispatch's entry."""
     rule = RULES.get(func)
-    if rule is not None:
-        positional = args
+    if rule is not None and rule._tt_trusted:  # a user's rule takes run_rule: its forward without grad mode, its views
+        positional = args  # marked as a custom Function's (no lane generated, none kept for a class made in a loop)
         if kwargs:  # F.relu(x, inplace=False), as every torch.nn.functional call, passes its options as keywords: a
             plan = KEYWORD_PLANS.get((func, len(args), *kwargs))  # spelling whose keywords the readable path placed
             if plan is None or plan[1]:  # before all go to those positions (arguments.py)

@@ -67,8 +67,9 @@ for _name, _targets, _op in [
 
 # ------------------------------------------------------------------ dims reordered: reorder g back
 
-def _unpermute(g: torch.Tensor, x: Any, y: Any, *dims: Any) -> torch.Tensor:
-    perm = [d % len(x.shape) for d in sizes(dims)] if x.shape else []
+def _unpermute(g: torch.Tensor, x: Any, y: Any, *dims: Any, **named: Any) -> torch.Tensor:
+    """The permutation given by position (x.permute(1, 0), x.permute((1, 0))) or by name (x.permute(dims=(1, 0)))."""
+    perm = [d % len(x.shape) for d in sizes(named.get("dims", dims))] if x.shape else []
     return g.permute(sorted(range(len(perm)), key=perm.__getitem__))
 
 
@@ -107,9 +108,10 @@ def _sum_copies(g: torch.Tensor, x: Any, y: Any, *_: Any, **__: Any) -> torch.Te
     return g.sum_to_size(x.shape)
 
 
-def _unrepeat(g: torch.Tensor, x: Any, y: Any, *repeats: Any) -> torch.Tensor:
-    """g of shape (r0*s0, r1*s1, ...) viewed as (r0, s0, r1, s1, ...), summed over the r's."""
-    repeats = sizes(repeats)
+def _unrepeat(g: torch.Tensor, x: Any, y: Any, *repeats: Any, **named: Any) -> torch.Tensor:
+    """g of shape (r0*s0, r1*s1, ...) viewed as (r0, s0, r1, s1, ...), summed over the r's (the counts given by
+    position or by name: x.repeat(repeats=(1, 2)))."""
+    repeats = sizes(named.get("repeats", repeats))
     shape = (1,) * (len(repeats) - len(x.shape)) + tuple(x.shape)
     split = [n for pair in zip(repeats, shape) for n in pair]
     if not split:
