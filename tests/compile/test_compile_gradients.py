@@ -90,6 +90,46 @@ def test_tt_grad_through_a_compiled_call():
     torch.testing.assert_close(gw, ew)
 
 
+@pytest.mark.parametrize("how", ["tt.grad", "allow_unused", "backward(inputs=) inside", "then a backward below"])
+def test_the_gradient_of_a_value_made_inside_a_compiled_call(how):
+    """tt.grad(y, [h]) and y.backward(inputs=[h]) for h made inside the compiled call (both outputs of its one node):
+    on every replayed call the gradient eager gives (d y/d h = cos(h) w, exactly), and nothing below h run
+    or freed, as eager leaves it."""
+    torch.manual_seed(0)
+    w = tt.randn(3, requires_grad=True, dtype=torch.float64)
+    x = tt.randn(3, requires_grad=True, dtype=torch.float64)
+
+    def fn(x):
+        h = x * w
+        y = (h.sin() * w).sum()
+        if how == "backward(inputs=) inside":
+            y.backward(inputs=[h], retain_graph=True)
+        return y, h
+
+    def gradient(y, h):
+        if how == "tt.grad":
+            return tt.grad(y, [h], retain_graph=True)[0]
+        if how == "allow_unused":
+            return tt.grad(y, [h], allow_unused=True, retain_graph=True)[0]
+        if how == "backward(inputs=) inside":
+            return h.grad
+        g = tt.grad(y, [h])[0]
+        x.grad = None
+        h.sum().backward()  # the statement below h was not run by tt.grad: its saved tensors are still there
+        torch.testing.assert_close(x.grad, w.detach().as_subclass(torch.Tensor), rtol=0, atol=0)
+        return g
+
+    expected = gradient(*fn(x))
+    wt = w.detach().as_subclass(torch.Tensor)
+    torch.testing.assert_close(expected, torch.cos(x.detach().as_subclass(torch.Tensor) * wt) * wt)  # d/dh
+    compiled = tt.compile(fn, (x,))
+    for _ in range(3):
+        got = gradient(*compiled(x))
+        assert got is not None
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert compiled.replayed >= 2  # (the first call records)
+
+
 def test_second_derivatives_through_compiled_code():
     f = tt.compile(lambda x: (x ** 3).sum(), (tt.randn(3, requires_grad=True),))
     x = tt.randn(3, requires_grad=True, dtype=torch.float64)

@@ -205,7 +205,7 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
     observers = STATE.on_backward  # read once per backward: tools add theirs before it starts
     ownership = Ownership([g for _, _, g in roots], enabled=not observers)
     previous = STATE.create_graph, STATE.walk  # what a node's rule may ask of the walk running it
-    STATE.create_graph, STATE.walk = create_graph, (retain_graph, captured, ownership.hand_out)
+    STATE.create_graph, STATE.walk = create_graph, (retain_graph, captured, ownership.hand_out, needed)
     # rules run on plain tensors, unseen by any TorchFunctionMode (as torch's backward runs in C++); with create_graph
     # on tracers, recording, so they build the gradient's graph
     try:
@@ -219,10 +219,10 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
                 if type(node) is AccumulateGrad:
                     accumulate(node, grads[0], create_graph, captured, ownership)
                     continue
-                if (node.hooks or node.retained or captured is not None) and not getattr(
-                        node.rule, "_tt_hooks_inside", False):  # (a compiled call's node runs them itself)
+                inside = getattr(node.rule, "_tt_hooks_inside", False)  # a compiled call's node runs them itself
+                if (node.hooks or node.retained or captured is not None) and not inside:
                     non_leaf_hooks(node, grads, captured, ownership.hand_out)
-                if needed is not None and not any(edge.node in needed for edge in node.edges):
+                if needed is not None and not inside and not any(edge.node in needed for edge in node.edges):
                     continue  # a captured input's own node, with no other input below: captured, not run (as torch)
                 _send(node, _call_rule(node, grads, create_graph, tracer_type, ownership, observers), buffers, ready)
                 if not retain_graph and (node.ctx._saved or node.ctx._packed is not None):

@@ -122,7 +122,7 @@ class Segment:
     # what the engine reads of a node's ctx: _released, _saved (nothing: each step frees its own), backward ------
     def backward(self, grads: tuple) -> tuple:
         create_graph = torch.is_grad_enabled()  # the rules' torch calls record the gradient's graph (on tracers)
-        retain, captured, hand_out = STATE.walk
+        retain, captured, hand_out, needed = STATE.walk
         self.sealed = True
         node = self.node
         asked = node.hooks or node.retained or (captured is not None and any(n is node for n, _ in captured))
@@ -135,6 +135,7 @@ class Segment:
             if g is not None:
                 buffers[self.outputs[nr]] = g
         result: List[Optional[torch.Tensor]] = [None] * len(self.node.edges)
+        runs = self._needed_steps(captured, needed)
         for step in self._order(buffers):
             if len(step.outputs) == 1:
                 g = buffers.pop(step.outputs[0], None)
@@ -147,6 +148,8 @@ class Segment:
                     continue
             if asked:  # each value's gradient is whole now (every statement reading it has run): as eager's walk
                 gs = self._hooks(step, gs, captured, hand_out)  # runs hooks, retain_grad and tt.grad's capture
+            if runs is not None and step not in runs:
+                continue  # tt.grad needs nothing below it: its gradient captured, its rule not run (as eager)
             if len(gs) > 1:
                 # as the engine: zeros for the outputs no gradient reached
                 gs = [torch.zeros(m[0], dtype=m[1], device=m[2]) if g is None and m is not None else g
@@ -241,6 +244,22 @@ class Segment:
         nr_of = self.nr_of
         return [g if g is None else output_hooks(self.node, nr_of[value], g, captured, hand_out)
                 for value, g in zip(step.outputs, gs)]
+
+    def _needed_steps(self, captured: Optional[dict], needed: Optional[set]) -> Optional[set]:
+        """Under tt.grad (or backward(inputs=)): the steps below which a captured input lies, as the engine runs only
+        the nodes that reach one (engine._needed): a value of this node captured, or made by such a step, or an edge
+        to a node the engine needs. None: every step runs."""
+        if captured is None or needed is None:
+            return None
+        node, producer, edges = self.node, self.producer, self.node.edges
+        wanted = {self.outputs[nr] for n, nr in captured if n is node}
+        runs: set = set()  # (steps hash by identity)
+        for step in self.steps:  # oldest first: a step reads only values made before it
+            if any((where in wanted or producer.get(where) in runs) if local else edges[where].node in needed
+                   for _, _, _, local, where in step.targets):
+                runs.add(step)
+        return runs
+
 
 def _free(step: Step) -> None:
     """A step's saved tensors, freed after its backward ran (unless retain_graph), as the engine frees a node's."""

@@ -43,7 +43,7 @@ def walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bo
           tuple(g for _, _, g in roots), buffers, ready)
     ownership = Ownership([g for _, _, g in roots], enabled=True)
     previous = STATE.create_graph, STATE.walk
-    STATE.create_graph, STATE.walk = False, (retain_graph, None, ownership.hand_out)
+    STATE.create_graph, STATE.walk = False, (retain_graph, None, ownership.hand_out, None)
     try:
         with torch.set_grad_enabled(False), torch._C.DisableTorchFunction():
             while ready:
