@@ -16,7 +16,9 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import torch
 
 from torchtrace.autograd.engine import grad
+from torchtrace.autograd.node import _next_sequence_nr as next_sequence_nr
 from torchtrace.forward.api import _leaves, jacobian
+from torchtrace.forward.constant_results import constant_results, reads_a_gradient
 from torchtrace.forward.dual import DualPass
 from torchtrace.forward.transpose import plain
 
@@ -158,7 +160,10 @@ def hvp(f: Callable[..., torch.Tensor], params: Tensors, v: Tensors, method: str
     _checked(method, "tt.hvp")
     leaves = _leaves(primals, "params")
     vs = tuple(plain(t).to(p.dtype) for t, p in zip(vs, primals))
-    products, _ = hvp_at(lambda: f(*leaves), leaves, vs, method)
+    first_node = next_sequence_nr()
+    products, passes = hvp_at(lambda: f(*leaves), leaves, vs, method)
+    anchor = reads_a_gradient(primals, leaves, [passes.loss], first_node)  # (a result torch.func would differentiate)
+    products = constant_results(products, anchor, "tt.hvp")
     result = tuple(products) if is_tuple else products[0]
     return (result, HVPReport(f, primals, vs, method)) if report else result
 

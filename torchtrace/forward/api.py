@@ -7,7 +7,9 @@ import torch
 from torchtrace.autograd.dispatch import run_rule
 from torchtrace.autograd.engine import grad
 from torchtrace.autograd.inplace import catch_up
+from torchtrace.autograd.node import _next_sequence_nr as next_sequence_nr
 from torchtrace.autograd.plain import plain_torch
+from torchtrace.forward.constant_results import constant_results, reads_a_gradient
 from torchtrace.forward.dual import TRANSPOSED, DualPass
 from torchtrace.forward.transpose import Linearised, plain
 from torchtrace.tracer import as_tracer
@@ -67,11 +69,6 @@ def _checked_tangents(primals: Any, tangents: Any) -> List[torch.Tensor]:
     return checked
 
 
-def _values(outputs: List[torch.Tensor], is_tuple: bool) -> Tensors:
-    values = tuple(plain(out) for out in outputs)
-    return values if is_tuple else values[0]
-
-
 def _shaped(products: List[torch.Tensor], is_tuple: bool) -> Tensors:
     return tuple(products) if is_tuple else products[0]
 
@@ -113,6 +110,7 @@ def jvp(f: Callable, primals: Tuple[torch.Tensor, ...], tangents: Tuple[torch.Te
     if method not in METHODS:
         raise ValueError(f"tt.jvp: method must be one of {METHODS}, not {method!r}")
     tangents_plain = _checked_tangents(primals, tangents)
+    first_node = next_sequence_nr()
     if method == "transpose":
         leaves = _leaves(primals, "primals")
         outputs, is_tuple = _outputs(f(*leaves))
@@ -120,9 +118,12 @@ def jvp(f: Callable, primals: Tuple[torch.Tensor, ...], tangents: Tuple[torch.Te
         methods = {"f": TRANSPOSED}
     else:
         outputs, is_tuple, products, dual = dual_pass(f, primals, tangents_plain, strict=method == "dual")
+        leaves = dual.leaves
         methods = dual.used()
         _warn_transposed(methods)
-    result = (_values(outputs, is_tuple), _shaped(products, is_tuple))
+    anchor = reads_a_gradient(primals, leaves, outputs, first_node)  # (results torch.func would differentiate)
+    values = constant_results([plain(out) for out in outputs], anchor, "tt.jvp")
+    result = (_shaped(values, is_tuple), _shaped(constant_results(products, anchor, "tt.jvp"), is_tuple))
     return (*result, methods) if report else result
 
 
