@@ -130,6 +130,48 @@ def test_the_gradient_of_a_value_made_inside_a_compiled_call(how):
     assert compiled.replayed >= 2  # (the first call records)
 
 
+def _gradients_of_w(compiled: bool, case: str) -> list:
+    """w.grad after each of four backwards, and how often w's post-accumulate hook ran in each."""
+    torch.manual_seed(0)
+    x, w = tt.randn(50, requires_grad=True), tt.randn(50, requires_grad=True)
+    calls = []
+    w.register_post_accumulate_grad_hook(lambda leaf: calls.append(1))
+
+    def used_again_outside(x):
+        a = x * w
+        return a, a.sin() * w
+
+    def loop(x, n):
+        h = x
+        for _ in range(n):
+            h = torch.sin(h * w)
+        return h.sum()
+
+    fn = used_again_outside if case == "used again outside" else loop
+    f = tt.compile(fn, (x,) if case == "used again outside" else (x, 2)) if compiled else fn
+    results = []
+    for n in (2, 3, 3, 4):
+        w.grad, calls[:] = None, []
+        if case == "used again outside":
+            a, b = f(x)
+            (b * 3 + (a * w).exp()).sum().backward()  # w read once more, after the compiled call
+        else:
+            f(x, n).backward()  # n = 3 first leaves the recorded path half-way, then replays it
+        results.append((w.grad.detach().as_subclass(torch.Tensor).clone(), len(calls)))
+    return results
+
+
+@pytest.mark.parametrize("case", ["used again outside", "a loop longer than recorded"])
+def test_gradients_meet_in_eagers_order_bit_for_bit(case):
+    """A parameter read by several compiled statements and by eager ops too: its gradient's terms are summed in
+    eager's order (each statement's sent on its own), and its accumulator runs once, after every node that sends to it
+    (a leaf's AccumulateGrad made by a compiled call comes before the call's node, as before an eager op's)."""
+    eager, compiled = _gradients_of_w(False, case), _gradients_of_w(True, case)
+    for (expected, hooks_expected), (got, hooks) in zip(eager, compiled):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        assert hooks == hooks_expected == 1
+
+
 def test_second_derivatives_through_compiled_code():
     f = tt.compile(lambda x: (x ** 3).sum(), (tt.randn(3, requires_grad=True),))
     x = tt.randn(3, requires_grad=True, dtype=torch.float64)

@@ -17,7 +17,15 @@ from torchtrace.autograd.dispatch import run_rule
 from torchtrace.autograd.function import OUR_RULES
 from torchtrace.autograd.hooks import as_user_code, non_leaf_hooks, run_hooks
 from torchtrace.autograd.inplace import catch_up
-from torchtrace.autograd.node import AccumulateGrad, Edge, Node, gradient_for, leaf_accumulator, link_output
+from torchtrace.autograd.node import (
+    AccumulateGrad,
+    Contributions,
+    Edge,
+    Node,
+    gradient_for,
+    leaf_accumulator,
+    link_output,
+)
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 
@@ -250,17 +258,26 @@ def _send(node: Node, result: tuple, buffers: Dict[Any, List[Any]], ready: List[
         if type(g) is not torch.Tensor:  # a tracer (create_graph), None (no gradient), or a mistake
             if g is None:
                 continue
+            if type(g) is Contributions:  # a compiled node's: each added in turn, in eager's order
+                for each in g:
+                    buffer_gradient(target, nr, each, buffers, ready)
+                continue
             if not isinstance(g, torch.Tensor):
                 g = _received(node, edge, result)  # raises, naming what backward returned
         if g.shape != shape:
             g = _unbroadcast(node, g, shape)
         if g.dtype != dtype:
             g = g.to(dtype)
-        buf = buffers.get(target)  # a node's first gradient makes it ready; gradients arriving along several edges
-        if buf is None:  # (fan-out) are summed
-            buffers[target] = buf = [None] * target.n_outputs
-            heappush(ready, (-target.sequence_nr, target))
-        buf[nr] = g if buf[nr] is None else buf[nr] + g
+        buffer_gradient(target, nr, g, buffers, ready)
+
+
+def buffer_gradient(target: Any, nr: int, g: Any, buffers: Dict[Any, List[Any]], ready: List[Tuple[int, Any]]) -> None:
+    """A node's first gradient makes it ready; gradients arriving along several edges (fan-out) are summed."""
+    buf = buffers.get(target)
+    if buf is None:
+        buffers[target] = buf = [None] * target.n_outputs
+        heappush(ready, (-target.sequence_nr, target))
+    buf[nr] = g if buf[nr] is None else buf[nr] + g
 
 
 def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: type, ownership: "Ownership",

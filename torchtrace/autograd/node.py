@@ -45,6 +45,19 @@ def edge_gradient(edge: Edge, grads_of_inputs: tuple) -> Optional[torch.Tensor]:
     return g if g.dtype == edge.dtype else g.to(edge.dtype)
 
 
+class Contributions(tuple):
+    """Several gradients a node sends along one edge, in the order eager's walk would have summed them (a compiled
+    call's node: one per statement that read the outside tensor, newest first). The engine adds them into the
+    buffer one by one, so they meet the gradients of other nodes in eager's order, bit for bit."""
+
+    __slots__ = ()
+
+
+def contributions(gradients: List[Any]) -> Any:
+    """What an edge of a compiled node sends: None, one gradient, or several (Contributions)."""
+    return None if not gradients else gradients[0] if len(gradients) == 1 else Contributions(gradients)
+
+
 # the version list of a ctx that saved nothing (shared, never changed); getattr(t, "_version", None) per tensor:
 _UNSAVED, _VERSION, _NONE = [], itertools.repeat("_version"), itertools.repeat(None)
 

@@ -15,7 +15,8 @@ import torch
 
 from torchtrace.autograd.grad_fn_hooks import run_post_hooks, run_pre_hooks
 from torchtrace.autograd.hooks import output_hooks
-from torchtrace.autograd.node import Context, Edge, Node, leaf_accumulator, link_output
+from torchtrace.autograd.node import Context, Edge, Node, contributions, leaf_accumulator, link_output
+from torchtrace.autograd.node import _next_sequence_nr as next_sequence_nr
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 from torchtrace.compiler.segment_code import generated_backward
@@ -98,6 +99,8 @@ class Segment:
         if position is None:
             node = t._tt_node if hasattr(type(t), "_tt_node") else None
             target = (node, t._tt_nr) if node is not None else (leaf_accumulator(t), 0)
+            if target[0].sequence_nr > self.node.sequence_nr:  # a leaf's AccumulateGrad made just now: the node
+                self.node.sequence_nr = next_sequence_nr()  # stays newer than what it sends to, as an eager op's
             position = self.outside[key] = len(self.node.edges)
             self.node.edges.append(_new_edge(Edge, (position, target[0], target[1], t.shape, t.dtype)))
         return position
@@ -134,7 +137,7 @@ class Segment:
         for nr, g in enumerate(grads):
             if g is not None:
                 buffers[self.outputs[nr]] = g
-        result: List[Optional[torch.Tensor]] = [None] * len(self.node.edges)
+        result: List[List[torch.Tensor]] = [[] for _ in self.node.edges]  # what each edge sends, newest first
         runs = self._needed_steps(captured, needed)
         for step in self._order(buffers):
             if len(step.outputs) == 1:
@@ -183,12 +186,11 @@ class Segment:
                 if local:
                     have = buffers.get(where)
                     buffers[where] = g if have is None else have + g
-                else:
-                    have = result[where]
-                    result[where] = g if have is None else have + g
+                else:  # sent one by one: they meet other nodes' gradients in eager's order
+                    result[where].append(g)
         if not retain and all(step.released for step in self.steps):
             self._released = True  # what tools show of a node whose saved tensors are gone
-        return tuple(result)
+        return tuple(map(contributions, result))
 
     def _run_generated(self, grads: tuple, retain: bool) -> Optional[tuple]:
         """The generated backward (segment_code.py), where it serves this call: no grad_fn hooks on a statement's

@@ -25,6 +25,7 @@ from typing import Any, Callable, List, Optional
 
 import torch
 
+from torchtrace.autograd.node import contributions
 from torchtrace.compiler.step_code import GENERATED_DIR, StepCode, expect
 from torchtrace.compiler.tracing.recorder import TensorRef
 from torchtrace.compiler.tracing.straight_line import CodeWriter
@@ -69,7 +70,7 @@ def _generate(steps: list, outputs: list, n_edges: int, frees: bool = True) -> S
     lines = ["def backward(S, G, free):",
              f'    """The backward of {len(steps)} compiled statements, newest first."""']
     lines += [f"    _v{value} = G[{nr}]" for nr, value in enumerate(outputs)]
-    lines += [f"    _e{e} = None" for e in range(n_edges)]
+    lines += [f"    _e{e} = []" for e in range(n_edges)]  # what each edge sends, newest first (engine: in turn)
     lines.append("    _ran = []")
     for k in reversed(range(len(steps))):
         step = steps[k]
@@ -80,7 +81,7 @@ def _generate(steps: list, outputs: list, n_edges: int, frees: bool = True) -> S
         lines += ["        " + line for line in _step_lines(k, step, code, writer)]
         if frees:  # its saved tensors, as the engine frees a node's after it ran (unless retain_graph)
             lines += ["        if free is not None:", f"            free(S[{k}])"]
-    edges = ", ".join(f"_e{e}" for e in range(n_edges))
+    edges = ", ".join(f"contributions(_e{e})" for e in range(n_edges))
     lines.append(f"    return ({edges}{',' if n_edges == 1 else ''}), _ran")
     source = "\n".join(lines) + "\n"
     if frees and "expect(" in source:  # a layout check may send the call to the interpreter: nothing freed before
@@ -88,7 +89,7 @@ def _generate(steps: list, outputs: list, n_edges: int, frees: bool = True) -> S
     filename = os.path.join(GENERATED_DIR, f"backward_{id(steps[0].statement):x}_{len(steps)}.py")
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # tracebacks show the lines
     namespace = {"K": writer.constants, "torch": torch, "expect": expect, "_zeros": _zeros,
-                 "_same_floats": _same_floats}
+                 "_same_floats": _same_floats, "contributions": contributions}
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 (our own generated code)
     return SegmentCode(source, namespace["backward"], [s.targets for s in steps], tuple(outputs), n_edges)
 
@@ -155,9 +156,8 @@ def _traced_lines(k: int, step: Any, code: StepCode, writer: CodeWriter) -> List
 def _send(shape: torch.Size, dtype: torch.dtype, local: bool, where: int, writer: CodeWriter,
           checked: bool) -> List[str]:
     """edge_gradient, written out: summed to the input's shape, cast to its dtype, added where it goes."""
-    target = f"_v{where}" if local else f"_e{where}"
     shape_k, dtype_k = writer.constant(shape), writer.constant(dtype)
     body = [f"if _g.shape != {shape_k}:", f"    _g = _g.sum_to_size({shape_k})",
             f"if _g.dtype != {dtype_k}:", f"    _g = _g.to({dtype_k})",
-            f"{target} = _g if {target} is None else {target} + _g"]
+            f"_v{where} = _g if _v{where} is None else _v{where} + _g" if local else f"_e{where}.append(_g)"]
     return ["if _g is not None:", *("    " + line for line in body)] if checked else body

@@ -22,9 +22,10 @@ from torchtrace.autograd.engine import (
     _send,
     _unbroadcast,
     accumulate,
+    buffer_gradient,
 )
 from torchtrace.autograd.hooks import non_leaf_hooks
-from torchtrace.autograd.node import AccumulateGrad, Edge
+from torchtrace.autograd.node import AccumulateGrad, Contributions, Edge
 from torchtrace.autograd.state import LANE_SWITCHES, LANES_ON, STATE
 from torchtrace.lanes.forward import _table
 
@@ -69,6 +70,10 @@ def walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bo
                         g = _received(node, edge, result)
                     if type(g) is not torch.Tensor:
                         if g is None:
+                            continue
+                        if type(g) is Contributions:  # a compiled node's: each added in turn, in eager's order
+                            for each in g:
+                                buffer_gradient(target, nr, each, buffers, ready)
                             continue
                         g = _received(node, edge, result)
                     if g.shape != shape:
