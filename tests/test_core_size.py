@@ -69,7 +69,9 @@ gradients), saved_tensors_hooks followed, autograd inside hooks and user backwar
 grad mode off inside a user forward, non-differentiable outputs marked on every linking path, a leaf view kept a
 leaf, grad_fn hooks on a leaf's AccumulateGrad: 1,587. A saved result's tracer made a detached alias (half an
 as_subclass's cost, and no view, as torch's result is none), and the plan of a keyword spelling applied by tt.compile's
-replay too (it read signatures again on every call): 1,597.
+replay too (it read signatures again on every call): 1,597. A compiled node's gradients for one outside tensor sent
+one by one, in eager's order (Contributions, added in turn by the engine: they were summed in another order), and
+tt.grad of a value a compiled call made running that call's node: 1,615.
 """
 import ast
 import pathlib
@@ -79,15 +81,15 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1597
+BUDGET = 1615
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
 # 340 when the lanes came; then calls with keywords placed as run_rule places them (every torch.nn.functional call),
 # views caught up in the lane, forwards that take *args (the losses), lists that hold no tensor, the kept value
 # written out in the lane, and the walk finding a user's rule once per rule: 361; a saved result's tracer a detached
 # alias: 362; a hand-written rule's result linked in the lane only when its reference count says nothing else holds
-# it (the count of a local read once at import): 365
-LANES_BUDGET = 365
+# it (the count of a local read once at import): 365; a compiled node's gradients sent one by one (Contributions): 370
+LANES_BUDGET = 370
 
 
 def code_lines(path: pathlib.Path) -> int:
