@@ -232,6 +232,26 @@ def test_every_change_of_the_rule_table_reaches_the_lanes(change):
 
 
 @pytest.mark.parametrize("readable", [False, True])
+@pytest.mark.parametrize("pack", ["identity", "copy"])
+@pytest.mark.parametrize("op", [torch.tanh, torch.sigmoid, torch.exp, torch.sqrt, torch.rsqrt])
+def test_a_result_saved_under_saved_tensors_hooks_refuses_create_graph_on_both_paths(op, pack, readable):
+    """A rule that saves its result, under torch's saved_tensors_hooks: what unpack returns is no tracer of the node,
+    so a second derivative through it would lose the result's own dependence on x (with a copying pack the readable
+    path gave a silently wrong one): create_graph is refused on both paths; the first derivative is torch's."""
+    x0 = torch.rand(3, dtype=torch.float64) + 0.5
+    x, xt = tt.as_tracer(x0.clone(), requires_grad=True), x0.clone().requires_grad_()
+    hooks = (lambda t: t, lambda t: t) if pack == "identity" else (lambda t: t.clone(), lambda t: t)
+    with tt.readable() if readable else contextlib.nullcontext():
+        with torch.autograd.graph.saved_tensors_hooks(*hooks):
+            y, yt = op(x), op(xt)
+        with pytest.raises(RuntimeError, match="create_graph=True through tensors saved under"):
+            tt.grad((y * y).sum(), [x], create_graph=True)
+        g, = tt.grad((y * y).sum(), [x])
+    torch.testing.assert_close(g.as_subclass(torch.Tensor), torch.autograd.grad((yt * yt).sum(), [xt])[0],
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("readable", [False, True])
 def test_a_users_rule_runs_as_a_custom_function_on_both_paths(readable):
     """A rule registered by a user is no rule of torchtrace's: on either path its forward runs without grad mode (as
     torch runs a Function's forward) and a view it returns is refused in-place changes (its own backward would be

@@ -130,6 +130,51 @@ def test_the_gradient_of_a_value_made_inside_a_compiled_call(how):
     assert compiled.replayed >= 2  # (the first call records)
 
 
+def test_tt_grad_runs_the_hooks_of_inside_values_only_where_eager_runs_them():
+    """tt.grad(y, [k]) with k made inside a compiled call: a hook or retain_grad on an inside value that k's
+    gradient does not need never runs (as in eager and torch); the gradient is eager's, bit for bit."""
+    W = tt.nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(1)))
+    V = tt.nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(2)))
+    seen, inside = [], []
+
+    def fn(x):
+        a = x @ W
+        k = torch.tanh(a) @ V
+        m = torch.sigmoid(a)
+        m.register_hook(lambda g: seen.append(g))
+        m.retain_grad()
+        inside[:] = [k, m]
+        return (m * a).sum() + (k * m).sum()
+
+    results = {}
+    for mode in ("eager", "compiled"):
+        f = fn if mode == "eager" else tt.compile(fn, (torch.randn(3, 4),))
+        results[mode] = []
+        for call in range(3):
+            seen.clear()
+            y = f(torch.randn(3, 4, generator=torch.Generator().manual_seed(10 + call)))
+            gk, = tt.grad(y, [inside[0]])
+            results[mode].append(gk.detach().as_subclass(torch.Tensor))
+            assert not seen and inside[1].grad is None, (mode, call)
+    for got, expected in zip(results["compiled"], results["eager"]):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("tool", ["diagnose", "explore"])
+def test_the_graph_tools_read_a_compiled_node_whose_tensor_two_statements_read(tool):
+    """A compiled node sends a tensor read by several statements their gradients one by one: the tools that watch a
+    backward read them as the edge's one gradient, as on an eager result."""
+    W = tt.nn.Parameter(torch.randn(4, 4, generator=torch.Generator().manual_seed(0)))
+    f = tt.compile(lambda x: (torch.tanh(x @ W) @ W).sum(), (torch.randn(3, 4),))
+    f(torch.randn(3, 4))  # recorded; the next call replays
+    y = f(torch.randn(3, 4))
+    if tool == "diagnose":
+        assert tt.diagnose(y) is not None
+    else:
+        assert tt.explore(y, retain_graph=True) is not None
+    assert W.grad is None or torch.isfinite(W.grad).all()
+
+
 def _gradients_of_w(compiled: bool, case: str) -> list:
     """w.grad after each of four backwards, and how often w's post-accumulate hook ran in each."""
     torch.manual_seed(0)

@@ -30,7 +30,7 @@ def test_a_jvp_of_a_primal_that_requires_grad_refuses_backward_instead_of_droppi
     torch.testing.assert_close(value.detach().as_subclass(torch.Tensor), expected_value, rtol=0, atol=1e-12)
     torch.testing.assert_close(jv.detach().as_subclass(torch.Tensor), expected_jv, rtol=0, atol=1e-12)
     assert jv.requires_grad  # as torch.func's result
-    with pytest.raises(UnsupportedOperationError, match="tt.jvp: its result was computed by forward mode"):
+    with pytest.raises(UnsupportedOperationError, match="tt.jvp: its result was computed outside the graph"):
         ((x ** 2).sum() + jv.sum()).backward()
     x.grad = None
     ((x ** 2).sum() + jv.detach().sum()).backward()  # as a constant: the rest of the gradient, torch's
@@ -74,3 +74,32 @@ def test_an_hvp_of_a_function_reading_a_tensor_that_requires_grad_refuses_backwa
     plain_hv = tt.hvp(lambda q: loss(q, a.detach()), p, v)
     assert type(plain_hv) is torch.Tensor
     torch.testing.assert_close(plain_hv, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+def test_a_jacobian_or_hessian_through_parameters_refuses_backward(mode):
+    theirs, ours = _linear_pair()
+    J = tt.jacobian(lambda x: torch.tanh(ours(x)), X0, mode=mode)
+    expected = torch.func.jacrev(lambda x: torch.tanh(theirs(x)))(X0)
+    torch.testing.assert_close(J.detach().as_subclass(torch.Tensor), expected, rtol=0, atol=1e-12)
+    with pytest.raises(UnsupportedOperationError, match="tt.jacobian / tt.hessian"):
+        (ours(X0).sum() + J.pow(2).sum()).backward()
+    H = tt.hessian(lambda x: torch.tanh(ours(x)).sum(), X0)
+    with pytest.raises(UnsupportedOperationError, match="computed outside the graph"):
+        H.sum().backward()
+    ours.requires_grad_(False)
+    assert type(tt.jacobian(lambda x: torch.tanh(ours(x)), X0, mode=mode)) is torch.Tensor
+
+
+def test_nested_forward_mode_is_refused_instead_of_a_zero_tangent():
+    v = torch.tensor([1.0, 2.0], dtype=torch.float64)
+
+    def g(y):
+        return torch.sin(y) * y
+
+    with pytest.raises(UnsupportedOperationError, match="nested forward mode is not supported"):
+        tt.jvp(lambda y: tt.jvp(g, (y,), (v,))[1], (torch.tensor([0.3, -0.7], dtype=torch.float64),), (v,))
+    x = torch.tensor([0.3, -0.7], dtype=torch.float64)  # what it says to do instead: forward over reverse
+    second = tt.jvp(lambda y: tt.grad((g(y) * v).sum(), y, create_graph=True)[0], (x,), (v,))[1]
+    expected = torch.func.jvp(lambda y: torch.func.jvp(g, (y,), (v,))[1], (x,), (v,))[1]
+    torch.testing.assert_close(second, expected, rtol=1e-12, atol=1e-12)  # g''(x) v^2, elementwise

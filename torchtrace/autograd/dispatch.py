@@ -188,11 +188,11 @@ def _link_outputs(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
 
 
 def _linked(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
-    saved = node.ctx._saved
+    saved = node.ctx.__dict__.get("packed_ids") or tuple(map(id, node.ctx._saved))  # what was saved, by identity
     if isinstance(out, torch.Tensor):
         kept = ()  # which saved tensors are the output: create_graph re-links them to the node
         for i, s in enumerate(saved):
-            if s is out:
+            if s == id(out):
                 kept = node.saved_outputs = (*kept, (i, 0))
         value = kept_output(out)  # the value itself, within the budget (read before out becomes the tracer)
         t = _link_result(out, bool(kept), node, 0, tracer_type, args)
@@ -205,8 +205,8 @@ def _linked(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     outputs = tuple(out)
     node.n_outputs = len(outputs)
     node.output_meta = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outputs]
-    node.saved_outputs = tuple((i, nr) for i, s in enumerate(saved) for nr, o in enumerate(outputs) if s is o)
-    kept = {id(s) for s in saved}
+    node.saved_outputs = tuple((i, nr) for i, s in enumerate(saved) for nr, o in enumerate(outputs) if s == id(o))
+    kept = set(saved)
     values = [kept_output(o) if isinstance(o, torch.Tensor) else None for o in outputs]
     linked = [_link_result(o, id(o) in kept, node, nr, tracer_type, args)
               if isinstance(o, torch.Tensor) else o for nr, o in enumerate(outputs)]

@@ -5,7 +5,9 @@ An Edge points at the node that produced that input (an AccumulateGrad for a lea
 that belongs to it (`edge_gradient`). A node's `sequence_nr` says when it was made: the nodes an edge
 points to are always older, so newest first is a topological order (as torch orders its ready queue).
 """
+import functools
 import itertools
+import operator
 import weakref
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -27,10 +29,25 @@ class Edge(NamedTuple):
     dtype: torch.dtype  # ...and cast to this dtype
 
 
+class Contributions(tuple):
+    """Several gradients a node sends along one edge, in the order eager's walk would have summed them (a compiled
+    call's node: one per statement that read the outside tensor, newest first). The engine adds them into the
+    buffer one by one, so they meet the gradients of other nodes in eager's order, bit for bit."""
+
+    __slots__ = ()
+
+
+def contributions(gradients: List[Any]) -> Any:
+    """What an edge of a compiled node sends: None, one gradient, or several (Contributions)."""
+    return None if not gradients else gradients[0] if len(gradients) == 1 else Contributions(gradients)
+
+
 def gradient_for(edge: Edge, grads_of_inputs: tuple) -> Any:
-    """The gradient this edge receives: its entry in what the rule's backward returned."""
+    """The gradient this edge receives: its entry in what the rule's backward returned (a compiled node's several
+    contributions summed, in the order the engine adds them)."""
     position = edge.position
-    return grads_of_inputs[position] if type(position) is int else grads_of_inputs[position[0]][position[1]]
+    g = grads_of_inputs[position] if type(position) is int else grads_of_inputs[position[0]][position[1]]
+    return functools.reduce(operator.add, g) if type(g) is Contributions else g
 
 
 def edge_gradient(edge: Edge, grads_of_inputs: tuple) -> Optional[torch.Tensor]:
@@ -43,19 +60,6 @@ def edge_gradient(edge: Edge, grads_of_inputs: tuple) -> Optional[torch.Tensor]:
     if g.shape != edge.shape:
         g = g.sum_to_size(edge.shape)
     return g if g.dtype == edge.dtype else g.to(edge.dtype)
-
-
-class Contributions(tuple):
-    """Several gradients a node sends along one edge, in the order eager's walk would have summed them (a compiled
-    call's node: one per statement that read the outside tensor, newest first). The engine adds them into the
-    buffer one by one, so they meet the gradients of other nodes in eager's order, bit for bit."""
-
-    __slots__ = ()
-
-
-def contributions(gradients: List[Any]) -> Any:
-    """What an edge of a compiled node sends: None, one gradient, or several (Contributions)."""
-    return None if not gradients else gradients[0] if len(gradients) == 1 else Contributions(gradients)
 
 
 # the version list of a ctx that saved nothing (shared, never changed); getattr(t, "_version", None) per tensor:
@@ -102,6 +106,7 @@ class Context:
         tensor goes through pack now and unpack in backward, and only what pack returned is kept. Its version can
         then not be read in backward: an in-place change of it afterwards is not caught (torch keeps a counter)."""
         self._packed = unpack, [(pack(t), True) if isinstance(t, torch.Tensor) else (t, False) for t in self._saved]
+        self.packed_ids = tuple(map(id, self._saved))  # which results were saved (linking reads it; see saved_index)
         self._saved, self._versions = (), _UNSAVED  # (a number a rule keeps, as Mul's 0.6 in x * 0.6, stays as it is)
 
     materialize_grads = True  # backward receives zeros (not None) for an output of several no gradient reached

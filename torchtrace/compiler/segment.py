@@ -138,7 +138,7 @@ class Segment:
             if g is not None:
                 buffers[self.outputs[nr]] = g
         result: List[List[torch.Tensor]] = [[] for _ in self.node.edges]  # what each edge sends, newest first
-        runs = self._needed_steps(captured, needed)
+        runs, seen = self._needed_steps(captured, needed)
         for step in self._order(buffers):
             if len(step.outputs) == 1:
                 g = buffers.pop(step.outputs[0], None)
@@ -149,6 +149,8 @@ class Segment:
                 gs = [buffers.pop(v, None) for v in step.outputs]
                 if all(g is None for g in gs):
                     continue
+            if seen is not None and step not in seen:
+                continue  # tt.grad needs neither its values nor anything below it: not run, no hooks (as eager)
             if asked:  # each value's gradient is whole now (every statement reading it has run): as eager's walk
                 gs = self._hooks(step, gs, captured, hand_out)  # runs hooks, retain_grad and tt.grad's capture
             if runs is not None and step not in runs:
@@ -247,12 +249,13 @@ class Segment:
         return [g if g is None else output_hooks(self.node, nr_of[value], g, captured, hand_out)
                 for value, g in zip(step.outputs, gs)]
 
-    def _needed_steps(self, captured: Optional[dict], needed: Optional[set]) -> Optional[set]:
-        """Under tt.grad (or backward(inputs=)): the steps below which a captured input lies, as the engine runs only
-        the nodes that reach one (engine._needed): a value of this node captured, or made by such a step, or an edge
-        to a node the engine needs. None: every step runs."""
+    def _needed_steps(self, captured: Optional[dict], needed: Optional[set]) -> Tuple[Optional[set], Optional[set]]:
+        """Under tt.grad (or backward(inputs=)), as the engine runs only the nodes that reach a captured input
+        (engine._needed): the steps whose rule runs (a value of this node captured, or made by such a step, or an edge
+        to a node the engine needs, lies below them), and the steps seen at all (those, and the makers of captured
+        values: their hooks and the capture run). (None, None): every step runs."""
         if captured is None or needed is None:
-            return None
+            return None, None
         node, producer, edges = self.node, self.producer, self.node.edges
         wanted = {self.outputs[nr] for n, nr in captured if n is node}
         runs: set = set()  # (steps hash by identity)
@@ -260,7 +263,7 @@ class Segment:
             if any((where in wanted or producer.get(where) in runs) if local else edges[where].node in needed
                    for _, _, _, local, where in step.targets):
                 runs.add(step)
-        return runs
+        return runs, runs | {producer[value] for value in wanted}
 
 
 def _free(step: Step) -> None:

@@ -9,6 +9,8 @@ from torchtrace.autograd.engine import grad
 from torchtrace.autograd.inplace import catch_up
 from torchtrace.autograd.node import _next_sequence_nr as next_sequence_nr
 from torchtrace.autograd.plain import plain_torch
+from torchtrace.autograd.state import STATE
+from torchtrace.errors import UnsupportedOperationError
 from torchtrace.forward.constant_results import constant_results, reads_a_gradient
 from torchtrace.forward.dual import TRANSPOSED, DualPass
 from torchtrace.forward.transpose import Linearised, plain
@@ -25,7 +27,13 @@ class TransposedOpsWarning(UserWarning):
 
 
 def _leaves(values: Sequence[Any], what: str) -> List[torch.Tensor]:
-    """Fresh tracer leaves for the primals (floating tensors only), so f's graph starts at them."""
+    """Fresh tracer leaves for the primals (floating tensors only), so f's graph starts at them. Inside another
+    forward-mode pass they would cut the outer tangents off (its result's tangent silently 0): refused."""
+    if any(isinstance(getattr(observer, "__self__", None), DualPass) for observer in STATE.on_record):
+        raise UnsupportedOperationError(
+            "tt.jvp, tt.hvp or tt.jacobian inside a function that forward mode differentiates (tt.jvp, tt.hvp, "
+            "tt.jacobian(mode='forward')): nested forward mode is not supported (the outer tangent would be lost). "
+            "Compute the inner derivative with tt.grad(..., create_graph=True), which forward mode follows.")
     leaves = []
     for i, value in enumerate(values):
         if not isinstance(value, torch.Tensor):
@@ -145,6 +153,7 @@ def jacobian(f: Callable, inputs: Tensors, mode: str = "reverse") -> Any:
         raise ValueError(f"tt.jacobian: mode must be 'forward' or 'reverse', not {mode!r}")
     inputs_tuple = isinstance(inputs, tuple)
     primals = inputs if inputs_tuple else (inputs,)
+    first_node = next_sequence_nr()
     xs = _leaves(primals, "primals")
     outs, is_tuple = _outputs(f(*xs))
     blocks = [[plain(o).new_zeros(o.shape + x.shape) for x in xs] for o in outs]
@@ -152,6 +161,8 @@ def jacobian(f: Callable, inputs: Tensors, mode: str = "reverse") -> Any:
         _rows(outs, xs, blocks)
     else:
         _columns(f, primals, xs, blocks)
+    anchor = reads_a_gradient(primals, xs, outs, first_node)  # (blocks torch.func would differentiate)
+    blocks = [constant_results(row, anchor, "tt.jacobian / tt.hessian") for row in blocks]
     per_output = [tuple(row) if inputs_tuple else row[0] for row in blocks]
     return tuple(per_output) if is_tuple else per_output[0]
 

@@ -1,11 +1,12 @@
 """What forward mode hands back where torch.func's result would carry a gradient: a tracer whose backward refuses.
 
-tt.jvp and tt.hvp compute their tangents outside the graph (on plain tensors, forward/dual.py), so their results are
-constants to reverse mode. torch.func's results, by contrast, carry a gradient into every tensor f read that requires
-one (a primal, a parameter f closed over) while grad mode is on. Handed back as plain tensors, such results would make
-a loss built from them (a Jacobian penalty, a curvature regulariser) back-propagate without that term: a gradient
-silently missing. So where f read such a tensor, the results come back as tracers of a node whose backward raises,
-naming what to do; elsewhere they stay plain tensors.
+tt.jvp and tt.hvp compute their tangents outside the graph (on plain tensors, forward/dual.py), and tt.jacobian and
+tt.hessian assemble theirs from separate passes, so their results are constants to reverse mode. torch.func's results,
+by contrast, carry a gradient into every tensor f read that requires one (a primal, a parameter f closed over) while
+grad mode is on. Handed back as plain tensors, such results would make a loss built from them (a Jacobian penalty, a
+curvature regulariser) back-propagate without that term: a gradient silently missing. So where f read such a tensor,
+the results come back as tracers of a node whose backward raises, naming what to do; elsewhere they stay plain
+tensors.
 """
 from typing import Any, List, Optional, Sequence
 
@@ -30,8 +31,8 @@ class ForwardModeResult(Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> Any:
         raise UnsupportedOperationError(
-            f"{ctx.what}: its result was computed by forward mode outside the graph, so no gradient flows back "
-            "through it into the tensors f read that require grad (torch.func's would carry one). Differentiate "
+            f"{ctx.what}: its result was computed outside the graph, so no gradient flows back through it into the "
+            "tensors f read that require grad (torch.func's would carry one). Differentiate "
             "with reverse mode twice instead (g = tt.grad(f(x), params, create_graph=True), then back-propagate "
             "through g), or use the result as a constant: .detach() it before building the loss.")
 
