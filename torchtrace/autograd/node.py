@@ -106,7 +106,7 @@ class Context:
         tensor goes through pack now and unpack in backward, and only what pack returned is kept. Its version can
         then not be read in backward: an in-place change of it afterwards is not caught (torch keeps a counter)."""
         self._packed = unpack, [(pack(t), True) if isinstance(t, torch.Tensor) else (t, False) for t in self._saved]
-        self.packed_ids = tuple(map(id, self._saved))  # which results were saved (linking reads it; see saved_index)
+        self.packed_ids = tuple(map(id, self._saved))  # which results were saved (dispatch._linked reads it)
         self._saved, self._versions = (), _UNSAVED  # (a number a rule keeps, as Mul's 0.6 in x * 0.6, stays as it is)
 
     materialize_grads = True  # backward receives zeros (not None) for an output of several no gradient reached
