@@ -137,3 +137,15 @@ def test_rrelu_bounds_are_checked_as_torch_checks_them(training, lower, upper):
     with pytest.raises(RuntimeError) as ours:
         F.rrelu(tt.tracer(x, requires_grad=True), lower, upper, training)
     assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("fn", [lambda x: F.rrelu(x), lambda x: F.rrelu(x, 0.2, 0.2, True)])
+def test_rrelus_fixed_slope_is_exact_in_float64(fn):
+    """The mean slope (lower + upper) / 2 as a float64 number, as torch's (it was rounded to float32: 2e-8 off)."""
+    x = torch.tensor([-1.0, 2.0], dtype=torch.float64)
+    theirs = x.clone().requires_grad_()
+    fn(theirs).sum().backward()
+    ours = tt.tracer(x, requires_grad=True)
+    fn(ours).sum().backward()
+    assert ours.grad.tolist() == theirs.grad.tolist()
+    assert ours.grad.tolist()[0] in ((1 / 8 + 1 / 3) / 2, (0.2 + 0.2) / 2)  # the exact slope of the line

@@ -363,3 +363,28 @@ def test_second_derivatives_at_zero_bases_and_infinite_divisors_match_torch(fn: 
     b = torch.tensor([1.0, 2.0, 0.5, -INF, INF, 1.5], dtype=torch.float64)
     for ours, theirs in zip(_second_order(fn, [a, b], True), _second_order(fn, [a, b], False)):
         torch.testing.assert_close(ours, theirs, equal_nan=True)
+
+
+@pytest.mark.parametrize("base", [torch.tensor(2.5, dtype=torch.bfloat16), torch.tensor(2.5, dtype=torch.float32),
+                                  torch.tensor([1.5, 2.5, 3.5], dtype=torch.float16), torch.tensor([1, 2, 3])])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_exponents_gradient_takes_the_log_of_the_base_in_the_results_dtype(base, dtype):
+    """torch promotes a lower-precision or integer base before its log: d(a^x)/dx = a^x ln a, ln a in float32/64."""
+    exponent = torch.tensor([1.25, 2.5, 3.75], dtype=dtype)
+    theirs = exponent.clone().requires_grad_()
+    (base ** theirs).sum().backward()
+    ours = tt.tracer(exponent, requires_grad=True)
+    (base ** ours).sum().backward()
+    assert ours.grad.dtype == theirs.grad.dtype == dtype
+    torch.testing.assert_close(ours.grad, theirs.grad, rtol=0, atol=0)
+    exact = (base.double() ** exponent.double()) * torch.log(base.double())
+    torch.testing.assert_close(ours.grad.double(), exact, rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=0)
+
+
+def test_the_bases_gradient_multiplies_in_torchs_order():
+    """g (b a^(b-1)), as torch: 2 * 1e308 overflows to inf before g = -0.2 scales it (torch: -inf)."""
+    theirs = torch.tensor([1e308], dtype=torch.float64, requires_grad=True)
+    (theirs ** 2).backward(torch.tensor([-0.2], dtype=torch.float64))
+    ours = tt.tracer([1e308], dtype=torch.float64, requires_grad=True)
+    (ours ** 2).backward(torch.tensor([-0.2], dtype=torch.float64))
+    assert theirs.grad.item() == ours.grad.item() == -float("inf")

@@ -105,3 +105,12 @@ def test_swa_averaged_model_swalr_and_update_bn_match_torch():
                         torch.tensor(optimizer.param_groups[0]["lr"])])
     for ours, theirs in zip(*results):
         torch.testing.assert_close(as_plain(ours), theirs, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad"])
+def test_param_groups_hold_the_keys_torchs_hold(name):
+    """Code that reads group['foreach'] or group['fused'] (as torch's helpers do) finds them, with torch's values."""
+    ours = getattr(tto, name)([tt.tracer([1.0], requires_grad=True)], lr=0.1).param_groups[0]
+    theirs = getattr(torch.optim, name)([torch.zeros(1, requires_grad=True)], lr=0.1).param_groups[0]
+    assert set(ours) == set(theirs)
+    assert {k: v for k, v in ours.items() if k != "params"} == {k: v for k, v in theirs.items() if k != "params"}

@@ -6,9 +6,9 @@ import torch
 from precision_models import CNN, GPT, cnn_loss, gpt_loss
 
 import torchtrace as tt
+from torchtrace.autocast_lists import WHY_FLOAT32, WHY_LOWER, WHY_PROMOTED, op_name, why
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
-from torchtrace.precision.lists import WHY_FLOAT32, WHY_LOWER, WHY_PROMOTED, op_name, why
 
 LOW = (torch.bfloat16, torch.float16)
 

@@ -4,6 +4,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 
 from torchtrace.autograd.arguments import to_positions, wants_gradient
+from torchtrace.autograd.autocast import autocast_inputs
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.function_contract import returned_outputs
 from torchtrace.autograd.inplace import (
@@ -70,11 +71,14 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
             n = node.ctx._n_inputs = len(args) + len(kwargs)  # a user's forward reads one flag per argument
             if not rule._tt_trusted:
                 node.ctx.needs_input_grad = node.ctx.needs_input_grad[:n]
+        inputs, options = args, kwargs
+        if _any_autocast():  # the inputs torch.autocast casts for this op, cast (autocast.py)
+            inputs, options, node.autocast = autocast_inputs(func, args, kwargs)
         grad_off = torch_leaf or not rule._tt_trusted  # torch's autograd must not record the plain tensors that
         if grad_off:  # require grad; a user's forward runs with grad mode off, as torch runs Function.forward
             _set_grad_enabled(False)
         try:
-            out = rule.forward(node.ctx, *args, **kwargs)
+            out = rule.forward(node.ctx, *inputs, **options)
             if func is not None and args and out is args[0] and isinstance(out, tracer_type):
                 return out  # torch hands back the input itself (x.contiguous() of a contiguous x): no new node
             result = _link_outputs(out, node, tracer_type, args)
@@ -83,8 +87,6 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
         finally:
             if grad_off:
                 _set_grad_enabled(True)
-        if _any_autocast():
-            node.autocast = _autocast_state(args)
     for observe in STATE.on_record:
         observe(node, args, kwargs, result)
     return result
@@ -139,12 +141,6 @@ def _edge(position: Any, t: Any, tracer_type: type) -> Optional[Edge]:
             "torch autograd's graph back to its leaves. Make the leaf a tracer instead "
             "(tt.as_tracer(x, requires_grad=True)), or detach the tensor first.")
     return _new_edge(Edge, (position, leaf_accumulator(t), 0, t.shape, t.dtype))
-
-
-def _autocast_state(args: tuple) -> Optional[Tuple[str, torch.dtype]]:
-    """(device type, dtype) of the torch.autocast region this op ran in, so backward runs in it too."""
-    device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
-    return (device, torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else None
 
 
 def _rebuild(sequence: Any, items: list) -> Any:

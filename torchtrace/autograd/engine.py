@@ -295,7 +295,8 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
         trusted = node.rule.__module__.startswith(OUR_RULES)
     if not trusted:
         ownership.hand_out(grads)
-    if node.autocast or (create_graph and node.saved_outputs):
+    in_autocast = node.autocast is not None and node.autocast[2]
+    if in_autocast or (create_graph and node.saved_outputs):
         result = _call_in_forward_state(node, grads, create_graph, tracer_type)
     elif trusted:
         result = node.rule.backward(node.ctx, *grads)
@@ -311,8 +312,9 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
 
 
 def _call_in_forward_state(node: Node, grads: List[Any], create_graph: bool, tracer_type: type) -> Any:
-    """rule.backward under the torch.autocast state forward ran in, and with create_graph with the saved outputs
-    re-linked to this node, so their second derivative flows back through it."""
+    """rule.backward under the torch.autocast state forward ran in where its node asks for it (autocast.py), and
+    with create_graph with the saved outputs re-linked to this node, so their second derivative flows back through
+    it."""
     if create_graph and node.ctx._packed is not None:
         raise RuntimeError(f"{node.name}: create_graph=True through tensors saved under "
                            "torch's saved_tensors_hooks is not followed by torchtrace (a saved result "
@@ -324,7 +326,8 @@ def _call_in_forward_state(node: Node, grads: List[Any], create_graph: bool, tra
             saved[i] = link_output(saved[i], node, nr, tracer_type)
         node.ctx.use_graph_saved(tuple(saved))
     try:
-        with torch.autocast(*node.autocast) if node.autocast else contextlib.nullcontext():
+        in_autocast = node.autocast is not None and node.autocast[2]
+        with torch.autocast(*node.autocast[:2]) if in_autocast else contextlib.nullcontext():
             return node.rule.backward(node.ctx, *grads)
     finally:
         if relink:

@@ -195,7 +195,8 @@ class Node(GradFnHooks):
     saved_outputs: Tuple[Tuple[int, int], ...] = ()  # (saved index, output nr): saved outputs create_graph re-links
     hooks: Optional[dict] = None  # output nr -> [hook(grad)] registered on a non-leaf tracer
     retained: Optional[dict] = None  # output nr -> weak ref to the tracer that called retain_grad()
-    autocast: Optional[Tuple[str, torch.dtype]] = None  # recorded under torch.autocast(device type, dtype)
+    autocast: Optional[Tuple[str, torch.dtype, bool]] = None  # recorded under torch.autocast(device type, dtype);
+    # the bool: its backward runs under it too (autograd/autocast.py)
     notes: Optional[dict] = None  # what inspection tools note about the node: source line, call shapes, ...
 
     # What every node has lives in slots; what few nodes have is a class default until set (in the instance dict).

@@ -59,10 +59,10 @@ class Rrelu(Function):
             slope = torch.rrelu(signs, lower, upper, True, **kwargs).abs()  # torch's draws, for x <= 0 only
             y = input * slope
             if upper - lower <= 1e-6:  # torch's backward then uses the fixed slope, as in eval
-                slope = torch.where(input > 0, 1.0, mean_slope).to(input.dtype)
+                slope = torch.where(input > 0, 1.0, torch.full_like(input, mean_slope))  # in input's dtype
         else:
             y = torch.rrelu(input, lower, upper, False)  # torch's checks of the bounds, then leaky_relu(mean_slope)
-            slope = torch.where(input > 0, 1.0, mean_slope).to(input.dtype)
+            slope = torch.where(input > 0, 1.0, torch.full_like(input, mean_slope))  # in input's dtype
         ctx.save_for_backward(slope)
         return y
 

@@ -96,16 +96,17 @@ class Rdiv(Function):
 
 def _pow_grad_base(g, a, b, z):
     """d(a^b)/da = b * a^(b-1), defined as 0 where b == 0 (even where g is inf or NaN, as torch)."""
-    if isinstance(b, torch.Tensor):
-        return torch.where(b == 0, 0.0, g * b * torch.pow(a, b - 1))
-    return torch.zeros_like(g) if b == 0 else g * b * torch.pow(a, b - 1)
+    if isinstance(b, torch.Tensor):  # torch's order: g (b a^(b-1)) (2 * 1e308 overflows before g scales it)
+        return torch.where(b == 0, 0.0, g * (b * torch.pow(a, b - 1)))
+    return torch.zeros_like(g) if b == 0 else g * (b * torch.pow(a, b - 1))
 
 
 def _pow_grad_exponent(g, a, b, z):
     """d(a^b)/db = a^b * ln a, with a^b ln a := 0 where a == 0 and b >= 0 (NaN for a negative base).
 
-    g multiplies outside the mask, as in torch: an inf or NaN g still gives NaN at a == 0."""
-    base = a if isinstance(a, torch.Tensor) else torch.as_tensor(a, dtype=z.dtype, device=z.device)
+    g multiplies outside the mask, as in torch: an inf or NaN g still gives NaN at a == 0. The log is taken in the
+    result's dtype, as torch promotes the base first (a bfloat16 or integer base: its log in float32 or float64)."""
+    base = a.to(z.dtype) if isinstance(a, torch.Tensor) else torch.as_tensor(a, dtype=z.dtype, device=z.device)
     return g * torch.where((base == 0) & (b >= 0), 0.0, z * torch.log(base))
 
 

@@ -31,7 +31,8 @@ class Adagrad(Optimizer):
                            initial_accumulator_value=initial_accumulator_value, epsilon=eps)
         refuse_flags(differentiable=differentiable, fused=fused)
         defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
-                        initial_accumulator_value=initial_accumulator_value, maximize=maximize)
+                        initial_accumulator_value=initial_accumulator_value, maximize=maximize, foreach=foreach,
+                        differentiable=differentiable, fused=fused)
         super().__init__(params, defaults)
         for group in self.param_groups:  # as torch: every parameter's state exists from the start
             for p in group["params"]:

@@ -48,7 +48,8 @@ class Adam(Optimizer):
                 raise ValueError(f"betas[{i}] as a Tensor is not supported for capturable=False and foreach=True")
         refuse_flags(capturable=capturable, differentiable=differentiable, fused=fused)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                        maximize=maximize, foreach=foreach, decoupled_weight_decay=decoupled_weight_decay)
+                        maximize=maximize, foreach=foreach, decoupled_weight_decay=decoupled_weight_decay,
+                        capturable=capturable, differentiable=differentiable, fused=fused)
         super().__init__(params, defaults)
 
     def __setstate__(self, state: Dict[str, Any]) -> None:

@@ -24,7 +24,8 @@ class RMSprop(Optimizer):
         check_non_negative(lr=lr, epsilon=eps, momentum=momentum, weight_decay=weight_decay, alpha=alpha)
         refuse_flags(capturable=capturable, differentiable=differentiable)
         defaults = dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
-                        centered=centered, maximize=maximize)
+                        centered=centered, maximize=maximize, capturable=capturable, foreach=foreach,
+                        differentiable=differentiable)
         super().__init__(params, defaults)
 
     def update(self, param: torch.Tensor, grad: torch.Tensor, state: Dict[str, Any], group: Dict[str, Any]) -> None:

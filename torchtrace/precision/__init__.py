@@ -12,8 +12,8 @@ import sys
 import types
 from typing import Any
 
+from torchtrace.autocast_lists import why
 from torchtrace.precision.counts import Counts, count
-from torchtrace.precision.lists import why
 from torchtrace.precision.report import PrecisionReport
 from torchtrace.precision.rows import Row
 from torchtrace.precision.run import precision

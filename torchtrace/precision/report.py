@@ -4,10 +4,10 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from torchtrace import argument_checks
+from torchtrace.autocast_lists import why
 from torchtrace.doctor.comparison import _aligned
 from torchtrace.doctor.recording import Pass
 from torchtrace.precision.counts import Counts, count, count_all, relative_error
-from torchtrace.precision.lists import why
 from torchtrace.precision.rows import Row
 
 BY = ("rel_error", "underflow", "overflow", "subnormal")

@@ -38,11 +38,13 @@ FLOAT32 = frozenset((
 ))
 PROMOTE = frozenset(("stack", "cat", "index_copy"))
 
-# The Python spelling of an op -> the name autocast's lists use for it; for an op on no list that runs a listed one
-# inside (einsum's bmm), that one's, which decides the dtype.
-ATEN_NAME = {"cross_entropy": "cross_entropy_loss", "__matmul__": "matmul", "__rmatmul__": "matmul",
-             "concat": "cat", "concatenate": "cat", "linalg_matmul": "matmul", "einsum": "bmm", "tensordot": "mm",
-             "inner": "mm", "chain_matmul": "mm", "linalg_multi_dot": "mm", "linalg_matrix_power": "matmul"}
+# The Python spelling of an op -> the name autocast's lists use for it.
+ALIASES = {"cross_entropy": "cross_entropy_loss", "__matmul__": "matmul", "__rmatmul__": "matmul", "concat": "cat",
+           "concatenate": "cat", "linalg_matmul": "matmul", "grid_sample": "grid_sampler"}
+# An op on no list that runs a listed one inside (einsum's bmm) -> that one's name, which decides the dtype: autocast
+# casts the inputs of that inner op only, not the op's own.
+COMPOSITES = {"einsum": "bmm", "tensordot": "mm", "inner": "mm", "chain_matmul": "mm", "linalg_multi_dot": "mm",
+              "linalg_matrix_power": "matmul"}
 NAMESPACES = (("torch.linalg.", "linalg_"), ("torch.fft.", "fft_"))  # torch.linalg.inv is ATen's linalg_inv
 
 WHY_LOWER, WHY_FLOAT32, WHY_PROMOTED = "lower-precision list", "float32 list", "promoted"
@@ -51,7 +53,14 @@ WHY_LOWER, WHY_FLOAT32, WHY_PROMOTED = "lower-precision list", "float32 list", "
 def op_name(func: Optional[Callable], pad_mode: Optional[str] = None, pad_dims: int = 0) -> str:
     """The name autocast's lists know `func` by: `torch.nn.functional.linear` and `Tensor.matmul` -> 'linear',
     'matmul'; `F.cross_entropy` -> 'cross_entropy_loss'; `torch.linalg.inv` -> 'linalg_inv'; F.pad in `pad_mode`
-    'reflect' over `pad_dims` dimensions -> 'reflection_pad2d' (its constant and circular modes are on no list)."""
+    'reflect' over `pad_dims` dimensions -> 'reflection_pad2d' (its constant and circular modes are on no list);
+    a composite, the name of the listed op it runs inside (einsum -> 'bmm')."""
+    name = own_name(func, pad_mode, pad_dims)
+    return COMPOSITES.get(name, name)
+
+
+def own_name(func: Optional[Callable], pad_mode: Optional[str] = None, pad_dims: int = 0) -> str:
+    """op_name without the composites' inner op: the name autocast casts func's own inputs by."""
     if func is None:
         return ""
     qualified = callable_name(func)
@@ -59,7 +68,7 @@ def op_name(func: Optional[Callable], pad_mode: Optional[str] = None, pad_dims: 
                 qualified.rsplit(".", 1)[-1])
     if name == "pad" and pad_mode in ("reflect", "replicate"):
         name = f"{'reflection' if pad_mode == 'reflect' else 'replication'}_pad{pad_dims}d"
-    return ATEN_NAME.get(name, name)
+    return ALIASES.get(name, name)
 
 
 def why(func: Any, pad_mode: Optional[str] = None, pad_dims: int = 0) -> str:
