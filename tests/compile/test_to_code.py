@@ -114,7 +114,7 @@ def test_the_teaching_form_reads_as_the_chain_rule_and_gives_the_fast_forms_numb
     for code in (teaching, fast):
         namespace: dict = {}
         exec(code, namespace)
-        outputs, saved = namespace["forward"](x, target, params)
+        outputs, saved = namespace["forward"](x, target, params, (0.5,))  # `* 0.5`: a number of the call
         results.append([*outputs, *(g for g in namespace["backward"](params, saved, torch.ones(())) if g is not None)])
     assert len(results[0]) == len(results[1]) == 7  # the loss and six parameter gradients
     for a, b in zip(*results):
@@ -229,3 +229,34 @@ def test_a_tensor_argument_the_path_does_not_read_stays_in_the_generated_signatu
         for got, ref, fd in zip((grads[0], grads[2], grads[3]), (refs[0], refs[2], refs[3]), numeric):
             torch.testing.assert_close(got, ref.grad)
             torch.testing.assert_close(got, fd, rtol=1e-5, atol=1e-6)
+
+
+def test_the_numbers_of_a_call_are_arguments_of_its_code_never_literals():
+    """Plain numbers are read anew on every call, so the code takes them (`numbers`): run with a later call's numbers
+    (other values than the recording call's), both forms give that call's loss and torch autograd's and finite
+    differences' gradients."""
+    from references import finite_differences
+
+    g = torch.Generator().manual_seed(7)
+    x, w = (torch.randn(3, dtype=torch.float64, generator=g) for _ in range(2))
+    w_ = tt.as_tracer(w.clone(), requires_grad=True)
+
+    def fn(x, s, slope):
+        return (torch.nn.functional.leaky_relu(torch.tanh(x * w_) * s, slope) * (1 - s)).sum()
+
+    compiled = tt.compile(fn, (x, 0.3, 0.1))
+    compiled(x, 0.5, 0.2).backward()  # records the path with s = 0.5, slope = 0.2
+    s, slope = 2.0, 0.3
+    reference = lambda w: (torch.nn.functional.leaky_relu(torch.tanh(x * w) * s, slope) * (1 - s)).sum()  # noqa: E731
+    ref_w = w.clone().requires_grad_()
+    reference(ref_w).backward()
+    numeric = finite_differences(lambda: reference(w), [w])[0]
+    for code in (compiled.to_code(), compiled.code):
+        assert "def forward(x, params, numbers):" in code and "0.5" not in code.split("(f0, f1, f2) = numbers")[1]
+        namespace: dict = {}
+        exec(code, namespace)
+        outputs, saved = namespace["forward"](x, {"w_": w}, (s, slope, 1 - s))
+        grads = namespace["backward"]({"w_": w}, saved, torch.ones((), dtype=torch.float64))
+        torch.testing.assert_close(outputs[0], reference(w))
+        torch.testing.assert_close(grads[-1], ref_w.grad)
+        torch.testing.assert_close(grads[-1], numeric, rtol=1e-5, atol=1e-6)

@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
+from torchtrace.compiler.tracing.symbolic_float import SymbolicFloat
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
 
@@ -65,6 +66,8 @@ def value_source(value: Any, tensor_name: Callable[[torch.Tensor], str], device_
         return tensor_name(value)
     if value is None or isinstance(value, (bool, str)):
         return repr(value)
+    if isinstance(value, SymbolicFloat):  # a number of the call (lower.py): its name, or the arithmetic made of it
+        return value.expression.render()
     if isinstance(value, numbers.Integral):
         return repr(int(value))
     if isinstance(value, numbers.Real):

@@ -15,6 +15,9 @@ from torchtrace.autograd.function import INPLACE_FLAG, Function
 from torchtrace.autograd.node import Context, edge_gradient
 from torchtrace.compiler.ir import EAGER, PASS, Listing, Op, Statement, Value, describe
 from torchtrace.compiler.replay import is_inplace
+from torchtrace.compiler.step_code import StepCode, step_code
+from torchtrace.compiler.tracing.judge import call_values
+from torchtrace.compiler.tracing.symbolic_float import SymbolicFloat, Var
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
 from torchtrace.rule_math import rule_math
@@ -113,6 +116,9 @@ def _forward(path: List[Statement], listing: Listing, restore: list) -> Dict[int
         listing.forward.append(Op([], None, comment=f"{st.rule.__name__}" + (f"  [{st.module}]" if st.module else "")
                                   + note))
         ctx = Context(st.rule, (), st.mask)
+        if _numbers_are_parameters(st, args, kwargs):  # each float of the call a name of the code (f0, f1...)
+            args, kwargs = _as_numbers((tuple(args), dict(kwargs)), listing,
+                                       f"{st.rule.__name__} at {st.line.split('  ')[0]}" if st.line else st.describe())
         with writer:
             out = st.rule.forward(ctx, *args, **kwargs)
         listing.forward.extend(writer.ops)
@@ -126,6 +132,32 @@ def _forward(path: List[Statement], listing: Listing, restore: list) -> Dict[int
         contexts[index] = (ctx, edge_tensors, [values[st.first_value + n] for n in range(len(raw))], raw, writer)
     listing.values, listing.slots = values, slots
     return contexts
+
+
+def _numbers_are_parameters(st: Statement, args: tuple, kwargs: dict) -> bool:
+    """A statement whose rule was traced clean with its floats as symbols (step_code.py): its code takes them as
+    numbers of the call. The others keep them as literals: a rule that branches on a float is traced with it fixed,
+    and the path holds for that value only (checked on every call, as the compiled call checks it)."""
+    if not call_values(args, kwargs)[1]:
+        return False
+    code = st.code if st.code is not None else step_code(st.rule, st.key, st.mask, args, kwargs)
+    return isinstance(code, StepCode) and code.fixed_floats is None
+
+
+def _as_numbers(tree: Any, listing: Listing, where: str) -> Any:
+    """The call's arguments with each float a SymbolicFloat named f<k> (k counting over the path), noted in
+    listing.numbers with its value and the call that took it."""
+    if type(tree) is float:
+        listing.numbers.append((tree, where))
+        return SymbolicFloat(tree, Var(len(listing.numbers) - 1))
+    if isinstance(tree, list):
+        return [_as_numbers(item, listing, where) for item in tree]
+    if isinstance(tree, tuple) and not isinstance(tree, torch.Size):
+        items = [_as_numbers(item, listing, where) for item in tree]
+        return type(tree)(*items) if hasattr(type(tree), "_fields") else type(tree)(items)
+    if isinstance(tree, dict):
+        return {k: _as_numbers(v, listing, where) for k, v in tree.items()}
+    return tree
 
 
 def _at(args: tuple, kwargs: dict, rule: type, position: Any) -> torch.Tensor:

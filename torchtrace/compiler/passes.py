@@ -23,7 +23,7 @@ IN_PLACE.update({f: "mul_" for f in (torch.mul, T.mul, T.__mul__)})
 IN_PLACE.update({f: "div_" for f in (torch.div, T.div, T.__truediv__)})
 _FRESH = {*IN_PLACE, torch.neg, T.neg, T.__neg__, torch.matmul, T.matmul, T.__matmul__, torch.mm, T.mm}
 
-RESERVED = re.compile(r"^([tg]\d+|grad\d+|params|saved|torch|forward|backward|_)$")
+RESERVED = re.compile(r"^([tgf]\d+|grad\d+|params|saved|numbers|torch|forward|backward|_)$")
 
 
 def identifier(text: str) -> str:
