@@ -76,7 +76,9 @@ tt.grad of a value a compiled call made running that call's node, and the tools 
 path too, which gave a silently wrong second derivative with a copying pack): 1,619. An op recorded under
 torch.autocast as torch records it (its inputs cast by autocast's lists, moved from precision/ into the core as data,
 and its backward outside autocast: gradients of ops on no list, such as mv, and of elementwise backwards of
-lower-precision ops, such as a 1-D matmul's, were silently rounded otherwise): 1,708.
+lower-precision ops, such as a 1-D matmul's, were silently rounded otherwise): 1,708. A hook handle removed twice
+removing its own registration only (it took a second registration of the same function too), and a non-leaf among
+backward's inputs retaining its gradient afterwards, as torch's (a later backward no longer added to it): 1,711.
 """
 import ast
 import pathlib
@@ -86,7 +88,7 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1708
+BUDGET = 1711
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
 # 340 when the lanes came; then calls with keywords placed as run_rule places them (every torch.nn.functional call),

@@ -158,3 +158,17 @@ def test_a_change_under_no_grad_is_outside_the_graph_as_in_torch():
         (y * 2).sum().backward()
         results.append((y.tolist(), x.grad.tolist()))
     assert results[0] == results[1] == ([10.0, 20.0], [2.0, 2.0])
+
+
+@pytest.mark.parametrize("lib", ["torch", "tt"])
+def test_a_non_leaf_among_inputs_keeps_retaining_its_gradient(lib):
+    """backward(inputs=[y]) retains y's gradient from then on, as torch's retain_grad(): a later backward adds to it.
+    d/dy sum(y*y) = 2y = [6, 12] each time; x gets 3 * 2y once."""
+    x = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True) if lib == "torch" else tt.tracer(
+        [1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    y = x * 3
+    z = (y * y).sum()
+    z.backward(inputs=[y], retain_graph=True)
+    assert y.retains_grad and y.grad.tolist() == [6.0, 12.0] and x.grad is None
+    z.backward()
+    assert y.grad.tolist() == [12.0, 24.0] and x.grad.tolist() == [18.0, 36.0]

@@ -553,3 +553,33 @@ def test_a_leafs_accumulate_grad_node_takes_grad_fn_hooks_as_torch():
     torch.testing.assert_close(seen["tt"][0], torch.tensor([1.0, -2.0], dtype=torch.float64) * 12 + 2)  # 2·6w, 2·1
     assert [n for n, _ in seen["tt"][1]] == [n for n, _ in seen["torch"][1]] == [0]
     torch.testing.assert_close(seen["tt"][1][0][1], seen["torch"][1][0][1])
+
+
+@pytest.mark.parametrize("lib", ["torch", "tt"])
+def test_a_handle_removed_twice_removes_its_own_registration_only(lib):
+    """The same function registered twice, the first handle removed twice: the second registration still runs (x.grad
+    = 2 * 3 from the non-leaf's doubling hook, 2 from the leaf's), as do grad_fn and post-accumulate hooks."""
+    make = (lambda: torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)) if lib == "torch" else (
+        lambda: tt.tracer([1.0, 2.0], dtype=torch.float64, requires_grad=True))
+    for leaf, expected in ((False, 6.0), (True, 2.0)):
+        x = make()
+        t = x if leaf else x * 3
+        double = lambda g: g * 2  # noqa: E731
+        first = t.register_hook(double)
+        t.register_hook(double)
+        first.remove()
+        first.remove()
+        (t * 1).sum().backward()
+        assert x.grad.tolist() == [expected, expected]
+    calls = []
+    x = make()
+    y = x * 3
+    for register, hook in ((y.grad_fn.register_prehook, lambda go: calls.append("pre")),
+                           (y.grad_fn.register_hook, lambda gi, go: calls.append("post")),
+                           (x.register_post_accumulate_grad_hook, lambda p: calls.append("accumulated"))):
+        handle = register(hook)
+        register(hook)
+        handle.remove()
+        handle.remove()
+    y.sum().backward()
+    assert calls == ["pre", "post", "accumulated"]

@@ -68,6 +68,8 @@ def backward(tensors: Tensors, grad_tensors: Optional[Tensors] = None, retain_gr
         g = captured.pop((node, nr), None)
         if g is not None and g is not INTO_GRAD and not (node.retained and nr in node.retained):
             t._tt_grad = g.clone() if t._tt_grad is None else t._tt_grad + g
+        if type(node) is not AccumulateGrad:  # and from now on it retains its gradient, as torch's retain_grad()
+            t.retain_grad()
 
 
 def grad(outputs: Tensors, inputs: Tensors, grad_outputs: Optional[Tensors] = None, retain_graph: Optional[bool] = None,

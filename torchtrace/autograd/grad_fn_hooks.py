@@ -11,14 +11,16 @@ class NodeName(str):
 
 
 class RemovableHandle:
-    """Returned by register_hook; `.remove()` takes the hook out again."""
+    """Returned by register_hook; `.remove()` takes this registration out again, once (a second call does nothing, as
+    torch's: the same function registered twice stays registered once)."""
 
     def __init__(self, hooks: list, fn: Callable):
         self._hooks, self._fn = hooks, fn
 
     def remove(self) -> None:
-        if self._fn in self._hooks:
+        if self._hooks is not None and self._fn in self._hooks:
             self._hooks.remove(self._fn)
+        self._hooks = None
 
 
 class GradFnHooks:
