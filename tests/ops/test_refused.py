@@ -39,6 +39,10 @@ def test_multi_head_attention_forward_points_at_the_module():
     lambda x, w: torch.histogramdd(x.reshape(3, 2), [2, 2]).hist,
     lambda x, w: torch.bincount(torch.tensor([0, 1, 1, 2, 0, 3]), weights=w),
     lambda x, w: torch.tensor([0, 1, 1, 0, 2, 2]).bincount(w),
+    lambda x, w: torch.unique(x.round()),
+    lambda x, w: x.round().unique(sorted=True, return_counts=True)[0],
+    lambda x, w: torch.unique_consecutive(x.round()),
+    lambda x, w: x.round().unique_consecutive(return_inverse=True)[0],
 ])
 def test_ops_torch_does_not_differentiate_run_and_refuse_backward_as_torch(op):
     """A histogram of an activation for a log runs, as in torch; a backward through it raises, as in torch."""
@@ -55,3 +59,14 @@ def test_ops_torch_does_not_differentiate_run_and_refuse_backward_as_torch(op):
         (theirs.sum() + rx.sum() + rw.sum()).backward()
     with pytest.raises(tt.UnsupportedOperationError, match="no derivative for it either"):
         (ours.sum() + x.sum() + w.sum()).backward()
+
+
+def test_uniques_integer_results_carry_no_gradient_and_can_be_used():
+    """x.unique(return_inverse=True)[1] is an index (no gradient, as in torch): a loss reading it with x back-propagates
+    through x alone: d/dx sum(inv * x) = inv."""
+    values = torch.tensor([1.0, 3.0, 3.0, -2.0], dtype=torch.float64)
+    for x in (values.clone().requires_grad_(), tt.tracer(values, requires_grad=True)):
+        unique, inverse = x.unique(return_inverse=True)
+        assert unique.requires_grad and not inverse.requires_grad and inverse.tolist() == [1, 2, 2, 0]
+        (inverse.to(x.dtype) * x).sum().backward()
+        assert x.grad.tolist() == [1.0, 2.0, 2.0, 0.0]

@@ -66,3 +66,5 @@ def forward_only(op: Callable, *spellings: Callable) -> type:
 forward_only(torch.histogram, torch.Tensor.histogram)
 forward_only(torch.histogramdd)
 forward_only(torch.bincount, torch.Tensor.bincount)
+forward_only(torch.unique, torch.Tensor.unique)  # its integer inverse and counts carry no gradient: usable freely
+forward_only(torch.unique_consecutive, torch.Tensor.unique_consecutive)
