@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from torchtrace.autograd.function import register
 from torchtrace.nn.module import Module
-from torchtrace.ops.opmath import opmath
+from torchtrace.ops.opmath import in_float32, opmath
 from torchtrace.ops.rule_tables import table_rule
 
 aten = torch.ops.aten  # the VJP ops torch's own formulas use (rules in ops/aten_forms.py: second derivatives 0)
@@ -69,27 +69,29 @@ activation("LeakyRelu", F.leaky_relu, "y = x if x > 0 else a x  ->  dy/dx = 1 if
            lambda g, x, y, negative_slope: aten.leaky_relu_backward(g, x, negative_slope, False), uses=("x",),
            negative_slope=0.01, inplace=False)
 activation("Elu", F.elu, "y = x if x > 0 else a (e^x - 1)  ->  dy/dx = 1 if x > 0 else a e^x",
-           lambda g, x, y, alpha: torch.where(x <= 0, g * alpha * torch.exp(_below_zero(x, x)), g), uses=("x",),
-           alpha=1.0, inplace=False)
+           in_float32(lambda g, x, y, alpha: torch.where(x <= 0, g * alpha * torch.exp(_below_zero(x, x)), g)),
+           uses=("x",), alpha=1.0, inplace=False)
 activation("Gelu", F.gelu, "y = x Phi(x)  ->  dy/dx = Phi(x) + x phi(x)  (approximate='tanh': that form's derivative)",
            _gelu, uses=("x",), approximate="none")
-activation("Silu", F.silu, "y = x s(x), s = sigmoid  ->  dy/dx = s (1 + x (1 - s))", _silu, uses=("x",), inplace=False)
+activation("Silu", F.silu, "y = x s(x), s = sigmoid  ->  dy/dx = s (1 + x (1 - s))", in_float32(_silu), uses=("x",),
+           inplace=False)
 activation("Mish", F.mish, "y = x tanh(softplus x)  ->  dy/dx = t + x s(x) (1 - t^2), t = tanh(softplus x)",
-           _mish, uses=("x",), inplace=False)
+           in_float32(_mish), uses=("x",), inplace=False)
 register(torch.selu, rule=activation(
     "Selu", F.selu, "y = s x if x > 0 else s a (e^x - 1), s, a: SELU's constants  ->  dy/dx = s if x > 0 else s a e^x",
-    lambda g, x, y: torch.where(x <= 0, g * (SELU_SCALE * SELU_ALPHA) * torch.exp(_below_zero(x, x)), g * SELU_SCALE),
-    uses=("x",), inplace=False))
+    in_float32(lambda g, x, y: torch.where(x <= 0, g * (SELU_SCALE * SELU_ALPHA) * torch.exp(_below_zero(x, x)),
+                                           g * SELU_SCALE)), uses=("x",), inplace=False))
 register(torch.celu, rule=activation(
     "Celu", F.celu, "y = x if x > 0 else a (e^(x/a) - 1)  ->  dy/dx = 1 if x > 0 else e^(x/a)",
-    lambda g, x, y, alpha: torch.where(x <= 0, g * torch.exp(_below_zero(x, x) / alpha), g), uses=("x",),
+    in_float32(lambda g, x, y, alpha: torch.where(x <= 0, g * torch.exp(_below_zero(x, x) / alpha), g)), uses=("x",),
     alpha=1.0, inplace=False))
 register(torch._C._nn.glu, rule=activation(
     "Glu", F.glu, "y = a s(b), (a, b) = the halves of x along dim  ->  dy/da = s(b), dy/db = a s(b) (1 - s(b))",
     _glu, uses=("x",), dim=-1))
 register(torch._C._nn.hardswish, rule=activation(
     "Hardswish", F.hardswish, "y = x relu6(x + 3) / 6  ->  dy/dx = 0 if x <= -3, x/3 + 1/2 if x < 3, else 1",
-    lambda g, x, y: torch.where(x <= -3, 0.0, torch.where(x < 3, g * (x / 3 + 0.5), g)), uses=("x",), inplace=False))
+    in_float32(lambda g, x, y: torch.where(x <= -3, 0.0, torch.where(x < 3, g * (x / 3 + 0.5), g))), uses=("x",),
+    inplace=False))
 register(torch._C._nn.hardsigmoid, rule=activation(
     "Hardsigmoid", F.hardsigmoid, "y = relu6(x + 3) / 6  ->  dy/dx = 1/6 for -3 < x < 3, else 0",
     lambda g, x, y: aten.hardsigmoid_backward(g, x), uses=("x",), inplace=False))
@@ -109,7 +111,8 @@ register(torch.threshold, rule=activation(
     lambda g, x, y, threshold, value: aten.threshold_backward(g, x, threshold), uses=("x",),
     threshold=None, value=None, inplace=False))
 activation("Softplus", F.softplus, "y = log(1 + e^(b x)) / b (x if b x > threshold)  ->  dy/dx = s(b x) (1 past it)",
-           lambda g, x, y, beta, threshold: torch.where(x * beta > threshold, g, g * torch.sigmoid(x * beta)),
+           in_float32(lambda g, x, y, beta, threshold: torch.where(x * beta > threshold, g,
+                                                                   g * torch.sigmoid(x * beta))),
            uses=("x",), beta=1.0, threshold=20.0)
 
 

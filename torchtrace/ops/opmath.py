@@ -5,7 +5,8 @@ RMS norm's gradient became exactly 0), a bfloat16 difference of near-equal sums 
 torch's fused kernels accumulate in float32; so do the rules that call `opmath` on what their backward reads. The
 engine casts each gradient back to its input's dtype (node.edge_gradient).
 """
-from typing import Any, Tuple
+import functools
+from typing import Any, Callable, Tuple
 
 import torch
 
@@ -15,3 +16,17 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 def opmath(*tensors: Any) -> Tuple[Any, ...]:
     """Each float16 / bfloat16 tensor as float32 (differentiable, under create_graph); anything else as it is."""
     return tuple(t.float() if isinstance(t, torch.Tensor) and t.dtype in LOW_PRECISION else t for t in tensors)
+
+
+def in_float32(formula: Callable, dtypes: Tuple[torch.dtype, ...] = LOW_PRECISION) -> Callable:
+    """`formula` as torch's fused backward kernels compute it (tanh_backward, silu_backward, ...): values of `dtypes`
+    taken to float32 and the gradient rounded once (the engine casts it to the input's dtype), not rounded to the low
+    dtype after every step. Other dtypes: the formula as written. (torch's CPU sigmoid_backward does this for bfloat16
+    only: float16 computes in float16.)"""
+    @functools.wraps(formula)
+    def fused(g: Any, *values: Any, **options: Any) -> Any:
+        if g.dtype in dtypes:
+            g, *values = opmath(g, *values)
+        return formula(g, *values, **options)
+
+    return fused

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
+from torchtrace.ops.opmath import in_float32
 from torchtrace.ops.rule_tables import binary, reordered, unary
 
 T = torch.Tensor
@@ -47,9 +48,9 @@ unary("Cos", [torch.cos, T.cos], "y = cos x  ->  dy/dx = -sin x",
 unary("Tan", [torch.tan, T.tan], "y = tan x  ->  dy/dx = 1 + y^2",
       lambda g, x, y: g * (1 + y * y), uses=("y",))
 unary("Tanh", [torch.tanh, T.tanh, F.tanh], "y = tanh x  ->  dy/dx = 1 - y^2",
-      lambda g, x, y: g * (1 - y * y), uses=("y",))
+      in_float32(lambda g, x, y: g * (1 - y * y)), uses=("y",))  # (in float32 for float16 / bfloat16, as torch)
 unary("Sigmoid", [torch.sigmoid, T.sigmoid, torch.special.expit, F.sigmoid], "y = 1/(1 + e^-x)  ->  dy/dx = y (1 - y)",
-      lambda g, x, y: g * y * (1 - y), uses=("y",))
+      in_float32(lambda g, x, y: g * (1 - y) * y, (torch.bfloat16,)), uses=("y",))  # (torch's order and precision)
 
 
 def _flat(g: torch.Tensor, x: Any, y: Any) -> torch.Tensor:
