@@ -260,3 +260,30 @@ def test_the_numbers_of_a_call_are_arguments_of_its_code_never_literals():
         torch.testing.assert_close(outputs[0], reference(w))
         torch.testing.assert_close(grads[-1], ref_w.grad)
         torch.testing.assert_close(grads[-1], numeric, rtol=1e-5, atol=1e-6)
+
+
+def test_a_tensor_the_call_makes_itself_is_described_where_the_code_reads_it():
+    """nn.LSTM makes its zero initial state inside forward: the code reads it as a leaf with no name and says what it
+    is, so a reader can pass it (zeros here); then the output is the model's."""
+    torch.manual_seed(0)
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(3, 4, batch_first=True)
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+    model = tt.port(Wrapped())
+    x = torch.randn(2, 5, 3)
+    code = tt.trace(model, tt.tracer(x, requires_grad=True)).to_code()
+    assert "# a (2, 4) float32 tensor the call made or found itself (not an argument or parameter): pass its value" \
+        in code
+    leaves = sorted(set(re.findall(r'params\["(leaf\d+)"\]', code)))
+    params = {name: p.detach().as_subclass(torch.Tensor) for name, p in model.named_parameters()}
+    params.update({name: torch.zeros(2, 4) for name in leaves})
+    namespace: dict = {}
+    exec(code, namespace)
+    outputs, _ = namespace["forward"](x, params)
+    torch.testing.assert_close(outputs[0], model(x).detach().as_subclass(torch.Tensor))

@@ -104,7 +104,7 @@ def _forward(path: List[Statement], listing: Listing, restore: list) -> Dict[int
             slot = ~source
             if slot not in slots:
                 name, kind = st.slot_names.get(slot, ("", "param"))
-                slots[slot] = Value(name or f"leaf{slot}", kind)
+                slots[slot] = Value(name or f"leaf{slot}", kind, None if name else (tuple(t.shape), t.dtype))
                 (listing.inputs if slots[slot].kind == "input" else listing.params).append(slots[slot])
                 restore.append((t, t.detach().clone()))
             listing.of[id(t)] = slots[slot]

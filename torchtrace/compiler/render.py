@@ -43,10 +43,20 @@ def _tuple(names: List[str]) -> str:
     return "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"
 
 
+def _unnamed(leaf: Value) -> str:
+    """What a leaf without a name is, so a reader knows what to pass: a tensor the call read that is neither one of
+    its arguments nor a parameter, closure or global (made inside the call: an RNN's zero initial state)."""
+    if leaf.meta is None:
+        return ""
+    shape, dtype = leaf.meta
+    return (f"  # a {tuple(shape)} {str(dtype).replace('torch.', '')} tensor the call made or found itself (not an "
+            "argument or parameter): pass its value")
+
+
 def _body(ops: List[Op], listing: Listing, teaching: bool, live_out: list) -> List[str]:
     read = {id(v) for op in ops for v in passes.reads(op, listing)}
-    lines = [f'{v.name} = params["{v.hint}"]' for v in listing.params if not v.name.startswith("params[")
-             and id(v) in read]
+    lines = [f'{v.name} = params["{v.hint}"]' + _unnamed(v) for v in listing.params
+             if not v.name.startswith("params[") and id(v) in read]
     dying = {} if teaching else passes.last_uses(ops, listing, live_out)
     reused = {} if teaching else passes.reused_buffers(ops, listing, live_out)
     for i, op in enumerate(ops):
