@@ -1,4 +1,5 @@
 """to_code: readable source (rules' math, module names, parameter names) that runs with only torch imported."""
+import copy
 import re
 import shutil
 import subprocess
@@ -287,3 +288,75 @@ def test_a_tensor_the_call_makes_itself_is_described_where_the_code_reads_it():
     exec(code, namespace)
     outputs, _ = namespace["forward"](x, params)
     torch.testing.assert_close(outputs[0], model(x).detach().as_subclass(torch.Tensor))
+
+
+def test_a_number_a_rule_branches_on_is_an_argument_the_code_refuses_to_change():
+    """pow's rule branches on its exponent, so the code is written for the recording call's exponent: the code takes
+    it as a number too (never a silent literal), gives torch autograd's and finite differences' gradient for that
+    value, and refuses any other by name, although the compiled call itself replays the path with it."""
+    from references import finite_differences
+
+    x = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
+    fn = lambda x, p: (x.abs() + 0.1).pow(p).sum()  # noqa: E731
+    x_ = tt.as_tracer(x.clone(), requires_grad=True)
+    compiled = tt.compile(fn, (x_, 2.5))
+    compiled(x_, 2.5)
+    later = compiled(x_, 0.5)  # the same path, another exponent: the compiled call follows it
+    later.backward()
+    ref = x.clone().requires_grad_()
+    fn(ref, 0.5).backward()
+    torch.testing.assert_close(x_.grad, ref.grad)
+    ref.grad = None
+    fn(ref, 2.5).backward()
+    numeric = finite_differences(lambda: fn(x, 2.5), [x])[0]
+    for code in (compiled.code, compiled.to_code()):
+        namespace: dict = {}
+        exec(code, namespace)
+        (out,), saved = namespace["forward"](x, {}, (0.1, 2.5))
+        (grad,) = namespace["backward"]({}, saved, torch.ones((), dtype=torch.float64))
+        torch.testing.assert_close(out, fn(x, 2.5))
+        torch.testing.assert_close(grad, ref.grad)
+        torch.testing.assert_close(grad, numeric, rtol=1e-5, atol=1e-6)
+        with pytest.raises(ValueError, match=r"f1 is 0\.5: this code holds for 2\.5 only"):
+            namespace["forward"](x, {}, (0.1, 0.5))
+
+
+def test_rules_whose_torch_function_checks_its_numbers_in_python_give_code():
+    """F.hardtanh compares its bounds and F.batch_norm its eps in Python before the kernel: their numbers are the
+    code's arguments all the same, and the code gives torch autograd's and finite differences' gradients (and
+    batch norm's running statistics)."""
+    from references import finite_differences
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 3, dtype=torch.float64, generator=g)
+    norm = torch.nn.BatchNorm1d(3).double()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5, generator=g)
+        norm.bias.uniform_(-1, 1, generator=g)
+    ported = tt.port(copy.deepcopy(norm))
+
+    def fn(x):
+        return (torch.nn.functional.hardtanh(x, -0.5, 0.75) * 2).sum() + ported(x).pow(2).sum()
+
+    def reference(x, module):
+        return (torch.nn.functional.hardtanh(x, -0.5, 0.75) * 2).sum() + module(x).pow(2).sum()
+
+    x_ = tt.as_tracer(x.clone(), requires_grad=True)
+    compiled = tt.compile(fn, (x_,))
+    params = {name: t.detach().clone().as_subclass(torch.Tensor) for name, t in ported.state_dict().items()
+              if name != "num_batches_tracked"}
+    compiled(x_).backward()
+    ref, ref_norm = x.clone().requires_grad_(), copy.deepcopy(norm)
+    reference(ref, ref_norm).backward()
+    numeric = finite_differences(lambda: reference(x, copy.deepcopy(norm)), [x])[0]
+    code = compiled.code
+    assert "numbers" in code
+    namespace: dict = {}
+    exec(code, namespace)
+    (out,), saved = namespace["forward"](x, params, (-0.5, 0.75, 0.1, 1e-05))
+    grads = namespace["backward"](params, saved, torch.ones((), dtype=torch.float64))
+    torch.testing.assert_close(out, reference(x, copy.deepcopy(norm)))
+    torch.testing.assert_close(grads[0], ref.grad)
+    torch.testing.assert_close(grads[0], numeric, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(params["running_mean"], ref_norm.running_mean)
+    assert "hardtanh" in compiled.to_code()

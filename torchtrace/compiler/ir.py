@@ -222,5 +222,5 @@ class Listing:
         self.of: dict = {}  # id(plain tensor) -> Value, for rendering the tensors held by the ops
         self.values: dict = {}  # value number of the path -> its Value
         self.slots: dict = {}  # leaf slot of the path -> its Value
-        self.numbers: List[Tuple[float, str]] = []  # the path's plain numbers read anew on every call (f0, f1, ...):
-        # (value when recorded, the call that took it)
+        self.numbers: List[Tuple[float, str, bool]] = []  # the path's plain numbers read anew on every call (f0, f1,
+        # ...): (value when recorded, the call that took it, whether the code holds for that value only)

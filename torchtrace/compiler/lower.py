@@ -17,6 +17,7 @@ from torchtrace.compiler.ir import EAGER, PASS, Listing, Op, Statement, Value, d
 from torchtrace.compiler.replay import is_inplace
 from torchtrace.compiler.step_code import StepCode, step_code
 from torchtrace.compiler.tracing.judge import call_values
+from torchtrace.compiler.tracing.recorder import plain_numbers
 from torchtrace.compiler.tracing.symbolic_float import SymbolicFloat, Var
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
@@ -45,7 +46,7 @@ class Writer(TorchFunctionMode):
         if isinstance(owner, type) and issubclass(owner, Function):  # a rule calling another rule's apply
             with self:
                 return owner.forward(Context(owner), *args, **kwargs)
-        out = func(*args, **kwargs)
+        out = func(*plain_numbers(args), **plain_numbers(kwargs))  # torch's Python (F.hardtanh's bounds check)
         results = [out] if isinstance(out, torch.Tensor) else [o for o in out if isinstance(o, torch.Tensor)] \
             if isinstance(out, (list, tuple)) else []
         if not results or any(r is a for r in results for a in args):
@@ -116,9 +117,11 @@ def _forward(path: List[Statement], listing: Listing, restore: list) -> Dict[int
         listing.forward.append(Op([], None, comment=f"{st.rule.__name__}" + (f"  [{st.module}]" if st.module else "")
                                   + note))
         ctx = Context(st.rule, (), st.mask)
+        where = f"{st.rule.__name__} at {st.line.split('  ')[0]}" if st.line else st.describe()
         if _numbers_are_parameters(st, args, kwargs):  # each float of the call a name of the code (f0, f1...)
-            args, kwargs = _as_numbers((tuple(args), dict(kwargs)), listing,
-                                       f"{st.rule.__name__} at {st.line.split('  ')[0]}" if st.line else st.describe())
+            args, kwargs = _as_numbers((tuple(args), dict(kwargs)), listing, where)
+        else:  # a number the rule branches on: an argument too, which the code checks it was written for
+            listing.numbers += [(value, where, True) for value in call_values(args, kwargs)[1]]
         with writer:
             out = st.rule.forward(ctx, *args, **kwargs)
         listing.forward.extend(writer.ops)
@@ -136,8 +139,8 @@ def _forward(path: List[Statement], listing: Listing, restore: list) -> Dict[int
 
 def _numbers_are_parameters(st: Statement, args: tuple, kwargs: dict) -> bool:
     """A statement whose rule was traced clean with its floats as symbols (step_code.py): its code takes them as
-    numbers of the call. The others keep them as literals: a rule that branches on a float is traced with it fixed,
-    and the path holds for that value only (checked on every call, as the compiled call checks it)."""
+    numbers of the call. The others keep them as literals: a rule that branches on a float (pow's exponent, dropout's
+    p) was written out for that value only, so the code takes it as a number too and refuses any other."""
     if not call_values(args, kwargs)[1]:
         return False
     code = st.code if st.code is not None else step_code(st.rule, st.key, st.mask, args, kwargs)
@@ -148,7 +151,7 @@ def _as_numbers(tree: Any, listing: Listing, where: str) -> Any:
     """The call's arguments with each float a SymbolicFloat named f<k> (k counting over the path), noted in
     listing.numbers with its value and the call that took it."""
     if type(tree) is float:
-        listing.numbers.append((tree, where))
+        listing.numbers.append((tree, where, False))
         return SymbolicFloat(tree, Var(len(listing.numbers) - 1))
     if isinstance(tree, list):
         return [_as_numbers(item, listing, where) for item in tree]

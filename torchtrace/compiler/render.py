@@ -70,6 +70,21 @@ def _body(ops: List[Op], listing: Listing, teaching: bool, live_out: list) -> Li
     return lines
 
 
+def _number_comment(name: str, value: float, where: str, fixed: bool) -> str:
+    held = f"; its rule branches on it: this code holds for {value!r} only" if fixed else ""
+    return f"# {name}: a number of {where} ({value!r} when this path was recorded{held})"
+
+
+def _fixed_check(name: str, value: float, where: str, fixed: bool) -> List[str]:
+    """A number the code was written out for (its rule branches on it): any other value is refused, by name."""
+    if not fixed:
+        return []
+    literal = value_source(value, str)
+    message = f"{name} is {{{name}!r}}: this code holds for {literal} only; compile anew and call with it first"
+    rule = where.split(" at ")[0]
+    return [f"if {name} != {literal}:  # {rule} branches on it", f"    raise ValueError(f{message!r})"]
+
+
 def render_listing(listing: Listing, title: str, teaching: bool, suffix: str = "", header: bool = True) -> str:
     passes.name(listing)
     inputs = [v.name for v in listing.inputs]
@@ -81,9 +96,10 @@ def render_listing(listing: Listing, title: str, teaching: bool, suffix: str = "
     signature = [*inputs, "params", *(["numbers"] if numbers else [])]
     lines = [(f"def forward{suffix}({', '.join(signature)}):", ""),
              (f'"""{title}({", ".join(inputs)}): the values of this path, and what backward reads"""', "    "),
-             *((f"# {name}: a number of {where} ({value!r} when this path was recorded)", "    ")
-               for name, (value, where) in zip(numbers, listing.numbers)),
+             *((_number_comment(name, value, where, fixed), "    ")
+               for name, (value, where, fixed) in zip(numbers, listing.numbers)),
              *([(f"{_tuple(numbers)} = numbers", "    ")] if numbers else []),
+             *((line, "    ") for name, held in zip(numbers, listing.numbers) for line in _fixed_check(name, *held)),
              *((line, "    ") for line in _body(listing.forward, listing, teaching, forward_live)),
              (f"return {_tuple([v.name for v in listing.outputs])}, {_tuple(saved)}", "    "), ("", ""), ("", ""),
              (f"def backward{suffix}({', '.join(['params', 'saved', *(v.name for v in listing.grad_outputs)])}):", ""),
