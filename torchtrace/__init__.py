@@ -8,7 +8,7 @@ from torchtrace import (
     ops,  # noqa: F401  (registers every gradient rule)
     optim,
 )
-from torchtrace.autograd.engine import TOOLS, backward, grad
+from torchtrace.autograd.engine import BACKWARD_WATCHERS, TOOLS, backward, grad
 from torchtrace.autograd.function import Function, register
 from torchtrace.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from torchtrace.autograd.state import readable
@@ -51,6 +51,15 @@ def __getattr__(name: str) -> Any:
 
 
 TOOLS["show"] = lambda output: __getattr__("show")(output)  # y.backward(show=True) prints tt.show's trace
+
+
+def _noting_tiny_graphs(output: Any, create_graph: bool) -> Any:
+    """Every backward, from the first one on: one through a tiny graph notes each node's numbers for tt.draw (as
+    micrograd's draw_dot shows them); the notes' module loads on the first backward."""
+    return importlib.import_module("torchtrace.inspect.values").noting_tiny_graphs(output, create_graph)
+
+
+BACKWARD_WATCHERS.append(_noting_tiny_graphs)
 
 
 def __dir__() -> list:

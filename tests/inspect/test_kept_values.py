@@ -1,6 +1,8 @@
 """A graph keeps what each op produced, up to a per-thread byte budget, and never more than its values: no node, no
 other graph, no growth over a training loop; the player shows what the op produced, never memory changed later."""
 import gc
+import subprocess
+import sys
 import threading
 import weakref
 
@@ -184,3 +186,38 @@ def test_the_players_the_project_makes_keep_every_value_whatever_the_budget():
     for what, ex in players.items():
         assert all(n.value for n in ex.nodes), (what, [n.label for n in ex.nodes if not n.value])
         assert ex.notice == ""
+
+
+def test_the_output_changed_in_place_after_its_op_is_marked_in_the_player_and_the_drawing():
+    """(x*x).sum() is 14; multiplied by 10 under no_grad afterwards it holds 140, which no op produced: the player
+    marks the output node as changed (as any other), and the drawing shows no data for it or for a named result
+    changed so, while an unchanged result keeps its value."""
+    x = tt.tracer([1.0, 2.0, 3.0], requires_grad=True)
+    loss = (x * x).sum()
+    with tt.no_grad():
+        loss.mul_(10)
+    root = tt.explore(loss).nodes[0]
+    assert root.value == "" and "changed in place after this op (version 0 → 1)" in root.value_note
+    a, b, c, f = (tt.tracer([v], requires_grad=True) for v in (2.0, -3.0, 10.0, -2.0))
+    e = a * b
+    d = e + c
+    L = d * f
+    with tt.no_grad():
+        e.mul_(100)
+        L.add_(1000)
+    source = tt.draw(L, values=True).source
+    assert "Mul → e (1)\"" in source and "Mul → L (1)\"" in source and "Add → d (1) | data [4]" in source
+    assert "-600" not in source and "992" not in source and "their result changed in place after the op" in source
+
+
+def test_the_first_backward_in_a_process_notes_a_tiny_graphs_gradients_for_the_drawing():
+    """micrograd's example in a fresh interpreter: tt.draw after the very first backward shows every gradient (the
+    notes were taken only once a drawing tool had been imported)."""
+    code = ("import torchtrace as tt\n"
+            "a, b, c, f = (tt.tracer([v], requires_grad=True) for v in (2.0, -3.0, 10.0, -2.0))\n"
+            "e = a * b; d = e + c; L = d * f; L.backward()\n"
+            "print(tt.draw(L, values=True).source)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    for label in ("Mul → L (1) | data [-8] | grad [1]", "Add → d (1) | data [4] | grad [-2]",
+                  "Mul → e (1) | data [-6] | grad [-2]"):
+        assert label in out

@@ -209,18 +209,21 @@ def _uses(order: List[Any]) -> Dict[Any, int]:
 
 
 def _values_of(node: Any, nr: int, names: Names, outputs: Dict[Tuple[Any, int], torch.Tensor]
-               ) -> Tuple[Optional[str], Summary, Summary]:
-    """(name, value, gradient) of one output of a node, from what is known about it; None where unknown."""
+               ) -> Tuple[Optional[str], Summary, Summary, bool]:
+    """(name, value, gradient, changed) of one output of a node, from what is known about it; None where unknown.
+    A named or given result changed in place after its op (under no_grad) holds another value than the op made:
+    `changed`, and its value is a copy noted when the op ran, or unknown."""
     if isinstance(node, AccumulateGrad):
         leaf = node.variable
-        return names.tensors.get(id(leaf)), summary(leaf), summary(leaf.grad)
+        return names.tensors.get(id(leaf)), summary(leaf), summary(leaf.grad), False
     notes = node.notes or {}
     name, tensor = names.results.get((node, nr), (None, outputs.get((node, nr))))
-    value = summary(tensor) if tensor is not None else notes.get("values", {}).get(nr)
+    changed = tensor is not None and tensor._version != tensor._tt_version
+    value = summary(tensor) if tensor is not None and not changed else notes.get("values", {}).get(nr)
     grad = notes.get("grads", {}).get(nr)
     if grad is None and name is not None:
         grad = summary(tensor.grad if tensor.retains_grad else None)  # a named tensor that called retain_grad()
-    return name, value, grad
+    return name, value, grad, changed
 
 
 def draw(
@@ -363,6 +366,7 @@ def _legend(builder: _Builder) -> str:
         lines.append("data: the tensor's value   grad: the gradient of the output with respect to it"
                      + ("   |x|: a norm, for tensors of more than 4 elements" if "norms" in drawn else ""))
     missing = [text for key, text in (("no data", "ops without data: recorded outside tt.recording()"),
+                                      ("changed", "ops without data: their result changed in place after the op"),
                                       ("no grad", "ops without grad: their backward ran before tt.draw or "
                                                   "tt.recording() hooked them")) if key in drawn]
     if missing:
@@ -393,7 +397,7 @@ def _add_nodes(builder: _Builder, order: List[Any], roots: Set[Any], shapes: Dic
     for node in order:
         path = builder.place[node]
         leaf = isinstance(node, AccumulateGrad)
-        name, value, grad = _values_of(node, 0, builder.names, given)
+        name, value, grad, changed = _values_of(node, 0, builder.names, given)
         if leaf:
             kind = "parameter" if name is not None or isinstance(node.variable, torch.nn.Parameter) else "input"
             header, shape = name or kind, _shape(node.variable.shape)
@@ -402,7 +406,7 @@ def _add_nodes(builder: _Builder, order: List[Any], roots: Set[Any], shapes: Dic
             header = node.rule.__name__ + (f" → {name}" if name else "")
             shape = " ".join(_shape(shapes[(node, nr)]) for nr in range(node.n_outputs) if (node, nr) in shapes)
             if builder.values and value is None:
-                builder.drawn.add("no data")
+                builder.drawn.add("changed" if changed else "no data")
             if builder.values and builder.gradient_view and grad is None:
                 builder.drawn.add("no grad")
         kind = "output" if node in roots else kind

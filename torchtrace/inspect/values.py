@@ -21,7 +21,6 @@ from typing import Any, Iterator, Optional, Union
 
 import torch
 
-from torchtrace.autograd.engine import BACKWARD_WATCHERS
 from torchtrace.autograd.node import Node, gradient_for
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
@@ -163,14 +162,12 @@ def _note_everything(node: Node, grads: Any, result: Any) -> None:
 
 def noting_tiny_graphs(output: Any, create_graph: bool) -> Any:
     """The block a plain backward runs in: for a tiny graph, every node notes its numbers (so `tt.draw(L)` after
-    `L.backward()` shows them, as micrograd's draw_dot does); for any other graph, nothing. Registered with the
-    tracer's backward when this module loads (any drawing tool loads it), so the engine itself never looks."""
+    `L.backward()` shows them, as micrograd's draw_dot does); for any other graph, nothing. The package registers
+    it with the tracer's backward (torchtrace/__init__.py), so the engine itself never looks."""
     if create_graph or not tiny_graph(output):
         return contextlib.nullcontext()
     return observing(on_backward=_note_everything)
 
-
-BACKWARD_WATCHERS.append(noting_tiny_graphs)
 
 
 @contextlib.contextmanager

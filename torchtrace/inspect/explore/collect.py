@@ -152,9 +152,8 @@ class Collector:
         return "; ".join(texts) if any(texts) else "", "; ".join(why for _, why in read if why)
 
     def value(self, node: Any) -> Tuple[str, str]:
-        """The value's text and, where it is not known, why; a value a rule saved stands in for a lost one."""
-        if node is self.root:
-            return tensor_text(self.output), ""
+        """The value's text and, where it is not known, why; a value a rule saved stands in for a lost one. The
+        output's too is what its op produced (changed in place since, it is marked as any other)."""
         text, why = self.kept.get(node, ("", gone()))
         if not text and why == gone() and node.n_outputs == 1 and (node, 0) in self.values:
             return self.values[(node, 0)], ""
