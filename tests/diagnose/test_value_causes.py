@@ -123,6 +123,52 @@ def test_a_parameter_that_holds_nan_is_named_as_the_source():
     assert "the parameter 2.weight holds NaN or Inf itself (1 of 4 elements)" in f.message and f.module == "2"
 
 
+def _inf_then_nan_loss(model, x):
+    return nn.functional.cross_entropy(model(x), torch.tensor([0, 1, 0]))
+
+
+def test_an_inf_from_outside_is_named_before_the_op_that_turned_it_into_nan():
+    """An Inf in a parameter or the input becomes NaN at a later op (cross entropy's inf - inf): the first finding
+    names where the Inf came from (as for a NaN), and the op is not said to have made NaN from finite inputs."""
+    torch.manual_seed(0)
+    model = tt.port(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)))
+    with torch.no_grad():
+        model[2].weight[0, 0] = float("inf")
+    x = torch.randn(3, 4).abs()
+    with torch.no_grad():
+        model[0].bias.fill_(1.0)  # every ReLU unit on: the Inf weight meets a positive input
+    d = tt.diagnose(lambda: _inf_then_nan_loss(model, x))
+    kinds = [f for f in d.findings if f.kind == "nonfinite"]
+    assert "the parameter 2.weight holds NaN or Inf itself (1 of 16 elements)" in kinds[0].message
+    assert all("from finite inputs" not in f.message for f in kinds)
+    assert any("turned an Inf of its inputs into NaN" in f.message for f in kinds[1:])
+    with torch.no_grad():
+        model[2].weight[0, 0] = 0.0
+    x[1, 2] = float("inf")
+    d = tt.diagnose(lambda: _inf_then_nan_loss(model, x))
+    assert "no recorded op made it: a value that was already NaN or Inf entered the graph" in d.findings[0].message
+
+
+class WriteUnderNoGrad(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.first(x)
+        with torch.no_grad():
+            h[1, 1] = float("inf")  # fault: inf written
+        return self.second(h)
+
+
+def test_an_inf_written_in_place_under_no_grad_is_named_at_its_line():
+    model = tt.port(WriteUnderNoGrad())
+    d = tt.diagnose(lambda: _inf_then_nan_loss(model, torch.randn(3, 4)))
+    f = d.findings[0]
+    assert f.line == line_of("fault: inf written", HERE) and "wrote NaN or Inf into a tensor in place" in f.message
+    assert "grad mode is off" in f.message
+
+
 class DataCut(nn.Module):
     def __init__(self) -> None:
         super().__init__()

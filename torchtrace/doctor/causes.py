@@ -15,9 +15,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from torchtrace.doctor.values import describe, tensors_in
+from torchtrace.doctor.values import all_finite, describe, tensors_in
 
 Explained = Tuple[str, str]
+INF_MADE_NAN = "turned an Inf of its inputs into NaN"  # what cause_of says when no cause explains a NaN from an Inf
 
 
 @dataclass
@@ -89,6 +90,9 @@ def cause_of(at: AtOp) -> Explained:
             return found
     if at.phase == "forward":
         inputs = "; ".join(f"input {i}: {describe(t)}" for i, t in enumerate(at.inputs)) or "no tensor inputs"
+        if not all_finite(at.inputs):  # NaN out of an Inf in: inf - inf, 0 * inf, inf / inf
+            return (f"{at.rule} {INF_MADE_NAN} ({inputs})",
+                    "find where that Inf came from (the finding before this one) and keep it out")
         return (f"{at.rule} gave a non-finite result from finite inputs ({inputs})",
                 "compute this op in float64 on the same inputs to see whether it is an overflow or a singular point")
     shown = "; ".join(describe(t) for t in at.inputs) or "nothing saved"

@@ -104,7 +104,10 @@ def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_le
     params = _parameters(models, arg_leaves)
     grads_finite = all(all_finite(g) for g in watch.leaf_grads.values())
     if not loss_finite or not grads_finite or watch.backward_first is not None:
-        findings += watch.forward_findings(_root_node(loss))
+        made = watch.forward_findings(_root_node(loss))
+        if watch.inf_from_outside:  # the Inf that NaN was made of entered first: where from
+            made = _from_outside(forward, params, unrecorded, watch.names) + made
+        findings += made
         if watch.backward_first is not None and loss_finite:
             findings.append(watch.backward_first)
         if not findings:

@@ -78,10 +78,11 @@ class CutWatcher(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
+        written = None if self._paused else self.unrecorded.before(func, args)
         result = func(*args, **kwargs)
         if self._paused:
             return result
-        self.unrecorded.see(func, args, kwargs, result)
+        self.unrecorded.see(func, args, kwargs, result, written)
         source = args[0] if args else None
         if _needs_grad(source):
             how = ".data" if _is_data(func) else _LEAVING.get(func)

@@ -10,10 +10,10 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from torchtrace.autograd.function import RULES
+from torchtrace.autograd.function import INPLACE, RULES
 from torchtrace.autograd.state import STATE
 from torchtrace.doctor.causes import AtOp, bind, cause_of
-from torchtrace.doctor.values import all_finite, tensors_in
+from torchtrace.doctor.values import all_finite, describe, tensors_in
 from torchtrace.doctor.where import user_line
 
 
@@ -35,7 +35,27 @@ class FirstUnrecorded:
     def __init__(self) -> None:
         self.origin: Optional[UnrecordedOrigin] = None
 
-    def see(self, func: Any, args: tuple, kwargs: dict, result: Any) -> None:
+    def before(self, func: Any, args: tuple) -> Optional[torch.Tensor]:
+        """The tensor this call is about to write into in place while nothing records the write (grad mode is off,
+        or the tensor needs no gradient: `h.detach()[0] = ...`), when it is finite now; else None."""
+        target = args[0] if args else None
+        name = getattr(func, "__name__", "")
+        if self.origin is not None or not isinstance(target, torch.Tensor) or not (
+                func in INPLACE or func is torch.Tensor.__setitem__ or (name.endswith("_") and name[-2:] != "__")):
+            return None
+        if torch.is_grad_enabled() and getattr(target, "_tt_requires_grad", False):
+            return None  # a recorded write: the forward's observer checks it
+        return target if all_finite([target]) else None
+
+    def see(self, func: Any, args: tuple, kwargs: dict, result: Any, written: Optional[torch.Tensor] = None) -> None:
+        if self.origin is None and written is not None and not all_finite([written]):
+            needs = "grad mode is off" if not torch.is_grad_enabled() else "the tensor written needs no gradient"
+            self.origin = UnrecordedOrigin(
+                _op_name(func), user_line(), STATE.module_stack,
+                (f"{_op_name(func)} wrote NaN or Inf into a tensor in place ({describe(written)} now; nothing "
+                 f"recorded this write: {needs})", "make the written value finite, or leave the tensor the graph "
+                 "reads unchanged (write into a copy)"))
+            return
         if self.origin is not None or getattr(result, "_tt_node", None) is not None:
             return  # a recorded op: the forward's observer checks it
         outputs, inputs = tensors_in(result), tensors_in([*args, *kwargs.values()])

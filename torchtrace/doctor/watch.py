@@ -13,6 +13,7 @@ import torch
 from torchtrace.autograd.node import AccumulateGrad, Node, edge_gradient
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.doctor import gates, normalisation  # noqa: F401  (registers the normalisations' causes)
+from torchtrace.doctor.causes import INF_MADE_NAN
 from torchtrace.doctor.findings import Finding
 from torchtrace.doctor.nonfinite import backward_cause, forward_cause
 from torchtrace.doctor.origins import DEAD_RULES, with_origins, zero_share
@@ -36,6 +37,8 @@ class Watch:
         self.recorded = 0
         self.nonfinite: Dict[Node, int] = {}  # ops whose result had a NaN or Inf -> their place in the recording
         self.origins: Dict[Node, Tuple[bool, Tuple[str, str]]] = {}  # those whose inputs had none: (NaN?, cause)
+        self.fed_inf: set = set()  # origins of a NaN made of an Inf of their inputs that no cause explains
+        self.inf_from_outside = False  # forward_findings: the first NaN was made of an Inf no recorded op made
         self.backward_first: Optional[Finding] = None
         self.gated: Dict[Tuple[str, str, str], Finding] = {}
         self.leaf_grads: Dict[int, torch.Tensor] = {}
@@ -62,11 +65,14 @@ class Watch:
         inputs = [*args, *kwargs.values()]
         if (nan_out and not has_nan(inputs)) or (inf_out and all_finite(inputs) and _numbers_finite(args, kwargs)):
             self.origins[node] = (nan_out, forward_cause(node.rule, args, kwargs, result))
+            if INF_MADE_NAN in self.origins[node][1][0]:  # no cause at this op explains the Inf it was fed
+                self.fed_inf.add(node)
 
     def forward_findings(self, root: Any) -> List[Finding]:
         """The ops that made a NaN or Inf out of values without one, on a chain of non-finite results that reaches
         `root` (an Inf absorbed on the way, as a -inf mask is by softmax, is not a cause): the first Inf and the
-        first NaN, in the order they were recorded."""
+        first NaN, in the order they were recorded. `inf_from_outside` tells when that NaN was made of an Inf that
+        no recorded op made (a parameter, an input, a write under no_grad)."""
         reached, stack, seen = [], [root], {root}
         while stack:
             node = stack.pop()
@@ -80,6 +86,7 @@ class Watch:
         first_inf = next((n for n in reached if not self.origins[n][0]), None)
         first_nan = next((n for n in reached if self.origins[n][0]), None)
         chosen = sorted({n for n in (first_inf, first_nan) if n is not None}, key=self.nonfinite.__getitem__)
+        self.inf_from_outside = first_inf is None and first_nan in self.fed_inf
         return [self.finding(n, "nonfinite", "forward", *self.origins[n][1]) for n in chosen]
 
     def gated_findings(self) -> List[Finding]:
