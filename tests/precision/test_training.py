@@ -81,3 +81,30 @@ def test_the_loop_is_left_as_it_was():
     with tt.precision.training(model, optimizer, scaler) as p:
         pass
     assert "step" not in vars(scaler) and "step" not in vars(optimizer) and p.steps == []
+
+
+def test_an_inf_made_where_a_float32_gradient_is_cast_to_float16_is_named():
+    """Cross entropy runs in float32 under autocast; its gradient (about 2^25 at this scale) overflows where it is
+    cast back to the float16 logits, as torch's ToCopyBackward casts it (torch's logits.grad is not finite there):
+    the skipped step names it."""
+    torch.manual_seed(0)
+    base = torch.nn.Linear(8, 3)
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    reference = copy.deepcopy(base)
+    with torch.autocast("cpu", dtype=torch.float16):
+        logits = reference(x)
+        logits.retain_grad()
+        loss = torch.nn.functional.cross_entropy(logits, y)
+    (loss * 2.0 ** 30).backward()
+    assert not torch.isfinite(logits.grad).all()
+    model = tt.port(copy.deepcopy(base))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 30)
+    with tt.precision.training(model, optimizer, scaler) as p:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    (step,) = p.steps
+    assert step.skipped and step.first_inf is not None and step.first_inf.rule == "CrossEntropy"

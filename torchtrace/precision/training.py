@@ -20,7 +20,7 @@ from typing import Any, Iterator, List, Optional
 
 import torch
 
-from torchtrace.autograd.node import Node
+from torchtrace.autograd.node import Node, edge_gradient
 from torchtrace.autograd.state import observing
 from torchtrace.doctor.values import all_finite
 from torchtrace.doctor.where import math_line, user_line
@@ -94,7 +94,10 @@ class PrecisionTraining:
         node.note(user_line=user_line())
 
     def _backward(self, node: Node, grads: List[Any], result: tuple) -> None:
-        if self._first is None and all_finite(list(grads)) and not all_finite(list(result)):
+        """The first rule that sent a non-finite gradient out of a finite one: as sent along its edges, each cast to
+        its input's dtype (a float32-list op's gradient overflows float16 there, as torch's ToCopyBackward casts it)."""
+        if self._first is None and all_finite(list(grads)) and not all_finite(
+                [edge_gradient(edge, result) for edge in node.edges]):
             self._first = node
 
     def _step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
