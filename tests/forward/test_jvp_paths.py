@@ -100,3 +100,19 @@ def test_in_place_dropout_has_its_own_tangent(form):
         out, tangent = tt.jvp(form, (x,), (v,))
     assert torch.equal(out.as_subclass(torch.Tensor), expected[0])
     assert torch.equal(torch.as_tensor(tangent), expected[1])
+
+
+@pytest.mark.parametrize("outside", [torch.no_grad, tt.no_grad])
+def test_forward_mode_and_jacobians_ignore_the_grad_mode_they_are_called_in(outside):
+    """Evaluation code runs under no_grad: torch.func.jvp / jacfwd ignore grad mode and torch's functional jacobian
+    turns it on; tt.jvp and tt.jacobian gave zeros there."""
+    x = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    v = torch.tensor([1.0, -3.0], dtype=torch.float64)
+    f = lambda x: x * x.sin()  # noqa: E731
+    expected_jvp = torch.func.jvp(f, (x,), (v,))[1]
+    expected_jacobian = torch.func.jacfwd(f)(x)
+    with outside():
+        torch.testing.assert_close(tt.jvp(f, (x,), (v,))[1], expected_jvp)
+        for mode in ("forward", "reverse"):
+            torch.testing.assert_close(tt.jacobian(f, x, mode=mode), expected_jacobian)
+    torch.testing.assert_close(expected_jvp, expected_jacobian @ v)

@@ -105,6 +105,7 @@ def _warn_transposed(methods: Dict[str, str]) -> None:
                       "are exact, at the cost of two small reverse passes per op", TransposedOpsWarning, stacklevel=3)
 
 
+@torch.enable_grad()  # as torch.func.jvp, whatever grad mode it is called in (the pass follows the recording)
 def jvp(f: Callable, primals: Tuple[torch.Tensor, ...], tangents: Tuple[torch.Tensor, ...], *, method: str = "auto",
         report: bool = False) -> Any:
     """(f(*primals), J @ tangents), as torch.func.jvp.
@@ -141,6 +142,7 @@ def _unit(like: torch.Tensor, k: int) -> torch.Tensor:
     return e.view(like.shape)
 
 
+@torch.enable_grad()  # as torch.autograd.functional.jacobian and torch.func.jacfwd, whatever the grad mode outside
 def jacobian(f: Callable, inputs: Tensors, mode: str = "reverse") -> Any:
     """The Jacobian of f at inputs, with the shapes and nesting of torch's functional `jacobian`.
 
