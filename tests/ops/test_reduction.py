@@ -597,3 +597,27 @@ def test_p0_norm_sends_no_gradient_as_torch(fn):
         assert (theirs.grad is None) == (ours.grad is None) == (not extra)
         if extra:
             torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)
+
+
+@pytest.mark.filterwarnings("ignore:var_mean|std_mean")
+@pytest.mark.parametrize("op", [torch.var_mean, torch.std_mean])
+def test_the_mean_of_var_mean_with_no_degree_of_freedom_left_keeps_its_gradient(op):
+    """One element per output and correction 1: var / std is NaN and so is its gradient, but a loss of the mean alone
+    has the mean's gradient (torch leaves the unused output out; torchtrace's 0 * inf made it NaN), in reverse mode,
+    forward mode and compiled."""
+    x = torch.tensor([[1.0], [2.0], [4.0]], dtype=torch.float64)
+    loss = lambda x: (op(x, 1)[1] ** 2).sum()  # noqa: E731
+    ref = x.clone().requires_grad_()
+    loss(ref).backward()
+    torch.testing.assert_close(ref.grad, 2 * x)  # d/dx x^2 (the mean of one element is the element)
+    ours = tt.as_tracer(x.clone(), requires_grad=True)
+    loss(ours).backward()
+    torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), ref.grad)
+    compiled = tt.compile(loss, (ours,))
+    for _ in range(3):  # recorded, then replayed
+        ours.grad = None
+        compiled(ours).backward()
+        torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), ref.grad)
+    tangent = torch.ones_like(x)
+    expected = torch.func.jvp(lambda x: op(x, 1), (x,), (tangent,))[1]
+    torch.testing.assert_close(tt.jvp(lambda x: op(x, 1), (x,), (tangent,))[1], expected, equal_nan=True)

@@ -304,6 +304,14 @@ class Std(Var):
         return std_grad(g, x, y, ctx.dim, ctx.correction, ctx.keepdim)
 
 
+def _unreached_without_freedom(ctx: Any, x: torch.Tensor, g_spread: torch.Tensor) -> bool:
+    """var_mean / std_mean with no degree of freedom left (N <= correction: var's gradient is 0 * inf = NaN) and no
+    gradient reaching var / std (zeros: only the mean was used): torch leaves that output out, so the mean's
+    gradient stays finite. Reads g only in that case."""
+    n = x.numel() if x.dim() == 0 or ctx.dim is None else reduced_count(x.shape, ctx.dim)
+    return n - ctx.correction <= 0 and not bool(g_spread.any())
+
+
 @register(torch.var_mean)
 class VarMean(Var):
     """(var, mean) = var_mean(x)  ->  dL/dx = g_var dvar/dx + g_mean / N;  N = the number of elements reduced"""
@@ -313,8 +321,10 @@ class VarMean(Var):
     @staticmethod
     def backward(ctx, g_var, g_mean):
         x, _ = ctx.saved_tensors
-        return var_grad(g_var, x, ctx.dim, ctx.correction, ctx.keepdim) + mean_grad(g_mean, x.shape, ctx.dim,
-                                                                                      ctx.keepdim)
+        mean_part = mean_grad(g_mean, x.shape, ctx.dim, ctx.keepdim)
+        if _unreached_without_freedom(ctx, x, g_var):
+            return mean_part
+        return var_grad(g_var, x, ctx.dim, ctx.correction, ctx.keepdim) + mean_part
 
 
 @register(torch.std_mean)
@@ -327,8 +337,10 @@ class StdMean(Var):
     @staticmethod
     def backward(ctx, g_std, g_mean):
         x, y = ctx.saved_tensors
-        grad = std_grad(g_std, x, y, ctx.dim, ctx.correction, ctx.keepdim)
-        return grad + mean_grad(g_mean, x.shape, ctx.dim, ctx.keepdim)
+        mean_part = mean_grad(g_mean, x.shape, ctx.dim, ctx.keepdim)
+        if _unreached_without_freedom(ctx, x, g_std):
+            return mean_part
+        return std_grad(g_std, x, y, ctx.dim, ctx.correction, ctx.keepdim) + mean_part
 
 
 @register(torch.linalg.vector_norm)
