@@ -105,7 +105,6 @@ def _warn_transposed(methods: Dict[str, str]) -> None:
                       "are exact, at the cost of two small reverse passes per op", TransposedOpsWarning, stacklevel=3)
 
 
-@torch.enable_grad()  # as torch.func.jvp, whatever grad mode it is called in (the pass follows the recording)
 def jvp(f: Callable, primals: Tuple[torch.Tensor, ...], tangents: Tuple[torch.Tensor, ...], *, method: str = "auto",
         report: bool = False) -> Any:
     """(f(*primals), J @ tangents), as torch.func.jvp.
@@ -118,22 +117,25 @@ def jvp(f: Callable, primals: Tuple[torch.Tensor, ...], tangents: Tuple[torch.Te
     """
     if method not in METHODS:
         raise ValueError(f"tt.jvp: method must be one of {METHODS}, not {method!r}")
-    tangents_plain = _checked_tangents(primals, tangents)
-    first_node = next_sequence_nr()
-    if method == "transpose":
-        leaves = _leaves(primals, "primals")
-        outputs, is_tuple = _outputs(f(*leaves))
-        products = Linearised(leaves, outputs).jvp(tangents_plain)
-        methods = {"f": TRANSPOSED}
-    else:
-        outputs, is_tuple, products, dual = dual_pass(f, primals, tangents_plain, strict=method == "dual")
-        leaves = dual.leaves
-        methods = dual.used()
-        _warn_transposed(methods)
-    anchor = reads_a_gradient(primals, leaves, outputs, first_node)  # (results torch.func would differentiate)
-    values = constant_results([plain(out) for out in outputs], anchor, "tt.jvp")
-    result = (_shaped(values, is_tuple), _shaped(constant_results(products, anchor, "tt.jvp"), is_tuple))
-    return (*result, methods) if report else result
+    grad_outside = torch.is_grad_enabled()
+    with torch.enable_grad():  # as torch.func.jvp, whatever the grad mode outside; constant results where it was off
+        tangents_plain = _checked_tangents(primals, tangents)
+        first_node = next_sequence_nr()
+        if method == "transpose":
+            leaves = _leaves(primals, "primals")
+            outputs, is_tuple = _outputs(f(*leaves))
+            products = Linearised(leaves, outputs).jvp(tangents_plain)
+            methods = {"f": TRANSPOSED}
+        else:
+            outputs, is_tuple, products, dual = dual_pass(f, primals, tangents_plain, strict=method == "dual")
+            leaves = dual.leaves
+            methods = dual.used()
+            _warn_transposed(methods)
+        # results torch.func would differentiate (none where grad mode was off outside)
+        anchor = reads_a_gradient(primals, leaves, outputs, first_node) if grad_outside else None
+        values = constant_results([plain(out) for out in outputs], anchor, "tt.jvp")
+        result = (_shaped(values, is_tuple), _shaped(constant_results(products, anchor, "tt.jvp"), is_tuple))
+        return (*result, methods) if report else result
 
 
 def _unit(like: torch.Tensor, k: int) -> torch.Tensor:
@@ -142,7 +144,6 @@ def _unit(like: torch.Tensor, k: int) -> torch.Tensor:
     return e.view(like.shape)
 
 
-@torch.enable_grad()  # as torch.autograd.functional.jacobian and torch.func.jacfwd, whatever the grad mode outside
 def jacobian(f: Callable, inputs: Tensors, mode: str = "reverse") -> Any:
     """The Jacobian of f at inputs, with the shapes and nesting of torch's functional `jacobian`.
 
@@ -153,20 +154,23 @@ def jacobian(f: Callable, inputs: Tensors, mode: str = "reverse") -> Any:
     """
     if mode not in ("forward", "reverse"):
         raise ValueError(f"tt.jacobian: mode must be 'forward' or 'reverse', not {mode!r}")
-    inputs_tuple = isinstance(inputs, tuple)
-    primals = inputs if inputs_tuple else (inputs,)
-    first_node = next_sequence_nr()
-    xs = _leaves(primals, "primals")
-    outs, is_tuple = _outputs(f(*xs))
-    blocks = [[plain(o).new_zeros(o.shape + x.shape) for x in xs] for o in outs]
-    if mode == "reverse":
-        _rows(outs, xs, blocks)
-    else:
-        _columns(f, primals, xs, blocks)
-    anchor = reads_a_gradient(primals, xs, outs, first_node)  # (blocks torch.func would differentiate)
-    blocks = [constant_results(row, anchor, "tt.jacobian / tt.hessian") for row in blocks]
-    per_output = [tuple(row) if inputs_tuple else row[0] for row in blocks]
-    return tuple(per_output) if is_tuple else per_output[0]
+    grad_outside = torch.is_grad_enabled()
+    with torch.enable_grad():  # as torch.func.jacfwd and torch's functional jacobian; constant where it was off
+        inputs_tuple = isinstance(inputs, tuple)
+        primals = inputs if inputs_tuple else (inputs,)
+        first_node = next_sequence_nr()
+        xs = _leaves(primals, "primals")
+        outs, is_tuple = _outputs(f(*xs))
+        blocks = [[plain(o).new_zeros(o.shape + x.shape) for x in xs] for o in outs]
+        if mode == "reverse":
+            _rows(outs, xs, blocks)
+        else:
+            _columns(f, primals, xs, blocks)
+        # blocks torch.func would differentiate (none where grad mode was off outside)
+        anchor = reads_a_gradient(primals, xs, outs, first_node) if grad_outside else None
+        blocks = [constant_results(row, anchor, "tt.jacobian / tt.hessian") for row in blocks]
+        per_output = [tuple(row) if inputs_tuple else row[0] for row in blocks]
+        return tuple(per_output) if is_tuple else per_output[0]
 
 
 def _rows(outs: List[torch.Tensor], xs: List[torch.Tensor], blocks: List[List[torch.Tensor]]) -> None:
