@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import torchtrace as tt
+from torchtrace.errors import UnsupportedOperationError
 
 D = torch.float64
 
@@ -116,3 +117,26 @@ def test_forward_mode_and_jacobians_ignore_the_grad_mode_they_are_called_in(outs
         for mode in ("forward", "reverse"):
             torch.testing.assert_close(tt.jacobian(f, x, mode=mode), expected_jacobian)
     torch.testing.assert_close(expected_jvp, expected_jacobian @ v)
+
+
+def test_an_op_of_f_run_under_no_grad_on_a_value_with_a_tangent_is_refused_by_name():
+    """torch's forward mode goes on through torch.no_grad() (tangent 3 here); torchtrace's follows what it records,
+    which stops there: it refuses instead of giving the tangent 0 (values not carrying a tangent are fine)."""
+    x, v = torch.tensor([1.0, 2.0], dtype=torch.float64), torch.ones(2, dtype=torch.float64)
+
+    def scaled_without_grad(x):
+        with torch.no_grad():
+            return x * 3
+
+    def constant_made_without_grad(x):
+        with torch.no_grad():
+            c = torch.ones(2, dtype=torch.float64) * 3
+        return x * c
+
+    torch.testing.assert_close(torch.func.jvp(scaled_without_grad, (x,), (v,))[1], 3 * v)
+    with pytest.raises(UnsupportedOperationError, match="f runs mul with grad mode off"):
+        tt.jvp(scaled_without_grad, (x,), (v,))
+    with pytest.raises(UnsupportedOperationError, match="grad mode off"):
+        tt.jacobian(scaled_without_grad, x, mode="forward")
+    torch.testing.assert_close(tt.jvp(constant_made_without_grad, (x,), (v,))[1],
+                               torch.func.jvp(constant_made_without_grad, (x,), (v,))[1])

@@ -8,13 +8,16 @@ Where an op has no tangent rule, its own backward is transposed (`transpose.py`)
 itself differentiable, refused clearly when it is not.
 """
 import contextlib
+import sys
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Optional
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
+from torchtrace.errors import UnsupportedOperationError
 from torchtrace.forward.call import Call, NoTangent
 from torchtrace.forward.table import tangent_rule
 from torchtrace.tracer import tracer as TRACER
@@ -60,7 +63,7 @@ class DualPass:
 
     @contextlib.contextmanager
     def running(self) -> Iterator["DualPass"]:
-        with observing(on_record=self.observe):
+        with observing(on_record=self.observe), _GradModeOffRefused(self):
             yield self
 
     def observe(self, node: Any, args: tuple, kwargs: dict, result: Any) -> None:
@@ -121,6 +124,40 @@ class DualPass:
     def used(self) -> Dict[str, str]:
         """{rule name: how its tangents were found} for every op this pass saw with a tangent."""
         return {name: how for name, how in sorted(self.methods)}
+
+
+class _GradModeOffRefused(TorchFunctionMode):
+    """The pass follows f through the recording, which grad mode off stops: an op of f run under torch.no_grad() on
+    a value that carries a tangent would drop it silently, where torch's forward mode goes on. Refused, by name.
+    Grad mode turned off by torchtrace itself (a user Function's forward runs so, as torch runs it; its outputs get
+    the Function's own tangents) is not f's."""
+
+    def __init__(self, dual: DualPass) -> None:
+        super().__init__()
+        self.dual, self.ours = dual, 0  # grad mode turned off by torchtrace's own code, not yet back on
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch._C._set_grad_enabled and sys._getframe(1).f_globals.get("__name__", "").startswith(
+                "torchtrace."):
+            self.ours = max(0, self.ours + (-1 if args[0] else 1))
+        result = func(*args, **kwargs)
+        if torch.is_grad_enabled() or self.ours or self.dual.paused or not _has_floating(result):
+            return result
+        if any(self.dual._dots(a) is not None for a in (*args, *kwargs.values())):
+            name = getattr(func, "__name__", str(func))
+            raise UnsupportedOperationError(
+                f"forward mode: f runs {name} with grad mode off (torch.no_grad(), tt.no_grad()) on a value that "
+                "carries a tangent; torchtrace's forward mode follows f through what it records, which stops there "
+                "(torch.func.jvp goes on). Run it outside the no_grad block, or .detach() the value if its tangent "
+                "should be 0.")
+        return result
+
+
+def _has_floating(result: Any) -> bool:
+    if isinstance(result, torch.Tensor):
+        return result.is_floating_point()
+    return isinstance(result, (list, tuple)) and any(map(_has_floating, result))
 
 
 class NoTangentError(NotImplementedError):
