@@ -648,3 +648,27 @@ def test_a_plain_input_requiring_grad_gets_its_grad_from_a_ported_model_as_torch
         loss_at = [call(twin, x + step * direction).pow(2).sum() for step in (eps, -eps)]
     slope = (loss_at[0] - loss_at[1]) / (2 * eps)
     torch.testing.assert_close((ours.grad * direction).sum(), slope, atol=1e-6, rtol=1e-6)
+
+
+def test_loading_with_assign_keeps_a_ported_model_on_torchtraces_gradients():
+    """load_state_dict(..., assign=True) puts the loaded tensors themselves in place: a ported module got plain
+    torch.nn.Parameters and trained on torch's autograd. Its parameters and buffers are tracers again, the gradients
+    equal torch autograd's on the loaded twin, and a model whose state_dict(keep_vars=True) was loaded stays torch's."""
+    torch.manual_seed(0)
+
+    def make():
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1)).double()
+
+    source, other = make(), make()
+    twin = copy.deepcopy(source)
+    model = tt.port(make())
+    model.load_state_dict(source.state_dict(), assign=True)
+    assert all(isinstance(t, tt.tracer) for t in (*model.parameters(), *model.buffers()))
+    x = torch.randn(5, 3, dtype=torch.float64)
+    model(x).pow(2).sum().backward()
+    twin(x).pow(2).sum().backward()
+    for ours, theirs in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)
+    torch.testing.assert_close(model[1].running_mean.as_subclass(torch.Tensor), twin[1].running_mean)
+    tt.port(make()).load_state_dict(other.state_dict(keep_vars=True), assign=True)
+    assert type(other[0].weight) is torch.nn.Parameter

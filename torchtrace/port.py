@@ -80,9 +80,25 @@ def port(module: M) -> M:
         _swap(sub)
         if _plain_state_dict not in sub._state_dict_hooks.values():
             sub.register_state_dict_post_hook(_plain_state_dict)
+        if _ported_after_loading not in sub._load_state_dict_post_hooks.values():
+            sub.register_load_state_dict_post_hook(_ported_after_loading)
         if not isinstance(sub, Module):
             _join_module_stack(sub)
     return module
+
+
+def _ported_after_loading(sub: torch.nn.Module, incompatible_keys: object) -> None:
+    """load_state_dict(..., assign=True) puts the loaded tensors themselves in place (torch.nn.Parameters, plain
+    buffers): they are turned into tracers again, or the module would train on torch's autograd. New objects
+    sharing their memory: a Parameter loaded from another model's state_dict(keep_vars=True) stays that model's."""
+    for name, param in sub._parameters.items():
+        if param is not None and not isinstance(param, Parameter):
+            with plain_torch():
+                requires_grad = param.requires_grad
+            sub._parameters[name] = Parameter(param.detach(), requires_grad)
+    for name, buffer in sub._buffers.items():
+        if buffer is not None and not isinstance(buffer, tracer):
+            sub._buffers[name] = as_buffer(buffer)
 
 
 def _join_module_stack(sub: torch.nn.Module) -> None:
