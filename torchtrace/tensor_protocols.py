@@ -1,5 +1,6 @@
 """What a tracer offers beyond the engine: pickling, copying, iteration, formatting, the real part, `c / x` as torch
 records it, the original torchtrace's capitalised aliases. tracer.py mixes it in."""
+from copy import deepcopy
 from typing import Any, Optional
 
 import torch
@@ -66,21 +67,35 @@ class TensorProtocols:
     __rdiv__ = __rtruediv__
 
     def __reduce_ex__(self, protocol: int) -> Any:
+        """A leaf as torch pickles one (a non-leaf too: a leaf with its requires_grad), with the user's attributes."""
         with plain_torch():
             plain = torch.Tensor.detach(self).as_subclass(torch.Tensor)
-        return _rebuild, (type(self), plain, self._tt_requires_grad if self._tt_node is None else False)
+        return _rebuild, (type(self), plain, self._tt_requires_grad, own_attributes(self))
 
     def __deepcopy__(self, memo: dict) -> "TensorProtocols":
+        """As torch's: memory shared between tensors of one deepcopy stays shared (views stay views of the copy),
+        a leaf's .grad is copied, and so are the user's attributes; a parameter, as torch.nn.Parameter's, is a
+        fresh clone with neither."""
         if self._tt_node is not None:  # as torch: a copy could neither share the graph nor silently leave it
             raise RuntimeError("Only tracers created explicitly by the user (graph leaves) support the deepcopy "
                                "protocol, as in torch: deepcopy its .detach() (a leaf), or copy the leaves and "
                                "compute it again")
+        if id(self) in memo:
+            return memo[id(self)]
+        parameter = getattr(self, "_is_param", False)
         with plain_torch():
-            copy = torch.Tensor.clone(self).as_subclass(type(self))
+            plain = torch.Tensor.detach(self).as_subclass(torch.Tensor)
+            memo.setdefault(id(memo), []).append(plain)  # (alive until the deepcopy ends: its id stays its own)
+            copied = plain.clone() if parameter else torch.Tensor.__deepcopy__(plain, memo)  # (storages once, by memo)
+            copy = copied.as_subclass(type(self))
         copy._tt_requires_grad = self._tt_requires_grad
+        memo[id(self)] = copy
         if "_is_param" in self.__dict__:  # torch.nn.Parameter(t) made it a parameter, or detach() a non-parameter
             copy._is_param = self._is_param
-        memo[id(self)] = copy
+        if not parameter:
+            if self._tt_grad is not None:
+                copy.grad = deepcopy(self._tt_grad, memo)
+            copy.__dict__.update(deepcopy(own_attributes(self), memo))
         return copy
 
     # Capitalised aliases of the original torchtrace, recorded exactly like their torch counterparts.
@@ -96,7 +111,13 @@ class TensorProtocols:
         return self.gather(1, index.reshape(-1, 1))
 
 
-def _rebuild(cls: type, data: torch.Tensor, requires_grad: bool) -> Any:
-    """Unpickle: a leaf tracer (graph fields are never pickled)."""
+def own_attributes(t: Any) -> dict:
+    """The attributes a user set on a tracer (`p.no_decay = True`), not torchtrace's own graph fields."""
+    return {k: v for k, v in t.__dict__.items() if not k.startswith("_tt_")}
+
+
+def _rebuild(cls: type, data: torch.Tensor, requires_grad: bool, attributes: Optional[dict] = None) -> Any:
+    """Unpickle: a leaf tracer (graph fields are never pickled) with the user's attributes."""
     t = data.as_subclass(cls)
+    t.__dict__.update(attributes or {})
     return t.requires_grad_(True) if requires_grad else t

@@ -194,6 +194,33 @@ def test_pickle_and_deepcopy_drop_the_graph():
     assert torch.load(buffer, weights_only=True)["w"].tolist() == [1.0, 2.0]
 
 
+@pytest.mark.parametrize("make", [torch.tensor, tt.tracer])
+def test_copies_and_pickles_keep_what_torchs_keep(make):
+    """Side by side with torch: a deepcopy keeps views of one copy sharing its memory, a leaf's .grad and the user's
+    attributes; a parameter's deepcopy keeps neither; pickling a non-leaf gives a leaf that requires grad, and a
+    pickled parameter keeps its attributes (torchtrace lost all of these)."""
+    x = make([1.0, 2.0, 3.0])
+    a, b = copy.deepcopy([x, x[1:]])
+    a[1] = 100.0
+    assert b[0].item() == 100.0
+    w = make([1.0, 2.0], requires_grad=True)
+    (w * w).sum().backward()
+    w.tag = "decay"
+    copied = copy.deepcopy(w)
+    assert copied.grad.tolist() == [2.0, 4.0] and copied.tag == "decay" and copied.requires_grad
+    y = pickle.loads(pickle.dumps(make([1.0, 2.0], requires_grad=True) * 2))
+    assert y.requires_grad and y.is_leaf and y.tolist() == [2.0, 4.0]
+    linear = torch.nn.Linear(2, 2)
+    model = linear if make is torch.tensor else tt.port(linear)
+    model.weight.no_decay = True
+    (model(torch.ones(1, 2)) ** 2).sum().backward()
+    assert not hasattr(copy.deepcopy(model).weight, "no_decay") and copy.deepcopy(model).weight.grad is None
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=False).weight.no_decay is True
+
+
 def test_as_tracer_refuses_what_is_not_a_tensor_and_names_tt_tracer():
     """A list raised AttributeError: 'list' object has no attribute 'detach'."""
     for data in ([1.0, 2.0], None, 3.0):

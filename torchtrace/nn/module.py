@@ -13,6 +13,7 @@ from torchtrace.autograd.dispatch import NON_DIFFERENTIABLE, run_rule
 from torchtrace.autograd.function import Function
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
+from torchtrace.tensor_protocols import own_attributes
 from torchtrace.tracer import tracer
 
 # torch.nn.init's initialisers fill a tensor in place under torch.no_grad(): on tracers they record nothing.
@@ -59,7 +60,14 @@ class Parameter(tracer):
             return tracer.__reduce_ex__(self, protocol)
         with plain_torch():
             plain = torch.Tensor.detach(self).as_subclass(torch.Tensor)
-        return Parameter, (plain, self._tt_requires_grad)
+        return _rebuild_parameter, (plain, self._tt_requires_grad, own_attributes(self))
+
+
+def _rebuild_parameter(data: torch.Tensor, requires_grad: bool, attributes: Optional[dict] = None) -> Parameter:
+    """Unpickle a parameter with the attributes a user set on it (torch keeps them: `p.no_decay = True`)."""
+    p = Parameter(data, requires_grad)
+    p.__dict__.update(attributes or {})
+    return p
 
 
 def original_form(layer: Any) -> Optional[str]:
