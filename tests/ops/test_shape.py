@@ -1,4 +1,5 @@
 """Gradient rules of torchtrace/ops/shape.py: views, permutations, expand/repeat, cat/stack/split, casts, copies."""
+import copy
 import warnings
 
 import pytest
@@ -378,3 +379,41 @@ def test_create_graph_un_broadcasts_through_the_sum_to_size_rule():
     assert grad_w.shape == (3,) and grad_w.grad_fn.name == "SumToSizeBackward"
     (second,) = tt.grad(grad_w.sum(), [x])
     torch.testing.assert_close(second.as_subclass(torch.Tensor), 2 * x.detach().as_subclass(torch.Tensor))
+
+
+@pytest.mark.parametrize("method", ["view_as", "reshape_as", "expand_as"])
+def test_the_tensor_that_lends_its_shape_joins_no_graph(method):
+    """x.view_as(other): other lends its shape only. When only other needs a gradient the result needs none (it
+    had a grad_fn, so torch.nn.utils.prune's mask made with view_as pulled the weight's graph into every forward: the
+    second backward raised), and a backward reaches x alone, as in torch."""
+    x = torch.arange(6.0, dtype=torch.float64)[:3] if method == "expand_as" else torch.arange(6.0, dtype=torch.float64)
+    other = torch.randn(2, 3, dtype=torch.float64)
+    for make in (lambda t, g: t.clone().requires_grad_(g), lambda t, g: tt.as_tracer(t.clone(), requires_grad=g)):
+        y = getattr(make(x, False), method)(make(other, True))
+        assert not y.requires_grad and y.grad_fn is None
+    theirs_x, theirs_other = x.clone().requires_grad_(), other.clone().requires_grad_()
+    ours_x, ours_other = tt.as_tracer(x.clone(), requires_grad=True), tt.as_tracer(other.clone(), requires_grad=True)
+    weights = torch.randn(2, 3, dtype=torch.float64)
+    (getattr(theirs_x, method)(theirs_other) * weights).sum().backward()
+    (getattr(ours_x, method)(ours_other) * weights).sum().backward()
+    torch.testing.assert_close(ours_x.grad.as_subclass(torch.Tensor), theirs_x.grad)
+    assert theirs_other.grad is None and ours_other.grad is None
+
+
+def test_global_pruning_of_a_ported_model_trains_as_torchs():
+    """prune.global_unstructured builds each mask with view_as(weight): two backward passes run, the masks need no
+    gradient, and the weights' gradients equal torch autograd's on the pruned twin."""
+    from torch.nn.utils import prune
+
+    torch.manual_seed(0)
+    twin = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Linear(5, 3)).double()
+    model = tt.port(copy.deepcopy(twin))
+    x = torch.randn(2, 4, dtype=torch.float64)
+    for m in (twin, model):
+        prune.global_unstructured([(m[0], "weight"), (m[1], "weight")], pruning_method=prune.L1Unstructured,
+                                  amount=0.3)
+        for _ in range(2):
+            m(x).sum().backward()
+    assert not model[0].weight_mask.requires_grad
+    for ours, theirs in zip((model[0].weight_orig, model[1].weight_orig), (twin[0].weight_orig, twin[1].weight_orig)):
+        torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)

@@ -32,6 +32,8 @@ class Function:
         raise NotImplementedError("a Function must define backward(ctx, *grads)")
 
     _tt_trusted = False  # one of OUR_RULES: the engine need not note what its backward receives or returns
+    _tt_inputs: Optional[int] = None  # only the first this many arguments can get a gradient (view_as(other): other
+    # lends its shape only, and joins no graph, as in torch); None: any argument can
     forward_when_not_recording = False  # forward runs (on a throwaway ctx) even when no gradient is recorded
     draws_random = False  # forward draws from torch's random generator: its in-place form must not draw twice
 

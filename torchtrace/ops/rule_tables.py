@@ -141,6 +141,8 @@ def table_rule(name: str, targets: Sequence[Callable], math: str, grads: Sequenc
     rule = make_rule(name, math, forward, backward, targets, module=module or grads[0].__module__)
     rule.formulas, rule.uses = tuple(grads), tuple(tuple(u) for u in uses)
     rule.options = dict(options) if isinstance(options, dict) else options
+    if options == AS_CALLED:  # the other arguments reach the formulas as called and get no gradient (view_as's other)
+        rule._tt_inputs = n
     return rule
 
 
