@@ -140,3 +140,15 @@ def test_an_op_of_f_run_under_no_grad_on_a_value_with_a_tangent_is_refused_by_na
         tt.jacobian(scaled_without_grad, x, mode="forward")
     torch.testing.assert_close(tt.jvp(constant_made_without_grad, (x,), (v,))[1],
                                torch.func.jvp(constant_made_without_grad, (x,), (v,))[1])
+
+
+def test_f_may_write_into_its_inputs_in_place_as_under_torch_func():
+    """torch.func.jvp / jacfwd let f change its inputs in place (x.mul_(2), x[0:1].sin_()); torchtrace refused (its
+    inputs were leaves that require grad). The values and tangents equal torch's, and the caller's tensor is kept."""
+    x, v = torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([1.0, -2.0], dtype=torch.float64)
+    for f in (lambda x: x.mul_(2), lambda x: x[0:1].sin_(), lambda x: x.exp_().sum()):
+        ours, theirs = tt.jvp(f, (x.clone(),), (v.clone(),)), torch.func.jvp(f, (x.clone(),), (v.clone(),))
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(tt.jacobian(f, x, mode="forward"), torch.func.jacfwd(f)(x.clone()))
+    assert x.tolist() == [1.0, 2.0]

@@ -87,10 +87,12 @@ def dual_pass(f: Callable, primals: Sequence[torch.Tensor], tangents: Sequence[t
     dual = DualPass()
     dual.strict = strict
     leaves = _leaves(primals, "primals")
-    for leaf, t in zip(leaves, tangents):
-        dual.seed(leaf, t)
+    copies = [leaf.clone() for leaf in leaves]  # f may write into its inputs in place, as into torch.func's (a leaf
+    for copy, t in zip(copies, tangents):  # refuses that): it gets a recorded copy of each, made before the pass
+        dual.seed(copy, t)
+    dual.leaves += leaves
     with dual.running():
-        outputs, is_tuple = _outputs(f(*leaves))
+        outputs, is_tuple = _outputs(f(*copies))
     products = []
     for out in outputs:
         dot = dual.tangent_of(out)
@@ -160,7 +162,7 @@ def jacobian(f: Callable, inputs: Tensors, mode: str = "reverse") -> Any:
         primals = inputs if inputs_tuple else (inputs,)
         first_node = next_sequence_nr()
         xs = _leaves(primals, "primals")
-        outs, is_tuple = _outputs(f(*xs))
+        outs, is_tuple = _outputs(f(*([x.clone() for x in xs] if mode == "forward" else xs)))  # (as dual_pass's)
         blocks = [[plain(o).new_zeros(o.shape + x.shape) for x in xs] for o in outs]
         if mode == "reverse":
             _rows(outs, xs, blocks)

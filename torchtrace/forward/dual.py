@@ -36,9 +36,13 @@ class DualPass:
         self.paused = 0
         self.strict = False  # True: an op without a tangent rule raises instead of being transposed
 
-    def seed(self, leaf: torch.Tensor, tangent: torch.Tensor) -> None:
-        self.leaves.append(leaf)
-        self.tangents[id(leaf)] = tangent
+    def seed(self, t: torch.Tensor, tangent: torch.Tensor) -> None:
+        """t's tangent: a leaf's (kept alive, so its id stays its own), or a recorded result's."""
+        if t._tt_node is None:
+            self.leaves.append(t)
+            self.tangents[id(t)] = tangent
+        else:
+            self.tangents[(t._tt_node, t._tt_nr)] = tangent
 
     def tangent_of(self, t: Any) -> Optional[torch.Tensor]:
         if not isinstance(t, TRACER) or not t._tt_requires_grad:
