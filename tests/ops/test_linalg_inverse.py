@@ -308,3 +308,16 @@ def test_lu_without_pivoting_is_refused_on_the_cpu_as_torch_refuses_it():
     for leaf in (torch.eye(3).requires_grad_(), tt.as_tracer(torch.eye(3), requires_grad=True)):
         with pytest.raises(RuntimeError, match="LU without pivoting is not implemented on the CPU"):
             torch.linalg.lu(leaf, pivot=False)
+
+
+def test_the_permutation_of_an_lu_needs_no_gradient_as_torchs():
+    """P of torch.linalg.lu and torch.lu_unpack is a constant: torch marks it as needing no gradient, and so does
+    torchtrace (it needed one, with a grad_fn); L and U keep torch's gradients."""
+    a = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    ours, theirs = tt.as_tracer(a.clone(), requires_grad=True), a.clone().requires_grad_()
+    for x in (ours, theirs):
+        p, lower, upper = torch.linalg.lu(x)
+        unpacked = torch.lu_unpack(*torch.linalg.lu_factor(x[:3]))
+        assert [t.requires_grad for t in (p, lower, upper, *unpacked)] == [False, True, True, False, True, True]
+        (lower.sin().sum() + upper.pow(2).sum() + unpacked[1].sum()).backward()
+    torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)

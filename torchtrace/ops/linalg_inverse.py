@@ -377,6 +377,7 @@ class Lu(Function):
         real_only("torch.linalg.lu", A)
         out = linalg.lu(A, pivot=pivot)
         ctx.save_for_backward(out.P if pivot else None, out.L, out.U)  # pivot=False (CUDA only): P is empty, A = L U
+        ctx.mark_non_differentiable(out.P)  # a permutation: a constant, as torch marks it
         return out
 
     @staticmethod
@@ -393,7 +394,9 @@ class LuUnpack(Function):
     def forward(ctx, LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
         real_only("torch.lu_unpack", LU_data)
         ctx.shape = LU_data.shape
-        return torch.lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots)
+        out = torch.lu_unpack(LU_data, LU_pivots, unpack_data, unpack_pivots)
+        ctx.mark_non_differentiable(out.P)  # a permutation: a constant, as torch marks it
+        return out
 
     @staticmethod
     def backward(ctx, g_p, g_lower, g_upper):
