@@ -98,8 +98,8 @@ def _grad_edges(tracer_type: type, rule: type, args: tuple, kwargs: dict) -> Tup
     arguments that need a gradient (the rule's ctx.needs_input_grad)."""
     edges: List[Edge]
     edges, torch_leaf, needs = [], False, 0
-    limit = rule._tt_inputs  # (None: every argument)
-    pairs = enumerate(args[:limit]) if not kwargs else [
+    limit = rule._tt_inputs  # (None: every argument, and no copy of args made)
+    pairs = enumerate(args if limit is None else args[:limit]) if not kwargs else [
         *enumerate(args[:limit]), *((rule.param_index(k), v) for k, v in kwargs.items() if k != "out"
                                     and wants_gradient(v) and (limit is None or rule.param_index(k) < limit))]
     for position, arg in pairs:
