@@ -28,6 +28,16 @@ def test_weight_norm_rule(dim):
     check_op(lambda v, g: torch._weight_norm(v, g, dim) * v.sum(), V.double(), g.double())
 
 
+@pytest.mark.parametrize("g_shape", [(1, 1, 2), (3, 1), (1, 3, 2)])
+def test_weight_norm_over_the_whole_tensor_with_a_g_that_broadcasts(g_shape):
+    """dim=-1 (one norm of all of v) with a g of several elements, broadcast over v as torch's forward does: w = g v /
+    ||v||. Its backward reshaped g to the norm's single element and raised; now torch's gradients (tt.check: torch
+    autograd; tt.gradcheck: central differences) and second derivatives."""
+    g = torch.randn(g_shape)
+    check_op(lambda v, g: torch._weight_norm(v, g, -1), V, g)
+    double_backward_matches(lambda v, g: torch._weight_norm(v, g, -1), V.double(), g.double())
+
+
 def test_zero_norm_and_second_derivatives():
     check_op(lambda v: torch.norm_except_dim(v, 2, 0), torch.cat([torch.zeros(1, 3), torch.randn(2, 3)]),
              gradcheck=False)  # ||v|| = 0: torch's subgradient 0

@@ -34,6 +34,11 @@ class WeightNorm(Function):
         v, g, gw = opmath(*ctx.saved_tensors, gw)  # (v^2 of float16 overflows past 256)
         dims = _other_dims(v, ctx.dim)
         norm = (v * v).sum(dims, keepdim=True).sqrt()
+        if g.numel() != norm.numel():  # dim=-1 with a g that broadcasts over v (one scale per column, say):
+            along = (g * gw * v).sum(dims, keepdim=True)  # dv = g gw / ||v|| - v sum(g gw v) / ||v||^3
+            grad_v = g * gw / norm - v * along / (norm * norm * norm) if ctx.needs_input_grad[0] else None
+            grad_g = (gw * v / norm).sum_to_size(g.shape) if ctx.needs_input_grad[1] else None
+            return grad_v, grad_g, None
         along = (gw * v).sum(dims, keepdim=True)
         grad_v = (g.reshape(norm.shape) / norm) * (gw - v * along / (norm * norm)) if ctx.needs_input_grad[0] else None
         grad_g = (along / norm).reshape(g.shape) if ctx.needs_input_grad[1] else None
