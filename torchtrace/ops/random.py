@@ -1,8 +1,9 @@
-"""Sampling ops whose parameters may be tracers: torch.normal, torch.bernoulli, torch.poisson, and the in-place
+"""Sampling ops whose parameters may be tracers: torch.normal, torch.bernoulli, torch.poisson, the Gamma sampler
+torch._standard_gamma (reparameterised, as torch's: its gradient below), and the in-place
 fills x.uniform_(), x.normal_(), x.exponential_(), x.random_(), x.cauchy_(), x.log_normal_(), x.geometric_().
 
 The forward calls torch's own sampler with the caller's arguments, so under the same seed the samples
-equal torch's. As in torch (derivatives.yaml), the samples are not reparameterised: the gradient with
+equal torch's. As in torch (derivatives.yaml), the other samples are not reparameterised: the gradient with
 respect to mean, std, p and the rates is zero, and so is the gradient of a tensor whose values an in-place fill
 replaced. For a reparameterised sample write mean + std * torch.randn_like(std).
 Each rule says it draws random numbers (`draws_random`): its in-place form writes the very samples it drew.
@@ -67,6 +68,28 @@ class Poisson(Function):
     @staticmethod
     def backward(ctx, g):
         return torch.zeros_like(g)
+
+
+@register(torch._standard_gamma)
+class StandardGamma(Function):
+    """y ~ Gamma(alpha, 1), sampled by torch  ->  dy/dalpha = -(dF/dalpha) / (dF/dy), F(y; alpha) the Gamma CDF at
+    the sample (the sample moves with alpha so that its quantile u = F(y; alpha) stays fixed: an implicit
+    reparameterisation), which torch._standard_gamma_grad(alpha, y) computes, as torch's derivatives.yaml says
+
+    Gamma(a, rate).rsample() and the distributions built on it (Chi2, StudentT) sample through this op."""
+
+    draws_random = True
+
+    @staticmethod
+    def forward(ctx, alpha, generator=None):
+        y = torch._standard_gamma(alpha, generator)
+        ctx.save_for_backward(alpha, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        alpha, y = ctx.saved_tensors
+        return g * torch._standard_gamma_grad(alpha, y), None
 
 
 class RandomFill(Function):
