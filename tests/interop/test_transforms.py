@@ -65,10 +65,31 @@ def test_torch_compile_refuses_tracers_clearly():
         module(torch.randn(3, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("name", ["jacobian", "hessian", "vjp"])
-def test_torch_autograd_functional_refuses_tracers(name):
+@pytest.mark.parametrize("name, instead", [("jacobian", "tt.jacobian"), ("hessian", "tt.hessian"), ("vjp", "tt.grad"),
+                                           ("jvp", "tt.jvp"), ("hvp", "tt.hvp"), ("vhp", "tt.hvp")])
+def test_torch_autograd_functional_refuses_tracers_naming_torchtraces_own(name, instead):
     fn = getattr(torch.autograd.functional, name)
     v = torch.ones(3, dtype=torch.float64)
-    args = (lambda t: t.sin(), x(), v) if name == "vjp" else (lambda t: t.sin().sum(), x())
-    with pytest.raises(tt.UnsupportedOperationError, match=r"^torch.autograd.grad: .* use tt.grad"):
-        fn(*args)
+    args = (lambda t: t.sin(), x(), v) if name in ("vjp", "jvp") else (lambda t: t.sin().sum(), x(), v)
+    with pytest.raises(tt.UnsupportedOperationError, match=rf"^torch.autograd.functional.{name}: .* use {instead}\("):
+        fn(*args[:2] if name in ("jacobian", "hessian") else args)
+    plain = torch.randn(3, dtype=torch.float64)  # plain tensors: torch's own, untouched
+    torch.testing.assert_close(torch.autograd.functional.jacobian(torch.sin, plain), torch.diag(plain.cos()))
+
+
+@pytest.mark.parametrize("name", ["torch.vmap", "torch.func.grad", "torch.func.jacfwd", "torch.func.jvp"])
+def test_a_transformed_function_closing_over_a_tracer_that_requires_grad_is_refused(name):
+    """torch.vmap(lambda x: (w @ x).tanh().sum())(xs) with w a tracer parameter: torch's transform gave a plain result
+    with no gradient to w, and `out.sum() + (w ** 2).sum()` then filled w.grad with 2w alone (torch: that plus the
+    tanh part). Refused by name; a tracer needing no grad (a ported model's buffer) computes as a plain tensor."""
+    w = tt.as_tracer(torch.tensor([[0.5, -1.0, 0.2], [1.5, 0.3, -0.4]], dtype=torch.float64), requires_grad=True)
+    xs = torch.tensor([[0.3, -0.7, 1.2], [1.0, 0.5, -2.0]], dtype=torch.float64)
+    f = lambda v: torch.tanh(w @ v).sum()  # noqa: E731
+    calls = {"torch.vmap": lambda: torch.vmap(f)(xs), "torch.func.grad": lambda: torch.func.grad(f)(xs[0]),
+             "torch.func.jacfwd": lambda: torch.func.jacfwd(f)(xs[0]),
+             "torch.func.jvp": lambda: torch.func.jvp(f, (xs[0],), (xs[1],))}
+    with pytest.raises(tt.UnsupportedOperationError, match=rf"^{name}: the function uses a tracer that requires grad"):
+        calls[name]()
+    constant = tt.as_tracer(w.detach().as_subclass(torch.Tensor).clone())  # no grad needed: torch's result
+    torch.testing.assert_close(torch.vmap(lambda v: torch.tanh(constant @ v).sum())(xs).as_subclass(torch.Tensor),
+                               torch.tanh(xs @ constant.as_subclass(torch.Tensor).t()).sum(1))

@@ -4,7 +4,8 @@ Installed once at import (torchtrace/__init__.py). Each wrapper looks for a trac
 none go to torch's original untouched.
 - torch.autograd.Function.apply: a user Function on tracers runs its own forward/backward as a torchtrace node
   (torch.utils.checkpoint's reentrant CheckpointFunction becomes a recomputing torchtrace checkpoint instead).
-- torch.autograd.grad / torch.autograd.backward on tracers: a clear error naming tt.grad / y.backward();
+- torch.autograd.grad / torch.autograd.backward on tracers: a clear error naming tt.grad / y.backward(), and
+  torch.autograd.functional's jacobian, hessian, vjp, jvp, hvp, vhp one naming torchtrace's own;
   torch.autograd.graph.register_multi_grad_hook on tracers (an AssertionError from torch's engine): one too.
 """
 from typing import Any, Callable
@@ -50,6 +51,12 @@ def _refuse_on_tracers(original: Callable, name: str, instead: str) -> Callable:
     return wrapper
 
 
+FUNCTIONAL = {  # torch.autograd.functional's entry points, and torchtrace's own to use on tracers
+    "jacobian": "use tt.jacobian(f, inputs)", "hessian": "use tt.hessian(f, x)",
+    "vjp": "use tt.grad(f(x), x, grad_outputs=v)", "jvp": "use tt.jvp(f, primals, tangents)",
+    "hvp": "use tt.hvp(f, params, v)", "vhp": "use tt.hvp(f, params, v) (the Hessian is symmetric: vhp = hvp)"}
+
+
 def install() -> None:
     """Wrap torch's entry points once (idempotent)."""
     apply = _Function.__dict__["apply"]
@@ -61,6 +68,11 @@ def install() -> None:
     if not getattr(torch.autograd.backward, "_torchtrace", False):
         torch.autograd.backward = _refuse_on_tracers(
             torch.autograd.backward, "torch.autograd.backward", "use y.backward() or tt.backward(tensors, ...)")
+    for name, instead in FUNCTIONAL.items():  # (they call torch.autograd.grad, whose refusal would name that)
+        original = getattr(torch.autograd.functional, name)
+        if not getattr(original, "_torchtrace", False):
+            setattr(torch.autograd.functional, name,
+                    _refuse_on_tracers(original, f"torch.autograd.functional.{name}", instead))
     multi = torch.autograd.graph.register_multi_grad_hook
     if not getattr(multi, "_torchtrace", False):  # (it asks torch's engine which tensors a backward reaches)
         torch.autograd.graph.register_multi_grad_hook = _refuse_on_tracers(

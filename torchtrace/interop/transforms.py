@@ -4,13 +4,15 @@ These run torch's own machinery (functorch levels, dynamo), which cannot see tor
 installed here check the arguments of each call; calls without tracers go to torch's original untouched.
 """
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.func
+from torch.overrides import TorchFunctionMode
 
+from torchtrace.autograd.function import RULES
 from torchtrace.errors import UnsupportedOperationError
-from torchtrace.interop.detect import has_tracer
+from torchtrace.interop.detect import has_tracer, tensors_in
 
 TRANSFORMS = ("vmap", "grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "linearize",
               "functionalize")
@@ -22,6 +24,26 @@ def _check(name: str, args: tuple, kwargs: dict, instead: str) -> None:
                                         f"torchtrace's graph) — {instead}")
 
 
+class _RefuseTracersInside(TorchFunctionMode):
+    """While a transformed function runs: a differentiable torch call on a tracer that requires grad (one the
+    function closes over, as a model's parameter) is refused; torch's transform would give a plain result with no
+    gradient to it, and a loss that adds it would miss that part of the gradient without a word. Tracers needing no
+    grad (a ported model's buffers) compute as plain tensors."""
+
+    def __init__(self, name: str, instead: str):
+        super().__init__()
+        self.name, self.instead = name, instead
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        kwargs = kwargs or {}
+        if func in RULES and torch.is_grad_enabled() and any(  # (detach, shape and the like record nothing)
+                getattr(t, "_tt_requires_grad", False) for t in tensors_in((args, kwargs))):
+            raise UnsupportedOperationError(
+                f"{self.name}: the function uses a tracer that requires grad (a parameter or value it closes over), "
+                f"whose gradient torch's transform cannot see (torchtrace records it) — {self.instead}")
+        return func(*args, **kwargs)
+
+
 def _transform(original: Callable, name: str) -> Callable:
     """`torch.func.grad(f)(x)`: refuse when the transformed function (or the transform itself) gets a tracer."""
     instead = ("use tt.grad for gradients, and a Python loop (or torch.stack of per-sample results) instead of "
@@ -30,14 +52,16 @@ def _transform(original: Callable, name: str) -> Callable:
     @functools.wraps(original)
     def transform(*args: Any, **kwargs: Any) -> Any:
         _check(name, args, kwargs, instead)  # vjp(f, x) and jvp(f, (x,), (v,)) take the primals here
-        result = original(*args, **kwargs)
+        with _RefuseTracersInside(name, instead):  # vjp(f, x) and jvp(f, ...) run f here
+            result = original(*args, **kwargs)
         if not callable(result):
             return result
 
         @functools.wraps(result)
         def transformed(*a: Any, **k: Any) -> Any:
             _check(name, a, k, instead)
-            return result(*a, **k)
+            with _RefuseTracersInside(name, instead):
+                return result(*a, **k)
 
         return transformed
 
