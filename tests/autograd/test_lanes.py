@@ -142,10 +142,12 @@ def test_inside_readable_every_call_takes_the_readable_path(monkeypatch):
 
 
 def test_a_lane_is_python_source_with_a_filename_inside_the_package():
-    source = lane_source(RULES[torch.mul], 2)
+    source = lane_source(RULES[torch.mul], 2)  # a hand-written rule: its own forward runs
     assert source.startswith("def record_Mul_2(T, func, args):") and "forward(ctx, a0, a1)" in source
-    table = lane_source(RULES[torch.tanh], 1)
-    assert "out = op(a0)" in table and "ctx.save_for_backward(None, out)" in table  # Tanh's formula reads y only
+    table = lane_source(RULES[torch.tanh], 1)  # a table rule: the op, and its saves written out
+    assert "out = op(a0)" in table and "ctx._saved, ctx._versions = (None, out), [None, out._version]" in table
+    assert "ctx._saved, ctx._versions = (a0, a1, None), [a0._version, version_of(a1), None]" in lane_source(
+        RULES[torch.atan2], 2)  # only a needs a gradient: b may be a number, which version_of gives none
     x = tt.randn(2, requires_grad=True)
     torch.tanh(x)
     code = LANES[RULES[torch.tanh]][1].__code__
@@ -516,3 +518,25 @@ def test_views_and_lists_without_tensors_take_the_lane(name, monkeypatch):
     torch.autograd.backward(call(x, t).sum())
     torch.testing.assert_close(ours, [x.grad, t.grad])
     assert tt.gradcheck(call, tt.tracer(x0.clone(), requires_grad=True), tt.tracer(t0.clone(), requires_grad=True))
+
+
+@pytest.mark.parametrize("readable", [False, True])
+def test_saves_written_out_in_a_lane_go_through_saved_tensors_hooks_as_torchs(readable):
+    """A table rule's lane writes its saves out (no save_for_backward call): under torch's saved_tensors_hooks each
+    saved tensor still goes through pack, as many times as torch packs, and backward computes on what unpack gave
+    (atan2: a table rule; the product by a number: Mul, hand-written)."""
+    x0, w0 = torch.rand(3, dtype=torch.float64), torch.rand(3, dtype=torch.float64)
+    results = {}
+    for side, make in (("torch", lambda t: t.clone().requires_grad_()),
+                       ("tt", lambda t: tt.as_tracer(t.clone(), requires_grad=True))):
+        x, w = make(x0), make(w0)
+        packed = []
+        with tt.readable() if readable and side == "tt" else contextlib.nullcontext():
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(1) or t.detach() * 2,
+                                                          lambda t: t):
+                y = torch.atan2(x, w) * 0.5
+            y.sum().backward()
+        results[side] = (len(packed), coverage._plain(x.grad), coverage._plain(w.grad))
+    assert results["tt"][0] == results["torch"][0] == 2  # x and w; for atan2(x, w) * 0.5 only the number 0.5
+    for ours, theirs in zip(results["tt"][1:], results["torch"][1:]):  # unpack's values: twice each operand
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)

@@ -25,7 +25,7 @@ from torchtrace.autograd.function import INPLACE_FLAG, RULES
 from torchtrace.autograd.inplace import catch_up
 from torchtrace.autograd.kept_values import BUDGET, Kept
 from torchtrace.autograd.kept_values import THREAD as KEPT
-from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node
+from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node, _next_sequence_nr, _top_hooks
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 
@@ -86,11 +86,13 @@ def _namespace(rule: type) -> Dict[str, Any]:
             "any_autocast": torch._C._is_any_autocast_enabled, "INPLACE_FLAG": INPLACE_FLAG, "plain": plain_torch,
             "Tensor": torch.Tensor,
             "containers": (list, tuple), "AccumulateGrad": AccumulateGrad, "Edge": Edge, "new_edge": tuple.__new__,
-            "Context": Context, "Node": Node, "STATE": STATE,
+            "Context": Context, "Node": Node, "new_node": object.__new__, "STATE": STATE,
+            "next_sequence_nr": _next_sequence_nr,
             "KEPT": KEPT, "BUDGET": BUDGET, "Kept": Kept,
             "weak": weakref.ref, "finish": finish,
             "refcount": sys.getrefcount, "ALONE": ALONE,
             "holds_tensor": holds_tensor, "catch_up": catch_up, "forward": rule.forward,
+            "version_of": version_of, "saved_hooks_on": _top_hooks,
             **({} if table is None else {"op": table["op"], "check": table["check"], "Meta": table["Meta"],
                                          "OPTIONS": _options(table)})}
 
@@ -166,7 +168,9 @@ def lane_source(rule: type, n_args: int) -> Optional[str]:
     lines += ["        if not edges:  # nothing to record",
               "            return run_rule(T, RULE, func, args, {})",
               "        ctx = Context(RULE, edges, needs)",
-              "        node = Node(RULE, ctx, edges, func, STATE.module_stack)",
+              "        node = new_node(Node)  # Node.__init__, written out (value_refs: set below)",
+              "        node.rule, node.ctx, node.edges, node.func, node.module_path, node.sequence_nr = (",
+              "            RULE, ctx, edges, func, STATE.module_stack, next_sequence_nr())",
               *body]
     return "\n".join(lines) + "\n"
 
@@ -277,8 +281,8 @@ def _table_body(rule: type, table: Dict[str, Any], n_args: int) -> List[str]:
         statements = []
         saving, metas = table["keep"][needs], table["keep_meta"][needs]
         if saving is not None:
-            values = ", ".join(v if save else "None" for v, save in zip([*inputs, "out"], saving))
-            statements.append(f"{indent}ctx.save_for_backward({values})")
+            statements += _save_lines(indent, [v if save else None for v, save in zip([*inputs, "out"], saving)],
+                                      mask)
             if saving[n]:
                 saved_output.add(mask)
         if metas is not None:
@@ -300,6 +304,29 @@ def _table_body(rule: type, table: Dict[str, Any], n_args: int) -> List[str]:
     masks = " or ".join(f"needs == {m}" for m in sorted(saved_output))
     return [*lines, f"        if {plain} or {masks}:  # (a saved result is linked as run_rule links it)",
             "            return finish(out, node, T, args)", *_RETAG]
+
+
+def _save_lines(indent: str, values: List[Optional[str]], mask: int) -> List[str]:
+    """Context.save_for_backward written out for these values: the tuple, each one's version counter (an input
+    that needs a gradient is a tracer: its counter read directly; another may be a number, which has none), and the
+    saved_tensors_hooks in force. A tensor without a version counter (made under inference_mode) raises there."""
+    def version(i: int, v: Optional[str]) -> str:
+        if v is None:
+            return "None"
+        return f"{v}._version" if v == "out" or (i < len(values) - 1 and mask >> i & 1) else f"version_of({v})"
+    saved = ", ".join(v or "None" for v in values)
+    versions = ", ".join(version(i, v) for i, v in enumerate(values))
+    return [f"{indent}try:",
+            f"{indent}    ctx._saved, ctx._versions = ({saved}), [{versions}]",
+            f"{indent}except RuntimeError:  # an inference tensor: save_for_backward says why it cannot be saved",
+            f"{indent}    ctx.save_for_backward({saved})",
+            f"{indent}if saved_hooks_on(False) is not None:  # torch's saved_tensors_hooks in force",
+            f"{indent}    ctx.save_for_backward({saved})"]
+
+
+def version_of(value: Any) -> Optional[int]:
+    """The version counter of a saved value (None for a number)."""
+    return getattr(value, "_version", None)
 
 
 def _SAVED_RESULT(n: int) -> List[str]:
