@@ -72,11 +72,12 @@ class Poisson(Function):
 
 @register(torch._standard_gamma)
 class StandardGamma(Function):
-    """y ~ Gamma(alpha, 1), sampled by torch  ->  dy/dalpha = -(dF/dalpha) / (dF/dy), F(y; alpha) the Gamma CDF at
-    the sample (the sample moves with alpha so that its quantile u = F(y; alpha) stays fixed: an implicit
-    reparameterisation), which torch._standard_gamma_grad(alpha, y) computes, as torch's derivatives.yaml says
+    """y ~ Gamma(alpha, 1), sampled by torch  ->  dy/dalpha = torch._standard_gamma_grad(alpha, y)
+    = -(dF/dalpha) / (dF/dy), with F(y; alpha) the Gamma CDF at y
 
-    Gamma(a, rate).rsample() and the distributions built on it (Chi2, StudentT) sample through this op."""
+    The sample moves with alpha so that its quantile F(y; alpha) stays fixed (an implicit reparameterisation, as
+    torch's derivatives.yaml gives it). Gamma(a, rate).rsample() and the distributions built on it (Chi2, StudentT)
+    sample through this op."""
 
     draws_random = True
 
