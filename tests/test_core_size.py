@@ -81,7 +81,9 @@ removing its own registration only (it took a second registration of the same fu
 backward's inputs retaining its gradient afterwards, as torch's (a later backward no longer added to it): 1,711.
 Copies and pickles keeping what torch's keep (memory shared between the tensors of one deepcopy, a leaf's .grad, the
 user's attributes; a pickled non-leaf a leaf that requires grad), and the tensor view_as(other) reads its shape from
-joining no graph (it made the result need a gradient, and torch's pruning masks carry a graph): 1,728.
+joining no graph (it made the result need a gradient, and torch's pruning masks carry a graph): 1,728. autocast's
+copy of an input that needs a gradient recorded as torch records its cast (a second derivative through the copy a
+rule saved was silently missing), and torch's own anomaly mode followed by the walk (its NaN check ran nowhere): 1,739.
 """
 import ast
 import pathlib
@@ -91,15 +93,17 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1728
+BUDGET = 1739
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
 # 340 when the lanes came; then calls with keywords placed as run_rule places them (every torch.nn.functional call),
 # views caught up in the lane, forwards that take *args (the losses), lists that hold no tensor, the kept value
 # written out in the lane, and the walk finding a user's rule once per rule: 361; a saved result's tracer a detached
 # alias: 362; a hand-written rule's result linked in the lane only when its reference count says nothing else holds
-# it (the count of a local read once at import): 365; a compiled node's gradients sent one by one (Contributions): 370
-LANES_BUDGET = 370
+# it (the count of a local read once at import): 365; a compiled node's gradients sent one by one (Contributions): 370;
+# a table rule's saves and the Node's construction written out in the lane (no save_for_backward or __init__ call):
+# 389
+LANES_BUDGET = 389
 
 
 def code_lines(path: pathlib.Path) -> int:

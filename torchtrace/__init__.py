@@ -8,7 +8,7 @@ from torchtrace import (
     ops,  # noqa: F401  (registers every gradient rule)
     optim,
 )
-from torchtrace.autograd.engine import BACKWARD_WATCHERS, TOOLS, backward, grad
+from torchtrace.autograd.engine import ANOMALY_MODE, BACKWARD_WATCHERS, TOOLS, backward, grad
 from torchtrace.autograd.function import Function, register
 from torchtrace.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from torchtrace.autograd.state import readable
@@ -60,6 +60,15 @@ def _noting_tiny_graphs(output: Any, create_graph: bool) -> Any:
 
 
 BACKWARD_WATCHERS.append(_noting_tiny_graphs)
+
+
+def _refusing_nan_in_torchs_anomaly_mode(node: Any, grads: Any, result: Any) -> None:
+    """torch's anomaly mode (set_detect_anomaly(True)) on a tracer's backward: a rule returning NaN raises, as
+    torch's engine does (its check loads with the first backward run in that mode)."""
+    importlib.import_module("torchtrace.inspect.anomaly").refuse_nan(node, grads, result)
+
+
+ANOMALY_MODE.append(_refusing_nan_in_torchs_anomaly_mode)
 
 
 def __dir__() -> list:

@@ -6,6 +6,8 @@ lower-precision ops whose backward is elementwise (a 1-D matmul, prelu's weight)
 ops (linalg.inv, cross_entropy, grid_sample) run in float32 on a low-precision input. float64 inputs are never cast by
 autocast: the same functions in float64 under autocast are checked against central differences too.
 """
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -80,3 +82,31 @@ def test_float64_under_autocast_is_not_cast_and_matches_central_differences(name
                     values.append((f(*moved) * upstream).sum())
             numeric.view(-1)[j] = (values[0] - values[1]) / (2 * eps)
         torch.testing.assert_close(grads[i], numeric, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("readable", [False, True])
+def test_a_second_derivative_through_autocasts_copy_of_a_saved_input_equals_torchs(readable):
+    """matmul under autocast saves bf16 copies of its inputs; a backward with create_graph=True computes with them, so
+    the second derivative has a term through each copy back to its input (torch records the cast: ToCopyBackward).
+    h = x . w, g = dh^2/dw = 2 h x, d(sum g)/dx = 2 sum(x) w + 2 h: [7, -5] here (the 2h term came through the copy)."""
+    x0, w0 = torch.tensor([0.5, 1.5]), torch.tensor([2.0, -1.0])
+    results = []
+    for make, grad in ((lambda t: tt.as_tracer(t.clone(), requires_grad=True), tt.grad),
+                       (lambda t: t.clone().requires_grad_(), torch.autograd.grad)):
+        x, w = make(x0), make(w0)
+        with tt.readable() if readable else contextlib.nullcontext():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                h = x @ w
+            g, = grad(h * h, w, create_graph=True)
+            r, = grad(g.sum(), x)
+        results.append(r.as_subclass(torch.Tensor))
+    assert results[0].tolist() == results[1].tolist() == [7.0, -5.0]
+    penalty = []  # a gradient penalty on a Linear layer trained under autocast
+    for make, grad in ((lambda t: tt.as_tracer(t.clone(), requires_grad=True), tt.grad),
+                       (lambda t: t.clone().requires_grad_(), torch.autograd.grad)):
+        x, w = make(torch.tensor([[0.5, 1.5]])), make(torch.tensor([[2.0, -1.0], [0.25, 0.75]]))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = F.linear(x, w).float().pow(2).sum()
+        gx, = grad(y, x, create_graph=True)
+        penalty.append(grad(gx.pow(2).sum(), w)[0].as_subclass(torch.Tensor))
+    assert penalty[0].tolist() == penalty[1].tolist() == [[-8.5, -39.5], [-3.25, 25.25]]  # = central differences

@@ -46,3 +46,25 @@ def test_outside_the_mode_nothing_is_captured():
     assert not hasattr(y.grad_fn, "created_at")
     y.backward()
     assert torch.isinf(x.grad).all()
+
+
+@pytest.mark.parametrize("readable", [False, True])
+def test_torchs_anomaly_mode_raises_on_a_nan_gradient_as_torchs_engine(readable):
+    """torch.autograd.set_detect_anomaly(True) on a tracer's backward: torch's engine raises at the first rule that
+    returns NaN, naming it; torchtrace's walk did not look and filled x.grad with NaN. Both messages name the function
+    and the output; without anomaly mode both give the NaN silently, as torch."""
+    import contextlib
+    import warnings
+
+    messages = []
+    for x in (tt.tracer([0.0, 1.0], requires_grad=True), torch.tensor([0.0, 1.0], requires_grad=True)):
+        with tt.readable() if readable else contextlib.nullcontext(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns that anomaly mode slows it down
+            with torch.autograd.set_detect_anomaly(True):
+                with pytest.raises(RuntimeError) as error:
+                    torch.sqrt(x * -1.0).sum().backward()
+            messages.append(str(error.value))
+            torch.sqrt(x * -1.0).sum().backward()
+            assert torch.isnan(x.grad).any()  # sqrt'(-0) = inf, sqrt'(-1) = NaN
+    assert messages[0].startswith("Function 'SqrtBackward' returned nan values in its 0th output.")
+    assert messages[1].startswith("Function 'SqrtBackward0' returned nan values in its 0th output.")

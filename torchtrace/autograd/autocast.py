@@ -4,8 +4,9 @@ torch.autocast casts a listed op's floating inputs before the op runs (autocast_
 lower-precision list, to float32 for the float32 list, to the widest for the promote list), and the op records its
 backward on the cast copies: that backward computes in their dtype, outside autocast, and each cast's own backward
 (ToCopyBackward) turns the gradient back into its input's dtype. `autocast_inputs` does the same for a rule: the rule
-gets the cast copies (so it saves them), the node's edges keep the inputs' own dtypes (the walk casts each gradient
-to its edge's dtype as it sends it), and the node's backward runs outside autocast.
+gets the cast copies (so it saves them; a copy of a value needing a gradient is itself recorded, so a backward with
+create_graph=True differentiates through it), the node's edges keep the inputs' own dtypes (the walk casts each
+gradient to its edge's dtype as it sends it), and the node's backward runs outside autocast.
 
 Two cases keep the older way, the backward run under the forward's autocast state: an op that is on no list itself but
 runs a listed one inside (einsum's bmm: autocast casts only that inner op's inputs, which the backward's own einsum
@@ -17,6 +18,7 @@ import torch
 
 from torchtrace.autocast_lists import COMPOSITES, FLOAT32, LOWER_PRECISION, PROMOTE, own_name
 from torchtrace.autograd.plain import plain_torch
+from torchtrace.autograd.state import STATE
 
 AutocastState = Tuple[str, torch.dtype, bool]  # (device type, autocast dtype, backward runs under autocast)
 
@@ -56,9 +58,19 @@ def _eligible(t: Any, device: str) -> bool:
 
 
 def _cast(value: Any, dtype: torch.dtype, device: str) -> Any:
+    """The copy autocast gives the op. Of a value that needs a gradient, the copy is recorded, as torch records its
+    cast (ToCopyBackward): the rule saves it, and a backward with create_graph=True that reads it then differentiates
+    through it to the value (the first backward reaches the value by the op's own edge, cast as it is sent)."""
     if type(value) in (list, tuple):  # torch.cat's list of tensors
         return type(value)(_cast(v, dtype, device) for v in value)
     if _eligible(value, device) and value.dtype is not dtype:
+        if getattr(value, "_tt_requires_grad", False):  # part of this op's record: tools watching are not told
+            watching, STATE.on_record = STATE.on_record, []
+            try:
+                with torch._C._EnableTorchFunction():  # (the dispatcher runs plain here)
+                    return value.to(dtype)
+            finally:
+                STATE.on_record = watching
         with plain_torch():
             return value.to(dtype)
     return value

@@ -33,6 +33,7 @@ Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 # Tools watch a tracer's backward by registering here when they load (the core imports none of them):
 BACKWARD_WATCHERS: List[Callable[[Any, bool], ContextManager]] = []  # watcher(output, create_graph) -> a block
+ANOMALY_MODE: List[Callable[[Any, Any, Any], None]] = []  # observers run while torch's anomaly mode is on
 TOOLS: Dict[str, Callable[[Any], None]] = {}  # "show": print the backprop trace of a tracer (y.backward(show=True))
 INTO_GRAD = object()  # backward(inputs=): a leaf among the inputs sums into its .grad instead of being captured
 
@@ -213,6 +214,8 @@ def _walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: b
     _send(_Root([Edge(i, node, nr, g.shape, g.dtype) for i, (node, nr, g) in enumerate(roots)]),
           tuple(g for _, _, g in roots), buffers, ready)  # the roots' gradients, buffered as any node's result
     observers = STATE.on_backward  # read once per backward: tools add theirs before it starts
+    if torch.is_anomaly_enabled():  # torch's anomaly mode (set_detect_anomaly): its check of each result
+        observers = [*observers, *ANOMALY_MODE]
     ownership = Ownership([g for _, _, g in roots], enabled=not observers)
     previous = STATE.create_graph, STATE.walk  # what a node's rule may ask of the walk running it
     STATE.create_graph, STATE.walk = create_graph, (retain_graph, captured, ownership.hand_out, needed)

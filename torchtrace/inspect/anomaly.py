@@ -1,4 +1,5 @@
-"""tt.detect_anomaly(): NaN/Inf in forward or backward raises, naming the op, the module and the source line.
+"""tt.detect_anomaly(): NaN/Inf in forward or backward raises, naming the op, the module and the source line; and
+torch's own anomaly mode (set_detect_anomaly) followed in a tracer's backward, as torch's engine does.
 
 The message has two lines: what happened (which op's forward or backward produced NaN/Inf), and where the op
 was created (module, file:line and the code).
@@ -74,6 +75,18 @@ class detect_anomaly:
         module = path_name(node.module_path, self._names) or "no module"
         created = (node.notes or {}).get("created_at", "<before detect_anomaly>")
         return f"  where: in {module}, created at {created}"
+
+
+def refuse_nan(node: Node, grads: Any, result: Any) -> None:
+    """Under torch's anomaly mode, set_detect_anomaly(True) (with its check_nan), a rule that returns NaN raises,
+    as torch's engine does, naming it and the output."""
+    if not torch.is_anomaly_check_nan_enabled():
+        return
+    with plain_torch():
+        for i, g in enumerate(result if type(result) is tuple else (result,)):
+            if isinstance(g, torch.Tensor) and g.is_floating_point() and g.isnan().any():
+                raise RuntimeError(f"Function '{node.name}' returned nan values in its {i}th output. "
+                                   "(tt.detect_anomaly() names the module and the source line that made the op)")
 
 
 def _op(node: Node) -> str:

@@ -35,8 +35,9 @@ STEPS: Dict[type, Callable] = {}  # torchtrace's rule -> what the walk calls for
 
 def walk(roots: List[Tuple[Any, int, Any]], retain_graph: bool, create_graph: bool, captured: Optional[dict],
          tracer_type: type) -> None:
-    """engine._walk for a backward without create_graph (engine._walk with it)."""
-    if create_graph or captured is not None or STATE.on_backward:
+    """engine._walk for a backward without create_graph, tt.grad's capture, observers or torch's anomaly mode
+(engine._walk with any of them)."""
+    if create_graph or captured is not None or STATE.on_backward or torch.is_anomaly_enabled():
         return engine._walk(roots, retain_graph, create_graph, captured, tracer_type)
     buffers: Dict[Any, List[Any]] = {}
     ready: List[Tuple[int, Any]] = []
