@@ -194,3 +194,29 @@ def test_torchs_own_checkpoint_imported_before_torchtrace_is_still_correct(reent
     (px * 2 * pw).sin().sum().backward()
     torch.testing.assert_close(w.grad.as_subclass(torch.Tensor), pw.grad)
     torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), px.grad)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_block_checkpointed_under_autocast_is_recomputed_under_it(reentrant):
+    """The forward runs under bf16 autocast, the backward outside it: the recomputation casts as the forward did
+    (torch's checkpoint restores the autocast state), so the gradients are those of the function the forward computed.
+    It ran in float32: w.grad = 1 + 2^-10 (x's float32 value) where torch, and the block without checkpoint, give 1
+    (x's bf16 copy); in a linear-tanh-linear block the gradients were 0.077 apart on a scale of 8.7."""
+    torch.manual_seed(0)
+    cases = [((torch.tensor([[1 + 2 ** -10]]), torch.tensor([[1.0]])), lambda a, b: a @ b),
+             ((torch.randn(4, 6), torch.randn(5, 6)), lambda a, b: torch.tanh(a @ b.t()) @ b)]
+    for inputs, block in cases:
+        grads = []
+        for make, run in ((lambda t: tt.as_tracer(t.clone(), requires_grad=True), True),
+                          (lambda t: t.clone().requires_grad_(), True),
+                          (lambda t: tt.as_tracer(t.clone(), requires_grad=True), False)):
+            x, w = (make(t) for t in inputs)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                h = x * 1
+                out = ckpt.checkpoint(block, h, w, use_reentrant=reentrant) if run else block(h, w)
+            (out.float() ** 2).sum().backward()
+            grads.append([t.grad.as_subclass(torch.Tensor) for t in (x, w)])
+        for ours, theirs, plain in zip(*grads):  # checkpointed = torch's checkpointed = unchecked, bit for bit
+            assert torch.equal(ours, theirs) and torch.equal(ours, plain)
+        if inputs[0].numel() == 1:
+            assert grads[0][1].item() == 2.0  # w.grad = 2 (x w) x with x's bf16 copy, 1 (not 1 + 2^-9)

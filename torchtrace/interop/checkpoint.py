@@ -2,10 +2,11 @@
 
 forward runs the block once with recording on detached copies of its inputs, only to learn which leaf tracers
 (parameters) it reads, then drops that graph: the checkpoint node keeps the block's inputs and nothing inside.
-backward re-runs the block (with the saved RNG state) on fresh detached copies and differentiates that small graph
-with tt.grad, for the inputs and the parameters alike, so parameter gradients flow through the node's edges (hooks,
-tt.grad and create_graph behave as for any node). A block that reads a non-leaf tracer it was not given as an
-argument (a closure) is recorded as usual, without recomputation: its gradient would otherwise be counted twice.
+backward re-runs the block (with the saved RNG and torch.autocast state) on fresh detached copies and
+differentiates that small graph with tt.grad, for the inputs and the parameters alike, so parameter gradients flow
+through the node's edges (hooks, tt.grad and create_graph behave as for any node). A block that reads a non-leaf
+tracer it was not given as an argument (a closure) is recorded as usual, without recomputation: its gradient would
+otherwise be counted twice.
 """
 import contextlib
 import functools
@@ -28,10 +29,15 @@ _ORIGINAL: Dict[str, Callable] = {}
 
 
 class _Block:
-    """What the checkpoint node needs to recompute: the function, its keyword arguments, the RNG state."""
+    """What the checkpoint node needs to recompute: the function, its keyword arguments, the RNG state and the
+    torch.autocast state it ran in (as torch's checkpoint: the recomputation casts as the forward did, wherever the
+    backward runs)."""
 
     def __init__(self, function: Callable, kwargs: dict, n_args: int, rng: Any):
         self.function, self.kwargs, self.n_args, self.rng = function, kwargs, n_args, rng
+        self.autocast = [(device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+                         for device in _AUTOCAST_DEVICES]
+        self.autocast_cache = torch.is_autocast_cache_enabled()
         self.outputs: List[torch.Tensor] = []
         self.others: Any = None
         self.places: List[int] = []
@@ -44,6 +50,18 @@ def _tensor_outputs(out: Any, block: _Block) -> List[Any]:
     block.others = out
     block.places = [i for i, o in enumerate(out) if isinstance(o, torch.Tensor)] if isinstance(out, tuple) else []
     return [out[i] for i in block.places]
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+
+
+@contextlib.contextmanager
+def _autocast_as_in_forward(block: _Block) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for device, enabled, dtype in block.autocast:
+            stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled,
+                                               cache_enabled=block.autocast_cache))
+        yield
 
 
 @contextlib.contextmanager
@@ -108,7 +126,7 @@ class Checkpoint(Function):
         create_graph = STATE.create_graph
         if create_graph:
             _check_second_order(inputs, ctx.leaves)
-        with torch._C._EnableTorchFunction(), torch.enable_grad(), _rng(block.rng):
+        with torch._C._EnableTorchFunction(), torch.enable_grad(), _rng(block.rng), _autocast_as_in_forward(block):
             copies = _aliases(inputs) if create_graph else _copies(inputs)
             outputs = _tensor_outputs(block.function(*copies, **block.kwargs), _Block(None, {}, 0, None))
         pairs = [(o, g) for o, g in zip(outputs, grads) if isinstance(o, TRACER) and o._tt_requires_grad]
