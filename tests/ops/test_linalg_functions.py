@@ -70,6 +70,18 @@ def test_matrix_norm_dtype_and_ties():
     check_op(lambda a: linalg.matrix_norm(a), torch.zeros(2, 2, dtype=torch.float64), gradcheck=False)
 
 
+@pytest.mark.parametrize("ord", [1, -1, math.inf, -math.inf, 2, -2])
+def test_a_gradient_split_between_tied_norms_is_exact_in_float64(ord):
+    """Three tied columns (rows, singular values) share the gradient: 1/3 each, in float64 as torch gives it (the
+    share was computed from a bool mask, in float32: 0.3333333432674408)."""
+    tied = torch.ones(3, 3, dtype=torch.float64) if abs(ord) != 2 else torch.eye(3, dtype=torch.float64)
+    ours = tt.as_tracer(tied.clone(), requires_grad=True)
+    linalg.matrix_norm(ours, ord).backward()
+    theirs = tied.clone().requires_grad_()
+    linalg.matrix_norm(theirs, ord).backward()
+    assert torch.equal(ours.grad.as_subclass(torch.Tensor), theirs.grad)
+
+
 LINALG_NORM = [
     ("default (flattened 2-norm)", {}, (2, 3, 4)),
     ("vector ord", {"ord": 3}, (4,)),

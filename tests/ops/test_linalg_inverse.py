@@ -98,6 +98,27 @@ def test_det_double_backward_singular():
     double_backward_matches(linalg.det, a)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_second_derivative_of_det_at_the_zero_matrix_is_its_polynomials(n):
+    """At A = 0 every singular value is 0: a cofactor differentiated through the SVD gave [[1, 0], [0, 1]] for the 2x2
+    second derivative d(sum dA)/dA, where det = ad - bc has [[1, -1], [-1, 1]] (torch: NaN). Up to 3x3 the cofactor
+    is its polynomial: exact; checked by central differences of the first derivative (torch.func's, at A +- h)."""
+    zero = torch.zeros(n, n, dtype=torch.float64)
+    a = tt.as_tracer(zero.clone(), requires_grad=True)
+    (g,) = tt.grad(linalg.det(a), a, create_graph=True)
+    (second,) = tt.grad(g.sum(), a, allow_unused=True, materialize_grads=True)
+    first = torch.func.grad(linalg.det)
+    h, expected = 1e-4, torch.zeros(n * n, dtype=torch.float64)
+    for i in range(n * n):
+        step = torch.zeros(n * n, dtype=torch.float64)
+        step[i] = h
+        step = step.view(n, n)
+        expected[i] = (first(zero + step).sum() - first(zero - step).sum()) / (2 * h)
+    torch.testing.assert_close(second.as_subclass(torch.Tensor), expected.view(n, n), rtol=0, atol=1e-10)
+    if n == 2:
+        assert second.tolist() == [[1.0, -1.0], [-1.0, 1.0]]
+
+
 # ------------------------------------------------------------------------------------------------------- solve
 
 SOLVES = [

@@ -79,7 +79,7 @@ class MatrixPower(Function):
 def split_evenly(values: torch.Tensor, largest: bool) -> torch.Tensor:
     """1/k at each of the k largest (smallest) entries along the last dim, as torch's amax / amin backward."""
     chosen = values.amax(-1, keepdim=True) if largest else values.amin(-1, keepdim=True)
-    hits = values == chosen
+    hits = (values == chosen).to(values.dtype)  # (a bool quotient would be float32 whatever the values' dtype)
     return hits / hits.sum(-1, keepdim=True)
 
 

@@ -113,9 +113,19 @@ class InvEx(Inv):
 # determinants
 
 def cofactor(a: torch.Tensor) -> torch.Tensor:
-    """d det(A) / dA = adj(A)^T, also for singular A: det(U) det(V^T) U diag(prod_{j != i} s_j) V^T for A = U S V^T."""
+    """d det(A) / dA = adj(A)^T, also for singular A. Up to 3x3 its polynomial entries: 1; [[d, -c], [-b, a]]; row i
+    = row i+1 x row i+2 (so a second derivative is exact too: through an SVD it is not where singular values repeat,
+    as at A = 0). Larger: det(U) det(V^T) U diag(prod_{j != i} s_j) V^T for A = U S V^T."""
+    n = a.shape[-1]
+    if n <= 3:
+        rows = a.unbind(-2)
+        if n == 1:
+            return torch.ones_like(a)
+        if n == 2:
+            return torch.stack([torch.stack([rows[1][..., 1], -rows[1][..., 0]], -1),
+                                torch.stack([-rows[0][..., 1], rows[0][..., 0]], -1)], -2)
+        return torch.stack([linalg.cross(rows[(i + 1) % 3], rows[(i + 2) % 3]) for i in range(3)], -2)
     u, s, vh = linalg.svd(a)
-    n = s.shape[-1]
     others = eye(n, None, s)  # row i = s with s_i replaced by 1
     products = (s.unsqueeze(-2) * (1 - others) + others).prod(-1)
     sign = linalg.det(u) * linalg.det(vh)
@@ -124,7 +134,7 @@ def cofactor(a: torch.Tensor) -> torch.Tensor:
 
 @register(linalg.det, torch.det, T.det)
 class Det(Function):
-    """d = det A  ->  dA = g d A^-T  (the cofactor matrix; for singular A it comes from the SVD, as torch's)"""
+    """d = det A  ->  dA = g d A^-T, for singular A g adj(A)^T (the cofactor matrix: its polynomial up to 3x3)"""
 
     @staticmethod
     def forward(ctx, A):
