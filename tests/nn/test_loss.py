@@ -259,3 +259,54 @@ def test_no_node_when_nothing_requires_grad():
     loss = F.cross_entropy(tt.tracer(LOGITS), LABELS)
     assert isinstance(loss, tt.tracer) and loss.grad_fn is None
     torch.testing.assert_close(loss.as_subclass(torch.Tensor), F.cross_entropy(LOGITS, LABELS))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_losses_clamp_with_torchs_epsilon_bit_for_bit(dtype):
+    """torch's binary_cross_entropy and cosine_embedding_loss clamp with 1e-12 as a float32 (9.99999996e-13) whatever
+    the dtype: at p = 0 the float64 gradient is -1.000000004e12 (it was -1e12), and a zero vector's norm gets that
+    epsilon too."""
+    p, y = (torch.tensor(v, dtype=dtype) for v in ([0.0, 1.0, 0.3, 1e-13], [1.0, 0.0, 0.5, 0.0]))
+    x1 = torch.tensor([[0.0, 0.0], [1.0, 2.0]], dtype=dtype)
+    x2, label = torch.tensor([[1.0, 2.0], [3.0, -1.0]], dtype=dtype), torch.tensor([1.0, -1.0], dtype=dtype)
+    grads = []
+    for make in (lambda t: tt.as_tracer(t.clone(), requires_grad=True), lambda t: t.clone().requires_grad_()):
+        q, a, b = make(p), make(x1), make(x2)
+        (F.binary_cross_entropy(q, y) + F.cosine_embedding_loss(a, b, label, margin=-0.5)).backward()
+        grads.append([t.grad.as_subclass(torch.Tensor) for t in (q, a, b)])
+    assert torch.equal(grads[0][0], grads[1][0])
+    for ours, theirs in zip(grads[0][1:], grads[1][1:]):  # (the norms' products in another order: 1 ulp)
+        torch.testing.assert_close(ours, theirs, rtol=1e-15 if dtype == torch.float64 else 1e-6, atol=0)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("loss, smoothing", [(F.cross_entropy, 0.0), (F.cross_entropy, 0.1), (F.nll_loss, 0.0)],
+                         ids=["cross_entropy", "cross_entropy smoothed", "nll_loss"])
+def test_a_mean_over_class_weights_that_sum_to_zero_is_nan_as_torchs(loss, smoothing, reduction):
+    """'mean' divides by the summed class weights of the counted samples: when they sum to 0 torch's gradient is 0 / 0
+    = NaN for those samples (the whole row through cross_entropy's softmax, the target entry for nll_loss) and 0 for
+    ignored ones; torchtrace gave 0 (or, smoothed, finite numbers). 'sum' and 'none' divide by nothing."""
+    x = torch.tensor([[0.0, 1.0], [2.0, -1.0], [0.5, 0.5]], dtype=torch.float64)
+    target, weight = torch.tensor([1, 1, -100]), torch.tensor([1.0, 0.0], dtype=torch.float64)
+    options = {"label_smoothing": smoothing} if smoothing else {}
+    grads = []
+    for make in (lambda t: tt.as_tracer(t.clone(), requires_grad=True), lambda t: t.clone().requires_grad_()):
+        leaf = make(x)
+        loss(leaf, target, weight=weight, reduction=reduction, **options).sum().backward()
+        grads.append(leaf.grad.as_subclass(torch.Tensor))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=0, equal_nan=True)
+    assert grads[0][2].eq(0).all() and grads[0][:2].isnan().any() == (reduction == "mean")
+
+
+def test_kl_divs_target_gradient_at_a_zero_target_is_torchs_nan():
+    """torch differentiates kl_div's xlogy(t, t) - t x: at t = 0 its t / t is 0 / 0, NaN (torchtrace gave log 0 + 1 - x
+    = -inf); elsewhere log t + 1 - x, checked by central differences."""
+    x0, t0 = (torch.tensor(v, dtype=torch.float64) for v in ([-1.0, -2.0, -0.5], [0.0, 0.3, 0.7]))
+    grads = []
+    for make in (lambda t: tt.as_tracer(t.clone(), requires_grad=True), lambda t: t.clone().requires_grad_()):
+        x, t = make(x0), make(t0)
+        F.kl_div(x, t, reduction="sum").backward()
+        grads.append((x.grad.as_subclass(torch.Tensor), t.grad.as_subclass(torch.Tensor)))
+    for ours, theirs in zip(*grads):
+        torch.testing.assert_close(ours, theirs, rtol=1e-14, atol=0, equal_nan=True)
+    assert grads[0][1][0].isnan() and tt.gradcheck(lambda t: F.kl_div(x0[1:], t, reduction="sum"), t0[1:])

@@ -54,3 +54,17 @@ def test_double_backward():
 def test_modules_print_like_torch():
     assert repr(lp_pooling.LPPool2d(2, 3, 2)) == repr(torch.nn.LPPool2d(2, 3, 2))
     assert F.lp_pool2d(tt.tracer(X, requires_grad=True), 2, 2).grad_fn.name == "LPPool2dBackward"
+
+
+@pytest.mark.parametrize("p", [1.0, 2.0, 3.0, 1.5])
+def test_windows_holding_nan_inf_zeros_or_negative_powers_send_torchs_gradients(p):
+    """torch's chain runs through sign(u) relu(|u|): its derivative is sign(u)^2 (torch.sign(NaN) = 0) where u != 0
+    and 0 at u = 0. A window holding a NaN sent [1, 1] for p = 1 where torch sends [0, 0] (NaN^0 = 1 times 0); for
+    other p both send NaN. Zero windows, inf and odd powers of negative sums as torch, value for value."""
+    nan, inf = float("nan"), float("inf")
+    for values in ([1.0, nan, 2.0, 3.0], [0.0, 0.0, -1.0, 2.0], [1.0, 2.0, -3.0, 0.5], [inf, 2.0, 0.0, 0.5]):
+        x = torch.tensor([[values]], dtype=torch.float64)
+        ours, theirs = tt.as_tracer(x.clone(), requires_grad=True), x.clone().requires_grad_()
+        F.lp_pool1d(ours, p, 2).sum().backward()
+        F.lp_pool1d(theirs, p, 2).sum().backward()
+        torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad, rtol=1e-12, atol=0, equal_nan=True)

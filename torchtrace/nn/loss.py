@@ -43,6 +43,8 @@ def _not_differentiable(op: str, name: str) -> RuntimeError:
 
 
 REDUCTIONS = ("none", "mean", "sum")  # torch's internal enum: 0, 1, 2
+EPSILON = float(torch.tensor(1e-12, dtype=torch.float32))  # the 1e-12 torch's losses clamp with, a float32 in its
+# kernels whatever the dtype (9.99999996e-13: binary_cross_entropy's gradient at p = 0 is -1.000000004e12 in float64)
 
 
 def aten_twin(name: str, rule: type, target: Callable, parameters: str) -> type:
@@ -163,11 +165,11 @@ pointwise_loss("HuberLoss", F.huber_loss,
 
 
 def _class_coefficients(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
-                        smoothing: float) -> Tuple[torch.Tensor, Any]:
+                        smoothing: float, reduction: str) -> Tuple[torch.Tensor, Any]:
     """a[n, c], how much -log p[n, c] (or -x[n, c] for nll_loss) weighs in sample n's loss, and 'mean''s divisor.
 
     Class indices y: a = w_c ((1 - eps) [c = y_n] + eps / C), zero for samples with y_n = ignore_index;
-    'mean' divides by the summed weights w_{y_n} of the counted samples.
+    'mean' divides by the summed weights w_{y_n} of the counted samples (0 / 0 where they sum to 0: NaN, as torch).
     Class probabilities t: a = w_c ((1 - eps) t_nc + eps / C); 'mean' divides by the number of samples.
     """
     class_dim = 0 if x.dim() == 1 else 1
@@ -187,6 +189,8 @@ def _class_coefficients(x: torch.Tensor, target: torch.Tensor, weight: Optional[
         a = hot * (1 - smoothing) + valid.unsqueeze(class_dim).to(x.dtype) * (smoothing / n_classes)
     if w is not None:
         a, divisor = a * w, (hot * w).sum()
+        if reduction == "mean":  # counted samples whose weights sum to 0: 0 / 0, NaN as torch (ignored ones stay 0)
+            a = torch.where((hot != 0) & (divisor == 0), torch.nan, a)
     else:
         divisor = valid.sum()
     return a, divisor + (divisor == 0)  # every sample ignored: a is all zeros, avoid 0 / 0
@@ -217,7 +221,7 @@ class CrossEntropy(Function):
     @staticmethod
     def backward(ctx, g):
         x, target, weight = ctx.saved_tensors
-        a, divisor = _class_coefficients(x, target, weight, ctx.ignore_index, ctx.smoothing)
+        a, divisor = _class_coefficients(x, target, weight, ctx.ignore_index, ctx.smoothing, ctx.reduction)
         scale = _per_sample_scale(g, ctx.reduction, divisor, x)
         class_dim = 0 if x.dim() == 1 else 1
         need_x, need_target = ctx.needs_input_grad[:2]
@@ -245,7 +249,7 @@ class NllLoss(Function):
     @staticmethod
     def backward(ctx, g):
         x, target, weight = ctx.saved_tensors
-        a, divisor = _class_coefficients(x, target, weight, ctx.ignore_index, 0.0)
+        a, divisor = _class_coefficients(x, target, weight, ctx.ignore_index, 0.0, ctx.reduction)
         return -a * _per_sample_scale(g, ctx.reduction, divisor, x), None
 
 
@@ -266,7 +270,7 @@ class BinaryCrossEntropy(Function):
         scale = _scale(g, ctx.reduction, x.numel())
         scale = scale if weight is None else scale * weight
         need_x, need_t = ctx.needs_input_grad[:2]
-        grad_x = (x - t) / (x * (1 - x)).clamp(min=1e-12) * scale if need_x else None  # torch's clamp, too
+        grad_x = (x - t) / (x * (1 - x)).clamp(min=EPSILON) * scale if need_x else None  # torch's clamp, too
         grad_t = -(torch.log(x) - torch.log1p(-x)) * scale if need_t else None
         return grad_x, grad_t
 
@@ -300,7 +304,7 @@ class BinaryCrossEntropyWithLogits(Function):
 
 @register(F.kl_div)
 class KlDiv(Function):
-    """l = t (log t - x)  ->  dl/dx = -t, dl/dt = log t + 1 - x;   log_target: l = e^t (t - x)
+    """l = t (log t - x)  ->  dl/dx = -t, dl/dt = log t + 1 - x (NaN at t = 0);   log_target: l = e^t (t - x)
     ->  dl/dx = -e^t, dl/dt = e^t (t - x + 1)"""
 
     @staticmethod
@@ -321,7 +325,10 @@ class KlDiv(Function):
         grad_x = (-p * scale).expand(shape) if need_x else None  # a broadcast target still reaches every x
         if not need_t:
             return grad_x, None
-        grad_t = p * (t - x + 1) if ctx.log_target else torch.log(t) + 1 - x
+        if ctx.log_target:
+            grad_t = p * (t - x + 1)
+        else:  # torch differentiates xlogy(t, t): its t / t is 0 / 0 at t = 0, NaN (not log 0 = -inf)
+            grad_t = torch.where(t == 0, torch.nan, torch.log(t) + 1 - x)
         return grad_x, grad_t * scale
 
 

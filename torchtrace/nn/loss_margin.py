@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torchtrace.autograd.function import Function, register
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.nn.distance import pairwise_distance_vjp
-from torchtrace.nn.loss import _reduction, _refuse_grad, _scale, aten_twin
+from torchtrace.nn.loss import EPSILON, _reduction, _refuse_grad, _scale, aten_twin
 from torchtrace.nn.module import Module
 
 
@@ -45,7 +45,7 @@ class CosineEmbedding(_PairLoss):
     def backward(ctx, g):
         x1, x2, y = ctx.saved_tensors
         dim = y.dim()  # the feature dim: 1 for (N, D) inputs, 0 for (D,)
-        m1, m2 = (x1 * x1).sum(dim) + 1e-12, (x2 * x2).sum(dim) + 1e-12
+        m1, m2 = (x1 * x1).sum(dim) + EPSILON, (x2 * x2).sum(dim) + EPSILON
         denom = (m1 * m2).sqrt()
         cos = (x1 * x2).sum(dim) / denom
         slope = torch.where(y == 1, -1.0, ((y == -1) & (cos - ctx.margin >= 0)).to(cos.dtype))  # cos's dtype

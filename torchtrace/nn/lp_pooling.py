@@ -4,8 +4,9 @@
     ->  dx_i = p x_i^(p-1) * avgpool_adjoint( K (1/p) u^(1/p - 1) g )_i
 
 (K: kernel volume; D_q: the window's size, smaller than K only for ceil_mode windows past the edge.) torch
-passes the average through sign(u) relu(|u|), whose derivative is 0 where u = 0: an all-zero window sends
-no gradient (not the infinite slope of u^(1/p) there), as here.
+passes the average through sign(u) relu(|u|), whose derivative is sign(u)^2 where u != 0 and 0 at u = 0: an
+all-zero window sends no gradient (not the infinite slope of u^(1/p) there), as here; nor, for p = 1, does one
+holding a NaN (torch.sign(NaN) is 0).
 """
 import math
 
@@ -19,7 +20,7 @@ from torchtrace.nn.pooling import avg_pool_adjoint
 
 
 class LPPool(Function):
-    """y_q = (K avg_q(x^p))^(1/p)  ->  dx = p x^(p-1) avgpool_adjoint(K (1/p) u^(1/p - 1) g), 0 where u = 0"""
+    """y_q = (K avg_q(x^p))^(1/p)  ->  dx = p x^(p-1) avgpool_adjoint(K (1/p) u^(1/p - 1) sign(u)^2 g), 0 at u = 0"""
 
     op = staticmethod(F.lp_pool2d)
     dims = 2
@@ -39,7 +40,9 @@ class LPPool(Function):
         x, y = ctx.saved_tensors
         p, volume = ctx.p, math.prod(ctx.kernel)
         u = y.pow(p)  # K avg(x^p), recomputed from y
-        du = torch.where(u != 0, g * (volume / p) * u.pow(1 / p - 1), 0.0)
+        # sign(u)^2, as torch's chain through sign(u) relu(|u|) multiplies it in: 0 for a NaN window (torch.sign(NaN)
+        # is 0: the gradient is then 0 for p = 1, where NaN^0 = 1, and NaN otherwise, as torch's)
+        du = torch.where(u != 0, g * (volume / p) * u.pow(1 / p - 1) * u.sign().square(), 0.0)
         dpow = avg_pool_adjoint(du, ctx.shape, ctx.kernel, ctx.stride, (0,) * ctx._rule.dims)
         return dpow * p * x.pow(p - 1) if p != 0 else torch.zeros_like(x)
 
