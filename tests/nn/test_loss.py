@@ -310,3 +310,22 @@ def test_kl_divs_target_gradient_at_a_zero_target_is_torchs_nan():
     for ours, theirs in zip(*grads):
         torch.testing.assert_close(ours, theirs, rtol=1e-14, atol=0, equal_nan=True)
     assert grads[0][1][0].isnan() and tt.gradcheck(lambda t: F.kl_div(x0[1:], t, reduction="sum"), t0[1:])
+
+
+@pytest.mark.parametrize("loss, option", [(F.smooth_l1_loss, {"beta": 0.5}), (F.smooth_l1_loss, {"beta": 1.0}),
+                                          (F.huber_loss, {"delta": 0.5}), (F.huber_loss, {"delta": 1.0})],
+                         ids=["smooth_l1 0.5", "smooth_l1 1", "huber 0.5", "huber 1"])
+def test_smooth_l1_and_huber_second_derivatives_at_their_kinks_are_torchs(loss, option):
+    """At |x - t| = beta (delta) both branches give the same first derivative; torch's second derivative there is 0
+    (its mask is |d| < beta), where a clamp's inclusive mask gave 1 / beta. First and second derivatives bit for bit
+    at the kinks, inside and outside."""
+    x0 = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.2, 3.0, -2.0, 0.0], dtype=torch.float64)
+    results = []
+    for make, grad in ((lambda t: tt.as_tracer(t.clone(), requires_grad=True), tt.grad),
+                       (lambda t: t.clone().requires_grad_(), torch.autograd.grad)):
+        x, t = make(x0), make(torch.zeros(8, dtype=torch.float64))
+        first = grad(loss(x, t, **option), [x, t], create_graph=True)
+        second = grad(sum((g * g).sum() for g in first), [x, t])
+        results.append([g.detach().as_subclass(torch.Tensor) for g in (*first, *second)])
+    for ours, theirs in zip(*results):
+        assert torch.equal(ours, theirs)

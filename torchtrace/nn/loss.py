@@ -158,10 +158,11 @@ pointwise_loss("L1Loss", F.l1_loss, "l = |x - t|  ->  dl/dx = sign(x - t), dl/dt
                torch.sign, mean_over_weights=True)
 pointwise_loss("SmoothL1Loss", F.smooth_l1_loss,
                "l = d^2 / 2b if |d| < b else |d| - b/2, d = x - t  ->  dl/dx = clamp(d / b, -1, 1), dl/dt = -dl/dx",
-               lambda d, beta: (d / beta).clamp(-1, 1) if beta > 0 else torch.sign(d), mean_over_weights=False)
+               lambda d, beta: torch.where(d.abs() < beta, d / beta, torch.sign(d)) if beta > 0 else torch.sign(d),
+               mean_over_weights=False)  # (where, not clamp: no second derivative at |d| = b, as torch's)
 pointwise_loss("HuberLoss", F.huber_loss,
                "l = d^2 / 2 if |d| <= delta else delta (|d| - delta/2), d = x - t  ->  dl/dx = clamp(d, -delta, delta)",
-               lambda d, delta: d.clamp(-delta, delta), mean_over_weights=False)
+               lambda d, delta: torch.where(d.abs() < delta, d, delta * torch.sign(d)), mean_over_weights=False)
 
 
 def _class_coefficients(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
