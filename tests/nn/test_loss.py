@@ -310,6 +310,9 @@ def test_kl_divs_target_gradient_at_a_zero_target_is_torchs_nan():
     for ours, theirs in zip(*grads):
         torch.testing.assert_close(ours, theirs, rtol=1e-14, atol=0, equal_nan=True)
     assert grads[0][1][0].isnan() and tt.gradcheck(lambda t: F.kl_div(x0[1:], t, reduction="sum"), t0[1:])
+    x, t = (tt.as_tracer(v.clone(), requires_grad=True) for v in (x0, t0))  # d/dx of dl/dt = -1, at t = 0 too (torch)
+    _, grad_t = tt.grad(F.kl_div(x, t, reduction="sum"), (x, t), create_graph=True)
+    assert tt.grad(grad_t.sum(), x)[0].tolist() == [-1.0, -1.0, -1.0]
 
 
 @pytest.mark.parametrize("loss, option", [(F.smooth_l1_loss, {"beta": 0.5}), (F.smooth_l1_loss, {"beta": 1.0}),

@@ -342,3 +342,19 @@ def test_the_permutation_of_an_lu_needs_no_gradient_as_torchs():
         assert [t.requires_grad for t in (p, lower, upper, *unpacked)] == [False, True, True, False, True, True]
         (lower.sin().sum() + upper.pow(2).sum() + unpacked[1].sum()).backward()
     torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)
+
+
+def test_the_second_derivative_of_det_at_a_singular_matrix_whose_det_rounds_to_a_tiny_number_is_exact():
+    """[[.1, .2, .3], [.4, .5, .6], [.7, .8, .9]] is singular, but its det comes out 3.3e-18: the regular formula
+    d A^-T then cancels ~1e18 against ~1e-18 in its derivative, and d(dA[0, 0])/dA was [.03, -.375, .19, ...] for the
+    exact [0, 0, 0, 0, .9, -.8, 0, -.6, .5] (the cofactor a11 a22 - a12 a21 differentiated). With create_graph a 3x3
+    takes the polynomial cofactor; the first derivative agrees with torch's."""
+    a0 = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6], [0.7, 0.8, 0.9]], dtype=torch.float64)
+    a = tt.as_tracer(a0.clone(), requires_grad=True)
+    (g,) = tt.grad(linalg.det(a), a, create_graph=True)
+    (second,) = tt.grad(g[0, 0], a)
+    exact = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.9, -0.8], [0.0, -0.6, 0.5]], dtype=torch.float64)
+    torch.testing.assert_close(second.as_subclass(torch.Tensor), exact, rtol=0, atol=1e-15)
+    ref = a0.clone().requires_grad_()
+    (theirs,) = torch.autograd.grad(linalg.det(ref), ref)
+    torch.testing.assert_close(g.detach().as_subclass(torch.Tensor), theirs, rtol=0, atol=1e-15)

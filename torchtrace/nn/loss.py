@@ -329,7 +329,7 @@ class KlDiv(Function):
         if ctx.log_target:
             grad_t = p * (t - x + 1)
         else:  # torch differentiates xlogy(t, t): its t / t is 0 / 0 at t = 0, NaN (not log 0 = -inf)
-            grad_t = torch.where(t == 0, torch.nan, torch.log(t) + 1 - x)
+            grad_t = torch.where(t == 0, torch.nan, torch.log(t)) + 1 - x
         return grad_x, grad_t * scale
 
 

@@ -148,8 +148,8 @@ class Det(Function):
         a, d = ctx.saved_tensors
         if a.shape[-1] == 0:
             return torch.zeros_like(a)
-        if bool((d == 0).any()):
-            return g.unsqueeze(-1).unsqueeze(-1) * cofactor(a)
+        if bool((d == 0).any()) or (torch.is_grad_enabled() and a.shape[-1] <= 3):  # with create_graph: the
+            return g.unsqueeze(-1).unsqueeze(-1) * cofactor(a)  # polynomial (d A^-T's second derivative cancels)
         return linalg.solve(a.mT, scaled_eye(g * d, a.shape[-1]))
 
 
