@@ -4,6 +4,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import torchtrace as tt
@@ -121,3 +122,21 @@ def test_every_tangent_rule_names_a_registered_gradient_rule():
     known = set(table.our_rules())
     assert set(table.TANGENTS) - known == set(), "tangent rules for unknown gradient rules (renamed?)"
     assert all(table.MATH[name] for name in table.TANGENTS)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_with_class_weights_and_smoothing_on_k_dim_inputs_has_torch_funcs_tangent(reduction):
+    """(N, C, d1, d2) logits with class weights and label smoothing: the 'mean' denominator read each target's weight
+    with gather, which wants a 1-D target (it raised "Index tensor must have the same number of dimensions"); now the
+    tangent of torch.func.jvp, also for 2-D inputs and all-zero weights."""
+    torch.manual_seed(0)
+    x, v = torch.randn(2, 4, 3, 2, dtype=torch.float64), torch.randn(2, 4, 3, 2, dtype=torch.float64)
+    target = torch.tensor([[[0, 1], [2, 3], [1, 1]], [[3, 2], [0, 0], [2, 1]]])
+    for weight in (torch.tensor([1.0, 0.0, 2.0, 0.5], dtype=torch.float64), torch.zeros(4, dtype=torch.float64)):
+        for inputs in ((x, v, target), (x[:, :, 0, 0], v[:, :, 0, 0], target[:, 0, 0])):
+            def f(z, t=inputs[2]):
+                return F.cross_entropy(z, t, weight=weight, ignore_index=2, label_smoothing=0.1, reduction=reduction)
+
+            ours = tt.jvp(f, (inputs[0],), (inputs[1],))[1]
+            theirs = torch.func.jvp(f, (inputs[0],), (inputs[1],))[1]
+            torch.testing.assert_close(ours.as_subclass(torch.Tensor), theirs, rtol=1e-12, atol=1e-14, equal_nan=True)

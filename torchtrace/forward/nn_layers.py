@@ -142,8 +142,8 @@ def _cross_entropy(x: torch.Tensor, target: torch.Tensor, weight: Any = None, si
     kept = (target != ignore_index).unsqueeze(dim)
     smooth = -((logp * w if w is not None else logp) * kept).sum(dim)
     if reduction == "mean":
-        denominator = (weight.gather(0, target.masked_fill(target == ignore_index, 0)) * kept.squeeze(dim)).sum() \
-            if weight is not None else kept.sum()
+        denominator = (weight[target.masked_fill(target == ignore_index, 0)] * kept.squeeze(dim)).sum() \
+            if weight is not None else kept.sum()  # (indexing: targets of any shape, (N, d1, ...) too)
         smooth = smooth.sum() / denominator
     else:
         smooth = _reduce(smooth, reduction)
