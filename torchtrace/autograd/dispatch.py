@@ -11,10 +11,12 @@ from torchtrace.autograd.inplace import (
     RESHAPING,
     catch_up,
     inplace_requested,
+    overlapping,
     record_inplace,
     record_inplace_flag,
     refuse_no_grad_view,
     remember_base,
+    write_into_part,
 )
 from torchtrace.autograd.kept_values import kept_output
 from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node, keep_values, leaf_accumulator, link_output
@@ -58,14 +60,14 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
         return record_inplace_flag(tracer_type, rule, func, *call, run_rule)
     with plain_torch():
         edges, torch_leaf, needs = _grad_edges(tracer_type, rule, args, kwargs) if _grad_enabled() else ((), 0, 0)
+        if kwargs and kwargs.get("out") is not None and (edges or _grad_enabled() and wants_gradient(kwargs["out"])):
+            raise UnsupportedOperationError(  # (an out= that requires grad would lose its graph: its data is replaced)
+                f"{callable_name(func) if func else rule.__name__ + '.apply'}: out= cannot be recorded (no gradient "
+                "can flow into a preallocated output) — assign the result instead, or run the call under tt.no_grad()")
         if not edges:
             out = func(*call[0], **call[1]) if func is not None and not rule.forward_when_not_recording else \
                 rule.forward(Context(rule), *args, **kwargs)
             return _as_tracers(out, tracer_type, args)
-        if kwargs and kwargs.get("out") is not None:
-            raise UnsupportedOperationError(
-                f"{callable_name(func) if func else rule.__name__ + '.apply'}: out= cannot be recorded (no gradient "
-                "can flow into a preallocated output) — assign the result instead, or run the call under tt.no_grad()")
         node = Node(rule, Context(rule, edges, needs), edges, func, STATE.module_stack)
         if func is None:  # Function.apply: backward must return one gradient per argument, as torch checks, and
             n = node.ctx._n_inputs = len(args) + len(kwargs)  # a user's forward reads one flag per argument
@@ -260,8 +262,12 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
     recording = _grad_enabled() and (wants_gradient(args) or wants_gradient(kwargs))
     if args and (func in INPLACE or _is_inplace(func)):
         refuse_no_grad_view(args[0])
+        if isinstance(args[0], torch.Tensor) and not _has_floating(args[0]):
+            recording = False  # an integer or bool destination holds no gradient: the values are cast, as torch's
     if recording and func not in INPLACE and func not in NON_DIFFERENTIABLE and _is_inplace(func):
         _refuse(func)  # before torch changes the argument
+    if recording and func is torch.Tensor.__setitem__ and getattr(args[0], "_tt_view", False) and overlapping(args[0]):
+        return write_into_part(*args[:3])  # e = b.expand(3); e[0] = v writes e[0] alone
     if recording and func in INPLACE:
         rule, twin = INPLACE[func]
         # x gets its new data from func itself, except where forward drew random numbers: a second draw would give x

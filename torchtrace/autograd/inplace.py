@@ -119,6 +119,8 @@ def record_inplace(tracer_type: type, target: Any, name: str, compute: Callable,
     if target._tt_requires_grad and target._tt_node is None:
         raise RuntimeError(f"{name}: a leaf tracer that requires grad is used in an in-place operation. Do it "
                            "under tt.no_grad() (as optimizers do), or use the out-of-place form.")
+    if target._tt_view and not reshapes and not name.endswith(_ORDER_FREE) and overlapping(target):
+        raise _shared_elements(name, target)
     # a view up to date with its base is read by the op's other arguments through its own node (its hooks), as torch
     if reshapes and target._tt_view:
         catch_up(target, tracer_type, record)  # (a view whose base changed since: its value from the base first)
@@ -146,6 +148,49 @@ def record_inplace(tracer_type: type, target: Any, name: str, compute: Callable,
     _move_retained(*previous, changed)
     if base is not None and old_node is not None and old_nr in (old_node.retained or {}):
         catch_up(target, tracer_type, record)  # a retained view: .grad is now that of its new value, a view of the base
+    return target
+
+
+def overlapping(t: torch.Tensor) -> bool:
+    """Do two elements of t share one memory location (an expand, unfold or as_strided view)? torch answers 0 (no),
+    1 (yes) or 2 (too hard to say); then: dims sorted by stride, each stride past the reach of the smaller ones means
+    no; else the positions themselves are counted."""
+    with plain_torch():
+        answer = torch._debug_has_internal_overlap(t)
+        if answer != 2:
+            return answer == 1
+        reach = 0
+        for stride, size in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n > 1):
+            if stride <= reach:
+                positions = torch.arange(1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())))
+                return positions.as_strided(t.shape, t.stride()).unique().numel() < t.numel()
+            reach += (size - 1) * stride
+        return False
+
+
+# in-place ops that write one number into every element: on a view whose elements share memory, order does not matter
+_ORDER_FREE = ("fill_", "zero_")
+
+
+def _shared_elements(name: str, view: torch.Tensor) -> RuntimeError:
+    with plain_torch():
+        shape, strides = tuple(view.shape), view.stride()
+    return RuntimeError(f"{name} writes into a view of shape {shape} and strides {strides} whose elements share memory "
+                        "(an expand, unfold or as_strided view): torch writes such elements one after another, so the "
+                        "result depends on that order, and torchtrace cannot follow its gradient. Write into a copy "
+                        "(v = v.clone()), or use the out-of-place form (x.unfold(0, 2, 1).relu()).")
+
+
+def write_into_part(target: torch.Tensor, index: Any, value: Any) -> torch.Tensor:
+    """target[index] = value where target's elements share memory (e = b.expand(3); e[0] = v): written into the part
+    target[index] alone, as torch writes it, when that part is a view whose elements do not share memory."""
+    part = target[index]  # through the tracer's dispatch: recorded, a view of the same base for basic indexing
+    if not part._tt_view or isinstance(value, torch.Tensor) and overlapping(part):
+        raise _shared_elements("torch.Tensor.__setitem__", target)
+    if isinstance(value, torch.Tensor):
+        part.copy_(value)
+    else:  # one number into every element: the same whatever the order
+        part.fill_(value)
     return target
 
 
