@@ -169,6 +169,11 @@ CASES = {
     "torch.scatter_add repeats": (lambda x, s: torch.scatter_add(x, 1, ints(1, 1, 0, 1, 1, 1).reshape(2, 3), s),
                                   (3, 4), (2, 3)),
     "Tensor.scatter_add": (lambda x, s: x.scatter_add(0, ints(2, 2, 0, 0).reshape(1, 4), s), (3, 4), (1, 4)),
+    "Tensor.scatter_add 0-d src": (lambda x, s: x.scatter_add(0, ints(1), s), (3,), ()),
+    "torch.scatter 0-d src": (lambda x, s: torch.scatter(x, 0, ints(2), s), (3,), ()),
+    "Tensor.scatter_reduce 0-d src, empty index": (
+        lambda x, s: x.scatter_reduce(0, torch.zeros(0, dtype=torch.long), s, "sum"), (3,), ()),
+    "Tensor.scatter_reduce prod 0-d src": (lambda x, s: x.scatter_reduce(-1, ints(1), s, "prod"), (3,), ()),
     "torch.scatter_reduce sum": (lambda x, s: torch.scatter_reduce(x, 1, ints(3, 3, 1).reshape(1, 3), s, "sum"),
                                  (3, 4), (1, 3)),
     "Tensor.scatter_reduce without self": (

@@ -54,9 +54,12 @@ def match_dims(g: torch.Tensor, dims: int) -> torch.Tensor:
 
 
 def fit(g: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """g padded with zeros at the end of each dim up to `shape` (scatter reads only the front of a large src)."""
+    """g padded with zeros at the end of each dim up to `shape` (scatter reads only the front of a large src); a 0-dim
+    src, which torch reads as its one element, gets the sum of g (its one element, or 0 where the index is empty)."""
     if tuple(g.shape) == tuple(shape):
         return g
+    if len(shape) == 0:
+        return g.sum()
     return embed(g, shape, tuple(slice(0, n) for n in g.shape))
 
 
@@ -500,8 +503,8 @@ class ScatterReduce(Function):
     @staticmethod
     def backward(ctx, g):
         x, src, y, index = ctx.saved_tensors
-        if src.shape != index.shape:  # only the front of a larger src is read
-            src = src[tuple(slice(0, n) for n in index.shape)]
+        if src.shape != index.shape:  # only the front of a larger src is read (a 0-dim src: its one element)
+            src = (src.reshape([1] * index.dim()) if src.dim() == 0 else src)[tuple(slice(0, n) for n in index.shape)]
         at = Along(ctx.dim, index, whole_slices=False)
         dx, dsrc = slot_reduce_grads(at, ctx.reduce, ctx.include_self, g, x, src, y,
                                      lambda a, b: a.scatter_reduce(ctx.dim, index, b, "prod",
