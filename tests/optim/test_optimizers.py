@@ -142,6 +142,21 @@ def test_foreach_with_a_tensor_lr_is_refused_as_torch_refuses_it():
         run(optimizer, params, 1)
 
 
+@pytest.mark.parametrize("name, options", [("Adam", {}), ("AdamW", {}), ("Adam", {"weight_decay": 0.1}),
+                                           ("Adagrad", {"lr_decay": 0.01}), ("SGD", {"momentum": 0.9})])
+def test_a_tensor_lr_updates_as_torchs_bit_for_bit(name, options):
+    """torch computes lr / (1 - beta1^t) (Adagrad's lr / (1 + (t - 1) lr_decay), AdamW's 1 - lr wd) in the tensor's
+    float32; float(lr) first made it float64 arithmetic: 1 ulp off in a few steps."""
+    init = initial_values()
+    sides = []
+    for module, params in ((tto, tracers(init)), (torch.optim, torch_leaves(init))):
+        optimizer = getattr(module, name)(params, lr=torch.tensor(0.1), **options)
+        run(optimizer, params, 8)
+        sides.append([as_plain(p) for p in params])
+    for ours, theirs in zip(*sides):
+        assert torch.equal(ours, theirs)
+
+
 def test_foreach_skips_a_group_without_gradients_as_torch():
     init = initial_values()
     sides = []

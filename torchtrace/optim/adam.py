@@ -74,7 +74,8 @@ class Adam(Optimizer):
                 state["max_exp_avg_sq"] = torch.zeros_like(param)
 
     def update(self, param: torch.Tensor, grad: torch.Tensor, state: Dict[str, Any], group: Dict[str, Any]) -> None:
-        lr, (beta1, beta2), weight_decay = float(group["lr"]), group["betas"], group["weight_decay"]
+        # a tensor lr stays one: torch computes lr / (1 - beta1^t) and 1 - lr wd in its dtype
+        lr, (beta1, beta2), weight_decay = group["lr"], group["betas"], group["weight_decay"]
         self.first_state(param, state, group)
         step = next_step(state)
         decoupled = group["decoupled_weight_decay"]
