@@ -125,9 +125,21 @@ def test_check_uses_finite_differences_where_torch_cannot_differentiate():
     (lambda x: tt.gradcheck(lambda t: 1.0, x), "tt.gradcheck: the function returned no tensor"),
     (lambda x: tt.gradcheck(lambda t: t * 2, torch.tensor([1, 2])), "at least one floating-point tensor input"),
     (lambda x: tt.gradcheck(lambda t: t * 2, x, eps=0), "eps"),
+    (lambda x: tt.check(lambda t: t * 2, torch.tensor([1, 2])), "tt.check compared no gradient"),
+    (lambda x: tt.check(lambda: torch.ones(2)), "tt.check compared no gradient"),
 ])
 def test_a_check_of_nothing_is_refused_rather_than_reported_as_passed(call, message):
     """Each of these reported a pass (ok over 0 graph nodes, or True) without comparing anything; eps=0 divided by
     zero. torch's gradcheck refuses inputs that need no gradient the same way."""
     with pytest.raises(ValueError, match=message):
         call(torch.tensor([1.0, 2.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("call", [lambda f, x: tt.check(f, x, check_inputs=x),
+                                  lambda f, x: tt.compile(f, x, check_inputs=x),
+                                  lambda f, x: tt.check(f, x, check_inputs=[x])],
+                         ids=["check given a tensor", "compile given a tensor", "check given a tensor entry"])
+def test_check_inputs_given_a_tensor_is_named(call):
+    """A tensor was iterated row by row as if each row were a call's arguments (or failed on its truth value)."""
+    with pytest.raises(TypeError, match=r"check_inputs.*\(check_inputs=\[\(x2,\), \(x3,\)\]\)"):
+        call(lambda t: t * 2, torch.rand(3, 2, dtype=torch.float64))

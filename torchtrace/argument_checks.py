@@ -3,7 +3,9 @@
 the argument; a value of the wrong kind is a TypeError, one out of range a ValueError (as Python's own range())."""
 import math
 import numbers
-from typing import Any
+from typing import Any, List
+
+import torch
 
 
 def integer(tool: str, name: str, value: Any) -> int:
@@ -26,3 +28,20 @@ def positive(tool: str, name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value > 0):
         raise ValueError(f"{tool}: {name} must be a finite number above 0, not {value!r}")
     return float(value)
+
+
+def input_tuples(tool: str, value: Any, single_tensor_entries: bool) -> List[Any]:
+    """check_inputs: a list (or tuple) with the arguments of each further call, else a TypeError (a tensor here would be
+    iterated row by row as if each row were a call's arguments). `single_tensor_entries`: an entry may be a lone tensor
+    (one argument), as the tool's example inputs may be."""
+    if value is None:
+        return []
+    example = "check_inputs=[(x2,), (x3,)]"
+    if isinstance(value, torch.Tensor) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"{tool}: check_inputs is a list of argument tuples, one per further call ({example}), "
+                        f"not a {type(value).__name__}")
+    for i, entry in enumerate(value):
+        if not isinstance(entry, (list, tuple)) and not (single_tensor_entries and isinstance(entry, torch.Tensor)):
+            raise TypeError(f"{tool}: check_inputs[{i}] is a {type(entry).__name__}; each entry is the tuple of one "
+                            f"call's arguments ({example})")
+    return list(value)

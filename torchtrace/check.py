@@ -3,6 +3,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from torchtrace.argument_checks import input_tuples
 from torchtrace.autograd import engine
 from torchtrace.autograd.node import Context, Node, gradient_for
 from torchtrace.autograd.plain import plain_torch
@@ -43,8 +44,13 @@ class CheckReport:
 def check(fn: Callable, *inputs: Any, check_inputs: Optional[Sequence[Sequence[Any]]] = None,
           rtol: float = 1e-5, atol: float = 1e-6) -> CheckReport:
     """Run fn on tracers and under torch autograd; compare outputs and every input gradient."""
-    reports = [_check_once(fn, args, rtol, atol) for args in [inputs, *(check_inputs or [])]]
+    further = input_tuples("tt.check", check_inputs, single_tensor_entries=False)
+    reports = [_check_once(fn, args, rtol, atol) for args in [inputs, *further]]
     total = reports[0]
+    if total.n_gradients == 0 and total.n_captured == 0:
+        raise ValueError("tt.check compared no gradient: fn took no floating-point tensor input and used no tensor "
+                         "that requires grad. Pass the tensors to differentiate as inputs (floating point), or call "
+                         "a ported model inside fn (its parameters are then checked)")
     for extra in reports[1:]:
         total.n_nodes += extra.n_nodes
         if extra.reference != total.reference:

@@ -583,3 +583,15 @@ def test_a_handle_removed_twice_removes_its_own_registration_only(lib):
         handle.remove()
     y.sum().backward()
     assert calls == ["pre", "post", "accumulated"]
+
+
+def test_grad_of_a_dict_of_inputs_is_a_dict_of_the_same_keys_as_torchs():
+    """tt.grad(out, dict(model.named_parameters())): the dict's keys were taken as the inputs."""
+    model = torch.nn.Linear(3, 2).double()
+    ported = tt.port(copy.deepcopy(model))
+    x = torch.rand(4, 3, dtype=torch.float64)
+    expected = torch.autograd.grad((model(x) ** 2).sum(), dict(model.named_parameters()))
+    got = tt.grad((ported(x) ** 2).sum(), dict(ported.named_parameters()))
+    assert list(got) == list(expected) == ["weight", "bias"]
+    for name in expected:
+        torch.testing.assert_close(got[name].as_subclass(torch.Tensor), expected[name])

@@ -75,10 +75,14 @@ def backward(tensors: Tensors, grad_tensors: Optional[Tensors] = None, retain_gr
 
 def grad(outputs: Tensors, inputs: Tensors, grad_outputs: Optional[Tensors] = None, retain_graph: Optional[bool] = None,
          create_graph: bool = False, allow_unused: Optional[bool] = None, is_grads_batched: bool = False,
-         materialize_grads: bool = False) -> Tuple[Optional[torch.Tensor], ...]:
+         materialize_grads: bool = False) -> Any:
     """Return d(outputs)/d(inputs) * grad_outputs without touching any `.grad`. `is_grads_batched`: each
     grad_outputs has a leading batch dimension; one backward per row, the results stacked (torch vmaps it).
-    `materialize_grads`: zeros instead of None for an input the outputs do not depend on (allow_unused implied)."""
+    `materialize_grads`: zeros instead of None for an input the outputs do not depend on (allow_unused implied).
+    `inputs` a dict (dict(model.named_parameters())): the gradients in a dict of the same keys, as torch's."""
+    if type(inputs) is dict:
+        return dict(zip(inputs, grad(outputs, tuple(inputs.values()), grad_outputs, retain_graph, create_graph,
+                                     allow_unused, is_grads_batched, materialize_grads)))
     if materialize_grads and allow_unused is False:
         raise ValueError("Expected allow_unused to be True or not passed when materialize_grads=True, but got: "
                          "allow_unused=False.")

@@ -5,7 +5,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from torchtrace.argument_checks import count
+from torchtrace.argument_checks import count, input_tuples
 from torchtrace.autograd.node import saved_tensor_hooks
 from torchtrace.autograd.state import STATE
 from torchtrace.compiler.checking import argument_names, compare_with_eager, flat_tensors
@@ -35,7 +35,7 @@ class Compiled:
         self.last_path: List[Statement] = []
         self.lock = threading.RLock()  # one call at a time: a call reads the trie another may grow
         self.warned = self.warned_eager = False
-        for inputs in check_inputs or ():
+        for inputs in input_tuples("tt.compile", check_inputs, single_tensor_entries=True):
             self.check(*_as_args(inputs), tolerance=check_tolerance)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
