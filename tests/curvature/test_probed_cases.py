@@ -186,6 +186,25 @@ BAD_CALLS = {
                                 "flat vector of the 15 parameter elements"),
     "vector(5) of 1": (lambda m, b, f: tt.spectrum(f, m, b, k=1).vector(5), IndexError, "counts the 1 eigenvectors"),
     "project([])": (lambda m, b, f: tt.landscape(f, m, b, dims=1, steps=2).project([]), ValueError, "at least one"),
+    "project(3)": (lambda m, b, f: tt.landscape(f, m, b, dims=1, steps=2).project(3), ValueError,
+                   "a list of the checkpoints"),
+    "project a flat vector of the wrong length": (
+        lambda m, b, f: tt.landscape(f, m, b, dims=1, steps=2).project([torch.ones(5)]), ValueError,
+        r"a flat checkpoint has one entry per parameter element \(15\), not 5"),
+    "project a parameter list without the bias": (
+        lambda m, b, f: tt.landscape(f, m, b, dims=1, steps=2).project([[m.weight.detach()]]), ValueError,
+        r"a checkpoint given per parameter has one tensor for each of the 2 parameters \['weight', 'bias'\], not 1"),
+    "project a number": (lambda m, b, f: tt.landscape(f, m, b, dims=1, steps=2).project([3]), TypeError,
+                         "a checkpoint is a flat tensor or one tensor per parameter"),
+    "filter-normalized directions of 1-D parameters only": (
+        lambda m, b, f: tt.landscape(f, tt.port(nn.LayerNorm(4).to(DTYPE)), b, steps=2), ValueError,
+        r"every parameter moved \(weight, bias\) is 1-D.*directions='eigen'"),
+    "eigen directions of more dims than parameter elements": (
+        lambda m, b, f: tt.landscape(quadratic, tt.port(Quadratic(1)), torch.eye(1, dtype=DTYPE), directions="eigen",
+                                     dims=2, steps=2), ValueError, "dims=2 needs 2 eigenvectors.*1 element.*dims=1"),
+    "a batch holding NaN": (
+        lambda m, b, f: tt.spectrum(f, m, (b[0].index_fill(0, torch.tensor([2]), float("nan")), b[1]), k=1),
+        ValueError, r"tt.spectrum: the Hessian-vector product on batch 0 is not finite \(its loss is nan\)"),
 }
 
 

@@ -56,16 +56,15 @@ class Landscape:
             missing = [n for n in self.names if n not in checkpoint]
             if missing:
                 raise KeyError(f"checkpoint has no {missing[0]}: pass model.state_dict() copies (or parameter lists)")
-            return self._loss.flatten([checkpoint[n] for n in self.names])
-        if isinstance(checkpoint, torch.Tensor):
-            return plain(checkpoint).reshape(-1).to(self._loss.dtype)
-        return self._loss.flatten(list(checkpoint))
+            checkpoint = tuple(checkpoint[n] for n in self.names)
+        return _flat_vector(checkpoint, self._loss, "checkpoint")
 
     def project(self, path: Sequence[Any]) -> torch.Tensor:
         """The coordinates (points × directions) of checkpoints (state dicts, parameter lists or flat vectors):
         least squares c = argmin ‖D c − (θ_t − θ*)‖."""
-        if len(path) == 0:
-            raise ValueError("project takes the checkpoints to place on the landscape: at least one")
+        if not isinstance(path, (list, tuple)) or len(path) == 0:
+            raise ValueError("project takes a list of the checkpoints to place on the landscape (state dicts, "
+                             f"parameter lists or flat vectors): at least one, not {path!r:.60}")
         offsets = torch.stack([self._flat_point(c) - self._origin for c in path])
         return torch.linalg.lstsq(self._flat.T, offsets.T).solution.T
 
@@ -112,8 +111,15 @@ def _directions(directions: Union[str, List[Any]], loss: ModelLoss, dims: int, s
             raise ValueError(f"tt.landscape: directions must be one of {DIRECTIONS} or a list of directions, "
                              f"not {directions!r}")
         if directions == "eigen":
+            if dims > loss.numel:
+                raise ValueError(f"tt.landscape: directions='eigen' with dims={dims} needs {dims} eigenvectors, and "
+                                 f"the parameters moved have {loss.numel} element(s): use dims=1")
             return spectrum(loss_fn, model, data, k=dims, module=module, seed=seed,
                             progress=loss.show_progress).eigenvectors
+        if all(len(shape) <= 1 for shape in loss.shapes):
+            raise ValueError(f"tt.landscape: every parameter moved ({', '.join(loss.names)}) is 1-D, and "
+                             "filter-normalized directions leave 1-D parameters still (0), so the landscape would be "
+                             "flat: pass directions='eigen' or directions of your own")
         generator = torch.Generator().manual_seed(seed)
         return torch.stack([filter_normalized(loss, generator) for _ in range(dims)])
     if not isinstance(directions, (list, tuple)):
@@ -121,28 +127,28 @@ def _directions(directions: Union[str, List[Any]], loss: ModelLoss, dims: int, s
                         f"{type(directions).__name__}")
     if len(directions) != dims:
         raise ValueError(f"tt.landscape: {dims} dims need {dims} directions, got {len(directions)}")
-    return torch.stack([_flat_direction(d, loss) for d in directions])
+    return torch.stack([_flat_vector(d, loss, "direction") for d in directions])
 
 
-def _flat_direction(direction: Any, loss: ModelLoss) -> torch.Tensor:
-    """A given direction as one flat vector: a flat tensor of one entry per parameter element, or one tensor per
-    parameter, each of its parameter's shape."""
-    if isinstance(direction, torch.Tensor):
-        if direction.numel() != loss.numel:
-            raise ValueError(f"tt.landscape: a flat direction has one entry per parameter element ({loss.numel}), "
-                             f"not {direction.numel()}")
-        return plain(direction).reshape(-1).to(loss.dtype)
-    if not isinstance(direction, (list, tuple)) or not all(isinstance(d, torch.Tensor) for d in direction):
-        raise TypeError("tt.landscape: a direction is a flat tensor or one tensor per parameter (a tuple), not "
-                        f"{type(direction).__name__}")
-    if len(direction) != len(loss.params):
-        raise ValueError(f"tt.landscape: a direction given per parameter has one tensor for each of the "
-                         f"{len(loss.params)} parameters {loss.names}, not {len(direction)}")
-    for name, d, shape in zip(loss.names, direction, loss.shapes):
+def _flat_vector(vector: Any, loss: ModelLoss, what: str) -> torch.Tensor:
+    """A given direction (or checkpoint) as one flat vector: a flat tensor of one entry per parameter element, or one
+    tensor per parameter, each of its parameter's shape."""
+    if isinstance(vector, torch.Tensor):
+        if vector.numel() != loss.numel:
+            raise ValueError(f"tt.landscape: a flat {what} has one entry per parameter element ({loss.numel}), "
+                             f"not {vector.numel()}")
+        return plain(vector).reshape(-1).to(loss.dtype)
+    if not isinstance(vector, (list, tuple)) or not all(isinstance(d, torch.Tensor) for d in vector):
+        raise TypeError(f"tt.landscape: a {what} is a flat tensor or one tensor per parameter (a tuple), not "
+                        f"{type(vector).__name__}")
+    if len(vector) != len(loss.params):
+        raise ValueError(f"tt.landscape: a {what} given per parameter has one tensor for each of the "
+                         f"{len(loss.params)} parameters {loss.names}, not {len(vector)}")
+    for name, d, shape in zip(loss.names, vector, loss.shapes):
         if d.shape != shape:
-            raise ValueError(f"tt.landscape: the direction's piece for {name} has shape {tuple(d.shape)}, the "
+            raise ValueError(f"tt.landscape: the {what}'s piece for {name} has shape {tuple(d.shape)}, the "
                              f"parameter {tuple(shape)}")
-    return loss.flatten(direction)
+    return loss.flatten(vector)
 
 
 def landscape(loss_fn: LossFn, model: torch.nn.Module, data: Any, directions: Union[str, List[Any]] =

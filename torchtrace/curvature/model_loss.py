@@ -171,10 +171,15 @@ class ModelLoss:
         vs = self.unflatten(v)
         total, count = None, 0
         with self.kept(), torch.enable_grad():  # (an HVP records, even inside the caller's no_grad)
-            for batch, n in self._passes():
-                products, _ = hvp_at(lambda: self._loss_of(batch), self.params, vs, self.method, "loss_fn")
+            for number, (batch, n) in enumerate(self._passes()):
+                products, passes = hvp_at(lambda: self._loss_of(batch), self.params, vs, self.method, "loss_fn")
                 with plain_torch():
                     flat = self.flatten(products) * n
+                    if not bool(flat.isfinite().all()):  # (eigh / the estimates would fail or mean nothing)
+                        raise ValueError(f"{self.tool}: the Hessian-vector product on batch {number} is not finite "
+                                         f"(its loss is {float(plain(passes.loss)):.6g}): look for NaN or inf in that "
+                                         "batch, in the parameters, or a loss that overflows (tt.detect_anomaly() "
+                                         "names the op)")
                     total = flat if total is None else total + flat
                 count += n
         with plain_torch():
