@@ -70,6 +70,8 @@ def _checked_tangents(primals: Any, tangents: Any) -> List[torch.Tensor]:
     for i, (p, t) in enumerate(zip(primals, tangents)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"tangents[{i}] is a {type(t).__name__}; pass a tensor shaped like primals[{i}]")
+        if not (t.is_floating_point() or t.is_complex()):  # (cast to the primal's dtype, 1 would stand for 1.0)
+            raise ValueError(f"tangents[{i}]: expected a floating-point tangent (as torch.func.jvp), got {t.dtype}")
         if isinstance(p, torch.Tensor) and t.shape != p.shape:
             raise ValueError(f"tangents[{i}] has shape {tuple(t.shape)}, primals[{i}] has {tuple(p.shape)}; "
                              "a tangent has its primal's shape")
