@@ -154,7 +154,7 @@ def test_jvp_without_a_tensor_primal_is_refused_as_torch_func():
 
 
 def test_jvp_refuses_an_integer_tangent_as_torch_func():
-    """It was cast to the primal's dtype (a tangent of ones for torch.ones(3, dtype=long)); torch.func.jvp refuses it."""
+    """It was cast to the primal's dtype (ones for torch.ones(3, dtype=long)); torch.func.jvp refuses it."""
     with pytest.raises(ValueError, match=r"tangents\[0\]: expected a floating-point tangent.*torch.int64"):
         tt.jvp(torch.sin, (torch.rand(3),), (torch.ones(3, dtype=torch.long),))
     with pytest.raises(ValueError, match="Expected tangent to be floating point"):

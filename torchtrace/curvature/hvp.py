@@ -158,7 +158,7 @@ def hvp(f: Callable[..., torch.Tensor], params: Tensors, v: Tensors, method: str
         if t.shape != p.shape:
             raise ValueError(f"v[{i}] has shape {tuple(t.shape)}, params[{i}] has {tuple(p.shape)}")
         if not (t.is_floating_point() or t.is_complex()):
-            raise ValueError(f"tt.hvp: v[{i}] must be a floating-point tensor (as torch.func's tangents), not {t.dtype}")
+            raise ValueError(f"tt.hvp: v[{i}] must be a floating-point tensor (as torch.func's tangent), not {t.dtype}")
     _checked(method, "tt.hvp")
     leaves = _leaves(primals, "params")
     vs = tuple(plain(t).to(p.dtype) for t, p in zip(vs, primals))
