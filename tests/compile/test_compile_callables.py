@@ -1,5 +1,6 @@
 """Callables that are a new object on every access (`x.T`'s getter, `Cls.apply`) are matched by what they are: a
-function that uses them takes one path, and its calls replay."""
+function that uses them takes one path, and its calls replay. So does a function that reads a view after its base
+changed in place (the view's version moved with its base's: it never matched, and every call added a path)."""
 import copy
 
 import pytest
@@ -10,12 +11,20 @@ from references import finite_differences, plain, torch_grads
 import torchtrace as tt
 from torchtrace.port import port
 
+def _view_read_after_its_base_changed(x, w):
+    h = x @ w.T
+    v = h[1]
+    h.mul_(2.0)
+    return (v * v).sum() + h.sum()
+
+
 FUNCTIONS = {
     "T": lambda x, w: (x @ w.T).tanh().sum(),
     "mT": lambda x, w: (x @ w.mT).tanh().sum(),
     "mH": lambda x, w: (x @ w.mH).tanh().sum(),
     "autograd.Function.apply": lambda x, w: TorchSquare.apply(x @ w.T).sum(),
     "tt.Function.apply": lambda x, w: Cube.apply(torch.tanh(x @ w.t())).sum(),
+    "a view read after its base changed": _view_read_after_its_base_changed,
 }
 CALLS = 6
 

@@ -185,8 +185,10 @@ class Run:
         bound = 0
         for a, (entry, source, needs) in zip(args, checks):
             if entry is TENSOR:
-                if isinstance(a, tracer):  # and not changed in place since it was made (eager's version check)
-                    ok = a._tt_requires_grad == needs and (a._tt_node is None or a._version == a._tt_version)
+                if isinstance(a, tracer):  # and not changed in place since it was made (eager's version check; a
+                    # view whose base changed is caught up by an EAGER statement's dispatch, as when it was recorded)
+                    ok = a._tt_requires_grad == needs and (a._tt_node is None or a._version == a._tt_version or (
+                        st.kind == EAGER and a._tt_view))
                 else:
                     ok = isinstance(a, T) and a.requires_grad == needs
                 if not ok:
