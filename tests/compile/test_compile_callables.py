@@ -11,6 +11,7 @@ from references import finite_differences, plain, torch_grads
 import torchtrace as tt
 from torchtrace.port import port
 
+
 def _view_read_after_its_base_changed(x, w):
     h = x @ w.T
     v = h[1]

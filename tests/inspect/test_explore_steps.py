@@ -158,6 +158,7 @@ CHECKED = {
     "sum(dtype=float16)": (lambda x: (x * x).sum(dtype=torch.float16), torch.tensor([1.5, -2.0, 0.3])),
     "values near 1e26": (lambda x: (x * x * 2e-26).sum(), torch.tensor([1e26, -3e26], dtype=torch.float64)),
     "float32 near 1e26": (lambda x: (x * 2.0).sum(), torch.tensor([1e26, -3e26])),
+    "float32 tanh near saturation": (lambda x: torch.tanh(x).sum(), torch.tensor([0.88, 3.0, 5.5, 12.0])),
 }
 
 
@@ -174,9 +175,10 @@ def test_check_agrees_for_correct_rules_across_casts_and_large_values(name):
     assert leaf.after == tt.inspect.explore.shown.tensor_text(reference.grad)  # torch autograd's gradient
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("scale", [1.0, 1e10, 1e-10])
-def test_check_catches_a_wrong_rule_at_any_scale(scale):
-    x = tt.tracer(torch.tensor([1.0, 3.0], dtype=torch.float64) * scale, requires_grad=True)
+def test_check_catches_a_wrong_rule_at_any_scale(scale, dtype):
+    x = tt.tracer(torch.tensor([1.0, 3.0], dtype=dtype) * scale, requires_grad=True)
     ex = tt.explore(lambda x: WrongSquare.apply(x).sum(), x)
     (step,) = [s for s in ex.steps if s.name == "WrongSquareBackward"]
     assert step.sent[0].check.agrees is False  # the rule says x, finite differences 2x
