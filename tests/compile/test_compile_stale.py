@@ -399,3 +399,32 @@ def test_verify_compares_compiled_and_eager_on_the_first_calls(monkeypatch):
     monkeypatch.setattr(segment.Segment, "backward", lambda self, grads: tuple(None for _ in self.node.edges))
     with pytest.raises(tt.GradientMismatch, match="gradient of input x"):
         broken.check(tt.ones(3, requires_grad=True))  # a compiled backward that lost its gradients is caught
+
+
+def test_an_input_the_last_call_changed_in_place_is_differentiated_through_that_call_as_eager_and_torch():
+    """y.mul_(h1) made y a value of the second call's graph (its first replay); the third call, given the same y,
+    sends a gradient into that call's add, which saved nothing and runs again in eager and torch. The compiled call's
+    statement refused it as freed by the second backward."""
+    def f(x, y):
+        h1 = y.exp() + x
+        y.mul_(h1)
+        h1.add_(1.0)
+        return (h1 * h1).sum()
+
+    results = {}
+    for side in ("torch", "eager", "compiled"):
+        torch.manual_seed(0)
+        fn, seen = None, []
+        for call in range(3):
+            if call < 2:  # new inputs; the third call gets the second call's objects again
+                x0, y0 = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+                x, y = (x0.clone().requires_grad_(), y0.clone()) if side == "torch" else (
+                    tt.tracer(x0, requires_grad=True), tt.tracer(y0))
+            fn = fn or (tt.compile(f, (x, y)) if side == "compiled" else f)
+            loss = fn(x, y)
+            loss.backward()
+            seen.append((plain(loss), plain(x.grad)))
+        results[side] = seen
+    for side in ("eager", "compiled"):
+        for ours, theirs in zip(results[side], results["torch"]):
+            torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=0)

@@ -267,9 +267,13 @@ class Segment:
 
 
 def _free(step: Step) -> None:
-    """A step's saved tensors, freed after its backward ran (unless retain_graph), as the engine frees a node's."""
+    """A step's saved tensors, freed after its backward ran (unless retain_graph), as the engine frees a node's: a
+    step that saved nothing (an add) can run again, as an eager node that saved nothing can."""
+    ctx = step.ctx
+    if ctx is None or (not ctx._saved and ctx._packed is None):
+        return
     if step.node is not None:
-        step.ctx.release()
+        ctx.release()
     step.released, step.ctx = True, None
 
 
