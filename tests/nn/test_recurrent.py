@@ -178,6 +178,10 @@ def test_errors():
         GRU(5, 2)(x, H3)
     with pytest.raises(ValueError, match="GRUCell: Expected input to be 1D or 2D, got 3D instead"):
         GRUCell(5, 2)(x)
+    for layer, empty in ((LSTM(5, 2), torch.zeros(0, 2, 5)), (GRU(5, 2, batch_first=True), torch.zeros(2, 0, 5)),
+                         (RNN(5, 2), torch.zeros(0, 5))):  # torch's words (torch.stack's 'non-empty TensorList' before)
+        with pytest.raises(RuntimeError, match="Expected sequence length to be larger than 0 in RNN"):
+            layer(empty)
     with pytest.raises(ValueError, match="LSTMCell: Expected hidden to be 1D or 2D"):
         LSTMCell(5, 2)(x[0], (H3, H3))
     cell = RNNCell(5, 2)

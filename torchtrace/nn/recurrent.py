@@ -89,6 +89,8 @@ class RecurrentLayer(Module):
         if input.dim() not in (2, 3):
             raise ValueError(f"{name}: Expected input to be 2D or 3D, got {input.dim()}D instead")
         batched = input.dim() == 3
+        if input.size(1 if batched and self.batch_first else 0) == 0:
+            raise RuntimeError("Expected sequence length to be larger than 0 in RNN")  # (torch's words)
         states = None if hx is None else (hx if lstm else (hx,))
         if states is not None and any(s.dim() != input.dim() for s in states):
             dims = ", ".join(f"{s.dim()}-D" for s in states)
