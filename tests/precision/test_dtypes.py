@@ -105,7 +105,10 @@ def test_the_reason_given_is_what_torch_autocast_does_with_the_op(model, dtype):
     (lambda fn, args: tt.precision(42, *args), TypeError, "fn must be a function"),
     (lambda fn, args: tt.precision(fn, *args, device="tpu"), ValueError, "device must be a device type"),
     (lambda fn, args: tt.precision(torch.nn.Linear(4, 1), torch.randn(3, 4)), RuntimeError, "tt.port\\(model\\)"),
-], ids=["float64", "a string", "not callable", "unknown device", "a module not ported"])
+    (lambda fn, args: tt.precision(fn, *args, dtpye=torch.float16), TypeError, "dtpye= .* did you mean dtype="),
+    (lambda fn, args: tt.precision(fn, *args, device_type="cpu"), TypeError, "device_type= .* did you mean device="),
+], ids=["float64", "a string", "not callable", "unknown device", "a module not ported", "a misspelt dtype",
+        "torch.autocast's device_type"])
 def test_arguments_it_cannot_take_are_refused_naming_them(call, error, says):
     fn, args = CASES["cnn"]
     with pytest.raises(error, match=says):

@@ -1,6 +1,8 @@
 """tt.precision(fn, *args, dtype=...): one run under torch.autocast and one in float32, on torchtrace's engine,
 recorded as tt.diff records them (the doctor's recording: values of every op and gradients of every rule)."""
 import contextlib
+import difflib
+import inspect
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -55,6 +57,24 @@ def buffers_kept() -> Iterator[None]:
                 buffer.copy_(value)
 
 
+def _refuse_misspelt_options(fn: Callable, kwargs: dict) -> None:
+    """Keywords are fn's own (they are passed on to it), but one fn does not take that is close to tt.precision's own
+    options (dtpye=, or torch.autocast's device_type=) was meant for tt.precision: say so before running anything."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a callable whose signature cannot be read: its own error will tell
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    for key in kwargs:
+        meant = "device" if key == "device_type" else next(iter(difflib.get_close_matches(
+            key, ("dtype", "scale", "device"), n=1, cutoff=0.7)), None)
+        if key not in parameters and meant is not None:
+            raise TypeError(f"tt.precision: {key}= is neither an option of tt.precision nor a parameter of fn; did "
+                            f"you mean {meant}=? (tt.precision's options are dtype, scale and device; other keywords "
+                            "go to fn)")
+
+
 def precision(fn: Callable, *args: Any, dtype: torch.dtype = torch.bfloat16, scale: float = 1.0,
               device: Optional[str] = None, **kwargs: Any) -> PrecisionReport:
     """Run fn(*args) and the backward of its scalar loss twice, in float32 and under torch.autocast(dtype) with the
@@ -75,6 +95,7 @@ def precision(fn: Callable, *args: Any, dtype: torch.dtype = torch.bfloat16, sca
             raise ValueError(f"tt.precision: device must be a device type torch.autocast runs on ('cpu', 'cuda'), "
                              f"not {device!r}") from None
     scale = positive("tt.precision", "scale (what multiplies the loss, as a GradScaler does)", scale)
+    _refuse_misspelt_options(fn, kwargs)
     low_fn = under_autocast(fn, device or _device(args), dtype, scale)
     state = torch.random.get_rng_state()
     with buffers_kept():  # each run starts from the buffers as they were, as from the same random state
