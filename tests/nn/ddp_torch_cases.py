@@ -210,8 +210,24 @@ def gradient_as_bucket_view(wrap: Callable, rank: int) -> dict:
     return seen
 
 
+def buffers_at_construction(wrap: Callable, rank: int) -> dict:
+    """Rank-local BatchNorm statistics before wrapping: given forward_sync_buffers, construction copies rank 0's
+    whatever broadcast_buffers says (torch's docstring); broadcast_buffers=False alone keeps each rank's."""
+    seen = {}
+    for name, options in (("forward False, broadcast False", dict(forward_sync_buffers=False, broadcast_buffers=False)),
+                          ("forward True, broadcast False", dict(forward_sync_buffers=True, broadcast_buffers=False)),
+                          ("broadcast False", dict(broadcast_buffers=False)), ("default", {})):
+        model = normalised()
+        with torch.no_grad():
+            model[1].running_mean.fill_(float(rank))
+        ddp = wrap(model, **options)
+        seen[name] = plain(ddp.module[1].running_mean).clone()
+    return seen
+
+
 CASES = [unused_head_after_zero_grad, unused_head_without_find_unused, unused_on_one_rank_without_zero_grad,
-         partial_outputs, structured_outputs, batchnorm_accumulation, static_graph, gradient_as_bucket_view]
+         partial_outputs, structured_outputs, batchnorm_accumulation, static_graph, gradient_as_bucket_view,
+         buffers_at_construction]
 
 
 def run_both(rank: int) -> Dict[str, Dict[str, dict]]:

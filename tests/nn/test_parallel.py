@@ -238,6 +238,9 @@ def test_the_cases_observe_what_they_are_about(ranks):
         assert "find_unused_parameters=True" in cases["unused_head_without_find_unused"]["error"]
         assert cases["gradient_as_bucket_view"]["is_view1"] and cases["gradient_as_bucket_view"]["kept2"]
         assert cases["structured_outputs"]["dataclassTrue"]["unused.weight"] is None
+        synced = cases["buffers_at_construction"]
+        assert synced["forward False, broadcast False"].eq(0).all() and synced["default"].eq(0).all()
+        assert synced["broadcast False"].eq(rank).all()
     means = [result["torch_cases"]["batchnorm_accumulation"]["ours"]["values0"]["1.running_mean"]
              for result in ranks]
     assert not torch.equal(means[0], means[1])  # the forward after no_sync() copied nothing

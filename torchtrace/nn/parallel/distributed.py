@@ -81,9 +81,13 @@ class DistributedDataParallel(torch.nn.Module):
             raise TypeError(f"torchtrace's DistributedDataParallel needs tracer parameters, but {', '.join(refused)} "
                             "are plain torch tensors: wrap tt.port(model) (or use torch.nn.parallel's DDP for torch "
                             "autograd)")
-        if init_sync:
-            self._broadcast(list(module.parameters()) + (list(module.buffers()) if broadcast_buffers is not False
-                                                         else []))
+        if init_sync:  # as torch: the shapes checked across ranks first; buffers too, unless broadcast_buffers=False
+            from torch.distributed.utils import _verify_param_shape_across_processes  # (torch.distributed is there)
+            with plain_torch():  # alone asks otherwise (forward_sync_buffers given: always, whatever it says)
+                _verify_param_shape_across_processes(self.process_group, [
+                    p.detach().as_subclass(torch.Tensor) for p in module.parameters()])
+            self._broadcast(list(module.parameters()) + (
+                list(module.buffers()) if forward_sync_buffers is not None or broadcast_buffers is not False else []))
         params = [p for _, p in named]
         cap = 25.0 if bucket_cap_mb is None else bucket_cap_mb
         self.reducer = Reducer(params, [name for name, _ in named], self.process_group, int(cap * 2**20),
@@ -111,6 +115,19 @@ class DistributedDataParallel(torch.nn.Module):
             if self.require_backward_grad_sync and self.find_unused_parameters:
                 output = through_sink(output, self.reducer)
         return output
+
+    def register_comm_hook(self, state: Any, hook: Any) -> None:
+        """Not done here: every bucket is averaged with one all_reduce (torch's default allreduce_hook)."""
+        raise NotImplementedError(
+            "torchtrace's DistributedDataParallel averages each bucket with all_reduce and takes no communication "
+            "hook (fp16_compress_hook, PowerSGD): leave register_comm_hook out (its default, allreduce_hook, is what "
+            "runs), or use torch's DistributedDataParallel on a torch model")
+
+    def join(self, *args: Any, **kwargs: Any) -> None:
+        """Not done here: ranks must see the same number of batches."""
+        raise NotImplementedError(
+            "torchtrace's DistributedDataParallel has no join() for uneven inputs: give every rank the same number of "
+            "batches (a DistributedSampler with drop_last=True does)")
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
