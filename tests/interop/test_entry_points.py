@@ -27,3 +27,22 @@ def test_register_multi_grad_hook_on_plain_tensors_is_torchs():
     torch.autograd.graph.register_multi_grad_hook((a, b), lambda grads: seen.append([g.tolist() for g in grads]))
     ((a * 2).sum() + (b * 3).sum()).backward()
     assert seen == [[[2.0, 2.0], [3.0, 3.0, 3.0]]]
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "broadcast", "all_gather"])
+def test_a_collective_writing_a_tracer_that_requires_grad_in_place_is_refused(name):
+    """torch.distributed's collectives write below torch's dispatch: unrecorded, backward took dist.all_reduce(y) for
+    the identity (torch warns 'may lead to silently incorrect behavior'). A value without its graph, or a leaf
+    (dist.broadcast(p, 0) of a parameter), still goes to torch (which here says no process group was initialised)."""
+    import torch.distributed as dist
+
+    y = tt.tracer(torch.rand(3), requires_grad=True) * 2
+    call = {"all_reduce": lambda t: dist.all_reduce(t), "broadcast": lambda t: dist.broadcast(t, src=0),
+            "all_gather": lambda t: dist.all_gather([torch.zeros(3), torch.zeros(3)], t)}[name]
+    with pytest.raises(tt.UnsupportedOperationError, match=f"torch.distributed.{name} writes a result that requires"):
+        call(y)
+    for value in (y.detach(), tt.tracer(torch.rand(3), requires_grad=True)):  # no graph, or a leaf (a parameter)
+        with pytest.raises(ValueError, match="process group has not been initialized"):
+            call(value)
+    with tt.no_grad(), pytest.raises(ValueError, match="process group has not been initialized"):
+        call(y)

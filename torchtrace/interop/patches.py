@@ -7,17 +7,23 @@ none go to torch's original untouched.
 - torch.autograd.grad / torch.autograd.backward on tracers: a clear error naming tt.grad / y.backward(), and
   torch.autograd.functional's jacobian, hessian, vjp, jvp, hvp, vhp one naming torchtrace's own;
   torch.autograd.graph.register_multi_grad_hook on tracers (an AssertionError from torch's engine): one too.
+- torch.distributed's collectives, which write their tensors in place below torch's dispatch (no rule sees them), on a
+  tracer of the graph (a result that requires grad) with grad mode on: a clear error naming
+  torch.distributed.nn.functional (differentiable) or t.detach(). Unrecorded, backward took them for the identity
+  (torch warns that it may be silently incorrect). A leaf (dist.broadcast(p, 0) of a parameter) goes to torch.
 """
 from typing import Any, Callable
 
 import torch
 import torch.autograd
 import torch.autograd.function
+import torch.distributed
 import torch.utils.checkpoint
 
 from torchtrace.errors import UnsupportedOperationError
-from torchtrace.interop.detect import has_tracer
+from torchtrace.interop.detect import has_tracer, tensors_in
 from torchtrace.interop.function_bridge import apply_on_tracers
+from torchtrace.tracer import tracer as TRACER
 
 _Function = torch.autograd.function.Function
 _base_setup_context = torch.autograd.function._SingleLevelFunction.setup_context
@@ -51,6 +57,26 @@ def _refuse_on_tracers(original: Callable, name: str, instead: str) -> Callable:
     return wrapper
 
 
+def _refuse_on_graph(original: Callable, name: str) -> Callable:
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled() and any(isinstance(t, TRACER) and t._tt_requires_grad and t._tt_node is not None
+                                           for t in tensors_in((*args, *kwargs.values()))):
+            raise UnsupportedOperationError(
+                f"torch.distributed.{name} writes a result that requires grad in place, and no gradient rule can "
+                "follow it (backward would take it for the identity): use torch.distributed.nn.functional's "
+                f"{name} where it exists (differentiable), or communicate a value without its graph (t.detach()), "
+                "or run it under tt.no_grad()")
+        return original(*args, **kwargs)
+
+    collective.__wrapped__, collective._torchtrace = original, True
+    collective.__name__, collective.__doc__ = original.__name__, original.__doc__
+    return collective
+
+
+COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "scatter", "gather", "send", "recv",
+               "isend", "irecv")
+
 FUNCTIONAL = {  # torch.autograd.functional's entry points, and torchtrace's own to use on tracers
     "jacobian": "use tt.jacobian(f, inputs)", "hessian": "use tt.hessian(f, x)",
     "vjp": "use tt.grad(f(x), x, grad_outputs=v)", "jvp": "use tt.jvp(f, primals, tangents)",
@@ -73,6 +99,11 @@ def install() -> None:
         if not getattr(original, "_torchtrace", False):
             setattr(torch.autograd.functional, name,
                     _refuse_on_tracers(original, f"torch.autograd.functional.{name}", instead))
+    if torch.distributed.is_available():
+        for name in COLLECTIVES:
+            original = getattr(torch.distributed, name)
+            if not getattr(original, "_torchtrace", False):
+                setattr(torch.distributed, name, _refuse_on_graph(original, name))
     multi = torch.autograd.graph.register_multi_grad_hook
     if not getattr(multi, "_torchtrace", False):  # (it asks torch's engine which tensors a backward reaches)
         torch.autograd.graph.register_multi_grad_hook = _refuse_on_tracers(
