@@ -9,7 +9,8 @@ after another inside each repeat, so drifts in machine load hit all alike. Cases
     forward, backward and the update in one generated function);
   * LeNet-5 on 64 1x28x28 images, cross-entropy, Adam step (the model of bench/models.py);
   * the 2-layer GPT of bench/models.py, batch 16 x 32 tokens, Adam step.
-Prints ms per step for each contender and the ratios to torch autograd: the whole step, and its forward and
+Prints ms per step for each contender and the ratios to torch autograd: the whole step (of medians, and of means,
+which keep the steps in which Python's garbage collector scans its oldest generation), and its forward and
 backward parts apart (where checked replay spends its time: the forward runs the user's Python and matches each
 call, the backward runs the statements' rules behind one node).
 """
@@ -129,15 +130,17 @@ def run(name: str, case: Callable, optimizer: str, repeats: int, device: str) ->
             sync(device)
             times[i].append((time.perf_counter() - start, forward, backward))
     medians = [[statistics.median(t[k] for t in ts) for k in range(3)] for ts in times]
+    means = [statistics.mean(t[0] for t in ts) for ts in times]
     drift = max((a - b).abs().max().item() for a, b in zip(models[0].parameters(), models[2].parameters()))
     compiled = models[3]
     print(f"{name}   (tt.compile: {compile_s * 1e3:.1f} ms, {compiled.calls} calls, {compiled.replayed} replayed to "
           f"the end, {len(compiled.program.paths())} path(s); max |param diff| compiled vs torch {drift:.1e})")
     base = medians[0]
-    for (label, _), (whole, forward, backward) in zip(contenders, medians):
+    for (label, _), (whole, forward, backward), mean in zip(contenders, medians, means):
         parts = f"fwd {forward * 1e3:8.3f} ms ({forward / base[1]:4.2f}x)" + (
             f"   bwd {backward * 1e3:8.3f} ms ({backward / base[2]:4.2f}x)" if backward else "")
-        print(f"    {label:<20} {parts}   whole step {whole * 1e3:8.3f} ms ({whole / base[0]:4.2f}x)")
+        print(f"    {label:<20} {parts}   whole step {whole * 1e3:8.3f} ms ({whole / base[0]:4.2f}x; mean "
+              f"{mean / means[0]:4.2f}x)")
 
 
 def sync(device: str) -> None:

@@ -2,7 +2,8 @@
 
     python bench/models.py [--repeats 30] [--device cpu] [--threads N] [--clock wall|thread] [--cases mlp,wide,cnn,gpt]
 
-One step = zero_grad + forward + loss + backward + optimizer step. The torchtrace side is the model after
+The ratio is given of medians and of means (the mean keeps the steps in which Python's garbage collector scans its
+oldest generation, a cost a training run pays). One step = zero_grad + forward + loss + backward + optimizer step. The torchtrace side is the model after
 tt.port with torchtrace's optimizer; the torch side is an identical deep copy with torch's. Models (LeNet and
 GPT are the classes tests/test_port.py checks gradient by gradient against torch autograd):
   * MLP: a 2-16-16-1 tanh MLP on a batch of 32, MSE loss, SGD (Python per-op overhead dominates);
@@ -100,8 +101,10 @@ def compare(name: str, case: Callable, optimizer_kind: str, repeats: int, device
         (statistics.median(t for t, _ in ts), statistics.median(o for _, o in ts)) for ts in times)
     drift = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters()))
     ratio = ours_step / theirs_step
+    mean_ratio = statistics.mean(t for t, _ in times[0]) / statistics.mean(t for t, _ in times[1])
     print(f"{name:<30} torchtrace {ours_step * 1e3:8.3f} ms/step (optimizer {ours_opt * 1e3:6.3f})   torch autograd "
-          f"{theirs_step * 1e3:8.3f} ms/step (optimizer {theirs_opt * 1e3:6.3f})   ratio {ratio:5.2f}x   "
+          f"{theirs_step * 1e3:8.3f} ms/step (optimizer {theirs_opt * 1e3:6.3f})   ratio {ratio:5.2f}x "
+          f"(mean {mean_ratio:5.2f}x)   "
           f"max |param diff| after {repeats + 3} steps {drift:.1e}")
     return ratio
 

@@ -29,6 +29,7 @@ from torchtrace.factories import (
     zeros_like,
 )
 from torchtrace.forward import jacobian, jvp
+from torchtrace.import_heap import freeze_import_heap
 from torchtrace.ops.listing import supported_ops
 from torchtrace.port import port
 from torchtrace.tracer import as_tracer, tracer
@@ -69,6 +70,9 @@ def _refusing_nan_in_torchs_anomaly_mode(node: Any, grads: Any, result: Any) -> 
 
 
 ANOMALY_MODE.append(_refusing_nan_in_torchs_anomaly_mode)
+
+
+freeze_import_heap()  # torch's import heap out of the collector's full scans (import_heap.py)
 
 
 def __dir__() -> list:
