@@ -46,3 +46,14 @@ def test_a_collective_writing_a_tracer_that_requires_grad_in_place_is_refused(na
             call(value)
     with tt.no_grad(), pytest.raises(ValueError, match="process group has not been initialized"):
         call(y)
+
+
+def test_torchs_distributed_data_parallel_refuses_a_ported_module_and_names_torchtraces():
+    """torch's DDP builds a C++ reducer that hooks torch autograd's gradient accumulators, which tracers do not have:
+    constructing it around a ported module crashed the process (a segmentation fault). A plain module still reaches
+    torch's own constructor (which here says no process group was initialised)."""
+    ported = tt.port(torch.nn.Linear(3, 2))
+    with pytest.raises(tt.UnsupportedOperationError, match="use tt.nn.parallel.DistributedDataParallel"):
+        torch.nn.parallel.DistributedDataParallel(ported)
+    with pytest.raises((RuntimeError, ValueError), match="process group has not been initialized"):
+        torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 2))

@@ -11,6 +11,9 @@ none go to torch's original untouched.
   tracer of the graph (a result that requires grad) with grad mode on: a clear error naming
   torch.distributed.nn.functional (differentiable) or t.detach(). Unrecorded, backward took them for the identity
   (torch warns that it may be silently incorrect). A leaf (dist.broadcast(p, 0) of a parameter) goes to torch.
+- torch.nn.parallel.DistributedDataParallel around a module with tracer parameters: a clear error naming
+  tt.nn.parallel.DistributedDataParallel (torch's C++ reducer hooks torch autograd's gradient accumulators, which
+  tracers do not have: its construction crashed the process).
 """
 from typing import Any, Callable
 
@@ -73,6 +76,21 @@ def _refuse_on_graph(original: Callable, name: str) -> Callable:
     return collective
 
 
+def _refuse_tracer_module(original: Callable) -> Callable:
+    def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(module, torch.nn.Module) and any(isinstance(p, TRACER) for p in module.parameters()):
+            raise UnsupportedOperationError(
+                "torch.nn.parallel.DistributedDataParallel: this module's parameters are tracers, whose gradients "
+                "torch's reducer cannot see (it hooks torch autograd's engine) — use "
+                "tt.nn.parallel.DistributedDataParallel(module, ...) (same arguments), which averages them in "
+                "torchtrace's backward")
+        original(self, module, *args, **kwargs)
+
+    __init__.__wrapped__, __init__._torchtrace = original, True
+    __init__.__doc__ = original.__doc__
+    return __init__
+
+
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "scatter", "gather", "send", "recv",
                "isend", "irecv")
@@ -104,6 +122,9 @@ def install() -> None:
             original = getattr(torch.distributed, name)
             if not getattr(original, "_torchtrace", False):
                 setattr(torch.distributed, name, _refuse_on_graph(original, name))
+        ddp = torch.nn.parallel.DistributedDataParallel
+        if not getattr(ddp.__init__, "_torchtrace", False):
+            ddp.__init__ = _refuse_tracer_module(ddp.__init__)
     multi = torch.autograd.graph.register_multi_grad_hook
     if not getattr(multi, "_torchtrace", False):  # (it asks torch's engine which tensors a backward reaches)
         torch.autograd.graph.register_multi_grad_hook = _refuse_on_tracers(
