@@ -142,15 +142,20 @@ def test_foreach_with_a_tensor_lr_is_refused_as_torch_refuses_it():
         run(optimizer, params, 1)
 
 
+@pytest.mark.parametrize("shape", [(), (1,)])
 @pytest.mark.parametrize("name, options", [("Adam", {}), ("AdamW", {}), ("Adam", {"weight_decay": 0.1}),
-                                           ("Adagrad", {"lr_decay": 0.01}), ("SGD", {"momentum": 0.9})])
-def test_a_tensor_lr_updates_as_torchs_bit_for_bit(name, options):
+                                           ("Adagrad", {"lr_decay": 0.01}), ("SGD", {"momentum": 0.9}),
+                                           ("Adam", {"betas": "tensors"}), ("RMSprop", {})])
+def test_a_tensor_lr_updates_as_torchs_bit_for_bit(name, options, shape):
     """torch computes lr / (1 - beta1^t) (Adagrad's lr / (1 + (t - 1) lr_decay), AdamW's 1 - lr wd) in the tensor's
-    float32; float(lr) first made it float64 arithmetic: 1 ulp off in a few steps."""
+    float32; float(lr) first made it float64 arithmetic: 1 ulp off in a few steps. A 1-element tensor of one
+    dimension is read as a 0-d one, as torch's optimizers read it (its step raised a TypeError from addcdiv_)."""
     init = initial_values()
     sides = []
+    if options.get("betas") == "tensors":
+        options = {"betas": (torch.tensor(0.9).reshape(shape), torch.tensor(0.999).reshape(shape))}
     for module, params in ((tto, tracers(init)), (torch.optim, torch_leaves(init))):
-        optimizer = getattr(module, name)(params, lr=torch.tensor(0.1), **options)
+        optimizer = getattr(module, name)(params, lr=torch.tensor(0.1).reshape(shape), **options)
         run(optimizer, params, 8)
         sides.append([as_plain(p) for p in params])
     for ours, theirs in zip(*sides):

@@ -6,6 +6,7 @@ import torch
 from torchtrace.optim.optimizer import (
     Optimizer,
     Params,
+    as_scalar,
     check_non_negative,
     l2_regularised,
     next_step,
@@ -75,7 +76,8 @@ class Adam(Optimizer):
 
     def update(self, param: torch.Tensor, grad: torch.Tensor, state: Dict[str, Any], group: Dict[str, Any]) -> None:
         # a tensor lr stays one: torch computes lr / (1 - beta1^t) and 1 - lr wd in its dtype
-        lr, (beta1, beta2), weight_decay = group["lr"], group["betas"], group["weight_decay"]
+        lr, beta1, beta2 = map(as_scalar, (group["lr"], *group["betas"]))  # (a 1-element tensor: 0-d, as torch)
+        weight_decay = group["weight_decay"]
         self.first_state(param, state, group)
         step = next_step(state)
         decoupled = group["decoupled_weight_decay"]

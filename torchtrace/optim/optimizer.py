@@ -48,6 +48,12 @@ def check_non_negative(**values: float) -> None:
             raise ValueError(f"Invalid {label}: {value}")
 
 
+def as_scalar(value: Any) -> Any:
+    """A hyperparameter as torch's optimizers read it at each step: a 1-element tensor of any shape as a 0-d one (the
+    group keeps what was given); a number as it is."""
+    return value.squeeze() if isinstance(value, torch.Tensor) and value.dim() != 0 else value
+
+
 def refuse_flags(**flags: Optional[bool]) -> None:
     """Torch options that select a specialised implementation; torchtrace.optim has only the plain one."""
     for name, value in flags.items():
