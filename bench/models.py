@@ -3,7 +3,8 @@
     python bench/models.py [--repeats 30] [--device cpu] [--threads N] [--clock wall|thread] [--cases mlp,wide,cnn,gpt]
 
 The ratio is given of medians and of means (the mean keeps the steps in which Python's garbage collector scans its
-oldest generation, a cost a training run pays). One step = zero_grad + forward + loss + backward + optimizer step. The torchtrace side is the model after
+oldest generation, a cost a training run pays).
+One step = zero_grad + forward + loss + backward + optimizer step. The torchtrace side is the model after
 tt.port with torchtrace's optimizer; the torch side is an identical deep copy with torch's. Models (LeNet and
 GPT are the classes tests/test_port.py checks gradient by gradient against torch autograd):
   * MLP: a 2-16-16-1 tanh MLP on a batch of 32, MSE loss, SGD (Python per-op overhead dominates);

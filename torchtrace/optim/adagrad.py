@@ -55,7 +55,7 @@ class Adagrad(Optimizer):
             self._start(state, param)
         step = next_step(state)
         grad = l2_regularised(grad, param, group["maximize"], group["weight_decay"])
-        lr_t = as_scalar(group["lr"]) / (1 + (step - 1) * group["lr_decay"])  # (a tensor lr: as torch, tensor arithmetic)
+        lr_t = as_scalar(group["lr"]) / (1 + (step - 1) * group["lr_decay"])  # (a tensor lr: tensor arithmetic)
         state["sum"].addcmul_(grad, grad, value=1)
         denom = state["sum"].sqrt().add_(group["eps"])
         param.addcdiv_(grad, denom, value=-lr_t)
