@@ -621,3 +621,29 @@ def test_the_mean_of_var_mean_with_no_degree_of_freedom_left_keeps_its_gradient(
     tangent = torch.ones_like(x)
     expected = torch.func.jvp(lambda x: op(x, 1), (x,), (tangent,))[1]
     torch.testing.assert_close(tt.jvp(lambda x: op(x, 1), (x,), (tangent,))[1], expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("spelling", ["vector_norm", "Tensor.norm"])
+@pytest.mark.parametrize("p", [1, 3, float("inf"), 0.5, 2])
+def test_a_complex_vector_norms_gradient_is_torchs_and_finite_differences(p, spelling):
+    """d||z||_p / dz = sgn(z) |z|^(p-1) / ||z||^(p-1) (torch's convention for a real function of a complex z: the
+    derivative along the real part plus i times along the imaginary part). It used sign(z), which torch refuses for
+    complex numbers: every order but 2 raised torch's message about torch.sign, an op the user never called."""
+    z0 = torch.tensor([1 + 2j, -3 + 0.5j, 0.25 - 1j], dtype=torch.complex128)
+
+    def norm(z):
+        return torch.linalg.vector_norm(z, ord=p) if spelling == "vector_norm" else z.norm(p=p)
+
+    ours = tt.tracer(z0.clone(), requires_grad=True)
+    norm(ours).backward()
+    theirs = z0.clone().requires_grad_()
+    norm(theirs).backward()
+    torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), theirs.grad)
+    eps, finite = 1e-6, torch.zeros_like(z0)
+    for i in range(len(z0)):
+        for direction in (1, 1j):
+            step = torch.zeros_like(z0)
+            step[i] = eps * direction
+            slope = (norm(z0 + step) - norm(z0 - step)) / (2 * eps)
+            finite[i] += slope * direction
+    torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), finite, atol=1e-6, rtol=1e-6)

@@ -365,7 +365,8 @@ class VectorNorm(Function):
 
 def vector_norm_grad(ctx: Any, g: torch.Tensor) -> torch.Tensor:
     """dy/dx of y = ||x||_p, times g, from a vector_norm ctx (x and y saved; ord, dim, keepdim): zeros for p = 0
-    (the rules that build on it, renorm and normalize, count that term as torch's composite does)."""
+    (the rules that build on it, renorm and normalize, count that term as torch's composite does). sgn(x) = x/|x| is
+    sign(x) for real x, and the direction a complex x's norm grows along (torch's convention)."""
     x, y = ctx.saved_tensors
     p = ctx.ord
     g, y = (restore_dims(t, x.dim(), ctx.dim, ctx.keepdim) for t in (g, y))
@@ -373,15 +374,15 @@ def vector_norm_grad(ctx: Any, g: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(x)
     if math.isinf(p):
         hits = (x.abs() == y) | x.isnan()
-        return x.sign() * g * hits / hits.sum(reduced_dims(ctx.dim, x.dim()), keepdim=True)
+        return x.sgn() * g * hits / hits.sum(reduced_dims(ctx.dim, x.dim()), keepdim=True)
     if p == 1:
-        return x.sign() * g
+        return x.sgn() * g
     if p == 2:
         return g * torch.where(y == 0, 0.0, x / y)  # y = 0 only at x = 0: gradient 0 (2nd: NaN), as torch
     if p > 1:
-        return x.sign() * x.abs() ** (p - 1) * g / (y + (y == 0)) ** (p - 1)
+        return x.sgn() * x.abs() ** (p - 1) * g / (y + (y == 0)) ** (p - 1)
     zero = x == 0  # p < 1: |x|^(p-1) blows up at 0, where torch defines the gradient as 0 (2nd: NaN, as torch)
-    return x.sign() * torch.where(zero, 0.0, x.abs() ** (p - 1)) * g * y ** (1 - p)
+    return x.sgn() * torch.where(zero, 0.0, x.abs() ** (p - 1)) * g * y ** (1 - p)
 
 
 @register(torch.norm, T.norm)
