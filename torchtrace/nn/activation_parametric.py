@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
 from torchtrace.nn.module import Module
+from torchtrace.ops.input_in_backward import reading_input
 
 
 def _channel_shape(weight: torch.Tensor, x: torch.Tensor) -> list:
@@ -34,7 +35,7 @@ class Prelu(Function):
         w = weight.reshape(_channel_shape(weight, x))
         positive = x > 0
         need_x, need_w = ctx.needs_input_grad[:2]
-        grad_x = torch.where(positive, g, g * w) if need_x else None
+        grad_x = reading_input(torch.where(positive, g, g * w), x) if need_x else None
         grad_w = None
         if need_w:
             per_element = torch.where(positive, 0.0, x * g)
@@ -63,13 +64,13 @@ class Rrelu(Function):
         else:
             y = torch.rrelu(input, lower, upper, False)  # torch's checks of the bounds, then leaky_relu(mean_slope)
             slope = torch.where(input > 0, 1.0, torch.full_like(input, mean_slope))  # in input's dtype
-        ctx.save_for_backward(slope)
+        ctx.save_for_backward(slope, input)  # (input: read by a create_graph backward, as torch's kernel reads it)
         return y
 
     @staticmethod
     def backward(ctx, g):
-        (slope,) = ctx.saved_tensors
-        return g * slope
+        slope, x = ctx.saved_tensors
+        return reading_input(g * slope, x)
 
 
 @register(torch.rrelu)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torchtrace.autograd.function import Function, register
 from torchtrace.nn.conv import CONV_TRANSPOSE, ntuple, pad_argument
 from torchtrace.nn.module import Module
+from torchtrace.ops.input_in_backward import reading_input
 
 
 def scatter_to_input(g: torch.Tensor, indices: torch.Tensor, shape: torch.Size, n: int) -> torch.Tensor:
@@ -66,13 +67,13 @@ class MaxPool(Function):
     @staticmethod
     def keep(ctx, input, y, indices, return_indices):
         ctx.shape = input.shape
-        ctx.save_for_backward(indices)
+        ctx.save_for_backward(indices, input)  # (input: read by a create_graph backward, as torch's kernel reads it)
         return (y, indices) if return_indices or ctx._rule.always_indices else y
 
     @staticmethod
     def backward(ctx, g, *_):
-        (indices,) = ctx.saved_tensors
-        return scatter_to_input(g, indices, ctx.shape, ctx._rule.dims)
+        indices, x = ctx.saved_tensors
+        return reading_input(scatter_to_input(g, indices, ctx.shape, ctx._rule.dims), x)
 
 
 class AdaptiveMaxPool(MaxPool):
@@ -109,12 +110,15 @@ class AvgPool(Function):
         ctx.stride = ntuple(stride, n) if given(stride) else ctx.kernel
         ctx.padding, ctx.include_pad, ctx.divisor = ntuple(padding, n), count_include_pad, divisor_override
         ctx.shape = input.shape
+        ctx.save_for_backward(input)  # (read by a create_graph backward only, as torch's kernel reads it)
         extra = () if divisor_override is None else (divisor_override,)  # avg_pool1d has no such parameter
         return ctx._rule.op(input, ctx.kernel, ctx.stride, ctx.padding, ceil_mode, count_include_pad, *extra)
 
     @staticmethod
     def backward(ctx, g):
-        return avg_pool_adjoint(g, ctx.shape, ctx.kernel, ctx.stride, ctx.padding, ctx.include_pad, ctx.divisor)
+        (x,) = ctx.saved_tensors
+        dx = avg_pool_adjoint(g, ctx.shape, ctx.kernel, ctx.stride, ctx.padding, ctx.include_pad, ctx.divisor)
+        return reading_input(dx, x)
 
 
 def avg_pool_adjoint(g: torch.Tensor, shape: torch.Size, kernel: Sequence[int], stride: Sequence[int],
@@ -151,6 +155,7 @@ class AdaptiveAvgPool(Function):
     @staticmethod
     def forward(ctx, input, output_size):
         ctx.shape = input.shape
+        ctx.save_for_backward(input)  # (read by a create_graph backward only, as torch's kernel reads it)
         return ctx._rule.op(input, output_size)
 
     @staticmethod
@@ -158,7 +163,7 @@ class AdaptiveAvgPool(Function):
         for axis in range(-ctx._rule.dims, 0):
             weights = _adaptive_matrix(g.shape[axis], ctx.shape[axis], g)
             g = (g.transpose(axis, -1) @ weights).transpose(axis, -1)
-        return g
+        return reading_input(g, ctx.saved_tensors[0])
 
 
 def _rules(base: type, name: str, dims: int, op: object, callables: Sequence[object], **extra: object) -> type:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
 from torchtrace.nn.module import Module
+from torchtrace.ops.input_in_backward import reading_input
 
 
 def _per_dim(value: Any, n: int) -> Optional[List[Any]]:
@@ -57,6 +58,8 @@ class Interpolate(Function):
         ctx.scale = _per_dim(scale_factor, n) if size is None else None
         ctx.options = {"mode": mode, "align_corners": align_corners, "recompute_scale_factor": recompute_scale_factor,
                        "antialias": antialias}
+        if mode == "area":  # torch runs adaptive_avg_pool, whose backward kernel reads the input: so does a
+            ctx.save_for_backward(input)  # create_graph backward here (input_in_backward.py)
         return y
 
     @staticmethod
@@ -66,7 +69,7 @@ class Interpolate(Function):
             axis = 2 + d
             matrix = interpolation_matrix(d, ctx.in_shape[axis], g.shape[axis], n, ctx.scale, ctx.options, g)
             g = (g.transpose(axis, -1) @ matrix).transpose(axis, -1)
-        return g
+        return reading_input(g, ctx.saved_tensors[0]) if ctx.options["mode"] == "area" else g
 
 
 class Upsample(Module, torch.nn.Upsample):

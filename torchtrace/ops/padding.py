@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.ops.input_in_backward import reading_input
 
 
 def _source_positions(mode: str, size: int, lo: int, hi: int, device: Any) -> torch.Tensor:
@@ -29,6 +30,8 @@ class Pad(Function):
             raise UnsupportedOperationError(f"torch.nn.functional.pad: mode={mode!r} has no gradient rule — use "
                                             "'constant', 'reflect', 'replicate' or 'circular'")
         ctx.pad, ctx.mode, ctx.shape = list(pad), mode, input.shape
+        if mode in ("reflect", "replicate"):  # read by a create_graph backward, as torch's kernels read it
+            ctx.save_for_backward(input)
         return F.pad(input, pad, mode, value)
 
     @staticmethod
@@ -43,4 +46,4 @@ class Pad(Function):
             shape = list(g.shape)
             shape[dim] = ctx.shape[dim]
             g = torch.zeros(shape, dtype=g.dtype, device=g.device).index_add(dim, source, g)
-        return g
+        return g if ctx.mode == "circular" else reading_input(g, ctx.saved_tensors[0])
