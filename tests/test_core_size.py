@@ -88,7 +88,8 @@ Writes into memory several elements share, each closing a silent wrong gradient 
 in-place op on a view whose elements overlap (unfold windows: each shared element's gradient was counted once per
 window) refused unless it writes one number, `e[i] = v` on an expand written into e[i] alone, out= into a tracer that
 needs a gradient refused as torch refuses it (the old graph stayed), an integer destination taking a tracer's values
-cast; and tt.grad of a dict of inputs answered with a dict, as torch's: 1,779.
+cast; and tt.grad of a dict of inputs answered with a dict, as torch's: 1,779. Recording off inside
+torch.inference_mode even under enable_grad, as torch (a crash reading an inference tensor's version): 1,781.
 """
 import ast
 import pathlib
@@ -98,7 +99,7 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1779
+BUDGET = 1781
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
 # 340 when the lanes came; then calls with keywords placed as run_rule places them (every torch.nn.functional call),

@@ -1,4 +1,5 @@
 """backward / tt.backward / tt.grad: DAGs, accumulation, freeing, errors, create_graph, in-place."""
+import contextlib
 import gc
 import weakref
 
@@ -306,6 +307,23 @@ def test_an_inference_tensor_is_not_a_destination():
         out = torch.zeros(2)
     with pytest.raises(RuntimeError, match="inference_mode"):
         out.copy_(leaf(1.0, 2.0))
+
+
+@pytest.mark.parametrize("readable", [False, True])
+def test_enable_grad_inside_inference_mode_records_nothing_as_torch(readable):
+    """torch records nothing inside torch.inference_mode, even under enable_grad: the results are inference tensors
+    that need no gradient (reading their version counter crashed the recording with a RuntimeError)."""
+
+    def run(x):
+        with torch.inference_mode(), torch.enable_grad():
+            return [x * 2, torch.tanh(x), x.sum(), torch.cat([x, x]), x.exp().mul(3)]
+
+    with tt.readable() if readable else contextlib.nullcontext():
+        ours = run(leaf(1.0, 2.0))
+    theirs = run(torch.tensor([1.0, 2.0], requires_grad=True))
+    for a, b in zip(ours, theirs):
+        assert (a.requires_grad, a.is_inference(), a.grad_fn is None) == (b.requires_grad, b.is_inference(), True)
+        assert torch.equal(a.as_subclass(torch.Tensor), b)
 
 
 def test_mul_by_a_number_saves_nothing_that_a_later_write_could_spoil():

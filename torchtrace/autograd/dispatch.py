@@ -32,6 +32,13 @@ _plain_call = torch._C._disabled_torch_function_impl  # (func, types, args, kwar
 _new_edge = tuple.__new__  # Edge(...) without NamedTuple's Python-level __new__: this runs for every input
 _containers = (list, tuple)
 
+
+def recording() -> bool:
+    """Are torch calls on tracers recorded now? Grad mode on, outside torch.inference_mode (torch records nothing
+    there even under enable_grad, and the tensors it makes have no version counter)."""
+    return _grad_enabled() and not torch.is_inference_mode_enabled()
+
+
 NON_DIFFERENTIABLE: set = set()  # callables whose floating outputs never carry a gradient
 _T = torch.Tensor
 # What a tensor is, never what it computes: read at once, without recording (layers and user code read these often).
@@ -59,8 +66,8 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
     if func in INPLACE_FLAG and inplace_requested(INPLACE_FLAG[func], args, kwargs):
         return record_inplace_flag(tracer_type, rule, func, *call, run_rule)
     with plain_torch():
-        edges, torch_leaf, needs = _grad_edges(tracer_type, rule, args, kwargs) if _grad_enabled() else ((), 0, 0)
-        if kwargs and kwargs.get("out") is not None and (edges or _grad_enabled() and wants_gradient(kwargs["out"])):
+        edges, torch_leaf, needs = _grad_edges(tracer_type, rule, args, kwargs) if recording() else ((), 0, 0)
+        if kwargs and kwargs.get("out") is not None and (edges or recording() and wants_gradient(kwargs["out"])):
             raise UnsupportedOperationError(  # (an out= that requires grad would lose its graph: its data is replaced)
                 f"{callable_name(func) if func else rule.__name__ + '.apply'}: out= cannot be recorded (no gradient "
                 "can flow into a preallocated output) — assign the result instead, or run the call under tt.no_grad()")
@@ -259,16 +266,16 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
     owner = getattr(func, "__self__", None)
     if isinstance(owner, type) and issubclass(owner, Function) and func.__name__ == "apply":
         return returned_outputs(owner, run_rule(tracer_type, owner, None, args, kwargs))
-    recording = _grad_enabled() and (wants_gradient(args) or wants_gradient(kwargs))
+    records = recording() and (wants_gradient(args) or wants_gradient(kwargs))
     if args and (func in INPLACE or _is_inplace(func)):
         refuse_no_grad_view(args[0])
         if isinstance(args[0], torch.Tensor) and not _has_floating(args[0]):
-            recording = False  # an integer or bool destination holds no gradient: the values are cast, as torch's
-    if recording and func not in INPLACE and func not in NON_DIFFERENTIABLE and _is_inplace(func):
+            records = False  # an integer or bool destination holds no gradient: the values are cast, as torch's
+    if records and func not in INPLACE and func not in NON_DIFFERENTIABLE and _is_inplace(func):
         _refuse(func)  # before torch changes the argument
-    if recording and func is torch.Tensor.__setitem__ and getattr(args[0], "_tt_view", False) and overlapping(args[0]):
+    if records and func is torch.Tensor.__setitem__ and getattr(args[0], "_tt_view", False) and overlapping(args[0]):
         return write_into_part(*args[:3])  # e = b.expand(3); e[0] = v writes e[0] alone
-    if recording and func in INPLACE:
+    if records and func in INPLACE:
         rule, twin = INPLACE[func]
         # x gets its new data from func itself, except where forward drew random numbers: a second draw would give x
         # other values than the graph recorded (and move torch's generator on twice), so the result is copied in
@@ -280,7 +287,7 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
     leaf = kwargs.get("requires_grad") is True  # torch.zeros_like(x, requires_grad=True): a new leaf of torchtrace's
     with plain_torch():
         out = func(*args, **({**kwargs, "requires_grad": False} if leaf else kwargs))
-    if recording and func not in NON_DIFFERENTIABLE and _has_floating(out):
+    if records and func not in NON_DIFFERENTIABLE and _has_floating(out):
         _refuse(func)
     out = _as_tracers(out, tracer_type, args)
     return out.requires_grad_() if leaf else out

@@ -84,7 +84,7 @@ def _namespace(rule: type) -> Dict[str, Any]:
     table = _table(rule)
     return {"RULE": rule, "run_rule": run_rule, "grad_enabled": torch.is_grad_enabled,
             "any_autocast": torch._C._is_any_autocast_enabled, "INPLACE_FLAG": INPLACE_FLAG, "plain": plain_torch,
-            "Tensor": torch.Tensor,
+            "Tensor": torch.Tensor, "inference": torch.is_inference_mode_enabled,
             "containers": (list, tuple), "AccumulateGrad": AccumulateGrad, "Edge": Edge, "new_edge": tuple.__new__,
             "Context": Context, "Node": Node, "new_node": object.__new__, "STATE": STATE,
             "next_sequence_nr": _next_sequence_nr,
@@ -157,7 +157,7 @@ def lane_source(rule: type, n_args: int) -> Optional[str]:
     names = [f"a{i}" for i in range(n_args)]
     lines = [f"def record_{rule.__name__}_{n_args}(T, func, args):",
              f'    """{rule.__name__} recorded, every decision taken (the general path: dispatch.run_rule)."""',
-             "    if not grad_enabled() or any_autocast():",
+             "    if not grad_enabled() or any_autocast() or inference():",
              "        return run_rule(T, RULE, func, args, {})",
              *_inplace_flag_lines(rule, n_args),
              f"    {', '.join(names)}, = args",
