@@ -221,6 +221,28 @@ def test_copies_and_pickles_keep_what_torchs_keep(make):
     assert torch.load(buffer, weights_only=False).weight.no_decay is True
 
 
+@pytest.mark.parametrize("make", [torch.tensor, tt.tracer])
+def test_torch_loads_saved_tracers_with_its_default_weights_only(make):
+    """torch.load's default (weights_only=True) reads parameters, a detached output, dicts of them and
+    state_dict(keep_vars=True) as torch's own tensors; for tracers it raised an UnpicklingError naming torchtrace's
+    rebuild functions (declared safe at import now), whatever the user had allowlisted."""
+    linear = torch.nn.Linear(4, 2)
+    model = linear if make is torch.tensor else tt.port(linear)
+    model.weight.note = "decay"
+    leaf = make([1.0, 2.0], requires_grad=True)
+    saved = {"weight": model.weight, "output": model(torch.ones(1, 4)).detach(), "parameters":
+             dict(model.named_parameters()), "state": model.state_dict(keep_vars=True), "non-leaf": leaf * 2}
+    buffer = io.BytesIO()
+    torch.save(saved, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    assert type(loaded["weight"]) is type(model.weight) and loaded["weight"].note == "decay"
+    assert loaded["weight"].requires_grad and not loaded["output"].requires_grad
+    assert torch.equal(loaded["output"], saved["output"]) and torch.equal(loaded["state"]["bias"], model.bias)
+    assert all(type(p) is type(model.weight) for p in loaded["parameters"].values())
+    assert loaded["non-leaf"].requires_grad and loaded["non-leaf"].is_leaf and loaded["non-leaf"].tolist() == [2, 4]
+
+
 def test_as_tracer_refuses_what_is_not_a_tensor_and_names_tt_tracer():
     """A list raised AttributeError: 'list' object has no attribute 'detach'."""
     for data in ([1.0, 2.0], None, 3.0):
