@@ -94,6 +94,8 @@ class tracer(TensorProtocols, torch.Tensor):
     def requires_grad(self, flag: bool) -> None:
         if type(flag) is not bool:
             raise RuntimeError("requires_grad must be a bool")
+        if self._tt_node is not None:  # as torch: a non-leaf's flag is fixed (x.requires_grad_() alone passes)
+            raise RuntimeError("you can only change requires_grad of leaf tracers; use .detach() on a non-leaf")
         self.requires_grad_(flag)
 
     def requires_grad_(self, requires_grad: bool = True) -> "tracer":

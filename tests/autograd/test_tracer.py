@@ -263,3 +263,17 @@ def test_requires_grad_must_be_a_bool_as_torch(flag):
         with pytest.raises(RuntimeError, match="requires_grad must be a bool"):
             x.requires_grad = flag
         assert not x.requires_grad
+
+
+@pytest.mark.parametrize("make", [torch.tensor, tt.tracer])
+def test_a_non_leafs_requires_grad_attribute_is_fixed_as_torchs(make):
+    """torch refuses setting a non-leaf's requires_grad attribute, True as well as False (y.requires_grad = True
+    passed silently); requires_grad_() with True stays allowed, a no-op, on both."""
+    y = make([1.0, 2.0], requires_grad=True) * 2
+    for flag in (True, False):
+        with pytest.raises(RuntimeError, match="only change requires_grad"):
+            y.requires_grad = flag
+    assert y.requires_grad_() is y and y.requires_grad
+    leaf = make([1.0, 2.0])
+    leaf.requires_grad = True
+    assert leaf.requires_grad
