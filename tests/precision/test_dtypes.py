@@ -177,3 +177,31 @@ def test_the_reason_a_report_gives_for_one_op_is_what_torch_autocast_does(name, 
                                   torch.linalg.eigvals, torch.linalg.cond], ids=lambda f: f.__name__)
 def test_the_reason_of_ops_without_a_rule_is_what_torch_autocast_does(func, dtype):
     _assert_autocast_does(why(func), lambda a: _first_tensor(func(a)).real, [_spd()], {}, dtype)
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=str)
+def test_an_op_autocast_left_alone_is_promoted_not_its_lists(dtype):
+    """A listed op that autocast did not cast runs in the type its inputs give it ('promoted'): inside
+    torch.autocast(enabled=False), or on float64 inputs, which autocast never casts; its list's reason was given."""
+    torch.manual_seed(0)
+    low, high = tt.port(torch.nn.Linear(4, 4)), tt.port(torch.nn.Linear(4, 4).double())
+
+    def loss(x):
+        h = low(x)  # cast: the lower-precision list
+        with torch.autocast("cpu", enabled=False):
+            h = low(h.float())  # autocast switched off: float32, its inputs' type
+        return high(h.double()).softmax(-1).sum()  # float64: never cast (softmax is on the float32 list)
+
+    rows = [row for row in tt.precision(loss, torch.randn(3, 4), dtype=dtype).rows if row.rule in
+            ("LinearFunction", "Softmax")]
+    forward = [(row.rule, row.dtype, row.why) for row in rows if row.phase == "forward"]
+    assert forward == [("LinearFunction", dtype, WHY_LOWER), ("LinearFunction", torch.float32, WHY_PROMOTED),
+                       ("LinearFunction", torch.float64, WHY_PROMOTED), ("Softmax", torch.float64, WHY_PROMOTED)]
+    with torch.autocast("cpu", dtype=dtype):  # what torch autocast does with the same calls on plain tensors
+        x = torch.randn(3, 4)
+        assert torch.nn.functional.linear(x, torch.randn(4, 4)).dtype == dtype
+        with torch.autocast("cpu", enabled=False):
+            assert torch.nn.functional.linear(x, torch.randn(4, 4)).dtype == torch.float32
+        assert torch.nn.functional.linear(x.double(), torch.randn(4, 4).double()).softmax(-1).dtype == torch.float64
+    backward = {row.rule: row.why for row in rows if row.phase == "backward" and row.dtype == torch.float64}
+    assert set(backward.values()) == {WHY_PROMOTED}

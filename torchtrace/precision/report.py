@@ -4,7 +4,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 
 from torchtrace import argument_checks
-from torchtrace.autocast_lists import why
+from torchtrace.autocast_lists import WHY_FLOAT32, WHY_LOWER, WHY_PROMOTED, why
 from torchtrace.doctor.comparison import _aligned
 from torchtrace.doctor.recording import Pass
 from torchtrace.precision.counts import Counts, count, count_all, relative_error
@@ -17,11 +17,16 @@ def _dtype(tensors: List[Optional[torch.Tensor]]) -> Optional[torch.dtype]:
     return next((t.dtype for t in tensors if t is not None), None)
 
 
-def why_of(node: Any) -> str:
-    """lists.why for the op a node recorded (F.pad's reason reads the mode and the pads its rule kept)."""
+def why_of(node: Any, dtype: Optional[torch.dtype]) -> str:
+    """lists.why for the op a node recorded (F.pad's reason reads the mode and the pads its rule kept) where autocast
+    cast it, its forward having run in `dtype`; 'promoted' (the type its inputs give it) for an op autocast left
+    alone: recorded outside an autocast region (enabled=False inside one), or run in another dtype than its list's
+    (float64 inputs, which autocast never casts)."""
     ctx = node.ctx
     pads = getattr(ctx, "pad", None) if hasattr(ctx, "__dict__") else None
-    return why(node.func, getattr(ctx, "mode", None), len(pads) // 2 if isinstance(pads, (list, tuple)) else 0)
+    reason = why(node.func, getattr(ctx, "mode", None), len(pads) // 2 if isinstance(pads, (list, tuple)) else 0)
+    listed = {WHY_LOWER: node.autocast[1] if node.autocast else None, WHY_FLOAT32: torch.float32}
+    return reason if node.autocast is not None and dtype == listed.get(reason, dtype) else WHY_PROMOTED
 
 
 def forward_rows(low: Pass, reference: Pass) -> List[Row]:
@@ -29,7 +34,8 @@ def forward_rows(low: Pass, reference: Pass) -> List[Row]:
     for i, j in _aligned(low.forward, reference.forward):
         op, ref = low.forward[i], reference.forward[j]
         node = low.recorded[i]
-        rows.append(Row(op.rule, op.module, op.line, "forward", _dtype([op.value]), why_of(node),
+        dtype = _dtype([op.value])
+        rows.append(Row(op.rule, op.module, op.line, "forward", dtype, why_of(node, dtype),
                         count(op.value, ref.value), relative_error(op.value, ref.value), op.value, ref.value, node, i))
     return rows
 
@@ -42,8 +48,9 @@ def backward_rows(low: Pass, reference: Pass, scale: float, computed_in: Dict[An
         step, ref = low.steps[i], reference.steps[j]
         errors = [relative_error(a, b, scale) for a, b in zip(step.sent, ref.sent)]
         first = next((k for k, t in enumerate(step.sent) if t is not None), 0)
-        dtype = computed_in.get(step.node) or _dtype(step.sent)
-        rows.append(Row(step.rule, step.module, step.line, "backward", dtype, why_of(step.node),
+        forward_dtype = computed_in.get(step.node)
+        dtype = forward_dtype or _dtype(step.sent)
+        rows.append(Row(step.rule, step.module, step.line, "backward", dtype, why_of(step.node, forward_dtype),
                         count_all(zip(step.sent, ref.sent), scale, dtype), max(errors, default=0.0),
                         step.sent[first] if step.sent else None, ref.sent[first] if ref.sent else None, step.node, i))
     return rows
