@@ -70,6 +70,8 @@ CASES = {
     "Tensor.fliplr": (lambda x: x.fliplr(), [(2, 3, 4)]),
     "torch.fliplr": (lambda x: torch.fliplr(x), [(3, 4)]),
     "Tensor.flipud": (lambda x: x.flipud(), [(3, 4)]),
+    "reversed(x)": (lambda x: torch.stack(list(reversed(x))), [(3, 4)]),
+    "reversed(x), 0-d": (lambda x: reversed(x) * 2, [()]),
     "torch.flipud": (lambda x: torch.flipud(x), [(3,)]),
     "Tensor.roll dims": (lambda x: x.roll((1, -1), (0, 2)), [(2, 3, 4)]),
     "Tensor.roll flat": (lambda x: x.roll(5), [(2, 3, 4)]),

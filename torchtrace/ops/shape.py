@@ -97,6 +97,8 @@ structural("MT", [T.mT.__get__], "y = x.mT (last two dims swapped)  ->  dx = g.m
 structural("Movedim", [T.movedim, torch.movedim, T.moveaxis, torch.moveaxis],
            "y = x with dims moved src -> dst  ->  dx = g with dims moved dst -> src", _unmove, uses=())
 structural("Flip", [T.flip, torch.flip], "y = x reversed along dims  ->  dx = g reversed along dims")
+structural("Reversed", [T.__reversed__],
+           "y = reversed(x): x reversed along dim 0 (x.flip(0); a 0-d x itself)  ->  dx = g reversed along dim 0")
 structural("Fliplr", [T.fliplr, torch.fliplr], "y = x reversed along dim 1  ->  dx = g reversed along dim 1")
 structural("Flipud", [T.flipud, torch.flipud], "y = x reversed along dim 0  ->  dx = g reversed along dim 0")
 structural("Roll", [T.roll, torch.roll], "y = x rolled by s  ->  dx = g rolled by -s", _unroll, uses=())
