@@ -1,5 +1,6 @@
 """F.scaled_dot_product_attention's rule and MultiheadAttention: against torch autograd, finite differences
 (float64) and torch.nn.MultiheadAttention with identical weights."""
+import copy
 import math
 
 import pytest
@@ -292,3 +293,27 @@ def test_multihead_attention_errors():
         layer(tt.randn(5, 3, 6), tt.randn(5, 3, 6), tt.randn(5, 3, 6))
     with pytest.raises(AssertionError, match="2-D .unbatched. or 3-D"):
         layer(x, x[0], x[0])
+
+
+@pytest.mark.parametrize("mask_kind", ["key_padding_mask", "attn_mask"])
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_multihead_attention_on_a_fully_masked_query_gives_torchs_nan_or_zeros(need_weights, mask_kind):
+    """torch computes MultiheadAttention's weights with softmax when they are asked for: a query whose keys are all
+    masked gets NaN weights, output and gradients; without them it runs sdpa, whose fully masked rows are zeros.
+    torchtrace gave zeros in both cases (finite numbers where torch's are NaN)."""
+    torch.manual_seed(0)
+    theirs = torch.nn.MultiheadAttention(4, 2).double()
+    ours = tt.port(copy.deepcopy(theirs))
+    q = torch.randn(3, 2, 4, dtype=torch.float64)
+    padding = torch.tensor([[True, True, True], [False, True, False]])
+    options = ({"key_padding_mask": padding} if mask_kind == "key_padding_mask" else
+               {"attn_mask": torch.tensor([[True] * 3, [False, True, False], [False] * 3])})
+    results = []
+    for model, x in ((ours, tt.tracer(q.clone(), requires_grad=True)), (theirs, q.clone().requires_grad_())):
+        out, weights = model(x, x, x, need_weights=need_weights, **options)
+        out.sum().backward()
+        results.append([t.as_subclass(torch.Tensor).detach() for t in (out, x.grad, model.in_proj_weight.grad,
+                                                                         *([weights] if need_weights else []))])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, equal_nan=True)
+    assert results[1][0].isnan().any() == need_weights  # the case is the one torch answers with NaN

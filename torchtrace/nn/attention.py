@@ -58,11 +58,13 @@ def score_gradients(dp: Tensor, p: Tensor, q: Tensor, k: Tensor, scale: float, n
 
 
 def attention_weights(query: Tensor, key: Tensor, attn_mask: Optional[Tensor], is_causal: bool,
-                      scale: float) -> Tensor:
-    """P = softmax(q k^T * scale + mask) over the keys (fully masked rows: zeros)."""
+                      scale: float, safe: bool = True) -> Tensor:
+    """P = softmax(q k^T * scale + mask) over the keys (fully masked rows: zeros, as sdpa; NaN unless `safe`, as
+    MultiheadAttention's weights)."""
     scores = query @ key.transpose(-2, -1) * scale
     bias = mask_bias(attn_mask, is_causal, scores)
-    return safe_softmax(scores if bias is None else scores + bias)
+    scores = scores if bias is None else scores + bias
+    return safe_softmax(scores) if safe else torch.softmax(scores, -1)
 
 
 class AttentionWeights(Function):
@@ -70,9 +72,9 @@ class AttentionWeights(Function):
     dmask = dS"""
 
     @staticmethod
-    def forward(ctx, query, key, attn_mask=None, is_causal=False, scale=None):
+    def forward(ctx, query, key, attn_mask=None, is_causal=False, scale=None, safe=True):
         ctx.scale = default_scale(query, scale)
-        p = attention_weights(query, key, attn_mask, is_causal, ctx.scale)
+        p = attention_weights(query, key, attn_mask, is_causal, ctx.scale, safe)
         ctx.save_for_backward(query, key, p)
         return p
 
@@ -243,8 +245,8 @@ class MultiheadAttention(Module, torch.nn.MultiheadAttention):
             attn_mask = padding if attn_mask is None else attn_mask + padding
         dropout_p = self.dropout if self.training else 0.0
         weights = None
-        if need_weights or dropout_p > 0:
-            weights = AttentionWeights.apply(q, k, attn_mask)
+        if need_weights or dropout_p > 0:  # torch: the weights by softmax (a fully masked row NaN), else sdpa (zeros)
+            weights = AttentionWeights.apply(q, k, attn_mask, False, None, not need_weights)
             weights = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
             out = weights @ v
         else:
