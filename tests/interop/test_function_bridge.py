@@ -276,3 +276,34 @@ def test_tensors_inside_a_list_argument_get_no_gradient_as_in_torch():
     a, y = tt.tracer(x64(2), requires_grad=True), tt.tracer(x64(2), requires_grad=True)
     SumList.apply([a, a], y).sum().backward()
     assert a.grad is None and y.grad is not None
+
+
+class SeesNone(torch.autograd.Function):
+    """materialize_grads off: the unused output's gradient arrives as None, and backward takes another path."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        return x * 2, x * 3
+
+    @staticmethod
+    def backward(ctx, ga, gb):
+        return ga * 2 if gb is None else ga * 2 + gb * 3 + 100
+
+
+@pytest.mark.parametrize("materialize", [False, True])
+def test_set_materialize_grads_false_hands_backward_none_as_torch(materialize):
+    """The bridge kept the flag on its own ctx while the engine read the node's: backward received zeros for the
+    output no gradient reached and took the other branch (a silently wrong gradient: 102 where torch gives 2)."""
+    class Function(SeesNone):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.set_materialize_grads(materialize)
+            return x * 2, x * 3
+
+    grads = []
+    for x in (tt.tracer(torch.ones(2), requires_grad=True), torch.ones(2, requires_grad=True)):
+        Function.apply(x)[0].sum().backward()
+        grads.append(x.grad.as_subclass(torch.Tensor))
+    assert torch.equal(grads[0], grads[1])
+    assert grads[1].tolist() == ([2.0, 2.0] if not materialize else [102.0, 102.0])

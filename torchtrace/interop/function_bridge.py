@@ -51,7 +51,9 @@ class UserContext:
         self.non_differentiable = tensors
 
     def set_materialize_grads(self, value: bool) -> None:
+        """False: backward receives None for an output no gradient reached; the engine reads the node's own ctx."""
         self.materialize_grads = bool(value)
+        self._node.set_materialize_grads(value)
 
 
 class _Opaque:
