@@ -252,7 +252,9 @@ def _refuse_no_tensor(tool: str, outputs: List[Any]) -> None:
 
 
 def gradcheck(fn: Callable, *inputs: Any, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3) -> bool:
-    """Compare torchtrace's gradients with central finite differences, in float64."""
+    """Compare torchtrace's Jacobian with central finite differences, in float64, entry by entry (as torch's
+    gradcheck): row r of each output's block from one backward pass of the unit cotangent e_r, column j from
+    (f(x + eps e_j) - f(x - eps e_j)) / 2 eps. Raises GradientMismatch naming the input and output that differ."""
     if not eps > 0:
         raise ValueError(f"tt.gradcheck: eps is the finite-difference step and must be positive, not {eps}")
     leaves, rebuild = flatten(list(inputs))
@@ -263,31 +265,48 @@ def gradcheck(fn: Callable, *inputs: Any, eps: float = 1e-6, atol: float = 1e-5,
     ours = [as_tracer(x.clone(), True) if _differentiable(x) else x for x in leaves]
     out_ours, _ = flatten(fn(*rebuild(ours)))
     _refuse_no_tensor("tt.gradcheck", out_ours)
-    weights = _weights(out_ours)
-    pairs = [(o, w) for o, w in zip(out_ours, weights) if w is not None and o.requires_grad]
-    if pairs:
-        engine.backward([o for o, _ in pairs], [w for _, w in pairs])
+    checked = [i for i, x in enumerate(leaves) if _differentiable(x)]
+    outputs = [k for k, o in enumerate(out_ours) if _differentiable(o)]
+    analytic = _analytic_jacobian([out_ours[k] for k in outputs], [ours[i] for i in checked])
 
-    def projected() -> float:
+    def evaluated() -> List[torch.Tensor]:
         outs, _ = flatten(fn(*rebuild(leaves)))
-        return sum(float((_plain(o).double() * w).sum()) for o, w in zip(outs, weights) if w is not None)
+        return [_plain(outs[k]).double().reshape(-1) for k in outputs]
 
-    for i, (x, t) in enumerate(zip(leaves, ours)):
-        if not _differentiable(x):
-            continue
-        numeric = torch.zeros_like(x)
+    for column, i in enumerate(checked):
+        flat = leaves[i].view(-1)
+        numeric = [torch.zeros(out_ours[k].numel(), flat.numel(), dtype=torch.float64) for k in outputs]
         with torch.no_grad():
-            flat, out = x.view(-1), numeric.view(-1)
-            for k in range(flat.numel()):
-                original = flat[k].item()
-                flat[k] = original + eps
-                plus = projected()
-                flat[k] = original - eps
-                minus = projected()
-                flat[k] = original
-                out[k] = (plus - minus) / (2 * eps)
-        analytic = t.grad if t.grad is not None else torch.zeros_like(x)
-        if not torch.allclose(analytic, numeric, atol=atol, rtol=rtol):
-            diff = (analytic - numeric).abs().max().item()
-            raise GradientMismatch(f"gradient of input {i} differs from finite differences: max |diff| = {diff:.3g}")
+            for j in range(flat.numel()):
+                original = flat[j].item()
+                flat[j] = original + eps
+                plus = evaluated()
+                flat[j] = original - eps
+                minus = evaluated()
+                flat[j] = original
+                for block, p, m in zip(numeric, plus, minus):
+                    block[:, j] = (p - m) / (2 * eps)
+        for row, (k, block) in enumerate(zip(outputs, numeric)):
+            ours_block = analytic[row][column]
+            if not torch.allclose(ours_block, block, atol=atol, rtol=rtol):
+                diff = (ours_block - block).abs().max().item()
+                raise GradientMismatch(f"gradient of input {i} differs from finite differences (output {k}): max "
+                                       f"|diff| = {diff:.3g}")
     return True
+
+
+def _analytic_jacobian(outputs: List[Any], inputs: List[Any]) -> List[List[torch.Tensor]]:
+    """J[output][input] as (output elements, input elements) float64 matrices, a row per backward pass of a unit
+    cotangent (zeros where an output does not depend on an input, or needs no gradient)."""
+    blocks = [[torch.zeros(o.numel(), x.numel(), dtype=torch.float64) for x in inputs] for o in outputs]
+    for o, row_blocks in zip(outputs, blocks):
+        if not o.requires_grad:
+            continue
+        for r in range(o.numel()):
+            unit = torch.zeros(o.numel(), dtype=o.dtype, device=o.device)
+            unit[r] = 1
+            row = engine.grad([o], inputs, [unit.view(o.shape)], retain_graph=True, allow_unused=True)
+            for block, g in zip(row_blocks, row):
+                if g is not None:
+                    block[r] = _plain(g).double().reshape(-1)
+    return blocks
