@@ -13,6 +13,7 @@ from torchtrace.autograd.state import STATE
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.forward.constant_results import constant_results, reads_a_gradient
 from torchtrace.forward.dual import TRANSPOSED, DualPass
+from torchtrace.forward.pass_state import PassState
 from torchtrace.forward.transpose import Linearised, plain
 from torchtrace.tracer import as_tracer
 from torchtrace.tracer import tracer as TRACER
@@ -164,12 +165,13 @@ def jacobian(f: Callable, inputs: Tensors, mode: str = "reverse") -> Any:
         primals = inputs if inputs_tuple else (inputs,)
         first_node = next_sequence_nr()
         xs = _leaves(primals, "primals")
+        start = PassState(f) if mode == "forward" else None  # every column's pass starts where this one did
         outs, is_tuple = _outputs(f(*([x.clone() for x in xs] if mode == "forward" else xs)))  # (as dual_pass's)
         blocks = [[plain(o).new_zeros(o.shape + x.shape) for x in xs] for o in outs]
         if mode == "reverse":
             _rows(outs, xs, blocks)
         else:
-            _columns(f, primals, xs, blocks)
+            _columns(f, primals, xs, blocks, start)
         # blocks torch.func would differentiate (none where grad mode was off outside)
         anchor = reads_a_gradient(primals, xs, outs, first_node) if grad_outside else None
         blocks = [constant_results(row, anchor, "tt.jacobian / tt.hessian") for row in blocks]
@@ -190,14 +192,18 @@ def _rows(outs: List[torch.Tensor], xs: List[torch.Tensor], blocks: List[List[to
 
 
 def _columns(f: Callable, primals: Sequence[torch.Tensor], xs: List[torch.Tensor],
-             blocks: List[List[torch.Tensor]]) -> None:
-    """Column k of J_.j: one pass of f on dual numbers, seeded with the unit tangent e_k of input j."""
+             blocks: List[List[torch.Tensor]], start: PassState) -> None:
+    """Column k of J_.j: one pass of f on dual numbers, seeded with the unit tangent e_k of input j, each from the
+    random and module state the first pass started from (pass_state.py); the state one pass leaves, after."""
     methods: Dict[str, str] = {}
+    after = PassState(f)
     for j, x in enumerate(xs):
         for k in range(x.numel()):
             tangents = [_unit(plain(x), k) if m == j else torch.zeros_like(plain(other)) for m, other in enumerate(xs)]
+            start.restore()
             outputs, _, products, dual = dual_pass(f, primals, tangents)
             methods.update(dual.used())
             for i, column in enumerate(products):
                 blocks[i][j].view(*outputs[i].shape, x.numel())[..., k] = column
+    after.restore()
     _warn_transposed(methods)
