@@ -297,3 +297,23 @@ def test_a_function_in_torch_2_style_with_setup_context_as_torch(base):
     torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), 4 * values)  # d/dx 2x·x = 4x
     y = ours.apply(tt.tracer(values.clone(), requires_grad=True), 3.0)
     assert y.tolist() == [3.0, -6.0] and seen == [2, 2, 2]
+
+
+@pytest.mark.parametrize("size", [3, 30])
+def test_a_gradient_of_a_wrong_shape_is_named_by_its_function_on_small_graphs_too(size):
+    """A backward returning a gradient that cannot be summed to its input's shape raises naming the Function and
+    both shapes, as torch's message does; on a small graph the value notes for tt.draw raised torch's bare
+    'size {[3]} is not expandable to size {[4]}' first."""
+    class Wrong(tt.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return torch.ones(size + 1)
+
+    x = tt.tracer(torch.ones(size), requires_grad=True)
+    with pytest.raises(RuntimeError, match=rf"WrongBackward.backward returned a gradient of shape \({size + 1},\) for "
+                                           rf"an input of shape \({size},\)"):
+        Wrong.apply(x).sum().backward()

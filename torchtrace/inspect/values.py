@@ -38,7 +38,10 @@ def summary(t: Any, shape: Optional[torch.Size] = None) -> Summary:
     with plain_torch():
         t = t.detach()
         if shape is not None and t.shape != shape:
-            t = t.sum_to_size(shape)
+            try:
+                t = t.sum_to_size(shape)
+            except RuntimeError:  # a rule's gradient of a wrong shape: unknown here, the engine says what is wrong
+                return None
         if t.numel() <= VALUE_LIMIT:
             return t.as_subclass(torch.Tensor).clone()
         return t.double().norm().item()
