@@ -145,14 +145,9 @@ def test_check_inputs_given_a_tensor_is_named(call):
         call(lambda t: t * 2, torch.rand(3, 2, dtype=torch.float64))
 
 
-def _square_with_error(base, at, size):
-    """x * x whose backward is off by `size` * g at element `at` (of d out_at / d x_at)."""
-    class Square(base):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x * x
-
+def _square_with_error(square, at, size):
+    """x * x (helpers' forward) whose backward is off by `size` * g at element `at` (of d out_at / d x_at)."""
+    class Square(square):
         @staticmethod
         def backward(ctx, g):
             (x,) = ctx.saved_tensors
@@ -168,10 +163,10 @@ def test_gradcheck_decides_as_torchs_on_every_jacobian_entry(at, size):
     which let an error at an output with a small weight pass (and failed some that torch's tolerances accept)."""
     x = torch.linspace(-1, 1, 20, dtype=torch.float64)
     x[at] = 0.0
-    theirs = torch.autograd.gradcheck(_square_with_error(torch.autograd.Function, at, size).apply,
+    theirs = torch.autograd.gradcheck(_square_with_error(TorchSquare, at, size).apply,
                                       (x.clone().requires_grad_(),), raise_exception=False)
     try:
-        ours = tt.gradcheck(_square_with_error(tt.Function, at, size).apply, x)
+        ours = tt.gradcheck(_square_with_error(WrongSquare, at, size).apply, x)
     except tt.GradientMismatch as error:
         ours = False
         assert f"input 0 differs from finite differences (output 0): max |diff| = {size:.3g}" in str(error)
