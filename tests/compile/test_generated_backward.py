@@ -233,18 +233,29 @@ def test_a_layout_the_trace_did_not_see_goes_step_by_step(monkeypatch):
     expect((3, 1), (3, 1), "x0.stride()")
 
 
-def test_tracing_a_rule_that_draws_at_record_time_leaves_torchs_random_stream_as_eager():
+@pytest.mark.parametrize("draw", [lambda x: F.dropout(x, 0.5), lambda x: F.rrelu(x - 0.5, training=True),
+                                  torch.nn.RReLU().train()], ids=["dropout", "rrelu", "RReLU module"])
+def test_tracing_a_rule_that_draws_at_record_time_leaves_torchs_random_stream_as_eager(draw):
     x = tt.tracer(torch.randn(4, 4), requires_grad=True)
+    wider = tt.tracer(torch.randn(5, 4), requires_grad=True)  # a new path recorded on the third call
 
     def step(x):
-        return (F.dropout(x, 0.5) * 2.0).sum()
+        return (draw(x) * 2.0).sum()
+
+    def run(fn):
+        values = []
+        for inputs in (x, x, wider, wider):
+            x.grad = wider.grad = None
+            loss = fn(inputs)
+            loss.backward()
+            values += [loss.item(), inputs.grad.sum().item()]
+        return values + torch.rand(3).tolist()
 
     torch.manual_seed(5)
-    eager = [step(x).item() for _ in range(3)] + torch.rand(3).tolist()
+    eager = run(step)
     compiled = tt.compile(step, (x,))
     torch.manual_seed(5)
-    replayed = [compiled(x).item() for _ in range(3)] + torch.rand(3).tolist()  # the first call records (traces)
-    assert replayed == eager
+    assert run(compiled) == eager  # the first and third calls record (trace their rules)
 
 
 def test_recording_leaves_another_threads_random_draws_alone():

@@ -130,3 +130,33 @@ def test_two_deep_copies_of_one_model_are_matched_by_parameter_name():
     leaves = {d.leaf for d in report.leaf_divergences}
     assert {"0.weight", "0.bias"} <= leaves <= {f"{i}.{kind}" for i in (0, 2) for kind in ("weight", "bias")}
     assert all(0 < d.error < 1 for d in report.leaf_divergences), str(report)  # finite: each leaf met its twin
+
+
+def test_dropout_draws_the_same_mask_in_both_passes_so_identical_code_does_not_diverge():
+    torch.manual_seed(0)
+    model = tt.port(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1)))
+    x = tt.randn(16, 4)
+    report = tt.diff(lambda: model(x).pow(2).mean(), lambda: model(x).pow(2).mean())
+    assert report.same and report.first_forward is None
+    assert report.a.loss == report.b.loss
+
+
+def test_an_op_only_one_pass_ran_is_where_the_forwards_first_differ():
+    model, x = mlp()
+
+    def with_relu():
+        return torch.relu(model(x)).pow(2).mean()  # the op b adds
+
+    report = tt.diff(lambda: model(x).pow(2).mean(), with_relu)
+    first = report.first_forward
+    assert (first.rule, first.only, first.line) == ("Relu", "b", f"test_diff.py:{line_of_relu()}")
+    assert "Relu, an op only b ran," in str(report)
+    assert "the forwards already differ" in str(report)
+    removed = tt.diff(with_relu, lambda: model(x).pow(2).mean()).first_forward
+    assert (removed.rule, removed.only) == ("Relu", "a")
+
+
+def line_of_relu():
+    import inspect
+    source, start = inspect.getsourcelines(test_an_op_only_one_pass_ran_is_where_the_forwards_first_differ)
+    return start + next(i for i, text in enumerate(source) if "the op b adds" in text)

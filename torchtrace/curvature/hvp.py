@@ -17,7 +17,7 @@ import torch
 
 from torchtrace.autograd.engine import grad
 from torchtrace.autograd.node import _next_sequence_nr as next_sequence_nr
-from torchtrace.forward.api import _leaves, jacobian
+from torchtrace.forward.api import _leaves, jacobian, recording_on
 from torchtrace.forward.constant_results import constant_results, reads_a_gradient
 from torchtrace.forward.dual import DualPass
 from torchtrace.forward.transpose import plain
@@ -57,9 +57,9 @@ def hvp_at(loss_of: Callable[[], torch.Tensor], leaves: Sequence[torch.Tensor], 
     """H v for the loss `loss_of()` (the function the caller calls `name`) computes from the tracer leaves `leaves`
     (they are not copied: a model's own parameters work), v one plain tensor per leaf. Returns (H v as plain
     tensors, the passes). It records with gradients on whatever the caller's grad mode (as torch.func ignores an
-    outer no_grad)."""
+    outer no_grad, and records inside torch.inference_mode as torch.func does)."""
     _checked(method, "tt.hvp")
-    with torch.enable_grad():
+    with recording_on():
         return _hvp_at(loss_of, leaves, v, method, name)
 
 
@@ -160,10 +160,11 @@ def hvp(f: Callable[..., torch.Tensor], params: Tensors, v: Tensors, method: str
         if not (t.is_floating_point() or t.is_complex()):
             raise ValueError(f"tt.hvp: v[{i}] must be a floating-point tensor (as torch.func's tangent), not {t.dtype}")
     _checked(method, "tt.hvp")
-    leaves = _leaves(primals, "params")
-    vs = tuple(plain(t).to(p.dtype) for t, p in zip(vs, primals))
-    first_node = next_sequence_nr()
-    products, passes = hvp_at(lambda: f(*leaves), leaves, vs, method)
+    with recording_on():  # (leaves made under the caller's inference_mode would not record)
+        leaves = _leaves(primals, "params")
+        vs = tuple(plain(t).to(p.dtype) for t, p in zip(vs, primals))
+        first_node = next_sequence_nr()
+        products, passes = hvp_at(lambda: f(*leaves), leaves, vs, method)
     anchor = reads_a_gradient(primals, leaves, [passes.loss], first_node)  # (a result torch.func would differentiate)
     products = constant_results(products, anchor, "tt.hvp")
     result = tuple(products) if is_tuple else products[0]
@@ -185,5 +186,5 @@ def hessian(f: Callable[..., torch.Tensor], x: Tensors, method: str = "forward-o
         g = _gradient(f(*xs), xs)
         return g if is_tuple else g[0]
 
-    with torch.enable_grad():
+    with recording_on():
         return jacobian(gradient, x, mode="forward" if method == "forward-over-reverse" else "reverse")

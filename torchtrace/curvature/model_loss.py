@@ -19,6 +19,7 @@ from torchtrace.autograd.plain import plain_torch
 from torchtrace.curvature.hvp import METHODS, hvp_at
 from torchtrace.curvature.progress import SILENT as _SILENT
 from torchtrace.curvature.progress import progress
+from torchtrace.forward.api import recording_on
 from torchtrace.forward.transpose import plain
 from torchtrace.tracer import tracer as TRACER
 
@@ -170,7 +171,7 @@ class ModelLoss:
                                  f"{tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__}")
         vs = self.unflatten(v)
         total, count = None, 0
-        with self.kept(), torch.enable_grad():  # (an HVP records, even inside the caller's no_grad)
+        with self.kept(), recording_on():  # (an HVP records, even inside the caller's no_grad or inference_mode)
             for number, (batch, n) in enumerate(self._passes()):
                 products, passes = hvp_at(lambda: self._loss_of(batch), self.params, vs, self.method, "loss_fn")
                 with plain_torch():

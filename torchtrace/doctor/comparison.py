@@ -34,15 +34,19 @@ class Divergence:
     rule_b: str = ""  # the rule of pass b, where it is a different one
     leaf: str = ""  # the leaf's name, for a leaf gradient
     phase: str = "backward"  # "forward" for an op whose value differs
+    line_b: str = ""  # the line of pass b, where it is another
+    only: str = ""  # "a" or "b": an op of the forward that only that pass ran (the other has nothing in its place)
 
     def __str__(self) -> str:
         what = f"leaf {self.leaf}" if self.leaf else self.rule + (f" (b: {self.rule_b})" if self.rule_b else "")
-        where = " ".join(p for p in (f"in {self.module}" if self.module else "", f"at {self.line}" if self.line
-                                     else "") if p)
+        if self.only:
+            what = f"{self.rule}, an op only {self.only} ran,"
+        line = self.line + (f" (b: {self.line_b})" if self.line_b else "")
+        where = " ".join(p for p in (f"in {self.module}" if self.module else "", f"at {line}" if line else "") if p)
         arrived = "" if self.leaf or self.phase == "forward" else (
             f", the gradient it received already differed by {self.incoming_error:.2e}"
                                         if self.incoming_error > 0 else ", the gradient it received was equal")
-        return f"{what} {where}".rstrip() + f": error {self.error:.2e}{arrived}"
+        return f"{what} {where}".rstrip() + (f": error {self.error:.2e}{arrived}" if not self.only else "")
 
 
 def relative_error(a: Optional[torch.Tensor], b: Optional[torch.Tensor], atol: float) -> float:
@@ -83,6 +87,25 @@ def _aligned(a: List[Any], b: List[Any]) -> List[Tuple[int, int]]:
     return pairs
 
 
+def _only_in_one(a: List[Any], b: List[Any]) -> List[Tuple[int, Any]]:
+    """The forward ops that only one pass ran (an op inserted or removed, not replaced by one in its place), each with
+    its place in pass a's order (where it would have been, for an op of b)."""
+    matcher = difflib.SequenceMatcher(a=[s.key for s in a], b=[s.key for s in b], autojunk=False)
+    found = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
+            continue
+        if i2 > i1 and j2 == j1 or tag == "replace" and i2 - i1 > j2 - j1:
+            op = a[i1 + (j2 - j1)]
+            found.append((i1, Divergence(op.rule, op.module, op.line, float("inf"), 0.0, i1, phase="forward",
+                                         only="a")))
+        else:
+            op = b[j1 + (i2 - i1)]
+            found.append((i1, Divergence(op.rule, op.module, op.line, float("inf"), 0.0, i1, phase="forward",
+                                         only="b")))
+    return found
+
+
 def _leaf_pairs(a: Pass, b: Pass) -> List[Tuple[Any, Any]]:
     """Each leaf of pass a with its leaf in pass b: the same object (a parameter both passes used), else the leaf
     of the same name (two copies of one model, e.g. copy.deepcopy: different objects, the same paths)."""
@@ -112,7 +135,8 @@ class DiffReport:
                 incoming = _errors(sa.incoming, sb.incoming, atol)
                 self.divergences.append(Divergence(sa.rule, sa.module, sa.line, error,
                                                    incoming if incoming > rtol else 0.0, i,
-                                                   sb.rule if sb.rule != sa.rule else ""))
+                                                   sb.rule if sb.rule != sa.rule else "",
+                                                   line_b=sb.line if sb.line != sa.line else ""))
         self.forward_pairs = _aligned(a.forward, b.forward)
         self.forward_divergences = []
         for i, j in self.forward_pairs:
@@ -120,7 +144,11 @@ class DiffReport:
             error = relative_error(fa.value, fb.value, atol)
             if error > rtol:
                 self.forward_divergences.append(Divergence(fa.rule, fa.module, fa.line, error, 0.0, i,
-                                                           fb.rule if fb.rule != fa.rule else "", phase="forward"))
+                                                           fb.rule if fb.rule != fa.rule else "", phase="forward",
+                                                           line_b=fb.line if fb.line != fa.line else ""))
+        placed = [(d.index, k, d) for k, d in enumerate(self.forward_divergences)]
+        placed += [(i, -1, d) for i, d in _only_in_one(a.forward, b.forward)]  # (an op only one ran comes first)
+        self.forward_divergences = [d for _, _, d in sorted(placed, key=lambda item: item[:2])]
         self.leaf_pairs = _leaf_pairs(a, b)
         self.leaf_divergences = [
             Divergence("", "", "", error, 0.0, -1, leaf=self._leaf_name(key, key_b)) for key, key_b, error in
@@ -164,7 +192,8 @@ class DiffReport:
                         "forward: the same values (what differs is the backward)")
         if self.first is None:
             return f"{head}\n{forward_line}\nno divergence"
-        lines = [head, forward_line, f"first: {self.first}"]
+        follows = " (the forwards already differ, above: the gradients of the ops after it differ with them)"
+        lines = [head, forward_line, f"first: {self.first}" + (follows if forward is not None else "")]
         if self.first.line and self.first.index >= 0:
             step = self.a.steps[self.first.index]
             lines += [f"    {label}: {text}" for label, text in (("code", step.code), ("rule", step.math)) if text]
@@ -188,11 +217,26 @@ class DiffReport:
         return diff_in_player(self, first)
 
 
+def _random_state() -> Tuple[torch.Tensor, List[torch.Tensor]]:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    return torch.get_rng_state(), cuda
+
+
+def _set_random_state(state: Tuple[torch.Tensor, List[torch.Tensor]]) -> None:
+    torch.set_rng_state(state[0])
+    if state[1]:
+        torch.cuda.set_rng_state_all(state[1])
+
+
 def diff(fn_a: Any, fn_b: Any, *args: Any, rtol: float = 1e-4, atol: float = 1e-12,
          titles: Tuple[str, str] = ("a", "b"), **kwargs: Any) -> DiffReport:
     """Run fn_a(*args) and fn_b(*args) and the backward of each scalar result; align their rule steps and report
-    where their gradients first differ by more than rtol (relative to the larger of the two)."""
+    where their gradients first differ by more than rtol (relative to the larger of the two). Both start from the
+    same state of torch's random generators (a dropout draws the same mask in both)."""
     def rerun(explore: bool) -> Tuple[Pass, Pass]:
-        return record_pass(fn_a, args, kwargs, explore), record_pass(fn_b, args, kwargs, explore)
+        state = _random_state()  # both passes draw the same random numbers (dropout): only the code differs
+        a = record_pass(fn_a, args, kwargs, explore)
+        _set_random_state(state)
+        return a, record_pass(fn_b, args, kwargs, explore)
 
     return DiffReport(*rerun(False), rtol, atol, titles, rerun)

@@ -1,6 +1,7 @@
 """tt.jvp and tt.jacobian: Jacobian-vector products in one forward pass, and whole Jacobians in either mode."""
+import contextlib
 import warnings
-from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple, Union
 
 import torch
 
@@ -25,6 +26,15 @@ METHODS = ("auto", "dual", "transpose")
 class TransposedOpsWarning(UserWarning):
     """Forward mode transposed the backward of some ops (they have no tangent rule): exact, but two small reverse
     passes per op instead of one tangent rule."""
+
+
+@contextlib.contextmanager
+def recording_on() -> Iterator[None]:
+    """A transform's own passes record whatever the caller's mode, as torch.func's transforms: grad mode on (an outer
+    no_grad is ignored) and inference mode off (inside torch.inference_mode nothing would record: every result a
+    constant, every derivative a silent 0). A tensor made under inference mode is read as a constant."""
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
 
 
 def _leaves(values: Sequence[Any], what: str) -> List[torch.Tensor]:
@@ -123,7 +133,7 @@ def jvp(f: Callable, primals: Tuple[torch.Tensor, ...], tangents: Tuple[torch.Te
     if method not in METHODS:
         raise ValueError(f"tt.jvp: method must be one of {METHODS}, not {method!r}")
     grad_outside = torch.is_grad_enabled()
-    with torch.enable_grad():  # as torch.func.jvp, whatever the grad mode outside; constant results where it was off
+    with recording_on():  # as torch.func.jvp, whatever the grad mode outside; constant results where it was off
         tangents_plain = _checked_tangents(primals, tangents)
         first_node = next_sequence_nr()
         if method == "transpose":
@@ -160,7 +170,7 @@ def jacobian(f: Callable, inputs: Tensors, mode: str = "reverse") -> Any:
     if mode not in ("forward", "reverse"):
         raise ValueError(f"tt.jacobian: mode must be 'forward' or 'reverse', not {mode!r}")
     grad_outside = torch.is_grad_enabled()
-    with torch.enable_grad():  # as torch.func.jacfwd and torch's functional jacobian; constant where it was off
+    with recording_on():  # as torch.func.jacfwd and torch's functional jacobian; constant where it was off
         inputs_tuple = isinstance(inputs, tuple)
         primals = inputs if inputs_tuple else (inputs,)
         first_node = next_sequence_nr()

@@ -3,6 +3,7 @@
 A reduction y_k = r(x_j : j in S_k), where every input feeds one output, has ẏ_k = Σ_{j in S_k} ∂y_k/∂x_j ẋ_j;
 the weights ∂y_k/∂x_j are the backward of a unit cotangent (ones), so `reduction` needs only the reduced dims.
 """
+import numbers
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -17,7 +18,7 @@ def _dims(dim: Any, ndim: int) -> Optional[Tuple[int, ...]]:
     """dim as a tuple of non-negative dims; None for every dim."""
     if dim is None:
         return None
-    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    dims = (dim,) if isinstance(dim, numbers.Integral) else tuple(dim)
     if not dims:
         return None
     return tuple(d % max(ndim, 1) for d in dims)

@@ -3,6 +3,7 @@
 Each of these is linear (or, for the trapezoid rule with sample points x, bilinear) in its inputs, so each
 backward is the transposed stencil: a difference y_i = z_{i+1} - z_i sends g_i to z_{i+1} and -g_i to z_i.
 """
+import numbers
 from typing import Any, Optional, Sequence, Tuple
 
 import torch
@@ -72,7 +73,7 @@ class Gradient(Function):
 
     @staticmethod
     def forward(ctx, x, spacing=1, dim=None, edge_order=1):
-        dims = list(range(x.dim())) if dim is None else [dim] if isinstance(dim, int) else list(dim)
+        dims = list(range(x.dim())) if dim is None else [dim] if isinstance(dim, numbers.Integral) else list(dim)
         steps = list(spacing) if isinstance(spacing, (list, tuple)) else [1 if spacing is None else spacing]
         if any(isinstance(s, torch.Tensor) and s.requires_grad for s in steps):
             raise UnsupportedOperationError(

@@ -3,6 +3,7 @@ real, angle, and fft.fftshift / fft.ifftshift (a roll).
 
 torchtrace has no complex support, so each refuses complex inputs clearly.
 """
+import numbers
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import torch
@@ -44,7 +45,7 @@ Dims = Optional[Union[int, Sequence[int]]]
 
 def shifts(shape: Sequence[int], dim: Dims, inverse: bool) -> Tuple[list, list]:
     """fftshift rolls each dim by n // 2, ifftshift by -(n // 2) (= (n + 1) // 2 mod n)."""
-    dims = list(range(len(shape))) if dim is None else [dim] if isinstance(dim, int) else list(dim)
+    dims = list(range(len(shape))) if dim is None else [dim] if isinstance(dim, numbers.Integral) else list(dim)
     return [-(shape[d] // 2) if inverse else shape[d] // 2 for d in dims], dims
 
 

@@ -7,6 +7,7 @@ Because that backward calls nothing but torch.einsum (and constant eye/ones tens
 the Einsum rule when create_graph=True: double backward comes for free.
 """
 import functools
+import numbers
 import string
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -179,9 +180,9 @@ def inner_equation(a: torch.Tensor, b: torch.Tensor, *args: Any, **kwargs: Any) 
 def _tensordot_dims(a: torch.Tensor, b: torch.Tensor, dims: Any) -> Tuple[List[int], List[int]]:
     if isinstance(dims, torch.Tensor):
         dims = dims.tolist()
-    if isinstance(dims, int):
+    if isinstance(dims, numbers.Integral):
         return list(range(a.dim() - dims, a.dim())), list(range(dims))
-    dims_a, dims_b = ([d] if isinstance(d, int) else list(d) for d in dims)
+    dims_a, dims_b = ([d] if isinstance(d, numbers.Integral) else list(d) for d in dims)
     return [d % a.dim() for d in dims_a], [d % b.dim() for d in dims_b]
 
 

@@ -6,6 +6,7 @@ backward composes those rules' gradients: a spectral norm is a singular value (d
 product of two norms, tensorinv is inv of a reshaped tensor. Real matrices only.
 """
 import math
+import numbers
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
@@ -144,7 +145,7 @@ class MatrixNorm(MatrixNormBase):
 def is_matrix_norm(x: torch.Tensor, ord: Any, dim: Any) -> bool:
     """torch.linalg.norm computes a matrix norm for a 2-tuple dim, or for a 2-D input with ord and no dim."""
     if dim is not None:
-        return not isinstance(dim, int) and len(dim) == 2
+        return not isinstance(dim, numbers.Integral) and len(dim) == 2
     return ord is not None and x.dim() == 2
 
 

@@ -1,6 +1,7 @@
 """Gradient rules for reductions: sum, mean, prod, nansum, nanmean, max/min, amax/amin, aminmax, logsumexp,
 var/std (and var_mean/std_mean), norms, cumsum."""
 import math
+import numbers
 from typing import Any, Sequence, Tuple, Union
 
 import torch
@@ -15,9 +16,9 @@ Dims = Union[None, int, Sequence[int]]
 
 def reduced_dims(dim: Dims, ndim: int) -> Tuple[int, ...]:
     """The dims a reduction runs over, sorted and non-negative (None or an empty tuple means all dims)."""
-    if dim is None or (not isinstance(dim, int) and len(dim) == 0):
+    if dim is None or (not isinstance(dim, numbers.Integral) and len(dim) == 0):
         return tuple(range(ndim))
-    dims = [dim] if isinstance(dim, int) else dim
+    dims = [dim] if isinstance(dim, numbers.Integral) else dim
     return tuple(sorted(d % ndim for d in dims)) if ndim else ()
 
 

@@ -3,6 +3,7 @@
 None of these ops does arithmetic: each only moves, copies or drops elements. So every backward moves the
 gradient back the same way (reshape back, permute back, sum the copies, cut the joined gradient apart).
 """
+import numbers
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
@@ -82,7 +83,7 @@ def _unmove(g: torch.Tensor, x: Any, y: Any, source: Any, destination: Any) -> t
 
 
 def _unroll(g: torch.Tensor, x: Any, y: Any, shifts: Any, dims: Any = None) -> torch.Tensor:
-    back = -shifts if isinstance(shifts, int) else tuple(-s for s in shifts)
+    back = -shifts if isinstance(shifts, numbers.Integral) else tuple(-s for s in shifts)
     return g.roll(back, dims) if dims is not None else g.roll(back)
 
 

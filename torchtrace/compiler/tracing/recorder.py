@@ -31,7 +31,7 @@ VALUE_READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__"
                "__contains__", "__reduce_ex__", "untyped_storage", "storage", "__iter__"}
 INDEXING = {"__getitem__", "__setitem__", "index", "index_put", "index_put_", "_index_put_impl_"}
 RANDOM = ("rand", "bernoulli", "normal", "uniform", "dropout", "multinomial", "exponential", "geometric", "cauchy",
-          "poisson", "random")  # in a callable's name: it draws from torch's generator
+          "poisson", "random", "rrelu")  # in a callable's name: it draws from torch's generator (rrelu: in training)
 
 
 class _Draws(threading.local):
