@@ -98,9 +98,10 @@ def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_le
     order = topological_order([_root_node(loss)])
     loss_finite = all_finite(loss)
     underflows = UnderflowWatch()
+    unversioned = watch.unversioned.findings(watch.finding)  # (before the backward frees what the ops saved)
     with observing(on_backward=watch.on_backward), observing(on_backward=underflows):
         loss.backward()
-    findings: List[Finding] = underflows.findings(watch)
+    findings: List[Finding] = unversioned + underflows.findings(watch)
     params = _parameters(models, arg_leaves)
     grads_finite = all(all_finite(g) for g in watch.leaf_grads.values())
     if not loss_finite or not grads_finite or watch.backward_first is not None:

@@ -3,13 +3,16 @@
 Kinds: "nonfinite" (the first NaN/Inf, forward or backward), "killed" (a rule zeroes most of the gradient
 it receives: a dead ReLU, a clamp outside its range), "saturated" (tanh/sigmoid pass almost nothing),
 "zero_by_construction" (a gradient that is exactly zero because of the model's structure, such as a bias
-before a batch normalisation: not a training problem), "no_path" (a parameter the loss does not depend on).
+before a batch normalisation: not a training problem), "no_path" (a parameter the loss does not depend on),
+"unversioned_write" (a value changed through .data or shared memory after an op made or saved it: computed
+with, silently, as if an op had made it).
 """
 import html
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-ORDER = ("nonfinite", "killed", "underflow", "saturated", "no_path", "exploding", "zero_by_construction")
+ORDER = ("nonfinite", "unversioned_write", "killed", "underflow", "saturated", "no_path", "exploding",
+         "zero_by_construction")
 
 
 @dataclass
