@@ -68,6 +68,16 @@ def test_diagnose_on_a_loss_already_built_runs_its_backward_without_source_lines
     assert model[0].weight.grad is not None  # it ran the backward
 
 
+def test_diagnose_on_a_loss_already_built_reads_the_first_nonfinite_op_from_the_kept_values():
+    torch.manual_seed(0)
+    lin = tt.port(torch.nn.Linear(4, 3))
+    p = torch.softmax(lin(torch.randn(8, 4)) * 1000, dim=1)  # underflows to exact zeros
+    loss = -torch.log(p)[torch.arange(8), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])].mean()
+    (finding,) = tt.diagnose(loss).alarms
+    assert (finding.kind, finding.phase, finding.rule) == ("nonfinite", "forward", "Log")
+    assert "log of 0" in finding.message and "entered the graph" not in finding.message
+
+
 class TwoHeads(torch.nn.Module):
     def __init__(self):
         super().__init__()

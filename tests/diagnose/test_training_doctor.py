@@ -1,4 +1,6 @@
 """tt.diagnose.training: the per-layer table over a loop, the plot (matplotlib, Agg) and the flags' thresholds."""
+import sys
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -70,3 +72,40 @@ def test_hooks_are_removed_when_the_block_ends():
     assert [len(m._forward_hooks) for m in model.modules()] == before
     assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
     assert training is tt.diagnose.training
+    assert not any(getattr(w, "__self__", None) is not None for w in tt.autograd.engine.BACKWARD_WATCHERS)
+
+
+def regression_run(lr, steps=30):
+    """Full-batch least squares with SGD: stable below lr = 2 / lambda_max of the Hessian, diverging above it."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 3, dtype=torch.float64)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5]], dtype=torch.float64)
+    model = tt.port(torch.nn.Linear(3, 1, bias=False).double())
+    hessian = 2 * x.T @ x / len(x)  # of mean((x w - y)^2)
+    lam = float(torch.linalg.eigvalsh(hessian)[-1])
+    opt = tt.optim.SGD(model.parameters(), lr=lr / lam)
+    losses = []
+    with tt.diagnose.training(model, opt) as doc:
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(tt.tracer(x)), tt.tracer(y))
+            losses.append(loss.item())
+            loss.backward()
+            opt.step()
+    return doc, losses
+
+
+def test_a_loss_that_rises_every_step_past_the_stable_learning_rate_is_flagged():
+    doc, losses = regression_run(2.2)  # past 2 / lambda_max: each step overshoots by more than it corrects
+    assert doc.losses == pytest.approx(losses)
+    assert all(b > a for a, b in zip(losses[1:], losses[2:])) and losses[-1] > 100 * losses[1]
+    (finding,) = [f for f in doc.findings if f.message.startswith("diverging loss: it rose at each of the last")]
+    assert finding.kind == "exploding" and finding.module == ""
+    assert "lower the learning rate" in finding.advice and "diverging loss" in doc.table()
+
+
+def test_a_loss_that_falls_is_not_flagged_and_a_short_rise_is_not_either():
+    doc, losses = regression_run(1.0)
+    assert losses[-1] < losses[0] and doc.findings == []
+    rising_streak = sys.modules["torchtrace.doctor.training"].rising_streak  # (the package's `training`: the function)
+    assert rising_streak([3.0, 1.0, 2.0, 4.0]) == 2 and rising_streak([1.0, 2.0, 1.5]) == 0

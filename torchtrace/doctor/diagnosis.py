@@ -17,6 +17,7 @@ from torchtrace.autograd.node import AccumulateGrad, leaf_accumulator
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.doctor.findings import Diagnosis, Finding
+from torchtrace.doctor.nonfinite import forward_cause
 from torchtrace.doctor.paths import CutWatcher, ModulesRan, no_path_reasons
 from torchtrace.doctor.recording import record_pass
 from torchtrace.doctor.unrecorded import UnrecordedOrigin
@@ -80,8 +81,35 @@ def _diagnose_graph(loss: torch.Tensor, model: Optional[torch.nn.Module]) -> Dia
     models = [model] if model is not None else ([next(n.module_path[0] for n in order if n.module_path)]
                                                 if any(n.module_path for n in order) else [])
     watch = Watch(_names(models))
+    kept_values_read(order, watch)
     ran = {id(m): m for n in order for m in n.module_path}
     return _run_backward(loss, watch, models, [], {}, ran, forward=False)
+
+
+def kept_values_read(order: List[Any], watch: Watch) -> None:
+    """The forward's non-finite origins read after the fact from the values the graph kept (each node's result, its
+    inputs' results, the leaves): the first op that made a NaN or Inf out of finite inputs, where the forward was not
+    watched. Only the tensor inputs are known then, so the cause is worded from them alone."""
+    def value(node: Any, nr: int) -> Any:
+        if isinstance(node, AccumulateGrad):
+            return node.variable
+        refs = node.value_refs or ()
+        return refs[nr]() if nr < len(refs) and refs[nr] is not None else None
+
+    def cause(rule: type, args: tuple, kwargs: dict, result: Any) -> Tuple[str, str]:
+        try:
+            return forward_cause(rule, args, kwargs, result)
+        except Exception:  # (a cause that reads an argument the graph did not keep: a number, an option)
+            return (f"{rule.__name__} made the first non-finite value from finite inputs (read from the values the "
+                    "graph kept)", "tt.diagnose(fn, *args) watches the forward and says why")
+
+    for node in sorted((n for n in order if not isinstance(n, AccumulateGrad)), key=lambda n: n.sequence_nr):
+        result = value(node, 0)
+        if result is None:
+            continue
+        args = tuple(v for v in (value(e.node, e.output_nr) for e in node.edges) if v is not None)
+        watch.recorded += 1
+        watch.note_values(node, args, {}, result, cause)
 
 
 def diagnose_watched(loss: Any, watch: Watch, cuts: CutWatcher, ran: ModulesRan) -> Diagnosis:

@@ -13,14 +13,19 @@ dead-unit share (units whose output is exactly 0 for every example of the batch)
 - "large updates":     the median update/weight ratio is above UPDATE_RATIO_HIGH (healthy training sits near
                        1e-3; above 1e-1 each step rewrites a tenth of the weight: lower the learning rate);
 - "growing gradients": the gradient norm grew by more than GROWTH_HIGH between the first and the largest step;
-- "dead units":        at the last step at least DEAD_SHARE of the units were 0 for every example.
+- "dead units":        at the last step at least DEAD_SHARE of the units were 0 for every example;
+- "diverging loss":    the loss (the scalar each step's backward starts from) rose at each of the last RISING_STEPS
+                       steps or more, by more than LOSS_GROWTH_HIGH over them (the sign of a learning rate past
+                       the stable range: the gradient and the update/weight ratio may still look ordinary).
 """
+import contextlib
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
+from torchtrace.autograd.engine import BACKWARD_WATCHERS
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.doctor.findings import Finding
 from torchtrace.doctor.gates import unit_dim
@@ -28,12 +33,16 @@ from torchtrace.doctor.gates import unit_dim
 UPDATE_RATIO_HIGH = 1e-1
 GROWTH_HIGH = 1e3
 DEAD_SHARE = 0.9
+RISING_STEPS = 5
+LOSS_GROWTH_HIGH = 10.0
 FLAG_KINDS = {"non-finite": "nonfinite", "large updates": "exploding", "growing gradients": "exploding",
-              "dead units": "killed"}
+              "dead units": "killed", "diverging loss": "exploding"}
 FLAG_ADVICE = {"non-finite": "run tt.diagnose on one step to find the first non-finite value",
                "large updates": "lower the learning rate (or clip the gradient norm)",
                "growing gradients": "lower the learning rate, clip the gradient norm, or normalise the activations",
-               "dead units": "re-initialise the layer (kaiming), lower the learning rate, or use LeakyReLU / GELU"}
+               "dead units": "re-initialise the layer (kaiming), lower the learning rate, or use LeakyReLU / GELU",
+               "diverging loss": "lower the learning rate (a tenth is a good first try), or warm it up; "
+                                 "tt.spectrum's top eigenvalue tells the largest stable SGD step, 2 / lambda_max"}
 
 
 @dataclass
@@ -69,6 +78,14 @@ class LayerHistory:
         return found
 
 
+def rising_streak(losses: List[float]) -> int:
+    """How many steps in a row, up to the last, the loss rose (0 when the last step did not)."""
+    n = 0
+    while n + 1 < len(losses) and losses[-1 - n] > losses[-2 - n]:
+        n += 1
+    return n
+
+
 def _norm(tensors: List[torch.Tensor]) -> float:
     with plain_torch():
         return float(torch.sqrt(sum((t.detach().double() ** 2).sum() for t in tensors)))
@@ -92,18 +109,31 @@ class TrainingDoctor:
         self._activations: Dict[str, LayerStep] = {}
         self._before: Dict[str, List[torch.Tensor]] = {}
         self._handles: List[Any] = []
+        self.losses: List[float] = []  # per optimizer step: the mean of the losses its backward calls started from
+        self._step_losses: List[float] = []
 
     def __enter__(self) -> "TrainingDoctor":
         for name, module in self.layers.items():
             self._handles.append(module.register_forward_hook(self._forward_hook(name)))
         self._handles.append(self.optimizer.register_step_pre_hook(self._before_step))
         self._handles.append(self.optimizer.register_step_post_hook(self._after_step))
+        BACKWARD_WATCHERS.append(self._loss_watcher)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._loss_watcher in BACKWARD_WATCHERS:
+            BACKWARD_WATCHERS.remove(self._loss_watcher)
+
+    @contextlib.contextmanager
+    def _loss_watcher(self, output: Any, create_graph: bool) -> Iterator[None]:
+        """Around each loss.backward(): the loss's value (a scalar's), for the step it belongs to."""
+        if isinstance(output, torch.Tensor) and output.numel() == 1:
+            with plain_torch():
+                self._step_losses.append(float(output.detach()))
+        yield
 
     def _forward_hook(self, name: str) -> Any:
         def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
@@ -140,6 +170,20 @@ class TrainingDoctor:
                                   for v in (step.grad_norm, update, _norm(params)))
             self.history[name].steps.append(step)
         self._activations = {}
+        if self._step_losses:
+            self.losses.append(statistics.fmean(self._step_losses))
+            self._step_losses = []
+
+    def loss_flag(self) -> Optional[str]:
+        """'diverging loss: ...' when the loss rose at each of the last RISING_STEPS steps or more, by more than
+        LOSS_GROWTH_HIGH; else None."""
+        n = rising_streak(self.losses)
+        if n < RISING_STEPS:
+            return None
+        start, end = self.losses[-1 - n], self.losses[-1]
+        if not (start > 0 and end > LOSS_GROWTH_HIGH * start):
+            return None
+        return f"diverging loss: it rose at each of the last {n} optimizer steps, from {start:.3g} to {end:.3g}"
 
     @property
     def findings(self) -> List[Finding]:
@@ -148,6 +192,10 @@ class TrainingDoctor:
             for flag in history.flags():
                 found.append(Finding(FLAG_KINDS[flag], "training", "", "", name, "", f"{flag}: {self._row(history)}",
                                      FLAG_ADVICE[flag]))
+        diverging = self.loss_flag()
+        if diverging is not None:
+            found.append(Finding(FLAG_KINDS["diverging loss"], "training", "", "", "", "", diverging,
+                                 FLAG_ADVICE["diverging loss"]))
         return found
 
     def _row(self, history: LayerHistory) -> str:
@@ -174,8 +222,12 @@ class TrainingDoctor:
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         steps = max((len(h.steps) for h in self.history.values()), default=0)
+        if self.losses:
+            lines.append(f"loss: first {self.losses[0]:.3g}, last {self.losses[-1]:.3g}"
+                         + (f"; {self.loss_flag()}" if self.loss_flag() else ""))
         lines.append(f"{steps} optimizer steps; flags: large updates > {UPDATE_RATIO_HIGH:g} (median update/weight), "
-                     f"growing gradients > x{GROWTH_HIGH:g}, dead units >= {DEAD_SHARE:.0%}")
+                     f"growing gradients > x{GROWTH_HIGH:g}, dead units >= {DEAD_SHARE:.0%}, diverging loss: rising "
+                     f"{RISING_STEPS} steps in a row, by > x{LOSS_GROWTH_HIGH:g}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -61,13 +61,17 @@ class Watch:
         self.unversioned.on_record(node, (*args, *kwargs.values()), result)
         if node.rule.__name__ in DEAD_RULES:
             self.dead[node] = (self.recorded, zero_share(result))
+        self.note_values(node, args, kwargs, result, forward_cause)
+
+    def note_values(self, node: Node, args: tuple, kwargs: dict, result: Any, cause: Any) -> None:
+        """Whether the op made a NaN or Inf from inputs without one, and `cause(rule, args, kwargs, result)`, why."""
         nan_out, inf_out = has_nan(result), has_inf(result)
         if not (nan_out or inf_out):
             return
         self.nonfinite[node] = self.recorded
         inputs = [*args, *kwargs.values()]
         if (nan_out and not has_nan(inputs)) or (inf_out and all_finite(inputs) and _numbers_finite(args, kwargs)):
-            self.origins[node] = (nan_out, forward_cause(node.rule, args, kwargs, result))
+            self.origins[node] = (nan_out, cause(node.rule, args, kwargs, result))
             if INF_MADE_NAN in self.origins[node][1][0]:  # no cause at this op explains the Inf it was fed
                 self.fed_inf.add(node)
 
