@@ -23,6 +23,8 @@ from torchtrace.errors import UnsupportedOperationError
 from torchtrace.naming import callable_name
 from torchtrace.rule_math import rule_math
 
+_WRITES = {torch.Tensor.__setitem__}  # writes into their first argument and return None
+
 
 class Writer(TorchFunctionMode):
     """Every torch call made inside (on plain tensors) becomes an Op of `ops`; its tensor results new Values."""
@@ -49,6 +51,9 @@ class Writer(TorchFunctionMode):
         out = func(*plain_numbers(args), **plain_numbers(kwargs))  # torch's Python (F.hardtanh's bounds check)
         results = [out] if isinstance(out, torch.Tensor) else [o for o in out if isinstance(o, torch.Tensor)] \
             if isinstance(out, (list, tuple)) else []
+        if func in _WRITES or results and is_inplace(func, args, kwargs):  # `t[i] = v`, `t.add_(1)`: a line of its
+            self.ops.append(Op([], func, args, kwargs))  # own, which changes the tensor the later lines read
+            return out
         if not results or any(r is a for r in results for a in args):
             return out  # a read (shape, item) or the argument itself handed back: no line
         targets = [self.value(o) if isinstance(o, torch.Tensor) else None
@@ -90,6 +95,11 @@ def _forward(path: List[Statement], listing: Listing, restore: list) -> Dict[int
     slots: Dict[int, Value] = {}
     contexts: Dict[int, Any] = {}  # statement index -> (ctx, the plain tensors at each edge, output Values)
     for index, st in enumerate(path):
+        if st.kind == EAGER and st.func is torch.Tensor.__setitem__:
+            raise UnsupportedOperationError(
+                f"to_code: {st.describe()} writes into a tensor in place (`t[i] = v`), which the straight-line code "
+                "of this path cannot show with its gradient — write it out of place to see it as code: "
+                "t = t.index_put((i,), v), or torch.where(mask, v, t)")
         if st.kind == EAGER and st.rule is None:
             raise UnsupportedOperationError(
                 f"to_code: {st.describe()} runs eagerly inside the compiled program (an in-place change, a "

@@ -35,6 +35,8 @@ def _line(op: Op, listing: Listing, teaching: bool, into: Optional[Value] = None
         return f"{into.name}.{passes.IN_PLACE[op.func]}({value_source(op.args[1], name)})"
     source = (plain_form(op.func, op.args, op.kwargs, name) if teaching else None) or call_source(
         op.func, op.args, op.kwargs, name)
+    if not op.targets:  # a write into a tensor an earlier line made (t[i] = v, t.add_(1))
+        return source
     targets = ", ".join(t.name if t is not None else "_" for t in op.targets)
     return f"{targets}{',' if op.unpack and len(op.targets) == 1 else ''} = {source}"
 

@@ -132,7 +132,7 @@ def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_le
     findings: List[Finding] = unversioned + underflows.findings(watch)
     params = _parameters(models, arg_leaves)
     grads_finite = all(all_finite(g) for g in watch.leaf_grads.values())
-    if not loss_finite or not grads_finite or watch.backward_first is not None:
+    if not loss_finite or not grads_finite:  # (a NaN of a backward that a later rule's mask absorbed is no finding)
         made = watch.forward_findings(_root_node(loss))
         if watch.inf_from_outside:  # the Inf that NaN was made of entered first: where from
             made = _from_outside(forward, params, unrecorded, watch.names) + made
