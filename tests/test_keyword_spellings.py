@@ -91,3 +91,10 @@ def test_keyword_spellings_as_torch(name):
 
 def test_the_sweep_covers_the_spellings_users_write():
     assert {"add", "mul", "cdist", "sum", "chunk", "nn.functional.multilabel_soft_margin_loss"} <= set(OPS)
+
+
+def test_a_number_base_passed_as_self_keyword():
+    """torch.pow's overload pow(Number self, Tensor exponent) takes its base by the keyword `self`."""
+    from helpers import check_op
+
+    check_op(lambda e: torch.pow(self=2.0, exponent=e), torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64))

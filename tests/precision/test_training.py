@@ -3,6 +3,7 @@ torchtrace's optimizers and torch's; a skipped step names the rule that first ma
 reached."""
 import contextlib
 import copy
+import warnings
 
 import pytest
 import torch
@@ -81,6 +82,18 @@ def test_the_loop_is_left_as_it_was():
     with tt.precision.training(model, optimizer, scaler) as p:
         pass
     assert "step" not in vars(scaler) and "step" not in vars(optimizer) and p.steps == []
+
+
+def test_a_disabled_scaler_is_said_it_would_skip_nothing():
+    model = tt.port(Forced())
+    optimizer = tt.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(UserWarning, match=r"the GradScaler is disabled .* torch.amp.GradScaler\('cpu'\)"):
+        with tt.precision.training(model, optimizer, torch.amp.GradScaler("cpu", enabled=False)):
+            pass
+    with warnings.catch_warnings():  # an enabled one: no warning
+        warnings.simplefilter("error")
+        with tt.precision.training(model, optimizer, torch.amp.GradScaler("cpu")):
+            pass
 
 
 def test_an_inf_made_where_a_float32_gradient_is_cast_to_float16_is_named():

@@ -15,7 +15,7 @@ KEYWORD_PLANS: Dict[tuple, Tuple[tuple, tuple]] = {}
 
 _NUMPY_NAMES = (("axis", "dim"), ("keepdims", "keepdim"))
 # torch's argument parser also takes these names for a builtin's `input` and `other` (torch.mul(x1=a, x2=b))
-_PARSER_ALIASES = {"x": "input", "a": "input", "x1": "input", "x2": "other"}
+_PARSER_ALIASES = {"x": "input", "a": "input", "x1": "input", "x2": "other", "self": "input"}
 
 
 def _signature_parameters(target: Callable) -> tuple:

@@ -15,6 +15,7 @@ the first rule of the backward that sent a non-finite gradient out of a finite o
 and the parameters whose gradient it reached. Everything is put back as it was when the block ends.
 """
 import contextlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator, List, Optional
 
@@ -128,6 +129,11 @@ class PrecisionTraining:
         return FirstInf(node.rule.__name__, math_line(node), path_name(node.module_path, names), line, code, reached)
 
     def __enter__(self) -> "PrecisionTraining":
+        if not self.scaler.is_enabled():  # (torch.amp.GradScaler() is for "cuda": on a machine without it, disabled)
+            warnings.warn("tt.precision.training: the GradScaler is disabled (torch.amp.GradScaler() defaults to "
+                          "device 'cuda'; without CUDA, or with enabled=False, torch turns it off): it scales nothing "
+                          "and skips no step, so a non-finite gradient reaches the optimizer. Make it for the device "
+                          "you train on: torch.amp.GradScaler('cpu')", stacklevel=2)
         self._stack.enter_context(module_scope())
         self._stack.enter_context(observing(on_record=self._note, on_backward=self._backward))
         self._scaler_step = self.scaler.step
