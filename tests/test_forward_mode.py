@@ -139,7 +139,7 @@ def test_bad_input_is_refused_with_a_message_that_says_what_to_pass():
         tt.jvp(torch.sin, (torch.arange(3),), (torch.ones(3),))
     with pytest.raises(TypeError, match=r"primals\[0\] is a list"):
         tt.jacobian(torch.sin, ([1.0, 2.0],))
-    with pytest.raises(TypeError, match="must return a tensor"):
+    with pytest.raises(TypeError, match="must return tensors"):
         tt.jacobian(lambda t: t.sum().item(), x)
     with pytest.raises(ValueError, match="'forward' or 'reverse'"):
         tt.jacobian(torch.sin, x, mode="backward")

@@ -16,6 +16,7 @@ from torchtrace.forward.constant_results import constant_results, reads_a_gradie
 from torchtrace.forward.dual import TRANSPOSED, DualPass
 from torchtrace.forward.pass_state import PassState
 from torchtrace.forward.transpose import Linearised, plain
+from torchtrace.nested import flatten
 from torchtrace.tracer import as_tracer
 from torchtrace.tracer import tracer as TRACER
 
@@ -63,7 +64,8 @@ def _outputs(result: Any) -> Tuple[List[torch.Tensor], bool]:
     outputs = list(result) if is_tuple else [result]
     for i, out in enumerate(outputs):
         if not isinstance(out, torch.Tensor):
-            raise TypeError(f"f must return a tensor or a tuple of tensors; output {i} is a {type(out).__name__}")
+            raise TypeError(f"f must return tensors (a tensor, or tuples, lists or dicts of them); output {i} is a "
+                            f"{type(out).__name__}")
         if isinstance(out, TRACER) and out._tt_view:
             catch_up(out, TRACER, run_rule)
     return outputs, is_tuple
@@ -88,10 +90,6 @@ def _checked_tangents(primals: Any, tangents: Any) -> List[torch.Tensor]:
                              "a tangent has its primal's shape")
         checked.append(plain(t).to(p.dtype) if isinstance(p, torch.Tensor) else t)
     return checked
-
-
-def _shaped(products: List[torch.Tensor], is_tuple: bool) -> Tensors:
-    return tuple(products) if is_tuple else products[0]
 
 
 def dual_pass(f: Callable, primals: Sequence[torch.Tensor], tangents: Sequence[torch.Tensor],
@@ -133,23 +131,30 @@ def jvp(f: Callable, primals: Tuple[torch.Tensor, ...], tangents: Tuple[torch.Te
     if method not in METHODS:
         raise ValueError(f"tt.jvp: method must be one of {METHODS}, not {method!r}")
     grad_outside = torch.is_grad_enabled()
+    structure: List[Callable] = []
+
+    def flat(*xs: torch.Tensor) -> Tuple[Any, ...]:  # f's outputs in any nesting of tuples, lists and dicts, as
+        outputs, rebuild = flatten(f(*xs))  # torch.func.jvp takes them; the results come back in the same nesting
+        structure.append(rebuild)
+        return tuple(outputs)
+
     with recording_on():  # as torch.func.jvp, whatever the grad mode outside; constant results where it was off
         tangents_plain = _checked_tangents(primals, tangents)
         first_node = next_sequence_nr()
         if method == "transpose":
             leaves = _leaves(primals, "primals")
-            outputs, is_tuple = _outputs(f(*leaves))
+            outputs, _ = _outputs(flat(*leaves))
             products = Linearised(leaves, outputs).jvp(tangents_plain)
             methods = {"f": TRANSPOSED}
         else:
-            outputs, is_tuple, products, dual = dual_pass(f, primals, tangents_plain, strict=method == "dual")
+            outputs, _, products, dual = dual_pass(flat, primals, tangents_plain, strict=method == "dual")
             leaves = dual.leaves
             methods = dual.used()
             _warn_transposed(methods)
         # results torch.func would differentiate (none where grad mode was off outside)
         anchor = reads_a_gradient(primals, leaves, outputs, first_node) if grad_outside else None
         values = constant_results([plain(out) for out in outputs], anchor, "tt.jvp")
-        result = (_shaped(values, is_tuple), _shaped(constant_results(products, anchor, "tt.jvp"), is_tuple))
+        result = (structure[-1](values), structure[-1](constant_results(products, anchor, "tt.jvp")))
         return (*result, methods) if report else result
 
 

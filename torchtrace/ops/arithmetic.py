@@ -96,8 +96,9 @@ class Rdiv(Function):
 
 def _pow_grad_base(g, a, b, z):
     """d(a^b)/da = b * a^(b-1), defined as 0 where b == 0 (even where g is inf or NaN, as torch)."""
-    if isinstance(b, torch.Tensor):  # torch's order: g (b a^(b-1)) (2 * 1e308 overflows before g scales it)
-        return torch.where(b == 0, 0.0, g * (b * torch.pow(a, b - 1)))
+    if isinstance(b, torch.Tensor):  # torch's order: g (b a^(b-1)) (2 * 1e308 overflows before g scales it); the
+        zero = b == 0  # factor is masked too (0 * 0^-1 is NaN), so the formula read as a linear map of g has no NaN
+        return torch.where(zero, 0.0, g * torch.where(zero, 0.0, b * torch.pow(a, b - 1)))  # (forward mode)
     return torch.zeros_like(g) if b == 0 else g * (b * torch.pow(a, b - 1))
 
 
