@@ -182,7 +182,8 @@ def jacobian(f: Callable, inputs: Tensors, mode: str = "reverse") -> Any:
         xs = _leaves(primals, "primals")
         start = PassState(f) if mode == "forward" else None  # every column's pass starts where this one did
         outs, is_tuple = _outputs(f(*([x.clone() for x in xs] if mode == "forward" else xs)))  # (as dual_pass's)
-        blocks = [[plain(o).new_zeros(o.shape + x.shape) for x in xs] for o in outs]
+        blocks = [[plain(o).new_zeros(o.shape + x.shape, dtype=x.dtype if mode == "reverse" else o.dtype)
+                   for x in xs] for o in outs]  # (torch's: rows in the input's dtype, columns the output's)
         if mode == "reverse":
             _rows(outs, xs, blocks)
         else:
