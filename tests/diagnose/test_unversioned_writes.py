@@ -1,5 +1,6 @@
-"""Writes the version counter does not see (.data, numpy's memory): named by the op whose value changed, at its line;
-a healthy forward and a write torch counts are not findings."""
+"""Writes the version counter does not see (.data, numpy's memory): named by the op whose value changed, at its line,
+with the line of the write; a healthy forward, a .data read that writes nothing and a write torch counts are not
+findings."""
 import inspect
 
 import torch
@@ -22,12 +23,13 @@ def test_a_result_zeroed_through_data_before_the_next_op_reads_it():
 
     def step():
         h = torch.relu(m[0](x))  # relu made it
-        h.data = torch.zeros_like(h.data)
+        h.data = torch.zeros_like(h.data)  # the write
         return m[1](h).sum()
 
     (finding,) = [f for f in tt.diagnose(step).findings if f.kind == "unversioned_write"]
     assert (finding.rule, finding.line) == ("Relu", _line(step, "relu made it"))
-    assert "changed before LinearFunction (argument 0) read it" in finding.message and ".data" in finding.message
+    assert f"its result was changed through .data at {_line(step, 'the write')}" in finding.message
+    assert "the ops after it compute with values no recorded op produced" in finding.message
 
 
 def test_a_saved_weight_scaled_through_data_after_its_op_ran():
@@ -35,12 +37,13 @@ def test_a_saved_weight_scaled_through_data_after_its_op_ran():
 
     def step():
         y = m[0](x)  # the op that saved the weight
-        m[0].weight.data.mul_(0)
+        m[0].weight.data.mul_(0)  # the write
         return m[1](y).sum()
 
     (finding,) = [f for f in tt.diagnose(step).findings if f.kind == "unversioned_write"]
     assert (finding.rule, finding.line) == ("LinearFunction", _line(step, "saved the weight"))
-    assert "saved tensor 1 of its backward" in finding.message and "nothing raises" in finding.message
+    assert f"a tensor it saved for its backward was changed through .data at {_line(step, 'the write')}" in \
+        finding.message and "nothing raises" in finding.message
     assert float(x.grad.abs().max()) == 0.0  # the gradient the zeroed weight gives, as torch's (nothing raised)
 
 
@@ -53,6 +56,7 @@ def test_healthy_forwards_and_counted_writes_are_not_findings():
             m[1].bias.add_(1.0)  # counted by the version counter (and not saved by any op yet)
         g = h * 2
         g.add_(1.0)  # a recorded in-place op
+        assert float(g.data.sum()) > 0  # read, not written
         return m[1](g).pow(2).mean()
 
     assert not [f for f in tt.diagnose(step).findings if f.kind == "unversioned_write"]

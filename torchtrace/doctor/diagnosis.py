@@ -16,11 +16,13 @@ from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad, leaf_accumulator
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
+from torchtrace.doctor.depth import depth_findings
 from torchtrace.doctor.findings import Diagnosis, Finding
 from torchtrace.doctor.nonfinite import forward_cause
 from torchtrace.doctor.paths import CutWatcher, ModulesRan, no_path_reasons
 from torchtrace.doctor.recording import record_pass
 from torchtrace.doctor.unrecorded import UnrecordedOrigin
+from torchtrace.doctor.unversioned import UnversionedWrites
 from torchtrace.doctor.values import all_finite
 from torchtrace.doctor.watch import Watch
 from torchtrace.inspect.construction import by_construction, looks_zero
@@ -71,7 +73,7 @@ def diagnose(fn_or_loss: Any, *args: Any, model: Optional[torch.nn.Module] = Non
     loss = _scalar(output)
     arg_leaves = [t for t in flatten(list(args))[0] if getattr(t, "_tt_requires_grad", False) and t._tt_node is None]
     diagnosis = _run_backward(loss, watch, models, arg_leaves, cuts.cut_leaves, ran.ran, forward=True,
-                              unrecorded=cuts.unrecorded.origin)
+                              unrecorded=cuts.unrecorded.origin, unversioned=cuts.unversioned)
     return Diagnosis(diagnosis.findings, diagnosis.checked, list(watch.lines),
                      lambda: record_pass(fn_or_loss, args, kwargs, explore=True, tool="tt.diagnose"))
 
@@ -117,19 +119,20 @@ def diagnose_watched(loss: Any, watch: Watch, cuts: CutWatcher, ran: ModulesRan)
     models = ran.roots()
     watch.names = _names(models)
     return _run_backward(loss, watch, models, [], cuts.cut_leaves, ran.ran, forward=True,
-                         unrecorded=cuts.unrecorded.origin)
+                         unrecorded=cuts.unrecorded.origin, unversioned=cuts.unversioned)
 
 
 def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_leaves: List[torch.Tensor],
                   cuts: Dict[int, Any], ran: Dict[int, torch.nn.Module], forward: bool,
-                  unrecorded: Optional[UnrecordedOrigin] = None) -> Diagnosis:
+                  unrecorded: Optional[UnrecordedOrigin] = None,
+                  unversioned: Optional[UnversionedWrites] = None) -> Diagnosis:
     order = topological_order([_root_node(loss)])
     loss_finite = all_finite(loss)
     underflows = UnderflowWatch()
-    unversioned = watch.unversioned.findings(watch.finding)  # (before the backward frees what the ops saved)
+    written = unversioned.findings(watch.lines, watch.finding) if unversioned else []  # (before the backward)
     with observing(on_backward=watch.on_backward), observing(on_backward=underflows):
         loss.backward()
-    findings: List[Finding] = unversioned + underflows.findings(watch)
+    findings: List[Finding] = written + underflows.findings(watch)
     params = _parameters(models, arg_leaves)
     grads_finite = all(all_finite(g) for g in watch.leaf_grads.values())
     if not loss_finite or not grads_finite:  # (a NaN of a backward that a later rule's mask absorbed is no finding)
@@ -145,6 +148,7 @@ def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_le
     findings += _zero_by_construction(order, watch)
     findings += _zero_by_structure(models, watch, set(by_construction(order)))
     findings += _no_path(order, params, models, cuts, ran, watch.names)
+    findings += depth_findings(order, watch.leaf_grads, {id(p): name for name, p in params})
     checked = {"forward": forward, "recorded": watch.recorded, "ran": watch.ran, "params": len(params)}
     return Diagnosis(findings, checked)
 

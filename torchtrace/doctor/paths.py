@@ -3,7 +3,8 @@
 While tt.diagnose runs the forward, a torch function mode (`CutWatcher`) sees every torch call before
 the tracer does and notes the calls that leave the graph on purpose or by accident: `.detach()`,
 `.data`, `.item()` / `.tolist()` / `.numpy()`, a cast to an integer dtype, and any op on a tensor that needs a
-gradient while grad mode is off (`torch.no_grad()`). Each cut remembers its source line and the leaves
+gradient while grad mode is off (`torch.no_grad()`); a tensor's `.data` / `.numpy()` is also copied, to tell a
+write through it later (unversioned.py). Each cut remembers its source line and the leaves
 its input depended on, so a parameter that the loss does not reach can be told the line that cut it. A
 `torch.no_grad()` cut inside a library's code is told at the user's line (the innermost frame outside torch,
 torchtrace and installed packages) with the module whose call is on that line. The same mode hands every
@@ -19,6 +20,7 @@ from torchtrace.autograd.engine import topological_order
 from torchtrace.autograd.node import AccumulateGrad
 from torchtrace.autograd.state import STATE
 from torchtrace.doctor.unrecorded import FirstUnrecorded
+from torchtrace.doctor.unversioned import UnversionedWrites
 from torchtrace.doctor.where import line_of, module_called_from, user_frame, user_line
 
 T = torch.Tensor
@@ -63,6 +65,7 @@ class CutWatcher(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.cut_leaves: Dict[int, Cut] = {}  # id(leaf) -> the first cut its values went through
+        self.unversioned = UnversionedWrites()  # the graph's tensors as they were at their .data / .numpy()
         self._seen_nodes: Set[int] = set()
         self._paused = False
         self.unrecorded = FirstUnrecorded()
@@ -79,6 +82,8 @@ class CutWatcher(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
         written = None if self._paused else self.unrecorded.before(func, args)
+        if not self._paused and args and _needs_grad(args[0]) and (_is_data(func) or func is T.numpy):
+            self.unversioned.before_access(".numpy()" if func is T.numpy else ".data", args[0])
         result = func(*args, **kwargs)
         if self._paused:
             return result

@@ -1,21 +1,22 @@
-"""Writes the version counter does not see: a value changed through `.data`, `.set_()` or shared (numpy) memory
-after an op made it or saved it. torch's in-place check reads only version counters, so such a write passes
-silently: an op computes with values no recorded op produced, or a backward with values its forward did not see.
+"""Writes the version counter does not see: a value changed through `.data` or a numpy array's memory after an op
+made it or saved it. torch's in-place check reads only version counters, so such a write passes silently: the ops
+after it compute with values no recorded op produced, or a backward with values its forward did not see.
 
-While tt.diagnose(fn, *args) watches the forward, `UnversionedWrites` copies each op's result and what it saved
-(up to BUDGET bytes), with their version counters. A later op's input whose counter did not move but whose values
-did, and a saved tensor in the same state just before the backward, are findings, named by the op that made (or
-saved) the value and its source line.
+While tt.diagnose(fn, *args) watches the forward, its torch function mode (paths.CutWatcher) sees every `.data`
+and `.numpy()` of a tensor in the graph; `UnversionedWrites.before_access` copies that tensor there, once, with its
+version counter and the line. Just before the backward, a copy whose tensor kept its version but not its values is
+a finding, named by the op that made the tensor (or, for a leaf, the ops that saved it) and by the line of the access.
+Only tensors reached through `.data` or `.numpy()` are copied: a forward without them costs nothing here.
 """
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
 from torchtrace.autograd.node import Node
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.doctor.findings import Finding
+from torchtrace.doctor.where import user_line
 
-BUDGET = 256 * 2**20  # bytes of copies one diagnosis may keep (beyond it, the values made later are not checked)
 ADVICE = ("write through the tensor itself under torch.no_grad() (w.mul_(0) instead of w.data.mul_(0)): torch then "
           "counts the write, and a backward that needs the old values raises instead of using the new ones; or make "
           "the change before the forward, or on a .clone()")
@@ -32,53 +33,36 @@ def _differ(copy: torch.Tensor, now: torch.Tensor) -> int:
 
 
 class UnversionedWrites:
-    """Copies of what each watched op made and saved; `on_input` and `saved_findings` compare them with now."""
+    """Copies of the graph's tensors taken at their `.data` / `.numpy()`; `findings` compares them with now."""
 
     def __init__(self) -> None:
-        self.results: Dict[Tuple[Node, int], Tuple[torch.Tensor, int]] = {}  # (node, output nr) -> (copy, version)
-        self.saved: List[Tuple[Node, int, Any, torch.Tensor, int]] = []  # (node, index, tensor, copy, version)
-        self.kept = 0
-        self.found: List[Tuple[Node, str, int, int, str]] = []  # (node, what, elements changed, of how many, so)
+        self.copies: Dict[int, Tuple[Any, torch.Tensor, int, str, str]] = {}  # id -> (tensor, copy, version, how, line)
 
-    def _copy(self, t: Any) -> Optional[Tuple[torch.Tensor, int]]:
-        if not isinstance(t, torch.Tensor) or t.is_inference() or self.kept + t.nbytes > BUDGET:
-            return None
+    def before_access(self, how: str, t: torch.Tensor) -> None:
+        if id(t) in self.copies or t.is_inference():
+            return
         with plain_torch():
-            self.kept += t.nbytes
-            return t.detach().clone(), t._version
+            self.copies[id(t)] = (t, t.detach().clone(), t._version, how, user_line()[0])
 
-    def on_record(self, node: Node, args: tuple, result: Any) -> None:
-        """Compare the op's inputs with their producers' copies, then copy its result and what it saved."""
-        for position, x in enumerate(args):
-            key = (getattr(x, "_tt_node", None), getattr(x, "_tt_nr", 0))
-            known = self.results.pop(key, None) if key[0] is not None else None  # (checked once, at first use)
-            if known is not None and x._version == known[1]:
-                with plain_torch():
-                    changed = _differ(known[0], x)
-                if changed:
-                    self.found.append((key[0], f"its result, changed before {node.rule.__name__} (argument "
-                                               f"{position}) read it", changed, x.numel(), "the ops after it "
-                                               "compute with values no recorded op produced"))
-        copied = self._copy(result[0] if isinstance(result, (tuple, list)) and result else result)
-        if copied is not None:
-            self.results[(node, 0)] = copied
-        for index, t in enumerate(node.ctx._saved):
-            copied = self._copy(t)
-            if copied is not None:
-                self.saved.append((node, index, t, *copied))
-
-    def findings(self, make: Any) -> List[Finding]:
-        """Every value changed without a version change: those read by a later op, and the saved tensors as they are
-        now (call before the backward, which frees them). `make(node, kind, phase, message, advice)` words one."""
-        for node, index, t, copy, version in self.saved:
-            if node.ctx._saved and t._version == version:
-                with plain_torch():
-                    changed = _differ(copy, t)
-                if changed:
-                    self.found.append((node, f"saved tensor {index} of its backward, changed after the op ran",
-                                       changed, t.numel(), "its gradient uses values the forward did not compute with"))
-        return [make(node, "unversioned_write", "forward",
-                     f"{what} without moving its version counter ({changed} of {total} elements): a write through "
-                     f".data, .set_() or numpy's memory, which torch's in-place check cannot see: {so}, and nothing "
-                     "raises", ADVICE)
-                for node, what, changed, total, so in self.found]
+    def findings(self, lines: Dict[Node, Tuple[str, str]], make: Any) -> List[Finding]:
+        """Every tensor changed without a version change since its `.data` / `.numpy()` (call before the backward,
+        which frees what the ops saved). `lines`: the watched ops; `make(node, kind, phase, message, advice)`."""
+        found = []
+        for t, copy, version, how, line in self.copies.values():
+            if t._version != version:
+                continue
+            with plain_torch():
+                changed = _differ(copy, t)
+            if not changed:
+                continue
+            made_by = getattr(t, "_tt_node", None)
+            blamed = [made_by] if made_by in lines else [n for n in lines if any(s is t for s in n.ctx._saved)]
+            for node in blamed:
+                what = "its result" if node is made_by else "a tensor it saved for its backward"
+                so = ("the ops after it compute with values no recorded op produced" if node is made_by else
+                      "its gradient uses values the forward did not compute with")
+                found.append(make(node, "unversioned_write", "forward",
+                                  f"{what} was changed through {how} at {line} without moving its version counter "
+                                  f"({changed} of {t.numel()} elements), which torch's in-place check cannot see: "
+                                  f"{so}, and nothing raises", ADVICE))
+        return found

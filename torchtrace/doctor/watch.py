@@ -17,7 +17,6 @@ from torchtrace.doctor.causes import INF_MADE_NAN
 from torchtrace.doctor.findings import Finding
 from torchtrace.doctor.nonfinite import backward_cause, forward_cause
 from torchtrace.doctor.origins import DEAD_RULES, with_origins, zero_share
-from torchtrace.doctor.unversioned import UnversionedWrites
 from torchtrace.doctor.values import all_finite, has_inf, has_nan, tensors_in
 from torchtrace.doctor.where import math_line, user_line
 from torchtrace.inspect.scope import path_name
@@ -45,7 +44,6 @@ class Watch:
         self.leaf_grads: Dict[int, torch.Tensor] = {}
         self.dead: Dict[Node, Tuple[int, float]] = {}  # each ReLU -> (its place in the recording, share of zeros)
         self.ran = 0
-        self.unversioned = UnversionedWrites()  # values changed through .data and the like (unversioned.py)
 
     def finding(self, node: Node, kind: str, phase: str, message: str, advice: str,
                 share: Optional[float] = None) -> Finding:
@@ -58,7 +56,6 @@ class Watch:
     def on_record(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
         self.recorded += 1
         self.lines[node] = user_line()
-        self.unversioned.on_record(node, (*args, *kwargs.values()), result)
         if node.rule.__name__ in DEAD_RULES:
             self.dead[node] = (self.recorded, zero_share(result))
         self.note_values(node, args, kwargs, result, forward_cause)
