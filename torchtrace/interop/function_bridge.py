@@ -24,11 +24,13 @@ ONCE_DIFFERENTIABLE_MESSAGE = "trying to differentiate twice a function that was
 class UserContext:
     """torch's ctx for a user Function: save_for_backward, saved_tensors, needs_input_grad, mark_dirty, ...
 
-    Saved tensors live on the graph node (so retain_graph, in-place checks and create_graph work as for rules).
+    Saved tensors live on the graph node (so retain_graph, in-place checks and create_graph work as for rules). It
+    reaches that node's Context only while forward or backward runs (`_node`, None between): the Context holds it, so
+    holding the Context back would be a reference cycle that keeps the graph alive until Python's cycle collector ran.
     """
 
     def __init__(self, node: Any, needs_input_grad: Tuple[bool, ...]):
-        self._node = node
+        self._node: Any = node
         self.needs_input_grad = needs_input_grad
         self.materialize_grads = True
         self.dirty: Tuple[Any, ...] = ()
@@ -143,6 +145,7 @@ def _forward(ctx: Any, opaque_call: _Opaque, *args: Any) -> Any:
         out = cls.forward(ctx.user_ctx, *args)
     call.raw = _split(out, call)
     call.others = None if isinstance(out, torch.Tensor) else out
+    ctx.user_ctx._node = None
     return out if isinstance(out, torch.Tensor) else tuple(call.raw)
 
 
@@ -152,12 +155,16 @@ def _backward(ctx: Any, *grads: Any) -> Any:
     for i, g in zip(call.places, grads):
         full[i] = g
     backward = call.user_class.backward
-    if _once_differentiable(backward, call.user_class) and STATE.create_graph:
-        with plain_torch():
-            result = backward.__wrapped__(ctx.user_ctx, *full)
-        result = _poison(result)
-    else:
-        result = backward(ctx.user_ctx, *full)
+    ctx.user_ctx._node = ctx
+    try:
+        if _once_differentiable(backward, call.user_class) and STATE.create_graph:
+            with plain_torch():
+                result = backward.__wrapped__(ctx.user_ctx, *full)
+            result = _poison(result)
+        else:
+            result = backward(ctx.user_ctx, *full)
+    finally:
+        ctx.user_ctx._node = None
     return (None,) + (tuple(result) if isinstance(result, (tuple, list)) else (result,))
 
 
@@ -193,7 +200,9 @@ def apply_on_tracers(user_class: type, new_style: bool, args: tuple, kwargs: dic
                     tensors[i] = torch.Tensor.detach(plain).as_subclass(TRACER)
             elif id(plain) in dirty and isinstance(plain, TRACER):
                 tensors[i] = _rebind(plain, t, user_class)
-    return _merge(tensors, call, call.others)
+    result = _merge(tensors, call, call.others)
+    call.node = call.raw = call.others = None  # (the node's Context holds the call: no cycle back, nor its outputs)
+    return result
 
 
 def _rebind(target: Any, linked: Any, user_class: type) -> Any:
