@@ -261,3 +261,18 @@ class TorchSquare(torch.autograd.Function):
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
         return 2 * g * x
+
+
+class ExpSaveOutput(torch.autograd.Function):
+    """y = exp(x), saving its output (torch's own Function API, run on tracers through the bridge)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.exp(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * y

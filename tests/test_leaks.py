@@ -5,6 +5,7 @@ import weakref
 
 import pytest
 import torch
+from helpers import ExpSaveOutput
 
 import torchtrace as tt
 
@@ -142,19 +143,6 @@ def test_checkpointed_training_does_not_grow_memory():
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-class SavesItsOutput(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a):
-        out = a.exp()
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        (out,) = ctx.saved_tensors
-        return g * out
-
-
 def _graph_freed_by_refcounts(build, backward: bool) -> bool:
     """Whether the graph of build()'s scalar result dies when the result does, with the cycle collector off (as
     torch's: a cycle would keep every tensor of the graph until the collector happened to run)."""
@@ -183,7 +171,7 @@ def test_a_graph_is_freed_by_reference_counting_alone(kind, backward):
     def f(x):
         return model(x).exp().sum()
 
-    build = {"eager": lambda: f(x), "autograd.Function": lambda: SavesItsOutput.apply(model(x)).sum(),
+    build = {"eager": lambda: f(x), "autograd.Function": lambda: ExpSaveOutput.apply(model(x)).sum(),
              "compiled": (lambda compiled: lambda: compiled(x))(tt.compile(f, (x,)))}[kind]
     for _ in range(3):  # (the compiled call records, then replays)
         assert _graph_freed_by_refcounts(build, backward)

@@ -1,7 +1,7 @@
 """A torch autograd Function called on tracers runs its own forward/backward as a torchtrace node (vs torch)."""
 import pytest
 import torch
-from helpers import TorchSquare, double_backward_matches
+from helpers import ExpSaveOutput, TorchSquare, double_backward_matches
 from torch.autograd.function import once_differentiable
 
 import torchtrace as tt
@@ -42,19 +42,6 @@ class Cube(torch.autograd.Function):
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
         return 3 * x ** 2 * g
-
-
-class ExpSaveOutput(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = torch.exp(x)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return g * y
 
 
 class MulSetup(torch.autograd.Function):

@@ -14,7 +14,6 @@ import torch
 
 from torchtrace.autograd.node import Node
 from torchtrace.autograd.plain import plain_torch
-from torchtrace.doctor.findings import Finding
 from torchtrace.doctor.where import user_line
 
 ADVICE = ("write through the tensor itself under torch.no_grad() (w.mul_(0) instead of w.data.mul_(0)): torch then "
@@ -44,9 +43,10 @@ class UnversionedWrites:
         with plain_torch():
             self.copies[id(t)] = (t, t.detach().clone(), t._version, how, user_line()[0])
 
-    def findings(self, lines: Dict[Node, Tuple[str, str]], make: Any) -> List[Finding]:
+    def findings(self, lines: Dict[Node, Tuple[str, str]], make: Any) -> List[Any]:
         """Every tensor changed without a version change since its `.data` / `.numpy()` (call before the backward,
-        which frees what the ops saved). `lines`: the watched ops; `make(node, kind, phase, message, advice)`."""
+        which frees what the ops saved). `lines`: the watched ops; `make(node, kind, phase, message, advice)`: the
+        Finding of one."""
         found = []
         for t, copy, version, how, line in self.copies.values():
             if t._version != version:
