@@ -160,9 +160,7 @@ def _graph_freed_by_refcounts(build, backward: bool) -> bool:
 
 
 @pytest.mark.parametrize("backward", [True, False])
-@pytest.mark.parametrize("kind", ["eager", "autograd.Function", pytest.param("compiled", marks=pytest.mark.xfail(
-    strict=True, reason="known: a replayed statement's Context saves tracers the compiled node itself produced "
-    "(node -> segment -> step -> Context -> tracer -> node), freed only by the cycle collector"))])
+@pytest.mark.parametrize("kind", ["eager", "autograd.Function", "compiled"])
 def test_a_graph_is_freed_by_reference_counting_alone(kind, backward):
     torch.manual_seed(0)
     model = tt.port(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))

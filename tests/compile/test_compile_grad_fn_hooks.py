@@ -114,3 +114,27 @@ def test_module_full_backward_hooks_inside_a_compiled_call_see_eagers_and_torchs
             assert torch.equal(a, b)
             torch.testing.assert_close(a, c)
     assert compiled.replayed == 2
+
+
+@pytest.mark.parametrize("kind", ["register_prehook", "register_hook"])
+def test_a_hook_on_an_inner_results_grad_fn_runs_after_both_are_dropped(kind):
+    """The grad_fn of a result inside the compiled call is held weakly by its statement (no reference cycle) until a
+    hook is registered on it: then the statement holds it, and the hook runs as eager's would."""
+    w = tt.tracer(torch.randn(3, 3, dtype=torch.float64), requires_grad=True)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    ran = []
+
+    def record(*args):
+        ran.append(len(args))
+
+    def f(x, hook):
+        h = (x @ w).tanh()
+        if hook:
+            getattr(h.grad_fn, kind)(record)  # h and its grad_fn are not used again
+        return (h * 2).sum()
+
+    compiled = tt.compile(f, (x, False))
+    for expected, hook in enumerate((True, True, True), start=1):
+        compiled(x, hook).backward()
+        f(x, hook).backward()
+        assert len(ran) == 2 * expected

@@ -145,7 +145,7 @@ class Run:
         self.slot_of: Dict[int, int] = {}  # id(tensor object) -> leaf slot
         self.slots: List[torch.Tensor] = []  # leaf slot -> this call's object
         self.n_values = 0
-        self.segment: Optional[Segment] = None
+        self._segment: Optional[Segment] = None
         self.recorded: List[Statement] = []  # after a divergence: the statements of the new branch
         self.branch_at: Tuple[Block, int] = (program.root, 0)
         self.nodes: Optional[List[Node]] = None  # the nodes the eager call running now records
@@ -154,6 +154,18 @@ class Run:
         self.path: List[Statement] = []  # the statements this call matched or recorded, in order
         self.siblings: List[Tuple[Block, Statement]] = []  # other statements for the call matched last
         self.before: Tuple[Block, int] = (program.root, 0)
+
+    @property
+    def segment(self) -> Optional[Segment]:
+        """The open segment: the node matched statements join. Replacing it (by None when the call leaves it)
+        hands the one before its node to hold weakly (Segment.leave)."""
+        return self._segment
+
+    @segment.setter
+    def segment(self, segment: Optional[Segment]) -> None:
+        if self._segment is not None and self._segment is not segment:
+            self._segment.leave()
+        self._segment = segment
 
     @property
     def names(self) -> Dict[int, str]:

@@ -9,6 +9,7 @@ engine as the gradient of an outside tensor — which the engine sums into `.gra
 written out once per sequence of statements as one generated function (segment_code.py), which runs wherever no
 hook, retain_grad, tt.grad capture or create_graph asks for the walk itself (`Segment.backward` below).
 """
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -33,7 +34,7 @@ class Step:
     `local`, else to the segment node's edge `where`)."""
 
     __slots__ = ("rule", "ctx", "outputs", "metas", "targets", "local", "released", "saved_outputs", "node",
-                 "statement", "floats")
+                 "statement", "floats", "shown_ref", "saved_inputs")
 
     def __init__(self, rule: type, ctx: Any, outputs: List[int], metas: list, targets: list, local: List[int],
                  saved_outputs: Tuple[Tuple[int, int], ...], statement: Any, floats: tuple):
@@ -43,7 +44,43 @@ class Step:
         self.local = local  # the values of this segment the step reads (whose steps its gradients go to), in order
         self.released = False
         self.saved_outputs = saved_outputs  # (saved index, output nr of the node): results the rule saved plain
-        self.node: Optional[Node] = None  # the grad_fn its results show (made when first read: `Segment.grad_fn_of`)
+        self.saved_inputs: Tuple[Tuple[int, Any, int], ...] = ()  # (saved index, weak ref, output nr): arguments
+        # this node made that the rule saved, kept plain (Segment.plain_saved_inputs)
+        self.node: Optional[Node] = None  # the grad_fn its results show, once a grad_fn hook is registered on it
+        self.shown_ref: Optional[Callable[[], Optional[Node]]] = None  # that grad_fn, weakly, before any hook: its
+        # edges lead to the segment's node, whose ctx holds this step (held strongly, that would be a cycle)
+
+    def shown(self) -> Optional[Node]:
+        """The grad_fn its results show, while anything holds it (`Segment.grad_fn_of` makes it when first read)."""
+        if self.node is not None:
+            return self.node
+        return self.shown_ref() if self.shown_ref is not None else None
+
+
+class ShownStep(Node):
+    """A step's grad_fn as a result shows it: held by the step once a grad_fn hook is registered on it (the segment's
+    backward runs its hooks around the step's rule), weakly before. Each rule's is a subclass named as the node
+    (ReluBackward), as torch's grad_fn classes are, so a tensor's repr shows that name."""
+
+    __slots__ = ("step",)
+
+    def register_prehook(self, hook: Callable) -> Any:
+        self.step.node = self
+        return super().register_prehook(hook)
+
+    def register_hook(self, hook: Callable) -> Any:
+        self.step.node = self
+        return super().register_hook(hook)
+
+
+_SHOWN_CLASSES: "weakref.WeakKeyDictionary[type, type]" = weakref.WeakKeyDictionary()  # rule -> its ShownStep class
+
+
+def _shown_class(rule: type) -> type:
+    found = _SHOWN_CLASSES.get(rule)
+    if found is None:
+        found = _SHOWN_CLASSES[rule] = type(f"{rule.__name__}Backward", (ShownStep,), {"__slots__": ()})
+    return found
 
 
 class CompiledCall:
@@ -78,8 +115,21 @@ class Segment:
         self.producer: Dict[int, Step] = {}  # value number -> the step that made it
         self.outputs: List[int] = []  # output nr -> value number
         self.outside: Dict[int, int] = {}  # source (value j, or ~slot for leaf slot) -> edge position
-        self.node = Node(CompiledCall, self, [], None, ())
-        self.node.n_outputs = 0
+        self._node: Optional[Node] = Node(CompiledCall, self, [], None, ())  # held while the call adds to it
+        self._node.n_outputs = 0
+        self._left: Callable[[], Optional[Node]] = lambda: None
+
+    @property
+    def node(self) -> Node:
+        """The node whose ctx this segment is: held strongly while the call adds statements, weakly once it left (the
+        node holds the segment as its ctx; its results and the nodes after it hold the node)."""
+        node = self._node
+        return node if node is not None else self._left()
+
+    def leave(self) -> None:
+        """The call left the segment: hold the node weakly from now on (no cycle node -> segment -> node)."""
+        if self._node is not None:
+            self._left, self._node = weakref.ref(self._node), None
 
     def add_output(self, value: int) -> int:
         nr = len(self.outputs)
@@ -92,6 +142,23 @@ class Segment:
         self.steps.append(step)
         for value in step.outputs:
             self.producer[value] = step
+        self.plain_saved_inputs(step)
+
+    def plain_saved_inputs(self, step: Step) -> None:
+        """A tracer this segment made, saved by a later statement, would hold the node through the step's Context
+        (node -> segment -> step -> Context -> tracer -> node: a cycle only Python's collector frees, with every
+        tensor of the graph): it is saved as a plain alias instead (the same memory and version counter), and a
+        create_graph backward reads the tracer itself again while it lives (else links the alias back as the node's
+        output, as the results a rule saved)."""
+        saved, node = step.ctx._saved, self.node
+        mine = [(i, t) for i, t in enumerate(saved) if getattr(t, "_tt_node", None) is node]
+        if mine:
+            plain = list(saved)
+            with plain_torch():
+                for i, t in mine:
+                    plain[i] = torch.Tensor.detach(t).as_subclass(torch.Tensor)
+            step.ctx._saved = tuple(plain)
+            step.saved_inputs = tuple((i, weakref.ref(t), t._tt_nr) for i, t in mine)
 
     def edge_to(self, key: int, t: torch.Tensor) -> int:
         """The edge position of an outside tensor that needs a gradient (one per tensor, however often it is read)."""
@@ -111,16 +178,18 @@ class Segment:
         segment's node or to the node's edges)."""
         step = self.producer[self.outputs[nr]]
         self.shown = True
-        if step.node is None:
+        node = step.shown()
+        if node is None:
             edges, ctx = self.node.edges, step.ctx
             if ctx is None:  # a backward freed it already: what the node shows is a freed Context
                 ctx = Context(step.rule)
                 ctx._released = True
-            step.node = Node(step.rule, ctx, [
+            node = _shown_class(step.rule)(step.rule, ctx, [
                 _new_edge(Edge, (position, self.node, self.nr_of[where], shape, dtype)) if local else
                 _new_edge(Edge, (position, edges[where].node, edges[where].output_nr, shape, dtype))
                 for position, shape, dtype, local, where in step.targets], None, ())
-        return step.node
+            node.step, step.shown_ref = step, weakref.ref(node)
+        return node
 
     # what the engine reads of a node's ctx: _released, _saved (nothing: each step frees its own), backward ------
     def backward(self, grads: tuple) -> tuple:
@@ -167,7 +236,7 @@ class Segment:
                     f"Trying to backward through the graph a second time ({step.rule.__name__}Backward, inside a "
                     "compiled call): its saved tensors were freed after the first backward. Pass retain_graph=True "
                     "to the first backward().")
-            if create_graph and step.saved_outputs:  # the results it saved plain, as outputs of this node again
+            if create_graph and (step.saved_outputs or step.saved_inputs):  # what it saved plain, linked again
                 out = self._with_saved_outputs_linked(step, gs)
             else:
                 out = step.rule.backward(step.ctx, *gs)
@@ -234,6 +303,9 @@ class Segment:
         saved = list(step.ctx._saved)
         for index, nr in step.saved_outputs:
             saved[index] = link_output(saved[index], self.node, nr, tracer)
+        for index, ref, nr in step.saved_inputs:
+            t = ref()
+            saved[index] = t if t is not None else link_output(saved[index], self.node, nr, tracer)
         step.ctx.use_graph_saved(tuple(saved))
         try:
             return step.rule.backward(step.ctx, *gs)
@@ -272,7 +344,7 @@ def _free(step: Step) -> None:
     ctx = step.ctx
     if ctx is None or (not ctx._saved and ctx._packed is None):
         return
-    if step.node is not None:
+    if step.shown() is not None:
         ctx.release()
     step.released, step.ctx = True, None
 

@@ -207,4 +207,6 @@ def _output_lines(st: Any, names: List[str], saving: Optional[Tuple[int, ...]], 
         f"step = Step(RULE, ctx, [value], None, targets, local, kept, st, ({floats}{',' if floats else ''}))",
         "segment.steps.append(step)",
         "segment.producer[value] = step",
+        "if ctx._saved:",
+        "    segment.plain_saved_inputs(step)",
         "return out"]
