@@ -66,3 +66,23 @@ def test_a_learning_rate_that_blows_up_is_named_with_the_first_step(tmp_path):
     ratio = float(out.split("the update was ")[1].split(" ")[0])
     assert ratio > 0.1  # a healthy step changes the weights by about 1e-3 of their size
     assert "lower the learning rate" in out and out.count("[exploding, training]") == 1
+
+
+def test_a_plain_torch_script_is_told_why_no_backward_was_diagnosed(tmp_path):
+    path = tmp_path / "plain.py"
+    path.write_text(textwrap.dedent("""
+        import torch
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        optimizer = torch.optim.SGD(model.parameters(), lr=20)
+        x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+        for _ in range(5):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        """))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "torchtrace", "diagnose", str(path)], capture_output=True, text=True,
+                         env=env, timeout=300).stdout
+    assert "the learning rate lr=20 of SGD is too large" in out and "the loss went" not in out  # (no loss was seen)
+    assert "0 backward passes diagnosed (no backward ran on tracers" in out and "tt.port(model)" in out

@@ -83,7 +83,8 @@ def _diagnose_graph(loss: torch.Tensor, model: Optional[torch.nn.Module]) -> Dia
     models = [model] if model is not None else ([next(n.module_path[0] for n in order if n.module_path)]
                                                 if any(n.module_path for n in order) else [])
     watch = Watch(_names(models))
-    kept_values_read(order, watch)
+    if not all_finite(loss):  # (where the loss is finite, no forward origin is looked for: nothing to read)
+        kept_values_read(order, watch)
     ran = {id(m): m for n in order for m in n.module_path}
     return _run_backward(loss, watch, models, [], {}, ran, forward=False)
 

@@ -100,6 +100,8 @@ def run_script(path: str, argv: List[str], steps: int = 20, out: Any = None) -> 
         else:
             del tracer.backward
     found = len(session.findings)
-    print(f"tt.diagnose: {session.diagnosed} backward passes diagnosed, {found} distinct finding"
+    unseen = "" if session.diagnosed else (" (no backward ran on tracers: the script's tensors are plain torch's, "
+                                           "which the doctor cannot watch; tt.port(model) and tt.tracer(x) let it)")
+    print(f"tt.diagnose: {session.diagnosed} backward passes diagnosed{unseen}, {found} distinct finding"
           f"{'' if found == 1 else 's'}", file=session.out)
     return session

@@ -112,7 +112,7 @@ class StepWatch:
                 f"the gradient norm reached {_said(step.grad_norm)}, {_said(step.grad_norm / norms[0])} times the "
                 "first")
         message = (f"the learning rate lr={step.lr} of {step.optimizer} is too large: at optimizer step {step.number} "
-                   f"{what}; the loss went {losses}; the gradient norm went "
+                   f"{what}{f'; the loss went {losses}' if losses else ''}; the gradient norm went "
                    f"{' -> '.join(_said(v) for v in norms[: step.number + 2])}")
         advice = "lower the learning rate (or clip the gradient norm, torch.nn.utils.clip_grad_norm_)"
         if large and step.optimizer == "SGD" and isinstance(step.lr, (int, float)) and step.update_ratio > 0:
