@@ -7,6 +7,9 @@
 passes the average through sign(u) relu(|u|), whose derivative is sign(u)^2 where u != 0 and 0 at u = 0: an
 all-zero window sends no gradient (not the infinite slope of u^(1/p) there), as here; nor, for p = 1, does one
 holding a NaN (torch.sign(NaN) is 0).
+
+p = +inf is torch's max_pool(|x|) and p = -inf its -max_pool(-|x|): then g goes to each window's largest (smallest)
+|x_i|, the one torch's max pool picks, times sign(x_i):  dx_i = sign(x_i) sum_{q: i = argmax_q} g_q.
 """
 import math
 
@@ -16,11 +19,15 @@ import torch.nn.functional as F
 from torchtrace.autograd.function import Function, register
 from torchtrace.nn.conv import ntuple
 from torchtrace.nn.module import Module
-from torchtrace.nn.pooling import avg_pool_adjoint
+from torchtrace.nn.pooling import avg_pool_adjoint, scatter_to_input
+
+
+MAX_POOLS = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 
 
 class LPPool(Function):
-    """y_q = (K avg_q(x^p))^(1/p)  ->  dx = p x^(p-1) avgpool_adjoint(K (1/p) u^(1/p - 1) sign(u)^2 g), 0 at u = 0"""
+    """y_q = (K avg_q(x^p))^(1/p)  ->  dx = p x^(p-1) avgpool_adjoint(K (1/p) u^(1/p - 1) sign(u)^2 g), 0 at u = 0;
+    p = +-inf: y_q = max (min) |x_i| over window q  ->  dx_i = sign(x_i) g_q where i is that window's pick"""
 
     op = staticmethod(F.lp_pool2d)
     dims = 2
@@ -32,13 +39,20 @@ class LPPool(Function):
         ctx.stride = ntuple(stride, n) if stride is not None else ctx.kernel
         ctx.shape = input.shape
         y = ctx._rule.op(input, norm_type, kernel_size, stride, ceil_mode)
-        ctx.save_for_backward(input, y)
+        if math.isinf(ctx.p):  # which |x_i| each window picked: torch's own max pool of |x| (of -|x| for -inf)
+            side = input.abs() if ctx.p > 0 else -input.abs()
+            picks = MAX_POOLS[n](side, ctx.kernel, ctx.stride, 0, 1, ceil_mode, return_indices=True)[1]
+            ctx.save_for_backward(input, picks)
+        else:
+            ctx.save_for_backward(input, y)
         return y
 
     @staticmethod
     def backward(ctx, g):
         x, y = ctx.saved_tensors
         p, volume = ctx.p, math.prod(ctx.kernel)
+        if math.isinf(p):  # y holds each window's pick
+            return scatter_to_input(g, y, ctx.shape, ctx._rule.dims) * x.sign()
         u = y.pow(p)  # K avg(x^p), recomputed from y
         # sign(u)^2, as torch's chain through sign(u) relu(|u|) multiplies it in: 0 for a NaN window (torch.sign(NaN)
         # is 0: the gradient is then 0 for p = 1, where NaN^0 = 1, and NaN otherwise, as torch's)
