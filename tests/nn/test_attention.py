@@ -295,6 +295,29 @@ def test_multihead_attention_errors():
         layer(x, x[0], x[0])
 
 
+def test_multihead_attention_refuses_what_torch_refuses_with_its_message():
+    """Each case raises in torch too (checked here): key and value of different shapes; a float mask of another dtype
+    than the query where the weights are computed (need_weights=False promotes it, in both)."""
+    key = X.double()
+    torch_layer, ours = torch.nn.MultiheadAttention(8, 2).double(), MultiheadAttention(8, 2).double()
+    for call, error, message in [
+            (lambda m, q: m(q, key[:, :1], key), AssertionError, "key shape .* does not match value shape"),
+            (lambda m, q: m(q, key[:4], key), AssertionError, "key shape .* does not match value shape"),
+            (lambda m, q: m(q, key, key, attn_mask=torch.zeros(5, 5)), RuntimeError, "query's dtype"),
+            (lambda m, q: m(q, key, key, key_padding_mask=torch.zeros(3, 5)), RuntimeError, "query's dtype")]:
+        with pytest.raises(error):
+            call(torch_layer, key)
+        with pytest.raises(error, match=message):
+            call(ours, tt.tracer(key, requires_grad=True))
+    separate = MultiheadAttention(8, 2, kdim=4, vdim=6).double()
+    with pytest.raises(AssertionError, match="key's sequence and batch dims"):
+        separate(key, key[:4, :, :4], key[..., :6])
+    promoted = ours(tt.tracer(key, requires_grad=True), key, key, attn_mask=torch.zeros(5, 5), need_weights=False)
+    torch_layer.load_state_dict(ours.state_dict())
+    expected = torch_layer(key, key, key, attn_mask=torch.zeros(5, 5), need_weights=False)[0]
+    torch.testing.assert_close(promoted[0].as_subclass(torch.Tensor).detach(), expected.detach())
+
+
 @pytest.mark.parametrize("mask_kind", ["key_padding_mask", "attn_mask"])
 @pytest.mark.parametrize("need_weights", [True, False])
 def test_multihead_attention_on_a_fully_masked_query_gives_torchs_nan_or_zeros(need_weights, mask_kind):

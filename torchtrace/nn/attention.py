@@ -225,6 +225,9 @@ class MultiheadAttention(Module, torch.nn.MultiheadAttention):
         if embed != self.embed_dim:
             raise AssertionError(f"was expecting embedding dimension of {self.embed_dim}, but got {embed}")
         heads, head_dim = self.num_heads, self.head_dim
+        _check_key_value(key, value, self._qkv_same_embed_dim)
+        if need_weights:
+            _check_mask_dtypes(query.dtype, attn_mask=attn_mask, key_padding_mask=key_padding_mask)
         attn_mask = _three_dim(additive_mask(attn_mask, "attn_mask", query.dtype), batch * heads, length, key.size(0))
         key_padding_mask = additive_mask(key_padding_mask, "key_padding_mask", query.dtype)
         q, k, v = self._project(query, key, value)
@@ -256,6 +259,23 @@ class MultiheadAttention(Module, torch.nn.MultiheadAttention):
         if not need_weights:
             return out, None
         return out, weights.reshape(batch, heads, length, source)
+
+
+def _check_key_value(key: Tensor, value: Tensor, same_embed_dim: bool) -> None:
+    """torch's: key and value of one shape (with kdim / vdim: of one length and batch)."""
+    if not same_embed_dim and key.shape[:2] != value.shape[:2]:
+        raise AssertionError(f"key's sequence and batch dims {key.shape[:2]} do not match value's {value.shape[:2]}")
+    if same_embed_dim and key.shape != value.shape:
+        raise AssertionError(f"key shape {key.shape} does not match value shape {value.shape}")
+
+
+def _check_mask_dtypes(dtype: torch.dtype, **masks: Optional[Tensor]) -> None:
+    """torch's: a float mask of another dtype than the query's is refused where the weights are computed (its baddbmm);
+    without them (need_weights=False: scaled_dot_product_attention) it is promoted."""
+    for name, mask in masks.items():
+        if mask is not None and mask.is_floating_point() and mask.dtype != dtype:
+            raise RuntimeError(f"a float {name} must have the query's dtype: got {mask.dtype} for a {dtype} query "
+                               f"(pass {name}.to({dtype}), or a bool mask)")
 
 
 def _once_each(fn: Callable[[Tensor], Tensor], *xs: Tensor) -> Tuple[Tensor, ...]:
