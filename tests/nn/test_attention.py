@@ -287,7 +287,7 @@ def test_multihead_attention_errors():
         layer(x, x, x, attn_mask=torch.zeros(1, 6, 5, 5))
     with pytest.raises(AssertionError, match="only bool and floating types of key_padding_mask"):
         layer(x, x, x, key_padding_mask=torch.zeros(3, 5, dtype=torch.long))
-    with pytest.raises(AssertionError, match="expecting key_padding_mask shape of"):
+    with pytest.raises(AssertionError, match="Expected key_padded_mask.shape.1. to be 5, but got 4"):
         layer(x, x, x, key_padding_mask=KPM)
     with pytest.raises(AssertionError, match="was expecting embedding dimension of 8"):
         layer(tt.randn(5, 3, 6), tt.randn(5, 3, 6), tt.randn(5, 3, 6))

@@ -38,9 +38,10 @@ def test_lp_pool_signed_inputs(fn):
 
 
 @pytest.mark.parametrize("p", [float("inf"), float("-inf")])
-@pytest.mark.parametrize("fn", [lambda x, p: F.lp_pool2d(x, p, 2), lambda x, p: F.lp_pool2d(x, p, 3, 2, ceil_mode=True),
-                                lambda x, p: F.lp_pool1d(x.flatten(2), p, 4, 3), lambda x, p: F.lp_pool3d(x[None], p, 2),
-                                lambda x, p: lp_pooling.LPPool1d(p, 2)(x.flatten(2))])
+@pytest.mark.parametrize("fn", [
+    lambda x, p: F.lp_pool2d(x, p, 2), lambda x, p: F.lp_pool2d(x, p, 3, 2, ceil_mode=True),
+    lambda x, p: F.lp_pool1d(x.flatten(2), p, 4, 3), lambda x, p: F.lp_pool3d(x[None], p, 2),
+    lambda x, p: lp_pooling.LPPool1d(p, 2)(x.flatten(2))])
 def test_infinite_p_is_the_largest_or_smallest_magnitude_per_window(fn, p):
     """torch's max_pool(|x|) and -max_pool(-|x|): the gradient reaches each window's pick, signed (no NaN)."""
     check_op(lambda x: fn(x, p), X.double())

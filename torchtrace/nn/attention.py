@@ -240,9 +240,13 @@ class MultiheadAttention(Module, torch.nn.MultiheadAttention):
             attn_mask, key_padding_mask = with_extra_key(attn_mask), with_extra_key(key_padding_mask)
         source = k.size(1)
         if key_padding_mask is not None:
-            if tuple(key_padding_mask.shape) != (batch, source):
-                raise AssertionError(f"expecting key_padding_mask shape of {(batch, source)}, but got "
-                                     f"{tuple(key_padding_mask.shape)}")
+            if key_padding_mask.dim() != 2:
+                raise AssertionError(f"expected key_padding_mask to be None or 2-D (1-D for an unbatched query), but "
+                                     f"found a {key_padding_mask.dim()}-D tensor instead")
+            for i, size in enumerate((batch, source)):  # (torch's words: "padded")
+                if key_padding_mask.shape[i] != size:
+                    raise AssertionError(f"Expected key_padded_mask.shape[{i}] to be {size}, but got "
+                                         f"{key_padding_mask.shape[i]}")
             padding = key_padding_mask.reshape(batch, 1, 1, source).expand(-1, heads, -1, -1)
             padding = padding.reshape(batch * heads, 1, source)
             attn_mask = padding if attn_mask is None else attn_mask + padding

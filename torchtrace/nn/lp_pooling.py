@@ -21,7 +21,6 @@ from torchtrace.nn.conv import ntuple
 from torchtrace.nn.module import Module
 from torchtrace.nn.pooling import avg_pool_adjoint, scatter_to_input
 
-
 MAX_POOLS = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 
 

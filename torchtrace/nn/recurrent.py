@@ -123,9 +123,10 @@ class RecurrentLayer(Module):
         if input.size(-1) != self.input_size:
             raise RuntimeError(f"input.size(-1) must be equal to input_size. Expected {self.input_size}, "
                                f"got {input.size(-1)}")
-        for state, size in zip(states, sizes):
-            if tuple(state.shape) != size:
-                raise RuntimeError(f"Expected hidden size {size}, got {list(state.shape)}")
+        for i, (state, size) in enumerate(zip(states, sizes)):
+            if tuple(state.shape) != size:  # (torch's words: LSTM's h_0 and c_0 are hidden[0] and hidden[1])
+                name = f"hidden[{i}]" if len(sizes) == 2 else "hidden"
+                raise RuntimeError(f"Expected {name} size {size}, got {list(state.shape)}")
 
     def _weights(self, layer: int, reverse: bool) -> Tuple[Tensor, Optional[Tensor], tuple]:
         """(W_ih, b_ih, hidden weights (W_hh, b_hh[, W_hr])) of one layer and direction, by torch's names."""
