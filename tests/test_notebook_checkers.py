@@ -22,6 +22,17 @@ lesson_training = importlib.util.module_from_spec(_training_spec)
 _training_spec.loader.exec_module(lesson_training)
 
 
+def _lesson_checkers(name: str):
+    """Another checkers module of the notebooks' folder, loaded as a notebook imports it."""
+    spec = importlib.util.spec_from_file_location(name, _path.parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+curvature_checkers, precision_checkers = _lesson_checkers("curvature_checkers"), _lesson_checkers("precision_checkers")
+
+
 def verdict(capsys, check, *args) -> str:
     torch.manual_seed(0)
     check(*args)
@@ -389,7 +400,7 @@ def test_by_hand_numbers(capsys):
     printed = assert_wrong(capsys, checkers.by_hand_numbers, a, b, 2 * a * b, db)
     assert "dq/da differ" in printed and "cos" not in printed  # the hint names the paths, not the formula
     assert "dq/da and dq/db" in assert_wrong(capsys, checkers.by_hand_numbers, a, b, math.nan, math.nan)
-    for wrong_type in ("-12", [da], True, torch.tensor(da)):
+    for wrong_type in ("-12", [da], True, torch.tensor([da]), torch.tensor(True)):
         assert_wrong(capsys, checkers.by_hand_numbers, a, b, wrong_type, db)
 
 
@@ -1024,3 +1035,73 @@ def test_a_wrong_rule_is_located_in_the_students_code_not_in_the_checker(capsys,
     printed = assert_wrong(capsys, checkers.repaired_rule, answers["Φ only"])
     assert "the first wrong step (tt.diff): " in printed and "Rule.backward, test_notebook_checkers.py:" in printed
     assert not re.search(r"(?<![\w_])checkers\.py", printed), printed
+
+
+# ------------------------------------------------------------------ a right answer in another form, a wrong one named
+
+
+def _standardise_in_float64(biased: bool = True, eps: float = 1e-5):
+    def standardise(h):
+        h = h.double()
+        return (h - h.mean(-1, keepdim=True)) / (h.var(-1, keepdim=True, unbiased=not biased) + eps).sqrt()
+    return standardise
+
+
+def test_standardised_compares_a_float64_answer_in_float64(capsys):
+    assert_right(capsys, checkers.standardised, _standardise_in_float64())
+    assert "n - 1" in assert_wrong(capsys, checkers.standardised, _standardise_in_float64(biased=False))
+    assert "gives NaN" in assert_wrong(capsys, checkers.standardised, _standardise_in_float64(eps=0.0))
+
+
+def _newton(f, theta):
+    return theta - torch.linalg.solve(torch.func.hessian(f)(theta), torch.func.grad(f)(theta))
+
+
+def test_newton_step_of_another_shape_is_told_its_shape(capsys):
+    printed = assert_wrong(capsys, curvature_checkers.newton_step, lambda f, t: _newton(f, t)[None])
+    assert "your step has shape (1, 2); Newton's step has shape (2,)" in printed
+    assert "arranged in another shape" in printed
+    printed = assert_wrong(capsys, curvature_checkers.newton_step, lambda f, t: (t - torch.func.grad(f)(t))[:, None])
+    assert "your step has shape (2, 1)" in printed and "arranged in another shape" not in printed
+    assert verdict(capsys, curvature_checkers.newton_step, _newton) == "right\n"
+
+
+def test_stable_learning_rate_of_several_numbers_is_told_to_return_one(capsys):
+    printed = assert_wrong(capsys, curvature_checkers.stable_learning_rate, lambda H: 2 / torch.linalg.eigvalsh(H))
+    assert "return one number" in printed and "a threshold of its own" in printed
+    printed = assert_wrong(capsys, curvature_checkers.stable_learning_rate, lambda H: H.sum(dim=0))
+    assert "return one number" in printed and "a threshold of its own" not in printed
+
+
+SCALES = (12, [3, 4, 9], 1024.0, 3)
+
+
+def test_scale_trajectory_in_any_container_of_numbers(capsys):
+    np = pytest.importorskip("numpy")
+    truth = precision_checkers._torch_scales(*SCALES)
+    for answer in (truth, tuple(truth), np.array(truth), torch.tensor(truth), [torch.tensor(s) for s in truth],
+                   [np.float32(s) for s in truth]):
+        assert verdict(capsys, precision_checkers.scale_trajectory, answer, *SCALES) == "right\n", type(answer)
+    late = precision_checkers._scales(*SCALES, after_update=True)
+    for answer in (np.array(late), torch.tensor(late), [torch.tensor(s) for s in late]):
+        assert "before scaler.update()" in verdict(capsys, precision_checkers.scale_trajectory, answer, *SCALES)
+    for answer in (torch.tensor([truth]), ["1024"] * 12, torch.tensor(1024.0), [True] * 12):
+        assert "give a list of 12 numbers" in verdict(capsys, precision_checkers.scale_trajectory, answer, *SCALES)
+    assert "not 11" in verdict(capsys, precision_checkers.scale_trajectory, torch.tensor(truth[:-1]), *SCALES)
+
+
+def test_by_hand_numbers_as_0d_tensors(capsys):
+    np = pytest.importorskip("numpy")
+    a, b = 1.5, -0.7
+    da, db = 2 * a * b + b * math.cos(a * b), a ** 2 + a * math.cos(a * b)
+    assert_right(capsys, checkers.by_hand_numbers, a, b, torch.tensor(da), torch.tensor(db))
+    assert_right(capsys, checkers.by_hand_numbers, a, b, np.array(da), np.float32(db))
+    printed = assert_wrong(capsys, checkers.by_hand_numbers, a, b, torch.tensor(db), torch.tensor(da))
+    assert "swapped" in printed
+
+
+def test_float32s_largest_is_not_named_bfloat16s(capsys):
+    printed = verdict(capsys, precision_checkers.largest_float16, torch.finfo(torch.float32).max)
+    assert printed.startswith("wrong") and "float32's largest" in printed and "bfloat16" not in printed, printed
+    for bfloat16s in (torch.finfo(torch.bfloat16).max, 3.4e38):
+        assert "bfloat16's largest" in verdict(capsys, precision_checkers.largest_float16, bfloat16s)

@@ -212,13 +212,25 @@ def _by_hand_mistakes(a: float, b: float) -> list:
                                          "respect to a (or b)")]
 
 
+def real_number(value: Any) -> Optional[float]:
+    """A real number given as a Python or numpy number, or as a 0-d tensor or array; None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return real_number(value.item())
+    return None
+
+
 def by_hand_numbers(a_val: float, b_val: float, dq_da: Any, dq_db: Any) -> None:
     """The student's numbers for q = a^2 b + sin(a b), against torch autograd."""
     hint = "a reaches q along two paths, through u = a^2 and through w = a b: add the products of the local " \
            "derivatives along each path (b likewise, through v and w)"
     if dq_da is None or dq_db is None:
         return print("not done yet: fill in the exercise above")
-    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in (dq_da, dq_db)):
+    dq_da, dq_db = real_number(dq_da), real_number(dq_db)
+    if dq_da is None or dq_db is None:
         return _wrong("give both gradients as numbers (int or float)", hint)
     a, b = (torch.tensor(float(v), dtype=torch.float64, requires_grad=True) for v in (a_val, b_val))
     (a ** 2 * b + torch.sin(a * b)).backward()
@@ -1374,7 +1386,7 @@ def _standardise_mistakes() -> list:
 def _plain_grad(fn: Callable, rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     leaf = rows.clone().requires_grad_(True)
     (fn(leaf) * weight).sum().backward()
-    return leaf.grad
+    return leaf.grad.double()
 
 
 def standardised(standardise: Callable) -> None:
@@ -1391,7 +1403,7 @@ def standardised(standardise: Callable) -> None:
     except Exception as error:
         return _wrong(_explain(error), "standardise takes a tensor of rows and returns one of the same shape: a "
                                        "statistic of each row keeps its dimension (keepdim=True) to broadcast")
-    values, grad = _plain(out), leaf.grad
+    values, grad = _plain(out).double(), leaf.grad  # compared in float64, whatever dtype standardise computes in
     if values.shape != rows.shape:
         return _wrong(f"your result has shape {tuple(values.shape)}, the rows {tuple(rows.shape)}",
                       "standardise each row on its own: keep the shape (mean and variance with keepdim=True)")
@@ -1402,11 +1414,13 @@ def standardised(standardise: Callable) -> None:
         return _wrong("the values are finite now, but the gradient at row 2 is not",
                       "the slope of sqrt(v) is 1 / (2 sqrt v), infinite at v = 0: an eps added after the root keeps "
                       "the forward finite but not the backward; " + EPS_INSIDE)
+    grad = _plain(grad).double()
     width = rows.shape[-1]
     reference = lambda t: F.layer_norm(t, (width,), eps=STANDARDISE_EPS)  # noqa: E731
-    expected = reference(rows)
+    expected = reference(rows).double()
     if not torch.allclose(values, expected, rtol=1e-4, atol=1e-5):
-        hint = next((h for slip, h in _standardise_mistakes() if torch.allclose(values, slip(rows), atol=1e-5)), None)
+        hint = next((h for slip, h in _standardise_mistakes()
+                     if torch.allclose(values, slip(rows).double(), atol=1e-5)), None)
         if hint is None and torch.allclose(values, expected, atol=1e-1):
             hint = "eps only guards against a variance of 0: keep it small (1e-5), or it changes every row's values"
         return _wrong(f"your values differ from F.layer_norm(rows, ({width},), eps=1e-5) by up to "
@@ -1414,10 +1428,10 @@ def standardised(standardise: Callable) -> None:
                       hint or "each row: subtract its mean, divide by the root of (the mean of the squared deviations "
                               "+ eps)")
     expected_grad = _plain_grad(reference, rows, weight)
-    if not torch.allclose(_plain(grad), expected_grad, rtol=1e-4, atol=1e-5):
+    if not torch.allclose(grad, expected_grad, rtol=1e-4, atol=1e-5):
         hint = next((h for slip, h in _standardise_mistakes()
-                     if torch.allclose(_plain(grad), _plain_grad(slip, rows, weight), rtol=1e-4, atol=1e-5)), None)
+                     if torch.allclose(grad, _plain_grad(slip, rows, weight), rtol=1e-4, atol=1e-5)), None)
         return _wrong("your values are right, but the gradient differs from torch autograd's through F.layer_norm by "
-                      f"up to {float((_plain(grad) - expected_grad).abs().max()):.2g}",
+                      f"up to {float((grad - expected_grad).abs().max()):.2g}",
                       hint or "let the gradient flow through the mean and the variance as well as through x")
     print("right: finite at the blank row, the values of F.layer_norm(eps=1e-5), and torch autograd's gradients")

@@ -96,6 +96,14 @@ def _stable_cases() -> List[torch.Tensor]:
             torch.tensor([[3.0, 1.0, 0.0], [1.0, 2.0, 0.5], [0.0, 0.5, 1.0]], dtype=torch.float64)]
 
 
+def _one_rate_hint(got: torch.Tensor, eigenvalues: torch.Tensor) -> Optional[str]:
+    """The hint for several numbers where one learning rate belongs, when they are each direction's own threshold."""
+    if _close(got.flatten(), 2 / eigenvalues) or _close(got.flatten(), (2 / eigenvalues).flip(0)):
+        return "each eigen-direction has a threshold of its own; one η is used for all of them at once, so it must " \
+               "keep every direction stable"
+    return None
+
+
 def stable_learning_rate(student: Callable[[torch.Tensor], Any]) -> None:
     """The largest η for which gradient descent on ½ θᵀ H θ converges: 2 / λ_max(H)."""
     general = "on a quadratic, each eigen-direction of H is multiplied by (1 − η λ) per step; the step converges " \
@@ -106,9 +114,11 @@ def stable_learning_rate(student: Callable[[torch.Tensor], Any]) -> None:
             return print("not done yet: fill in the exercise above")
         if error:
             return _wrong(error, "return one number: the learning rate")
-        if got is not None and got.numel() == 1:
-            got = got.reshape(())
         eigenvalues = torch.linalg.eigvalsh(H)
+        if got.numel() != 1:
+            return _wrong(f"return one number, the learning rate; yours holds {got.numel()} (shape "
+                          f"{tuple(got.shape)})", _one_rate_hint(got, eigenvalues) or general)
+        got = got.reshape(())
         if not _close(got, 2 / eigenvalues[-1]):
             mistakes: List[Mistake] = [
                 (lambda: 1 / eigenvalues[-1], "that η is stable but not the largest: |1 − η λ| < 1 allows η λ up to 2"),
@@ -135,6 +145,14 @@ def _newton_cases() -> List[Tuple[Callable[[torch.Tensor], torch.Tensor], torch.
             (lambda t: (t ** 4).sum() + t[0] * t[1], torch.tensor([1.0, -0.5], dtype=torch.float64))]
 
 
+def _shape_hint(got: torch.Tensor, expected: torch.Tensor) -> str:
+    """The hint for a step of the wrong shape: whether its numbers are Newton's, only arranged otherwise."""
+    if got.numel() == expected.numel() and _close(got.reshape(expected.shape), expected):
+        return "your numbers are Newton's step, arranged in another shape: return a tensor shaped like theta (an " \
+               "extra dimension, from a matrix product or an indexing, is left over)"
+    return "return the new parameters, a tensor shaped like theta"
+
+
 def newton_step(student: Callable[[Callable, torch.Tensor], Any]) -> None:
     """θ − H(θ)⁻¹ ∇f(θ) for a quadratic and a quartic."""
     general = "Newton's step minimises the quadratic model f(θ) + gᵀ d + ½ dᵀ H d: set its gradient in d to zero"
@@ -146,7 +164,11 @@ def newton_step(student: Callable[[Callable, torch.Tensor], Any]) -> None:
             return _wrong(error, "return the new parameters, a tensor shaped like theta")
         H = torch.func.hessian(f)(theta)
         g = torch.func.grad(f)(theta)
-        if not _close(got, theta - torch.linalg.solve(H, g)):
+        expected = theta - torch.linalg.solve(H, g)
+        if got.shape != expected.shape:
+            return _wrong(f"your step has shape {tuple(got.shape)}; Newton's step has shape {tuple(expected.shape)}",
+                          _shape_hint(got, expected))
+        if not _close(got, expected):
             mistakes: List[Mistake] = [
                 (lambda: theta - H @ g, "you multiplied the gradient by H; the step divides by the curvature: it "
                                         "needs H's inverse (a linear solve)"),

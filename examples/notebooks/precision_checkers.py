@@ -50,8 +50,10 @@ def largest_float16(answer: Any) -> None:
         (2.0 ** 16, "with every mantissa bit set the significand is 1.1111111111 in binary, just below 2, not 2"),
         (2.0 ** 15, "the significand adds its 10 fraction bits to the leading 1: the largest is almost twice the "
                     "largest power of two"),
+        (torch.finfo(torch.float32).max, "that is float32's largest (an 8-bit exponent and 23 mantissa bits); "
+                                         "float16 has a 5-bit exponent and 10 mantissa bits", 1e-4),
         (torch.finfo(torch.bfloat16).max, "that is bfloat16's largest (an 8-bit exponent, as float32's); float16 has "
-                                          "a 5-bit exponent", 2e-2),  # 3.4e38 too
+                                          "a 5-bit exponent", 2e-2),  # 3.4e38 too (float32's is 0.4% above)
         (2.0 ** 16 - 1, "float16 keeps 11 significant bits, so numbers near 2**16 are 32 apart: 65535 is not one of "
                         "them"),
     ], "count the bits: 5 of exponent (bias 15, the all-ones pattern kept for inf and NaN) and 10 of mantissa",
@@ -135,12 +137,26 @@ def _torch_scales(steps: int, overflow: Sequence[int], init: float, interval: in
     return used
 
 
+def _reals(answer: Any) -> Optional[List[float]]:
+    """The numbers of a list or tuple (of numbers, numpy numbers or 0-d tensors), or of a 1-d tensor or array; None
+    for anything else (bools included)."""
+    if getattr(answer, "ndim", None) == 1 and hasattr(answer, "tolist"):
+        answer = answer.tolist()
+    if not isinstance(answer, (list, tuple)):
+        return None
+    values = [a.item() if getattr(a, "ndim", None) == 0 and hasattr(a, "item") else a for a in answer]
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values):
+        return None
+    return [float(v) for v in values]
+
+
 def scale_trajectory(answer: Any, steps: int, overflow: Sequence[int], init: float, interval: int) -> None:
     """The scale each step's backward used, as a list of `steps` numbers."""
     if answer is None:
         print("not done yet: set scales to your list")
         return
-    if not isinstance(answer, (list, tuple)) or not all(isinstance(a, numbers.Real) for a in answer):
+    answer = _reals(answer)
+    if answer is None:
         _wrong(f"give a list of {steps} numbers, the scale of each step")
         return
     if len(answer) != steps:
