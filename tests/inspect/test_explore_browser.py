@@ -192,6 +192,22 @@ def test_keys_work_as_soon_as_the_page_loads(browser, tmp_path):
     assert not console_errors(browser)
 
 
+def test_markup_in_a_note_or_a_name_is_shown_as_text_and_the_page_still_plays(browser, tmp_path):
+    """A note or a parameter name holding `<!--<script>` or `</script>` (which end or stall an inline script when written
+    raw) is shown as it was written; the player draws and steps."""
+    from selenium.webdriver.common.by import By
+
+    a = tt.tracer(torch.tensor([1.0, 2.0]), requires_grad=True)
+    note = "html comment in a message: <!--<script> and </script>"
+    path = tmp_path / "markup.html"
+    tt.explore((a * a).sum(), params={"<!--<script>a": a}).annotate(0, "note", note, "warn").save(path)
+    open_page(browser, path)
+    assert note in text_now(browser, ".tt-panel")
+    assert "<!--<script>a" in browser.find_element(By.CSS_SELECTOR, "#torchtrace-player").text
+    assert browser.find_element(By.CSS_SELECTOR, ".tt-count").text == "step 1 / 3"
+    assert not console_errors(browser)
+
+
 def test_ported_mlp_shows_parameter_names_and_torchs_gradients(browser, tmp_path):
     from selenium.webdriver.common.by import By
 

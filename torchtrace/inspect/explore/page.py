@@ -45,8 +45,9 @@ def asset(name: str) -> str:
 
 
 def _script_json(data: Dict[str, Any]) -> str:
-    """JSON that is safe inside <script> (no `</` can end the element early)."""
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    """JSON that is safe inside <script>: every `<` (which only a string can hold) written as the escape \\u003c, so no
+    text of a name or a note can end the element (`</script>`) or put the parser in a comment state (`<!--`)."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
 def page(data: Dict[str, Any], title: str) -> str:
