@@ -110,3 +110,29 @@ def test_a_second_derivative_through_autocasts_copy_of_a_saved_input_equals_torc
         gx, = grad(y, x, create_graph=True)
         penalty.append(grad(gx.pow(2).sum(), w)[0].as_subclass(torch.Tensor))
     assert penalty[0].tolist() == penalty[1].tolist() == [[-8.5, -39.5], [-3.25, 25.25]]  # = central differences
+
+
+PROMOTED = [  # (autocast dtype, the inputs' dtypes in order): torch's promote list decides in order
+    (torch.bfloat16, [torch.float32, torch.float16]), (torch.bfloat16, [torch.float16, torch.float32]),
+    (torch.bfloat16, [torch.bfloat16, torch.float32]), (torch.float16, [torch.bfloat16, torch.bfloat16]),
+    (torch.bfloat16, [torch.bfloat16, torch.float16]), (torch.bfloat16, [torch.float64, torch.bfloat16]),
+    (torch.float16, [torch.float16, torch.float16])]
+
+
+@pytest.mark.parametrize("op", [torch.cat, torch.stack])
+@pytest.mark.parametrize("low, dtypes", PROMOTED)
+def test_the_promote_list_gives_torchs_dtype_or_torchs_error(op, low, dtypes):
+    """float32 once a float32 input came first, the autocast dtype for its own; another low dtype met before any
+    float32 input raises in torch: here too, never a silent float32."""
+    def run(make):
+        leaves = [make(torch.ones(2, dtype=d)) for d in dtypes]
+        with torch.autocast("cpu", dtype=low):
+            return op(leaves)
+
+    try:
+        expected = run(lambda t: t.requires_grad_())
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="Unexpected floating ScalarType in at::autocast::prioritize"):
+            run(lambda t: tt.tracer(t, requires_grad=True))
+        return
+    assert run(lambda t: tt.tracer(t, requires_grad=True)).dtype == expected.dtype

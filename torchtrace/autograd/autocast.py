@@ -36,19 +36,22 @@ def autocast_inputs(func: Optional[Callable], args: tuple, kwargs: dict) -> Tupl
     name = own_name(func, mode if isinstance(mode, str) else None, len(pads) // 2)
     if device != "cpu" or name in COMPOSITES:
         return args, kwargs, (device, low, True)
-    if name in LOWER_PRECISION:
-        target: Optional[torch.dtype] = low
-    elif name in FLOAT32:
-        target = torch.float32
-    elif name in PROMOTE:
-        target = low
-        for t in (t for a in args for t in (a if type(a) in (list, tuple) else (a,))):  # cat's list too
-            if _eligible(t, device):
-                target = torch.promote_types(target, t.dtype)
-    else:
+    target = low if name in LOWER_PRECISION else torch.float32 if name in FLOAT32 else _widest(
+        low, (t for a in args for t in (a if type(a) in (list, tuple) else (a,))), device) if name in PROMOTE else None
+    if target is None:  # on no list: as given
         return args, kwargs, (device, low, False)
     return (tuple(_cast(a, target, device) for a in args), {k: _cast(v, target, device) for k, v in kwargs.items()},
             (device, low, False))
+
+
+def _widest(low: torch.dtype, tensors: Any, device: str) -> torch.dtype:
+    """The promote list's dtype, as torch's autocast chooses it in order: the first floating input not of the autocast
+    dtype decides: float32 if it is float32, an error (in torch too) for another low dtype; none: the autocast dtype."""
+    other = next((t.dtype for t in tensors if _eligible(t, device) and t.dtype is not low), None)
+    if other is None or other is torch.float32:
+        return other or low
+    raise RuntimeError(f"Unexpected floating ScalarType in at::autocast::prioritize: a {other} input to an op autocast "
+                       f"promotes, in a {low} region (torch raises too): cast it to {low} or float32 first")
 
 
 def _eligible(t: Any, device: str) -> bool:
