@@ -113,3 +113,20 @@ def test_the_model_state_is_left_as_it_was():
     assert all(p.grad is None for p in model.parameters())
     cnn_loss(model, x, y)  # the forward itself still moves them, as torch's does
     assert int(model.bn1.num_batches_tracked) == 1
+
+
+def test_a_float32_rules_gradient_sent_on_in_float16_is_counted_in_float16s_range():
+    """mse_loss runs in float32 under autocast; its gradient 2 * 4 / 16 * 1e-6 reaches the float16 matmul as float16,
+    where it is subnormal: torch's own gradient of that output is float16 and subnormal, and the row counts all 16."""
+    x, w, t = torch.ones(4, 4), torch.ones(4, 4), torch.zeros(4, 4)
+    with torch.autocast("cpu", dtype=torch.float16):
+        h = (x @ w).requires_grad_()
+        loss = F.mse_loss(h, t) * 1e-6
+    loss.backward()
+    assert h.grad.dtype == torch.float16 and bool((h.grad.abs() < torch.finfo(torch.float16).tiny).all())
+    report = tt.precision(lambda x, w, t: F.mse_loss(x @ w, t) * 1e-6, tt.tracer(x), tt.tracer(w, requires_grad=True),
+                          tt.tracer(t), dtype=torch.float16)
+    row = next(r for r in report.rows if r.phase == "backward" and r.rule == "MseLoss")
+    assert row.value.dtype == torch.float16 and row.counts.subnormal == row.counts.elements == 16
+    assert count(h.grad.float(), h.grad.float(), dtype=torch.float16).subnormal == 16  # either way round
+    assert count(h.grad, h.grad.float(), dtype=torch.float32).subnormal == 16

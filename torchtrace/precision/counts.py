@@ -36,12 +36,13 @@ def count(low: Optional[torch.Tensor], reference: Optional[torch.Tensor], scale:
           dtype: Optional[torch.dtype] = None) -> Counts:
     """Counts of `low` (the value a low-precision run computed, `scale` times the true one) against `reference`
     (the float32 run's value of the same tensor, unscaled). `dtype`: the one the value was computed in, when it
-    was cast after (a gradient computed in float16 handed on in float32): its subnormal range is the one counted."""
+    was cast after: the subnormal range counted is the narrower dtype's of the two (a gradient computed in float16
+    handed on in float32, or one computed in float32 by a float32-list rule and sent on in float16)."""
     if low is None or reference is None or low.shape != reference.shape or not low.is_floating_point():
         return Counts()
     with plain_torch():
         ref = reference.double() * scale
-        tiny = torch.finfo(dtype or low.dtype).tiny
+        tiny = max(torch.finfo(low.dtype).tiny, torch.finfo(dtype or low.dtype).tiny)
         underflow = (ref != 0) & (low == 0)
         overflow = torch.isfinite(ref) & torch.isinf(low)
         subnormal = (low != 0) & (low.abs() < tiny)
