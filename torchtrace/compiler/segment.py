@@ -150,15 +150,16 @@ class Segment:
         tensor of the graph): it is saved as a plain alias instead (the same memory and version counter), and a
         create_graph backward reads the tracer itself again while it lives (else links the alias back as the node's
         output, as the results a rule saved)."""
-        saved, node = step.ctx._saved, self.node
-        mine = [(i, t) for i, t in enumerate(saved) if getattr(t, "_tt_node", None) is node]
-        if mine:
-            plain = list(saved)
-            with plain_torch():
-                for i, t in mine:
-                    plain[i] = torch.Tensor.detach(t).as_subclass(torch.Tensor)
-            step.ctx._saved = tuple(plain)
-            step.saved_inputs = tuple((i, weakref.ref(t), t._tt_nr) for i, t in mine)
+        saved, node, plain = step.ctx._saved, self._node or self.node, None
+        for i, t in enumerate(saved):
+            if getattr(t, "_tt_node", None) is node:
+                if plain is None:
+                    plain, made = list(saved), []
+                with plain_torch():
+                    plain[i] = torch.Tensor.detach(t)  # (a plain tensor: subclass dispatch is off)
+                made.append((i, weakref.ref(t), t._tt_nr))
+        if plain is not None:
+            step.ctx._saved, step.saved_inputs = tuple(plain), tuple(made)
 
     def edge_to(self, key: int, t: torch.Tensor) -> int:
         """The edge position of an outside tensor that needs a gradient (one per tensor, however often it is read)."""
