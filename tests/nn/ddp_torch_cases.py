@@ -4,6 +4,7 @@ errors) as plain tensors; test_parallel.py requires the two runs to agree.
 """
 import copy
 import dataclasses
+import gc
 from typing import Any, Callable, Dict
 
 import torch
@@ -225,9 +226,55 @@ def buffers_at_construction(wrap: Callable, rank: int) -> dict:
     return seen
 
 
+def ignored_parameters(wrap: Callable, rank: int) -> dict:
+    """torch's list of parameters and buffers to ignore (set by a private helper of its DDP, used by FSDP-style code):
+    they are neither broadcast at construction nor averaged; the others are, though the ignored head is unused."""
+    model = normalised()
+    with torch.no_grad():
+        model[1].running_mean.fill_(float(rank))
+    torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, ["3.weight", "3.bias", "1.running_mean"])
+    ddp = wrap(model)
+    seen = {"at_construction": values(ddp.module)}
+    (ddp(batch(0, rank))[:, 0] ** 2).sum().backward()  # the head's column 1 is left out: 3.weight[1] gets zeros
+    seen["grads"] = grads(ddp.module)
+    return seen
+
+
+def input_gradient_then_a_step(wrap: Callable, rank: int) -> dict:
+    """A gradient with respect to the input only (a saliency map: no parameter gets one), then a training step."""
+    ddp = wrap(BodyAndHead(), find_unused_parameters=True)
+    x = batch(0, rank).requires_grad_(True)
+    grad = tt.grad if isinstance(ddp, DistributedDataParallel) else torch.autograd.grad
+    (saliency,) = grad(ddp(x, use_head=True).sum(), [x])
+    seen = {"saliency": plain(saliency), "untouched": grads(ddp.module)}
+    (ddp(batch(1, rank), use_head=rank == 0) ** 2).sum().backward()
+    seen["grads"] = grads(ddp.module)
+    return seen
+
+
+def the_module_alone_after_its_wrapper_is_gone(wrap: Callable, rank: int) -> dict:
+    """Once the wrapper is deleted, the module's own backward keeps its gradient local, and a new wrapper averages."""
+    ddp = wrap(BodyAndHead())
+    (ddp(batch(0, rank), use_head=True) ** 2).sum().backward()
+    module = ddp.module
+    del ddp
+    gc.collect()
+    module.zero_grad()
+    (module(batch(1, rank), use_head=True) ** 2).sum().backward()
+    seen = {"local": grads(module)}
+    again = (DistributedDataParallel if isinstance(next(module.parameters()), tt.tracer) else
+             torch.nn.parallel.DistributedDataParallel)(module)
+    module.zero_grad()
+    (again(batch(2, rank), use_head=True) ** 2).sum().backward()
+    seen["rewrapped"] = grads(module)
+    return seen
+
+
 CASES = [unused_head_after_zero_grad, unused_head_without_find_unused, unused_on_one_rank_without_zero_grad,
          partial_outputs, structured_outputs, batchnorm_accumulation, static_graph, gradient_as_bucket_view,
-         buffers_at_construction]
+         buffers_at_construction, ignored_parameters, input_gradient_then_a_step,
+         the_module_alone_after_its_wrapper_is_gone]
 
 
 def run_both(rank: int) -> Dict[str, Dict[str, dict]]:

@@ -10,6 +10,7 @@ torch's own DistributedDataParallel cannot be used here: it refuses tensor-subcl
 torch autograd's hooks. This one hooks torchtrace's engine (post-accumulate-grad hooks on the parameters).
 """
 import contextlib
+import weakref
 from typing import Any, Iterator, List, Optional, Sequence
 
 import torch
@@ -72,7 +73,10 @@ class DistributedDataParallel(torch.nn.Module):
         self.static_graph, self.gradient_as_bucket_view = static_graph, gradient_as_bucket_view
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True  # the last forward synchronised: the next one copies rank 0's buffers
-        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))  # (torch's private list of names,
+        # set by DistributedDataParallel._set_params_and_buffers_to_ignore_for_model: neither broadcast nor averaged)
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad and name not in ignored]
+        self._buffers_synced = [b for name, b in module.named_buffers() if name not in ignored]
         if not named:
             raise RuntimeError("DistributedDataParallel is not needed when a module has no parameter that requires "
                                "a gradient")
@@ -83,17 +87,19 @@ class DistributedDataParallel(torch.nn.Module):
                             "autograd)")
         if init_sync:  # as torch: the shapes checked across ranks first; buffers too, unless broadcast_buffers=False
             from torch.distributed.utils import _verify_param_shape_across_processes  # (torch.distributed is there)
+            synced = [p for name, p in module.named_parameters() if name not in ignored]
             with plain_torch():  # alone asks otherwise (forward_sync_buffers given: always, whatever it says)
                 _verify_param_shape_across_processes(self.process_group, [
-                    p.detach().as_subclass(torch.Tensor) for p in module.parameters()])
-            self._broadcast(list(module.parameters()) + (
-                list(module.buffers()) if forward_sync_buffers is not None or broadcast_buffers is not False else []))
+                    p.detach().as_subclass(torch.Tensor) for p in synced])
+            self._broadcast(synced + (self._buffers_synced if forward_sync_buffers is not None
+                                      or broadcast_buffers is not False else []))
         params = [p for _, p in named]
         cap = 25.0 if bucket_cap_mb is None else bucket_cap_mb
         self.reducer = Reducer(params, [name for name, _ in named], self.process_group, int(cap * 2**20),
                                self.find_unused_parameters, gradient_as_bucket_view, static_graph)
         self._handles = [p.register_post_accumulate_grad_hook(GradientReady(self.reducer, i))
                          for i, p in enumerate(params)]
+        weakref.finalize(self, _remove_all, self._handles)  # once the wrapper is gone, the module trains alone again
 
     def _broadcast(self, tensors: List[torch.Tensor]) -> None:
         """Overwrite these tensors with rank 0's values (in place: the tracers keep their identity)."""
@@ -105,9 +111,8 @@ class DistributedDataParallel(torch.nn.Module):
         grad_enabled = torch.is_grad_enabled()
         if grad_enabled:
             self.reducer.check_prior_reduction()
-        buffers = list(self.module.buffers())
-        if self.require_forward_param_sync and self.forward_sync_buffers and buffers:
-            self._broadcast(buffers)
+        if self.require_forward_param_sync and self.forward_sync_buffers and self._buffers_synced:
+            self._broadcast(self._buffers_synced)
         output = self.module(*inputs, **kwargs)
         self.require_forward_param_sync = grad_enabled and self.require_backward_grad_sync
         if grad_enabled:
@@ -138,6 +143,12 @@ class DistributedDataParallel(torch.nn.Module):
             yield
         finally:
             self.require_backward_grad_sync = previous
+
+
+def _remove_all(handles: List[Any]) -> None:
+    """The gradient hooks of a wrapper no one holds any more (torch's Reducer removes its own when destroyed)."""
+    for handle in handles:
+        handle.remove()
 
 
 def _refuse(arguments: dict) -> None:

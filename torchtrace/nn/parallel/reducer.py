@@ -122,6 +122,10 @@ class Reducer:
         find_unused_parameters, the parameters `outputs` do not reach will count as ready when it begins).
         Without (no_sync), its gradients stay local."""
         self.finished = False
+        for bucket in self.buckets:  # an all-reduce the last iteration started and never waited for (its backward
+            if bucket.work is not None:  # reached only unused parameters' buckets): done before the buffers are reused
+                bucket.work.wait()
+                bucket.work = None
         if not sync:
             self.armed = False
             return
@@ -138,7 +142,8 @@ class Reducer:
         `reached`; None: those the forward's outputs do not reach) are ready now, with the `.grad` they have."""
         if not self.armed or self.unused_marked:
             return
-        self.unused_marked = self.started = True
+        self.unused_marked = True  # (started: only once a parameter's gradient arrives; a backward into the inputs
+        # alone, tt.grad(out, x), reaches the sink and no parameter, and the next forward is then a new iteration)
         unused = self.unused_at_forward if reached is None else {i for i, p in enumerate(self.params)
                                                                   if id(p) not in reached}
         if self.static_graph:
