@@ -326,6 +326,9 @@ def test_ops_show_prints_a_rules_generated_lane(capsys):
     assert "def record_Tanh_1(T, func, args):" in printed and "def backward_Tanh(ctx, g):" in printed
     with pytest.raises(SystemExit, match="no rule named 'Tanhh'"):
         main(["ops", "--show", "Tanhh"])
+    main(["ops", "--show", "MseLoss"])  # a loss's rule takes its torch function's arguments, all six
+    printed = capsys.readouterr().out
+    assert "def record_MseLoss_6(T, func, args):" in printed and "no lane" not in printed
 
 
 def test_a_generated_backward_step_calls_the_table_formula():
