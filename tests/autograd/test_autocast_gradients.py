@@ -136,3 +136,26 @@ def test_the_promote_list_gives_torchs_dtype_or_torchs_error(op, low, dtypes):
             run(lambda t: tt.tracer(t, requires_grad=True))
         return
     assert run(lambda t: tt.tracer(t, requires_grad=True)).dtype == expected.dtype
+
+
+def test_a_weight_used_twice_in_a_region_sums_its_gradients_in_float32_where_torch_sums_in_the_low_dtype():
+    """torch's cast cache gives both uses one bfloat16 copy: the two gradients meet in bfloat16, then one cast.
+    torchtrace casts each use's gradient to float32 and sums there (docs/precision.md): exactly the float32 sum of
+    torch's gradients of the two uses apart, and torch's own within bfloat16's rounding."""
+    torch.manual_seed(0)
+    w, x = torch.randn(16, 16), torch.randn(4, 16)
+
+    def twice(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.linear(torch.tanh(F.linear(x, w)), w).float().sum()
+
+    ours = tt.tracer(w.clone(), requires_grad=True)
+    twice(tt.tracer(x), ours).backward()
+    theirs = w.clone().requires_grad_(True)
+    twice(x, theirs).backward()
+    apart = [w.clone().requires_grad_(True) for _ in range(2)]  # each use with its own leaf: one cast each
+    twice_apart = lambda x, a, b: F.linear(torch.tanh(F.linear(x, a)), b).float().sum()  # noqa: E731
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        twice_apart(x, *apart).backward()
+    torch.testing.assert_close(ours.grad, apart[0].grad + apart[1].grad, rtol=0, atol=0)
+    torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-2, atol=1e-2)

@@ -8,6 +8,10 @@ gets the cast copies (so it saves them; a copy of a value needing a gradient is 
 create_graph=True differentiates through it), the node's edges keep the inputs' own dtypes (the walk casts each
 gradient to its edge's dtype as it sends it), and the node's backward runs outside autocast.
 
+Unlike torch, a float32 leaf is cast afresh for each use (torch casts it once per region, its cast cache): a leaf used
+twice in a region gets its uses' gradients each cast to float32 and summed there, where torch sums them in the low
+dtype and casts once (docs/precision.md says so).
+
 Two cases keep the older way, the backward run under the forward's autocast state: an op that is on no list itself but
 runs a listed one inside (einsum's bmm: autocast casts only that inner op's inputs, which the backward's own einsum
 then does too), and autocast on a device other than the CPU, whose lists autocast_lists.py does not hold.
