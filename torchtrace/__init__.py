@@ -32,6 +32,7 @@ from torchtrace.forward import jacobian, jvp
 from torchtrace.import_heap import freeze_import_heap
 from torchtrace.ops.listing import supported_ops
 from torchtrace.port import port
+from torchtrace.second_order_check import gradgradcheck
 from torchtrace.tracer import as_tracer, tracer
 
 # The tools that walk the graph load on first use, so the engine never imports them.
@@ -82,7 +83,7 @@ def __dir__() -> list:
 __all__ = [
     "tracer", "as_tracer", "zeros", "ones", "rand", "randn", "zeros_like", "ones_like", "full", "arange",
     "linspace", "eye", "from_numpy", "backward", "grad", "Function", "register", "supported_ops",
-    "no_grad", "enable_grad", "is_grad_enabled", "check", "gradcheck", "GradientMismatch",
+    "no_grad", "enable_grad", "is_grad_enabled", "check", "gradcheck", "gradgradcheck", "GradientMismatch",
     "UnsupportedOperationError", "nn", "optim", "draw", "recording", "flow", "trace", "show",
     "detect_anomaly", "AnomalyError", "port", "compile", "explore", "diagnose", "diff",
     "jvp", "jacobian", "precision", "hvp", "hessian", "spectrum", "landscape", "readable",

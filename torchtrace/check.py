@@ -251,10 +251,21 @@ def _refuse_no_tensor(tool: str, outputs: List[Any]) -> None:
                          "the tensor(s) whose gradients you want checked")
 
 
-def gradcheck(fn: Callable, *inputs: Any, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3) -> bool:
+def gradcheck(fn: Callable, *inputs: Any, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3,
+              raise_exception: bool = True) -> bool:
     """Compare torchtrace's Jacobian with central finite differences, in float64, entry by entry (as torch's
     gradcheck): row r of each output's block from one backward pass of the unit cotangent e_r, column j from
-    (f(x + eps e_j) - f(x - eps e_j)) / 2 eps. Raises GradientMismatch naming the input and output that differ."""
+    (f(x + eps e_j) - f(x - eps e_j)) / 2 eps. Raises GradientMismatch naming the input and output that differ
+    (`raise_exception=False`: returns False instead, as torch's)."""
+    try:
+        return _gradcheck(fn, inputs, eps, atol, rtol)
+    except GradientMismatch:
+        if raise_exception:
+            raise
+        return False
+
+
+def _gradcheck(fn: Callable, inputs: tuple, eps: float, atol: float, rtol: float) -> bool:
     if not eps > 0:
         raise ValueError(f"tt.gradcheck: eps is the finite-difference step and must be positive, not {eps}")
     leaves, rebuild = flatten(list(inputs))
