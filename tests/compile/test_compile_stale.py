@@ -428,3 +428,72 @@ def test_an_input_the_last_call_changed_in_place_is_differentiated_through_that_
     for side in ("eager", "compiled"):
         for ours, theirs in zip(results[side], results["torch"]):
             torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=0)
+
+
+DATA_X, DATA_W = torch.randn(4, 3, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+
+
+def _returns_a_saved_value(x, w):
+    a = torch.tanh(x @ w)
+    return (a * a).sum(), a  # mul saves a, made earlier in the call
+
+
+def _writes_data_inside(x, w):
+    a = torch.tanh(x @ w)
+    b = a * a
+    a.data = torch.ones(4, 5, dtype=torch.float64)
+    return (b * a).sum(), a
+
+
+@pytest.mark.parametrize("fn", [_returns_a_saved_value, _writes_data_inside])
+@pytest.mark.parametrize("after", ["kept", "deleted", "create_graph"])
+def test_a_data_write_on_a_value_a_later_statement_saved_is_read_as_torch_reads_it(fn, after):
+    """torch's saved input is the tensor itself: `a.data = v` after the call (or inside it) changes what mul's
+    backward reads; compiled calls (recorded or replayed) give torch's gradient, as eager does."""
+    def gradient(f, make):
+        x, w = make(DATA_X), make(DATA_W)
+        loss, a = f(x, w)
+        a.data = torch.full((4, 5), 0.5, dtype=torch.float64)
+        if after == "deleted":
+            del a
+        grad = tt.grad if isinstance(w, tt.tracer) else torch.autograd.grad
+        (g,) = grad(loss, w, create_graph=after == "create_graph")
+        return plain(g)
+
+    expected = gradient(fn, lambda t: t.clone().requires_grad_(True))
+    compiled = tt.compile(fn, (DATA_X, DATA_W))
+    torch.testing.assert_close(gradient(fn, lambda t: tt.tracer(t.clone(), requires_grad=True)), expected)
+    for _ in range(3):
+        torch.testing.assert_close(gradient(compiled, lambda t: tt.tracer(t.clone(), requires_grad=True)), expected)
+    assert compiled.replayed >= 2
+
+
+def test_saved_tensors_hooks_entered_inside_the_function_pack_and_unpack_as_eager():
+    """Each call from the hooked statement on runs eagerly (with a warning): pack runs as often as torch's, unpack's
+    result is what backward reads (it doubles the saved values here), on every call."""
+    from torch.autograd.graph import saved_tensors_hooks
+    packs = [0]
+
+    def pack(t):
+        packs[0] += 1
+        return t
+
+    def f(x, w):
+        a = torch.tanh(x @ w)
+        with saved_tensors_hooks(pack, lambda t: t * 2):
+            b = a * a
+        return (torch.exp(b) * a).sum()
+
+    def gradient(fn, make):
+        packs[0] = 0
+        x, w = make(DATA_X), make(DATA_W)
+        grad = tt.grad if isinstance(w, tt.tracer) else torch.autograd.grad
+        return plain(grad(fn(x, w), w)[0]), packs[0]
+
+    expected, torch_packs = gradient(f, lambda t: t.clone().requires_grad_(True))
+    compiled = tt.compile(f, (DATA_X, DATA_W))
+    with pytest.warns(UserWarning, match="saved_tensors_hooks entered inside it"):
+        got = [gradient(compiled, lambda t: tt.tracer(t.clone(), requires_grad=True)) for _ in range(4)]
+    for g, n in got:
+        torch.testing.assert_close(g, expected)
+        assert n == torch_packs == 2

@@ -193,8 +193,8 @@ def test_keys_work_as_soon_as_the_page_loads(browser, tmp_path):
 
 
 def test_markup_in_a_note_or_a_name_is_shown_as_text_and_the_page_still_plays(browser, tmp_path):
-    """A note or a parameter name holding `<!--<script>` or `</script>` (which end or stall an inline script when written
-    raw) is shown as it was written; the player draws and steps."""
+    """A note or a parameter name holding `<!--<script>` or `</script>` (which end or stall an inline script when
+    written raw) is shown as it was written; the player draws and steps."""
     from selenium.webdriver.common.by import By
 
     a = tt.tracer(torch.tensor([1.0, 2.0]), requires_grad=True)

@@ -42,6 +42,7 @@ def recording() -> bool:
 NON_DIFFERENTIABLE: set = set()  # callables whose floating outputs never carry a gradient
 _T = torch.Tensor
 # What a tensor is, never what it computes: read at once, without recording (layers and user code read these often).
+DATA_WRITES: List[Callable[[Any], None]] = []  # fn(t) after `t.data = v` (a compiled call's saves of t follow it)
 METADATA = {_T.shape.__get__, _T.dtype.__get__, _T.device.__get__, _T.ndim.__get__, _T.layout.__get__,
             _T.is_cuda.__get__, _T.is_sparse.__get__, _T.size, _T.dim, _T.ndimension, _T.numel, _T.nelement,
             _T.stride, _T.storage_offset, _T.is_contiguous, _T.element_size, _T.is_floating_point, _T.is_complex,
@@ -287,6 +288,8 @@ def _run_without_rule(tracer_type: type, func: Callable, args: tuple, kwargs: di
     leaf = kwargs.get("requires_grad") is True  # torch.zeros_like(x, requires_grad=True): a new leaf of torchtrace's
     with plain_torch():
         out = func(*args, **({**kwargs, "requires_grad": False} if leaf else kwargs))
+    for follow in DATA_WRITES if func == _T.data.__set__ else ():
+        follow(args[0])
     if records and func not in NON_DIFFERENTIABLE and _has_floating(out):
         _refuse(func)
     out = _as_tracers(out, tracer_type, args)

@@ -71,7 +71,8 @@ class Compiled:
             self.warned_eager = True
             warnings.warn(f"tt.compile: {self.program.title} runs eagerly from {run.eager_from}: from there on the "
                           "call is watched op by op (torch.utils.checkpoint learns the parameters its block reads "
-                          "that way), which replay cannot serve; the calls before it are replayed", stacklevel=4)
+                          "that way) or its saves go through saved_tensors_hooks entered inside it, which replay "
+                          "cannot serve; the calls before it are replayed", stacklevel=4)
         if run.finish(out, lambda: len(self.program.blocks()) >= MAX_BLOCKS) is None and not run.replaying \
                 and not self.warned:
             self.warned = True

@@ -21,7 +21,7 @@ from torchtrace.autograd.arguments import to_positions
 from torchtrace.autograd.dispatch import _fresh, _grad_edges, _link_outputs, _rebuild
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.inplace import inplace_requested, remember_base
-from torchtrace.autograd.node import Context, Edge, Node, link_output
+from torchtrace.autograd.node import Context, Edge, Node, _top_hooks, link_output, saved_tensor_hooks
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE, observing
 from torchtrace.compiler.ir import EAGER, NUMBER, PASS, REPLAY, TENSOR, Block, Program, Statement, describe, same_func
@@ -616,8 +616,9 @@ class ReplayMode(TorchFunctionMode):
         if not _grad_enabled():  # records nothing (no_grad, an optimizer's update, a backward's rules): it simply runs
             return func(*args, **(kwargs or {}))
         run = self.run
-        if run.eager_from or STATE.on_record:  # watched op by op (a checkpoint's discovery run): eagerly from here
-            return run.go_eager(func, args, kwargs or {})
+        if run.eager_from or STATE.on_record or (_top_hooks(False) is not None and saved_tensor_hooks() is not None):
+            return run.go_eager(func, args, kwargs or {})  # watched op by op (a checkpoint's discovery run), or
+            # saved_tensors_hooks entered inside the function (each op's saves pass through them): eagerly from here
         # the common call: the program's next statement is a REPLAY of func, called with positional arguments of one
         # key entry each (keywords moved to their positions, as the statement's were); its generated replay checks
         # them and runs it

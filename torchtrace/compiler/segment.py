@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from torchtrace.autograd.dispatch import DATA_WRITES
 from torchtrace.autograd.grad_fn_hooks import run_post_hooks, run_pre_hooks
 from torchtrace.autograd.hooks import output_hooks
 from torchtrace.autograd.node import Context, Edge, Node, contributions, leaf_accumulator, link_output
@@ -160,6 +161,18 @@ class Segment:
                 made.append((i, weakref.ref(t), t._tt_nr))
         if plain is not None:
             step.ctx._saved, step.saved_inputs = tuple(plain), tuple(made)
+
+    def follow_data(self, t: torch.Tensor) -> None:
+        """`t.data = v` on a value this segment made: the statements that saved t read its new data, as eager's rules
+        (which hold t itself) and torch's saved variables do; a result a rule saved keeps what the op made (torch's
+        too)."""
+        for step in self.steps:
+            for index, ref, _ in step.saved_inputs:
+                if ref() is t:
+                    saved = list(step.ctx._saved)
+                    with plain_torch():
+                        saved[index] = torch.Tensor.detach(t)
+                    step.ctx._saved = tuple(saved)
 
     def edge_to(self, key: int, t: torch.Tensor) -> int:
         """The edge position of an outside tensor that needs a gradient (one per tensor, however often it is read)."""
@@ -353,3 +366,13 @@ def _free(step: Step) -> None:
 def output_meta(raw: torch.Tensor) -> tuple:
     with plain_torch():
         return raw.shape, raw.dtype, raw.device
+
+
+def _data_written(t: torch.Tensor) -> None:
+    """A `.data` write on a tracer: followed by the segment that made it, if one did."""
+    node = getattr(t, "_tt_node", None)
+    if node is not None and node.rule is CompiledCall:
+        node.ctx.follow_data(t)
+
+
+DATA_WRITES.append(_data_written)

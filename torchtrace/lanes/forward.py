@@ -348,12 +348,8 @@ def show(name: str) -> str:
         raise KeyError(f"no rule named {name!r}: `python -m torchtrace ops` lists the ops, rule names are as in "
                        "grad_fn names without 'Backward' (MulBackward -> Mul)")
     rule, table = RULES[targets[0]], _table(RULES[targets[0]])
-    parameters, more = _positional_parameters(rule) or ([], False)
-    if table is not None:
-        n_args = table["n"]
-    elif more:  # forward(ctx, *args): a torch function's rule, called with all of its parameters (as torch's Python
-        n_args = len(rule.parameter_names())  # hands them on: F.mse_loss's six)
-    else:
-        n_args = sum(p.default is p.empty for p in parameters)
+    parameters, more = _positional_parameters(rule) or ([], False)  # forward(ctx, *args): a loss's rule, called with
+    n_args = table["n"] if table is not None else len(rule.parameter_names()) if more else sum(  # all its torch
+        p.default is p.empty for p in parameters)  # function's parameters, as torch hands them on: mse_loss's six
     source = lane_source(rule, n_args)
     return source if source is not None else f"{name} has no lane for {n_args} arguments: it runs dispatch.run_rule\n"
