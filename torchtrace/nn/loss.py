@@ -109,23 +109,11 @@ def _dropped_weight(fn: Callable) -> Optional[torch.Tensor]:
     return None
 
 
-def _as_the_kernel_takes(arguments: dict, kwargs: dict, names: list) -> bool:
-    """Would torch's Python loss hand this call to its C kernel unchanged: tensors of one shape (no broadcasting, so no
-    warning either), no weight, a reduction by name and no legacy size_average / reduce?"""
-    input, target = arguments.get("input"), arguments.get("target")
-    return (all(k in names for k in kwargs) and arguments.get("weight") is None
-            and arguments["size_average"] is None and arguments["reduce"] is None
-            and arguments["reduction"] in REDUCTIONS and isinstance(input, torch.Tensor)
-            and isinstance(target, torch.Tensor) and input.shape == target.shape)
-
-
-def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mean_over_weights: bool,
-                   kernel: Optional[Callable] = None) -> type:
+def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mean_over_weights: bool) -> type:
     """Rule for a loss of d = input - target, elementwise times an optional weight w, then reduced.
 
     slope(d, **options) is dl/dd. 'mean' divides by the summed weights when mean_over_weights
-    (mse_loss, l1_loss), else by the element count. `kernel(input, target, reduction's number)` is the C function fn
-    ends in: a call fn would hand to it unchanged (same shapes, no weight, no legacy flags) goes to it directly.
+    (mse_loss, l1_loss), else by the element count.
     """
     defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()}  # read once, not per call
     names = list(defaults)
@@ -138,11 +126,8 @@ def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mea
     def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
         if drops_weight and len(args) <= weight_position:  # the caller's weight, which fn did not hand on
             kwargs = with_dropped_weight(fn, kwargs)
+        out = fn(*args, **kwargs)  # fn checks the arguments (too many, unknown, missing) before anything is noted
         arguments = {**defaults, **dict(zip(names, args)), **kwargs}
-        if kernel is not None and len(args) <= len(names) and _as_the_kernel_takes(arguments, kwargs, names):
-            out = kernel(arguments["input"], arguments["target"], REDUCTIONS.index(arguments["reduction"]))
-        else:
-            out = fn(*args, **kwargs)  # fn checks the arguments (too many, unknown, missing) before anything is noted
         if weight_position is not None:
             _refuse_grad(ctx, weight_position, fn.__name__, "weight")
         ctx.reduction = _reduction(arguments.get("size_average"), arguments.get("reduce"), arguments["reduction"])
@@ -168,9 +153,9 @@ def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mea
 
 
 pointwise_loss("MseLoss", F.mse_loss, "l = (x - t)^2  ->  dl/dx = 2 (x - t), dl/dt = -2 (x - t)",
-               lambda d: 2 * d, mean_over_weights=True, kernel=torch._C._nn.mse_loss)
+               lambda d: 2 * d, mean_over_weights=True)
 pointwise_loss("L1Loss", F.l1_loss, "l = |x - t|  ->  dl/dx = sign(x - t), dl/dt = -sign(x - t)",
-               torch.sign, mean_over_weights=True, kernel=torch._C._nn.l1_loss)
+               torch.sign, mean_over_weights=True)
 pointwise_loss("SmoothL1Loss", F.smooth_l1_loss,
                "l = d^2 / 2b if |d| < b else |d| - b/2, d = x - t  ->  dl/dx = clamp(d / b, -1, 1), dl/dt = -dl/dx",
                lambda d, beta: torch.where(d.abs() < beta, d / beta, torch.sign(d)) if beta > 0 else torch.sign(d),
