@@ -173,3 +173,32 @@ def test_a_graph_is_freed_by_reference_counting_alone(kind, backward):
              "compiled": (lambda compiled: lambda: compiled(x))(tt.compile(f, (x,)))}[kind]
     for _ in range(3):  # (the compiled call records, then replays)
         assert _graph_freed_by_refcounts(build, backward)
+
+
+@pytest.mark.parametrize("hook", ["register_prehook", "register_hook"])
+@pytest.mark.parametrize("backward", [True, False])
+def test_a_compiled_graph_with_a_hook_on_an_intermediates_grad_fn_is_freed_by_reference_counting(hook, backward):
+    """The hook's lists live on the statement, not its grad_fn (whose edges lead back to the call's node)."""
+    torch.manual_seed(0)
+    w = tt.tracer(torch.randn(8, 4), requires_grad=True)
+    seen = []
+
+    def f(x):
+        a = torch.tanh(x @ w)
+        return (a.sigmoid() * a).sum(), a
+
+    compiled = tt.compile(f, (torch.randn(3, 8),))
+    for _ in range(3):  # (the compiled call records, then replays)
+        gc.collect()
+        gc.disable()
+        try:
+            loss, a = compiled(torch.randn(3, 8))
+            getattr(a.grad_fn, hook)(lambda *grads: seen.append(len(grads)))
+            hooked, graph = weakref.ref(a.grad_fn), weakref.ref(a._tt_node)
+            if backward:
+                loss.backward()
+            del loss, a
+            assert hooked() is None and graph() is None
+        finally:
+            gc.enable()
+    assert len(seen) == (3 if backward else 0)

@@ -47,31 +47,45 @@ class Step:
         self.saved_outputs = saved_outputs  # (saved index, output nr of the node): results the rule saved plain
         self.saved_inputs: Tuple[Tuple[int, Any, int], ...] = ()  # (saved index, weak ref, output nr): arguments
         # this node made that the rule saved, kept plain (Segment.plain_saved_inputs)
-        self.node: Optional[Node] = None  # the grad_fn its results show, once a grad_fn hook is registered on it
-        self.shown_ref: Optional[Callable[[], Optional[Node]]] = None  # that grad_fn, weakly, before any hook: its
-        # edges lead to the segment's node, whose ctx holds this step (held strongly, that would be a cycle)
+        self.node: Optional[HookLists] = None  # the hooks registered on its grad_fn (their lists, not the node)
+        self.shown_ref: Optional[Callable[[], Optional[Node]]] = None  # that grad_fn, weakly: its edges lead to the
+        # segment's node, whose ctx holds this step (held strongly, that would be a cycle)
 
     def shown(self) -> Optional[Node]:
         """The grad_fn its results show, while anything holds it (`Segment.grad_fn_of` makes it when first read)."""
-        if self.node is not None:
-            return self.node
         return self.shown_ref() if self.shown_ref is not None else None
 
 
+class HookLists:
+    """What the segment's backward runs around a step's rule: the grad_fn hooks registered on the step's grad_fn,
+    the same lists that node holds (a grad_fn made again later, after the first was dropped, gets them too)."""
+
+    __slots__ = ("rule", "pre_hooks", "post_hooks")
+
+    def __init__(self, rule: type, pre_hooks: list, post_hooks: list):
+        self.rule, self.pre_hooks, self.post_hooks = rule, pre_hooks, post_hooks
+
+
 class ShownStep(Node):
-    """A step's grad_fn as a result shows it: held by the step once a grad_fn hook is registered on it (the segment's
-    backward runs its hooks around the step's rule), weakly before. Each rule's is a subclass named as the node
-    (ReluBackward), as torch's grad_fn classes are, so a tensor's repr shows that name."""
+    """A step's grad_fn as a result shows it, held weakly by the step; hooks registered on it go into lists the step
+    keeps (HookLists: the segment's backward runs them around the step's rule). Each rule's is a subclass named as the
+    node (ReluBackward), as torch's grad_fn classes are, so a tensor's repr shows that name."""
 
     __slots__ = ("step",)
 
     def register_prehook(self, hook: Callable) -> Any:
-        self.step.node = self
+        self._lists()
         return super().register_prehook(hook)
 
     def register_hook(self, hook: Callable) -> Any:
-        self.step.node = self
+        self._lists()
         return super().register_hook(hook)
+
+    def _lists(self) -> None:
+        """The step keeps this node's hook lists (not the node: through its edges that would be a cycle)."""
+        if self.step.node is None:
+            self.step.node = HookLists(self.rule, [], [])
+        self.pre_hooks, self.post_hooks = self.step.node.pre_hooks, self.step.node.post_hooks
 
 
 _SHOWN_CLASSES: "weakref.WeakKeyDictionary[type, type]" = weakref.WeakKeyDictionary()  # rule -> its ShownStep class
@@ -203,6 +217,8 @@ class Segment:
                 _new_edge(Edge, (position, edges[where].node, edges[where].output_nr, shape, dtype))
                 for position, shape, dtype, local, where in step.targets], None, ())
             node.step, step.shown_ref = step, weakref.ref(node)
+            if step.node is not None:  # hooks registered on a grad_fn of this step that was dropped since
+                node.pre_hooks, node.post_hooks = step.node.pre_hooks, step.node.post_hooks
         return node
 
     # what the engine reads of a node's ctx: _released, _saved (nothing: each step frees its own), backward ------
