@@ -151,3 +151,22 @@ DOUBLE_BACKWARD = {
 @pytest.mark.parametrize("name", list(DOUBLE_BACKWARD))
 def test_double_backward_matches_torch(name):
     check_case_double_backward(*DOUBLE_BACKWARD[name])
+
+
+@pytest.mark.parametrize("fn", [
+    torch.broadcast_tensors, lambda a, b: torch.meshgrid(a, b, indexing="ij"),
+    lambda a, b: torch.meshgrid([a, b], indexing="xy"), torch.atleast_2d, lambda a, b: torch.atleast_3d([a, b])])
+def test_each_output_requires_a_gradient_only_if_its_own_input_does_as_torchs(fn):
+    """torch makes these one view per input: an output of an input that needs no gradient needs none either (a rule
+    that refuses a gradient for it, as gammainc's first argument, then runs as in torch)."""
+    plain = torch.tensor([2.0, 3.0], dtype=torch.float64)
+
+    def run(make):
+        leaf = make(torch.tensor([1.5, -0.5], dtype=torch.float64))
+        outs = fn(plain, leaf)
+        (outs[0] * 2 + outs[1] * outs[1]).sum().backward()
+        return [o.requires_grad for o in outs], leaf.grad
+
+    ours, theirs = run(lambda t: tt.tracer(t, requires_grad=True)), run(lambda t: t.clone().requires_grad_(True))
+    assert ours[0] == theirs[0] == [False, True]
+    torch.testing.assert_close(ours[1], theirs[1])

@@ -5,7 +5,7 @@ from typing import Callable
 import pytest
 import torch
 from elementwise_cases import DTYPES, INF, NAN, broadcast_test, case, double, run, run_edges, uniform, values
-from helpers import double_backward_matches
+from helpers import check_op, double_backward_matches
 
 import torchtrace as tt
 
@@ -155,3 +155,39 @@ DOUBLE_BACKWARD = [
 @pytest.mark.parametrize("fn, inputs", DOUBLE_BACKWARD)
 def test_double_backward(fn: Callable, inputs: tuple) -> None:
     double_backward_matches(fn, *inputs)
+
+
+A_POS = torch.tensor([[0.5, 2.0, 3.5], [1.2, 0.8, 5.0]], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("fn", [S.gammainc, S.gammaincc, torch.igamma, torch.igammac, lambda a, x: a.igamma(x),
+                                lambda a, x: a.expand(x.shape).clone().igammac_(x)])
+def test_the_incomplete_gamma_functions_are_differentiated_in_x_as_torch(fn):
+    """dP/dx = x^(a-1) e^-x / Gamma(a) (Q = 1 - P: the opposite), against torch autograd and finite differences,
+    to second order; a broadcast a as well."""
+    x = torch.linspace(0.3, 4.0, 6, dtype=torch.float64).reshape(2, 3)
+    check_op(lambda x: fn(A_POS, x), x)
+    check_op(lambda x: fn(A_POS[:1], x), x)
+    double_backward_matches(lambda x: fn(A_POS, x), x)
+
+
+def test_the_incomplete_gamma_functions_refuse_a_gradient_in_a_at_backward_as_torch():
+    a = tt.tracer(A_POS, requires_grad=True)
+    y = S.gammainc(a, tt.tracer(A_POS + 1))  # the forward runs, as torch's
+    with pytest.raises(RuntimeError, match="with respect to its first argument .a. is not implemented"):
+        y.sum().backward()
+    theirs = A_POS.clone().requires_grad_(True)
+    with pytest.raises(RuntimeError, match="not implemented"):
+        S.gammainc(theirs, A_POS + 1).sum().backward()
+
+
+def test_a_gamma_distributions_cdf_is_differentiated_in_its_rate_as_torch():
+    """Gamma.cdf is gammainc(concentration, rate x), with concentration a broadcast output that needs no gradient."""
+    def rate_grad(make):
+        rate = make(torch.tensor([1.5, 0.7], dtype=torch.float64))
+        torch.distributions.Gamma(torch.tensor([2.0, 3.0], dtype=torch.float64), rate).cdf(
+            torch.tensor([1.0, 2.5], dtype=torch.float64)).sum().backward()
+        return rate.grad
+
+    torch.testing.assert_close(rate_grad(lambda t: tt.tracer(t, requires_grad=True)),
+                               rate_grad(lambda t: t.clone().requires_grad_(True)))

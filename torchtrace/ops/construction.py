@@ -37,6 +37,15 @@ def picked(name: str, targets: Sequence[Callable], math_line: str) -> type:
     return make_rule(name, math_line, forward, backward, targets)
 
 
+def per_tensor(ctx: Any, tensors: Sequence[Any], outputs: Any) -> Any:
+    """Outputs that each come from one input (meshgrid, broadcast_tensors, atleast_Nd of several): output k requires
+    a gradient only if input k does, as torch's (which makes them one view each)."""
+    if isinstance(outputs, (tuple, list)):
+        ctx.mark_non_differentiable(*[out for t, out in zip(tensors, outputs) if not (
+            getattr(t, "_tt_requires_grad", False) or isinstance(t, torch.Tensor) and t.requires_grad)])
+    return outputs
+
+
 def with_list_form(name: str, rule: type, targets: Sequence[Callable]) -> type:
     """The same rule for the builtin that receives the tensors as one list (torch.meshgrid([x, y]))."""
 
@@ -170,7 +179,7 @@ class Meshgrid(Function):
     @staticmethod
     def forward(ctx, *tensors, indexing=None):
         ctx.shapes, ctx.indexing = [t.shape for t in tensors], indexing
-        return torch.meshgrid(*tensors, indexing=indexing)
+        return per_tensor(ctx, tensors, torch.meshgrid(*tensors, indexing=indexing))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -204,7 +213,7 @@ class CartesianProd(Function):
 def _at_least(rank: int, op: Callable) -> type:
     def forward(ctx: Any, *tensors: torch.Tensor) -> Any:
         ctx.shapes = [t.shape for t in tensors]
-        return op(*tensors)
+        return per_tensor(ctx, tensors, op(*tensors))
 
     def backward(ctx: Any, *grads: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         return tuple(g.reshape(s) for g, s in zip(grads, ctx.shapes))
@@ -227,7 +236,7 @@ class BroadcastTensors(Function):
     @staticmethod
     def forward(ctx, *tensors):
         ctx.shapes = [t.shape for t in tensors]
-        return torch.broadcast_tensors(*tensors)
+        return per_tensor(ctx, tensors, torch.broadcast_tensors(*tensors))
 
     @staticmethod
     def backward(ctx, *grads):

@@ -1,5 +1,5 @@
 """Gradient rules for special functions: the gamma family, Bessel I0/I1, the normal distribution (ndtr, ndtri,
-log_ndtr), erfinv/erfcx, log-sum-exp of two, logit, xlogy/xlog1py and entropy.
+log_ndtr), erfinv/erfcx, the incomplete gamma functions, log-sum-exp of two, logit, xlogy/xlog1py and entropy.
 
 Each derivative is written with ops that have rules of their own (digamma -> polygamma(1), i0 -> i1, i0e -> i1e,
 ...), so create_graph=True gives second derivatives wherever torch has them. Edge conventions follow torch's
@@ -56,6 +56,32 @@ class Polygamma(Function):
 
 
 reordered("TensorPolygamma", Polygamma, [T.polygamma], (1, 0), "y = x.polygamma(n)  ->  dy/dx = polygamma(n + 1, x)")
+
+
+class IncompleteGamma(Function):
+    """P(a, x) = gamma(a, x) / Gamma(a), the regularised lower incomplete gamma  ->  dP/dx = x^(a-1) e^-x / Gamma(a);
+    Q = 1 - P (gammaincc): dQ/dx = -dP/dx. d/da is not implemented (nor in torch's derivatives.yaml)."""
+
+    sign = 1.0
+
+    @staticmethod
+    def forward(ctx, input, other):
+        ctx.save_for_backward(input, other)
+        return ctx._rule.op(input, other)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, x = ctx.saved_tensors
+        if ctx.needs_input_grad[0]:
+            raise RuntimeError(f"the derivative of {ctx._rule.op.__name__} with respect to its first argument (a) is "
+                               "not implemented (nor in torch): pass a.detach()")
+        return None, g * ctx._rule.sign * torch.exp((a - 1) * torch.log(x) - x - torch.lgamma(a))
+
+
+register(torch.igamma, T.igamma, S.gammainc, rule=type("Igamma", (IncompleteGamma,), {
+    "__doc__": IncompleteGamma.__doc__, "op": staticmethod(torch.igamma)}))
+register(torch.igammac, T.igammac, S.gammaincc, rule=type("Igammac", (IncompleteGamma,), {
+    "__doc__": IncompleteGamma.__doc__, "op": staticmethod(torch.igammac), "sign": -1.0}))
 
 
 @register(torch.mvlgamma, T.mvlgamma, S.multigammaln)
