@@ -86,3 +86,56 @@ def test_a_ported_transformer_replays_on_one_path(name):
             torch.testing.assert_close(a, e)
     assert len(compiled.program.paths()) == 1
     assert compiled.replayed == 3
+
+
+class _SavedExp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * y
+
+
+class _TripledInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.mark_dirty(x)
+        return x.mul_(3)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
+@pytest.mark.parametrize("how", ["tt.grad of the input", "backward(inputs=)", "create_graph", "mark_dirty"])
+def test_a_torch_autograd_function_between_replayed_statements_keeps_torchs_gradient_on_every_call(how):
+    """The Function's apply is a statement of its own (run eagerly, between two segments): a gradient restricted to
+    the input, a second derivative and an in-place Function reach the input through it on every call, as torch's."""
+    x0, p0 = torch.tensor([0.3, -0.7], dtype=torch.float64), torch.tensor([1.1, 0.4], dtype=torch.float64)
+
+    def f(x, p):
+        if how == "mark_dirty":
+            return _TripledInPlace.apply((x * p).cos()).pow(2).sum()
+        return _SavedExp.apply(x.sin() * p).sum()
+
+    def gradient(fn, make):
+        x, p = make(x0), make(p0)
+        out = fn(x, p)
+        grad = tt.grad if isinstance(x, tt.tracer) else torch.autograd.grad
+        if how == "backward(inputs=)":
+            out.backward(inputs=[x])
+            return plain(x.grad)
+        if how == "create_graph":
+            (g,) = grad(out, x, create_graph=True)
+            return plain(grad(g.sum(), x)[0])
+        return plain(grad(out, x)[0])
+
+    expected = gradient(f, lambda t: t.clone().requires_grad_(True))
+    compiled = tt.compile(f, (tt.tracer(x0), tt.tracer(p0)))
+    for _ in range(4):
+        torch.testing.assert_close(gradient(compiled, lambda t: tt.tracer(t.clone(), requires_grad=True)), expected)

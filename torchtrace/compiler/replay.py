@@ -79,7 +79,8 @@ def _may_record(func: Callable, args: tuple, kwargs: dict) -> bool:
     if func in RULES or func in INPLACE:
         return True
     owner = getattr(func, "__self__", None)
-    return (isinstance(owner, type) and issubclass(owner, Function)) or is_inplace(func, args, kwargs)
+    return (isinstance(owner, type) and issubclass(owner, (Function, torch.autograd.Function))) or is_inplace(
+        func, args, kwargs)
 
 
 def is_inplace(func: Callable, args: tuple, kwargs: dict) -> bool:
@@ -119,6 +120,11 @@ def _tensor_results(out: Any) -> List[torch.Tensor]:
 
 MISS = object()  # a statement's generated replay: the call does not fit it (nothing has run)
 _NO_SIBLINGS: list = []
+
+
+def _shifted(position: Any, hidden: int) -> Any:
+    """An edge's position among the call's own arguments, past `hidden` leading ones its rule was given."""
+    return position - hidden if type(position) is int else (position[0] - hidden, position[1])
 
 
 def _argument_at(args: tuple, kwargs: dict, rule: type, position: Any) -> torch.Tensor:
@@ -507,8 +513,10 @@ class Run:
             st.rule, st.mask = rule, node.ctx._mask or 0
             st.torch_leaf = any(type(t) is torch.Tensor and t.requires_grad for t in tensors)
             by_id = {id(t): source for t, source in zip(tensors, sources)}
-            st.edges = tuple((_new_edge(Edge, (e.position, None, 0, e.shape, e.dtype)),
-                              by_id[id(_argument_at(pargs, pkwargs, rule, e.position))]) for e in node.edges)
+            hidden = getattr(rule, "hidden_arguments", 0)  # a torch.autograd.Function's: its call, before its arguments
+            st.edges = () if hidden and pkwargs else tuple((_new_edge(Edge, (e.position, None, 0, e.shape, e.dtype)),
+                                                             by_id[id(_argument_at(pargs, pkwargs, rule, _shifted(
+                                                                 e.position, hidden)))]) for e in node.edges)
         self._finish_statement(st, out, pargs, pkwargs)
         return out
 
@@ -606,7 +614,9 @@ def _relinked(out: Any, raw: List[torch.Tensor], linked: List[torch.Tensor]) -> 
 
 
 class ReplayMode(TorchFunctionMode):
-    """Every torch call of one compiled call comes here first."""
+    """Every torch call of one compiled call comes here first (a torch.autograd.Function's apply on tracers too)."""
+
+    sees_function_apply = True
 
     def __init__(self, run: Run):
         super().__init__()

@@ -3,7 +3,9 @@
 Installed once at import (torchtrace/__init__.py). Each wrapper looks for a tracer among the arguments; calls with
 none go to torch's original untouched.
 - torch.autograd.Function.apply: a user Function on tracers runs its own forward/backward as a torchtrace node
-  (torch.utils.checkpoint's reentrant CheckpointFunction becomes a recomputing torchtrace checkpoint instead).
+  (torch.utils.checkpoint's reentrant CheckpointFunction becomes a recomputing torchtrace checkpoint instead); a
+  TorchFunctionMode that asks for them (`sees_function_apply`: tt.compile's, which records the call as a statement)
+  sees the call first, as it sees every torch call.
 - torch.autograd.grad / torch.autograd.backward on tracers: a clear error naming tt.grad / y.backward(), and
   torch.autograd.functional's jacobian, hessian, vjp, jvp, hvp, vhp one naming torchtrace's own;
   torch.autograd.graph.register_multi_grad_hook on tracers (an AssertionError from torch's engine): one too.
@@ -22,6 +24,7 @@ import torch.autograd
 import torch.autograd.function
 import torch.distributed
 import torch.utils.checkpoint
+from torch.overrides import _get_current_function_mode_stack as _current_function_mode_stack
 
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.interop.detect import has_tracer, tensors_in
@@ -36,6 +39,9 @@ def _apply(original: Callable) -> classmethod:
     def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
         if not has_tracer(args) and not has_tracer(kwargs.values()):
             return original(cls, *args, **kwargs)
+        if torch._C._is_torch_function_mode_enabled() and any(
+                getattr(mode, "sees_function_apply", False) for mode in _current_function_mode_stack()):
+            return torch.overrides.handle_torch_function(cls.apply, tensors_in((args, kwargs)), *args, **kwargs)
         if cls is torch.utils.checkpoint.CheckpointFunction:
             from torchtrace.interop.checkpoint import checkpoint
 
