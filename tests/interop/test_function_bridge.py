@@ -217,6 +217,14 @@ def test_mark_dirty_on_a_leaf_is_refused():
         ScaleInPlace.apply(x)
 
 
+def test_mark_dirty_on_a_view_is_refused_rather_than_lost_to_its_base():
+    """torch carries the Function's in-place change on into the base's graph; torchtrace says it does not."""
+    x = tt.tracer(x64(4).reshape(2, 2), requires_grad=True)
+    a = x * 1.0
+    with pytest.raises(tt.UnsupportedOperationError, match="forward changed a view in place .mark_dirty."):
+        ScaleInPlace.apply(a[0])
+
+
 def test_retain_graph_semantics():
     x = tt.tracer(x64(3), requires_grad=True)
     y = Cube.apply(x).sum()

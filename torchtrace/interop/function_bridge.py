@@ -210,6 +210,11 @@ def _rebind(target: Any, linked: Any, user_class: type) -> Any:
     if target._tt_requires_grad and target._tt_node is None:
         raise RuntimeError(f"{user_class.__name__}: a leaf tracer that requires grad was modified in place by "
                            "forward (mark_dirty). Pass a clone, or do it under tt.no_grad().")
+    if target._tt_view:  # torch's graph carries the change on into the base (CopySlices); torchtrace's would not
+        raise UnsupportedOperationError(
+            f"{user_class.__name__}: forward changed a view in place (mark_dirty), and torchtrace does not carry a "
+            "custom Function's in-place change on into the view's base: apply it to the base itself, or to a clone "
+            "of the view and write the result back (base[i] = result)")
     target._tt_node, target._tt_nr = linked._tt_node, linked._tt_nr
     target._tt_requires_grad = linked._tt_requires_grad
     with plain_torch():
