@@ -220,3 +220,37 @@ def test_a_block_checkpointed_under_autocast_is_recomputed_under_it(reentrant):
             assert torch.equal(ours, theirs) and torch.equal(ours, plain)
         if inputs[0].numel() == 1:
             assert grads[0][1].item() == 2.0  # w.grad = 2 (x w) x with x's bf16 copy, 1 (not 1 + 2^-9)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_block_reading_a_non_leaf_through_a_closure_draws_its_random_numbers_once(reentrant):
+    """Such a block is recorded as usual (run again after the run that finds what it reads): from the random state
+    the first run began with, so dropout's mask and the random stream after it are torch's."""
+    def run(make):
+        torch.manual_seed(0)
+        x, w = make(torch.randn(3, 4, dtype=torch.float64)), make(torch.randn(4, 4, dtype=torch.float64))
+        w2 = w * 2
+        y = ckpt.checkpoint(lambda a: torch.nn.functional.dropout(a @ w2, 0.5, True), x, use_reentrant=reentrant)
+        after = torch.rand(3)
+        y.sum().backward()
+        return y.detach().as_subclass(torch.Tensor), after, w.grad
+
+    ours, theirs = run(lambda t: tt.tracer(t, requires_grad=True)), run(lambda t: t.requires_grad_(True))
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_block_returning_a_dict_or_nested_lists_returns_them_with_the_checkpoints_results():
+    def block(a):
+        return {"p": a.sin(), "rest": [a.exp(), 3]}
+
+    def run(make):
+        x = make(torch.tensor([0.3, -0.2], dtype=torch.float64))
+        out = ckpt.checkpoint(block, x, use_reentrant=False)
+        (out["p"] * out["rest"][0]).sum().backward()
+        return out["rest"][1], x.grad
+
+    (n_ours, g_ours), (n_theirs, g_theirs) = run(lambda t: tt.tracer(t, requires_grad=True)), run(
+        lambda t: t.requires_grad_(True))
+    assert n_ours == n_theirs == 3
+    torch.testing.assert_close(g_ours, g_theirs)

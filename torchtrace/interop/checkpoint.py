@@ -6,7 +6,8 @@ backward re-runs the block (with the saved RNG and torch.autocast state) on fres
 differentiates that small graph with tt.grad, for the inputs and the parameters alike, so parameter gradients flow
 through the node's edges (hooks, tt.grad and create_graph behave as for any node). A block that reads a non-leaf
 tracer it was not given as an argument (a closure) is recorded as usual, without recomputation: its gradient would
-otherwise be counted twice.
+otherwise be counted twice (a second run, from the random state the first began with: its random draws are made
+once, as torch's; other side effects of the block, a BatchNorm's running statistics, happen twice).
 """
 import contextlib
 import functools
@@ -23,6 +24,7 @@ from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE, observing
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.interop.detect import has_tracer
+from torchtrace.nested import flatten
 from torchtrace.tracer import tracer as TRACER
 
 _ORIGINAL: Dict[str, Callable] = {}
@@ -44,12 +46,15 @@ class _Block:
 
 
 def _tensor_outputs(out: Any, block: _Block) -> List[Any]:
+    """The tensors of the block's output (a tensor, or tuples / lists / dicts of them), in order; `block` keeps the
+    rest of the structure (the tensors' places left empty) to rebuild it around the checkpoint's results."""
     if isinstance(out, torch.Tensor):
         block.others, block.places = None, [0]
         return [out]
-    block.others = out
-    block.places = [i for i, o in enumerate(out) if isinstance(o, torch.Tensor)] if isinstance(out, tuple) else []
-    return [out[i] for i in block.places]
+    leaves, rebuild = flatten(out)
+    block.places = [i for i, o in enumerate(leaves) if isinstance(o, torch.Tensor)]
+    block.others = ([None if isinstance(o, torch.Tensor) else o for o in leaves], rebuild)
+    return [leaves[i] for i in block.places]
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
@@ -149,7 +154,8 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: Any = None, preser
         kwargs.pop(name, None)
     if not torch.is_grad_enabled():
         return function(*args, **kwargs)
-    block = _Block(function, kwargs, len(args), torch.get_rng_state() if preserve_rng_state else None)
+    start = torch.get_rng_state()
+    block = _Block(function, kwargs, len(args), start if preserve_rng_state else None)
     copies = _copies(args)
     recorded, read, me = set(), {}, threading.get_ident()
 
@@ -166,6 +172,7 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: Any = None, preser
     own = {id(c) for c in copies}
     outside = [t for i, t in read.items() if i not in own and t._tt_node not in recorded]
     if any(t._tt_node is not None for t in outside):  # a closure reads a non-leaf tracer: keep the plain graph
+        torch.set_rng_state(start)  # (of a second run from where the first began: its draws, dropout's masks, once)
         return function(*args, **kwargs)
     leaves = list({id(t): t for t in outside}.values())
     if not leaves and not any(isinstance(a, TRACER) and a._tt_requires_grad for a in args):
@@ -179,10 +186,11 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: Any = None, preser
     result = run_rule(TRACER, Checkpoint, None, (_Opaque(block), *args, *leaves), {})
     if block.others is None:
         return result
-    items, linked = list(block.others), [result] if isinstance(result, torch.Tensor) else list(result)
+    (items, rebuild), linked = block.others, [result] if isinstance(result, torch.Tensor) else list(result)
+    items = list(items)
     for i, t in zip(block.places, linked):
         items[i] = t
-    return tuple(items)
+    return rebuild(items)
 
 
 def _wrap(original: Callable) -> Callable:
