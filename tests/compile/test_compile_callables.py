@@ -5,7 +5,7 @@ import copy
 
 import pytest
 import torch
-from helpers import Cube, TorchSquare
+from helpers import Cube, ExpSaveOutput, TorchSquare
 from references import finite_differences, plain, torch_grads
 
 import torchtrace as tt
@@ -88,19 +88,6 @@ def test_a_ported_transformer_replays_on_one_path(name):
     assert compiled.replayed == 3
 
 
-class _SavedExp(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        y = x.exp()
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, g):
-        (y,) = ctx.saved_tensors
-        return g * y
-
-
 class _TripledInPlace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -121,7 +108,7 @@ def test_a_torch_autograd_function_between_replayed_statements_keeps_torchs_grad
     def f(x, p):
         if how == "mark_dirty":
             return _TripledInPlace.apply((x * p).cos()).pow(2).sum()
-        return _SavedExp.apply(x.sin() * p).sum()
+        return ExpSaveOutput.apply(x.sin() * p).sum()
 
     def gradient(fn, make):
         x, p = make(x0), make(p0)
