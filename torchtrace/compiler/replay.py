@@ -79,7 +79,7 @@ def _may_record(func: Callable, args: tuple, kwargs: dict) -> bool:
     if func in RULES or func in INPLACE:
         return True
     owner = getattr(func, "__self__", None)
-    return (isinstance(owner, type) and issubclass(owner, (Function, torch.autograd.Function))) or is_inplace(
+    return (isinstance(owner, type) and issubclass(owner, (Function, torch._C._FunctionBase))) or is_inplace(
         func, args, kwargs)
 
 
@@ -513,7 +513,7 @@ class Run:
             st.rule, st.mask = rule, node.ctx._mask or 0
             st.torch_leaf = any(type(t) is torch.Tensor and t.requires_grad for t in tensors)
             by_id = {id(t): source for t, source in zip(tensors, sources)}
-            hidden = getattr(rule, "hidden_arguments", 0)  # a torch.autograd.Function's: its call, before its arguments
+            hidden = getattr(rule, "hidden_arguments", 0)  # a user autograd Function's: its call, before its arguments
             st.edges = () if hidden and pkwargs else tuple((_new_edge(Edge, (e.position, None, 0, e.shape, e.dtype)),
                                                              by_id[id(_argument_at(pargs, pkwargs, rule, _shifted(
                                                                  e.position, hidden)))]) for e in node.edges)
@@ -614,7 +614,7 @@ def _relinked(out: Any, raw: List[torch.Tensor], linked: List[torch.Tensor]) -> 
 
 
 class ReplayMode(TorchFunctionMode):
-    """Every torch call of one compiled call comes here first (a torch.autograd.Function's apply on tracers too)."""
+    """Every torch call of one compiled call comes here first (a user autograd Function's apply on tracers too)."""
 
     sees_function_apply = True
 

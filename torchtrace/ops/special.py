@@ -59,8 +59,8 @@ reordered("TensorPolygamma", Polygamma, [T.polygamma], (1, 0), "y = x.polygamma(
 
 
 class IncompleteGamma(Function):
-    """P(a, x) = gamma(a, x) / Gamma(a), the regularised lower incomplete gamma  ->  dP/dx = x^(a-1) e^-x / Gamma(a);
-    Q = 1 - P (gammaincc): dQ/dx = -dP/dx. d/da is not implemented (nor in torch's derivatives.yaml)."""
+    """y = gammainc(a, x) = (1/Gamma(a)) int_0^x t^(a-1) e^-t dt  ->  dy/dx = x^(a-1) e^-x / Gamma(a)
+    (gammaincc = 1 - gammainc: the opposite); d/da is not implemented (nor in torch's derivatives.yaml)."""
 
     sign = 1.0
 
