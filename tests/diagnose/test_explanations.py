@@ -114,6 +114,16 @@ def test_parameters_without_a_path_are_told_why_and_where(how, says):
                                                              "discarded.bias"].message
 
 
+def test_a_loss_already_built_does_not_claim_that_a_module_whose_result_was_cut_never_ran():
+    model = tt.port(TwoHeads())
+    d = tt.diagnose(model(tt.randn(4, 3), "item"))  # head ran; only its .item() reached the loss
+    by_line = {f.message.split(": ", 1)[0]: f for f in d.of_kind("no_path")}
+    for cut in ("head", "unused", "discarded"):
+        finding = by_line[f"no gradient reaches {cut}.weight, {cut}.bias"]
+        assert "never ran" not in finding.message and "cannot tell which" in finding.message
+        assert "tt.diagnose(fn, *args)" in finding.advice
+
+
 def test_nothing_stays_registered_after_diagnose():
     model = tt.port(TwoHeads())
     hooks_before = (len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks))

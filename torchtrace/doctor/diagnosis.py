@@ -19,7 +19,7 @@ from torchtrace.autograd.state import observing
 from torchtrace.doctor.depth import depth_findings
 from torchtrace.doctor.findings import Diagnosis, Finding
 from torchtrace.doctor.nonfinite import forward_cause
-from torchtrace.doctor.paths import CutWatcher, ModulesRan, no_path_reasons
+from torchtrace.doctor.paths import UNWATCHED, CutWatcher, ModulesRan, no_path_reasons
 from torchtrace.doctor.recording import record_pass
 from torchtrace.doctor.unrecorded import UnrecordedOrigin
 from torchtrace.doctor.unversioned import UnversionedWrites
@@ -85,8 +85,7 @@ def _diagnose_graph(loss: torch.Tensor, model: Optional[torch.nn.Module]) -> Dia
     watch = Watch(_names(models))
     if not all_finite(loss):  # (where the loss is finite, no forward origin is looked for: nothing to read)
         kept_values_read(order, watch)
-    ran = {id(m): m for n in order for m in n.module_path}
-    return _run_backward(loss, watch, models, [], {}, ran, forward=False)
+    return _run_backward(loss, watch, models, [], {}, None, forward=False)
 
 
 def kept_values_read(order: List[Any], watch: Watch) -> None:
@@ -124,7 +123,7 @@ def diagnose_watched(loss: Any, watch: Watch, cuts: CutWatcher, ran: ModulesRan)
 
 
 def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_leaves: List[torch.Tensor],
-                  cuts: Dict[int, Any], ran: Dict[int, torch.nn.Module], forward: bool,
+                  cuts: Dict[int, Any], ran: Optional[Dict[int, torch.nn.Module]], forward: bool,
                   unrecorded: Optional[UnrecordedOrigin] = None,
                   unversioned: Optional[UnversionedWrites] = None) -> Diagnosis:
     order = topological_order([_root_node(loss)])
@@ -219,14 +218,15 @@ def _parameters(models: List[torch.nn.Module], arg_leaves: List[torch.Tensor]) -
 
 
 def _no_path(order: List[Any], params: List[Tuple[str, torch.Tensor]], models: List[torch.nn.Module],
-             cuts: Dict[int, Any], ran: Dict[int, torch.nn.Module], names: Dict[int, str]) -> List[Finding]:
+             cuts: Dict[int, Any], ran: Optional[Dict[int, torch.nn.Module]], names: Dict[int, str]) -> List[Finding]:
     reached = {id(n.variable) for n in order if isinstance(n, AccumulateGrad)}
     module_of = {id(p): (names.get(id(m), type(m).__name__), m)
                  for model in models for m in model.modules() for p in m.parameters(recurse=False)}
     found = []
     for why, line, code, module, group in no_path_reasons(params, reached, cuts, module_of, ran, names):
         shown = ", ".join(group[:6]) + (f" and {len(group) - 6} more" if len(group) > 6 else "")
-        advice = ("call it outside the torch.no_grad() block (or, to freeze it on purpose, requires_grad_(False) on "
+        advice = ("tt.diagnose(fn, *args) watches the forward and names the line that cut it" if why == UNWATCHED else
+                  "call it outside the torch.no_grad() block (or, to freeze it on purpose, requires_grad_(False) on "
                   "its parameters and leave them out of the optimizer)" if "torch.no_grad()" in why else
                   "use the tensor itself where its gradient should flow" if line else
                   "call the module in forward, or remove it (or pass its parameters to no optimizer)")

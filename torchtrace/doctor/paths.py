@@ -113,6 +113,10 @@ class CutWatcher(TorchFunctionMode):
                 self.cut_leaves.setdefault(id(leaf), cut)
 
 
+UNWATCHED = ("nothing it computed reaches the loss: its module did not run, or its result left the graph (.detach(), "
+             ".data, .item(), torch.no_grad()) or was not used; the loss alone cannot tell which")
+
+
 class ModulesRan:
     """Which modules ran a forward (a global forward pre-hook while tt.diagnose watches)."""
 
@@ -129,10 +133,11 @@ class ModulesRan:
 
 
 def no_path_reasons(params: List[Tuple[str, torch.Tensor]], reached: Set[int], cuts: Dict[int, Cut],
-                    module_of: Dict[int, Tuple[str, torch.nn.Module]], ran: Dict[int, torch.nn.Module],
+                    module_of: Dict[int, Tuple[str, torch.nn.Module]], ran: Optional[Dict[int, torch.nn.Module]],
                     names: Optional[Dict[int, str]] = None) -> List[Tuple[str, str, str, str, List[str]]]:
     """(why, line, code, module, parameter names) for every group of parameters the loss does not reach (one group
-    per reason and line; the module is the innermost one holding the whole group)."""
+    per reason and line; the module is the innermost one holding the whole group). `ran` None: the forward was not
+    watched, so which modules ran is not known (a module with no op in the graph may have run with its result cut)."""
     groups: Dict[Tuple[str, str, str, str], List[str]] = {}  # (why, line, code, module or '') -> parameter names
     modules: Dict[Tuple[str, str, str, str], List[str]] = {}
     for name, p in params:
@@ -145,6 +150,8 @@ def no_path_reasons(params: List[Tuple[str, torch.Tensor]], reached: Set[int], c
                 f" around the call of {(names or {}).get(id(cut.module), type(cut.module).__name__)}"
             key = (f"its value reaches the loss only through {cut.how}{around}, which passes no gradient", cut.line,
                    cut.code, "")
+        elif ran is None:
+            key = (UNWATCHED, "", "", module_name)
         elif module is not None and id(module) not in ran:
             key = (f"the module {module_name or type(module).__name__} never ran in the forward (an unused "
                    "submodule)", "", "", module_name)
