@@ -136,3 +136,36 @@ def test_nothing_stays_registered_after_diagnose():
 def test_a_function_that_returns_no_scalar_is_refused_with_what_to_do():
     with pytest.raises(RuntimeError, match="must return the scalar loss"):
         tt.diagnose(lambda: tt.randn(3, requires_grad=True) * 2)
+
+
+class Recurrence(torch.nn.Module):
+    """h_t = W h_(t-1) + U x_t over 30 steps: the backward multiplies by W^T at every step."""
+
+    def __init__(self, gain):
+        super().__init__()
+        self.cell, self.inp = torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 8)
+        with torch.no_grad():
+            self.cell.weight.copy_(torch.eye(8) * gain)
+
+    def forward(self, xs):
+        h = torch.zeros(1, 8)
+        for t in range(len(xs)):
+            h = self.cell(h) + self.inp(xs[t:t + 1])
+        return h.sum()
+
+
+def test_a_recurrence_with_gain_3_is_exploding_through_its_one_recurrent_weight():
+    torch.manual_seed(0)
+    model, xs = tt.port(Recurrence(3.0)), tt.randn(30, 8)
+    (finding,) = tt.diagnose(model, xs).alarms
+    assert model.cell.weight.grad.norm() > 1e14  # 3^29 * |x|: the finding is read from this value
+    assert finding.kind == "exploding" and "largest at cell.weight, which 30 ops used" in finding.message
+    assert "gated cell" in finding.advice
+
+
+@pytest.mark.parametrize("gain", [0.5, 1.0])
+def test_a_recurrence_with_gain_at_most_1_and_a_single_linear_layer_raise_no_alarm(gain):
+    torch.manual_seed(0)
+    assert not tt.diagnose(tt.port(Recurrence(gain)), tt.randn(30, 8)).alarms
+    layer, x, y = tt.port(torch.nn.Linear(5, 1)), tt.randn(64, 5), tt.randn(64, 1)
+    assert not tt.diagnose(lambda: torch.nn.functional.mse_loss(layer(x), y)).alarms
