@@ -109,3 +109,32 @@ def test_a_loss_that_falls_is_not_flagged_and_a_short_rise_is_not_either():
     assert losses[-1] < losses[0] and doc.findings == []
     rising_streak = sys.modules["torchtrace.doctor.training"].rising_streak  # (the package's `training`: the function)
     assert rising_streak([3.0, 1.0, 2.0, 4.0]) == 2 and rising_streak([1.0, 2.0, 1.5]) == 0
+
+
+def small_output_layer_run(lr, steps=30):
+    """A tanh MLP whose output layer starts at 1e-4 of its initialisation: the first layer's gradient, scaled by the
+    output weights, starts tiny and grows as they do."""
+    torch.manual_seed(0)
+    model = tt.port(torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
+    with torch.no_grad():
+        model[2].weight.mul_(1e-4)
+        model[2].bias.zero_()
+    opt = tt.optim.SGD(model.parameters(), lr=lr)
+    x = torch.randn(64, 4)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    with tt.diagnose.training(model, opt) as doc:
+        for _ in range(steps):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(tt.tracer(x)), tt.tracer(y)).backward()
+            opt.step()
+    return doc
+
+
+def test_a_gradient_growing_while_the_loss_falls_is_not_flagged_and_one_growing_while_it_rises_is():
+    healthy = small_output_layer_run(0.05)
+    first = healthy.history["0"].steps
+    assert max(s.grad_norm for s in first) > 1e3 * first[0].grad_norm  # grew past the threshold ...
+    assert all(b < a for a, b in zip(healthy.losses, healthy.losses[1:])) and healthy.findings == []  # ... as it fell
+    diverging = small_output_layer_run(0.5)
+    flags = {(f.module, f.message.split(":")[0]) for f in diverging.findings}
+    assert ("0", "growing gradients") in flags and diverging.losses[-1] > diverging.losses[0]

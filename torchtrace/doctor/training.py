@@ -12,7 +12,9 @@ dead-unit share (units whose output is exactly 0 for every example of the batch)
 - "non-finite":        a gradient or weight stopped being finite;
 - "large updates":     the median update/weight ratio is above UPDATE_RATIO_HIGH (healthy training sits near
                        1e-3; above 1e-1 each step rewrites a tenth of the weight: lower the learning rate);
-- "growing gradients": the gradient norm grew by more than GROWTH_HIGH between the first and the largest step;
+- "growing gradients": the gradient norm grew by more than GROWTH_HIGH between the first and the largest step,
+                       and the loss did not fall into that step (a layer behind one initialised small sees its
+                       gradient grow with those weights while the loss falls: healthy);
 - "dead units":        at the last step at least DEAD_SHARE of the units were 0 for every example;
 - "diverging loss":    the loss (the scalar each step's backward starts from) rose at each of the last RISING_STEPS
                        steps or more, by more than LOSS_GROWTH_HIGH over them (the sign of a learning rate past
@@ -63,19 +65,27 @@ class LayerHistory:
     name: str
     steps: List[LayerStep] = field(default_factory=list)
 
-    def flags(self) -> List[str]:
+    def flags(self, losses: Optional[List[float]] = None) -> List[str]:
+        """The flags of this layer; `losses`: the loss at each optimizer step (as many as the steps), if known."""
         found = []
         if not all(s.finite for s in self.steps):
             found.append("non-finite")
         ratios = [s.update_ratio for s in self.steps if s.update_ratio is not None]
         if ratios and statistics.median(ratios) > UPDATE_RATIO_HIGH:
             found.append("large updates")
-        norms = [s.grad_norm for s in self.steps if s.grad_norm is not None]
-        if norms and norms[0] > 0 and max(norms) > GROWTH_HIGH * norms[0]:
+        norms = [(i, s.grad_norm) for i, s in enumerate(self.steps) if s.grad_norm is not None]
+        largest = max(norms, key=lambda item: item[1], default=None)
+        if largest and norms[0][1] > 0 and largest[1] > GROWTH_HIGH * norms[0][1] and not _falling(losses, largest[0]):
             found.append("growing gradients")
         if self.steps and (self.steps[-1].dead_share or 0) >= DEAD_SHARE:
             found.append("dead units")
         return found
+
+
+def _falling(losses: Optional[List[float]], step: int) -> bool:
+    """Whether the loss fell into `step` (from the step before): a gradient that grows while the loss falls is a
+    layer waking up behind one initialised small (its gradient is scaled by the weights after it), not a blow-up."""
+    return bool(losses) and 0 < step < len(losses) and losses[step] < losses[step - 1]
 
 
 def rising_streak(losses: List[float]) -> int:
@@ -189,7 +199,7 @@ class TrainingDoctor:
     def findings(self) -> List[Finding]:
         found = []
         for name, history in self.history.items():
-            for flag in history.flags():
+            for flag in history.flags(self._aligned_losses(history)):
                 found.append(Finding(FLAG_KINDS[flag], "training", "", "", name, "", f"{flag}: {self._row(history)}",
                                      FLAG_ADVICE[flag]))
         diverging = self.loss_flag()
@@ -213,7 +223,10 @@ class TrainingDoctor:
         last = history.steps[-1] if history.steps else LayerStep()
         return [history.name, fmt(norms[0] if norms else None), fmt(norms[-1] if norms else None),
                 fmt(statistics.median(ratios) if ratios else None), fmt(last.act_mean, ".3g"), fmt(last.act_std, ".3g"),
-                fmt(last.dead_share, ".0%"), ", ".join(history.flags())]
+                fmt(last.dead_share, ".0%"), ", ".join(history.flags(self._aligned_losses(history)))]
+
+    def _aligned_losses(self, history: LayerHistory) -> Optional[List[float]]:
+        return self.losses if len(self.losses) == len(history.steps) else None
 
     def table(self) -> str:
         """One row per layer over the run: first and last gradient norm, median update/weight, last activations."""
