@@ -153,6 +153,18 @@ def test_jvp_without_a_tensor_primal_is_refused_as_torch_func():
         tt.jvp(lambda: tt.tracer([1.0]), (), ())
 
 
+def test_jvp_refuses_a_complex_tangent_on_a_real_primal_and_says_how_to_get_torchs_complex_result():
+    """The tangent was cast to the primal's real dtype: its imaginary part dropped, a real J v returned where
+    torch.func.jvp returns the complex one. Refused now; the two real calls it names give torch's result."""
+    x = torch.rand(3, dtype=torch.float64)
+    v = torch.randn(3, dtype=torch.complex128)
+    with pytest.raises(ValueError, match=r"tangents\[0\] is complex .* primals\[0\] is real"):
+        tt.jvp(torch.sin, (x,), (v,))
+    square = lambda a: a * a  # noqa: E731  (torch.func keeps the imaginary part through mul, drops it through sin)
+    real, imaginary = (tt.jvp(square, (x,), (part,))[1] for part in (v.real, v.imag))
+    assert torch.allclose(torch.complex(real, imaginary), torch.func.jvp(square, (x,), (v,))[1])
+
+
 def test_jvp_refuses_an_integer_tangent_as_torch_func():
     """It was cast to the primal's dtype (ones for torch.ones(3, dtype=long)); torch.func.jvp refuses it."""
     with pytest.raises(ValueError, match=r"tangents\[0\]: expected a floating-point tangent.*torch.int64"):

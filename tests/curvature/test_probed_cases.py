@@ -204,7 +204,10 @@ BAD_CALLS = {
                                      dims=2, steps=2), ValueError, "dims=2 needs 2 eigenvectors.*1 element.*dims=1"),
     "hvp of an integer v": (
         lambda m, b, f: tt.hvp(lambda w: (w ** 3).sum(), torch.ones(2, dtype=DTYPE), torch.tensor([1, 0])), ValueError,
-        "v\\[0\\] must be a floating-point"),
+        r"tt.hvp: v\[0\]: expected a floating-point tangent"),
+    "hvp of a complex v for real params": (
+        lambda m, b, f: tt.hvp(lambda w: (w ** 3).sum(), torch.ones(2, dtype=DTYPE), torch.ones(2, dtype=torch.cfloat)),
+        ValueError, r"tt.hvp: v\[0\] is complex .* params\[0\] is real .* call tt.hvp with the real part"),
     "a batch holding NaN": (
         lambda m, b, f: tt.spectrum(f, m, (b[0].index_fill(0, torch.tensor([2]), float("nan")), b[1]), k=1),
         ValueError, r"tt.spectrum: the Hessian-vector product on batch 0 is not finite \(its loss is nan\)"),

@@ -17,7 +17,7 @@ import torch
 
 from torchtrace.autograd.engine import grad
 from torchtrace.autograd.node import _next_sequence_nr as next_sequence_nr
-from torchtrace.forward.api import _leaves, jacobian, recording_on
+from torchtrace.forward.api import _leaves, as_tangent, jacobian, recording_on
 from torchtrace.forward.constant_results import constant_results, reads_a_gradient
 from torchtrace.forward.dual import DualPass
 from torchtrace.forward.transpose import plain
@@ -157,12 +157,11 @@ def hvp(f: Callable[..., torch.Tensor], params: Tensors, v: Tensors, method: str
     for i, (p, t) in enumerate(zip(primals, vs)):
         if t.shape != p.shape:
             raise ValueError(f"v[{i}] has shape {tuple(t.shape)}, params[{i}] has {tuple(p.shape)}")
-        if not (t.is_floating_point() or t.is_complex()):
-            raise ValueError(f"tt.hvp: v[{i}] must be a floating-point tensor (as torch.func's tangent), not {t.dtype}")
     _checked(method, "tt.hvp")
     with recording_on():  # (leaves made under the caller's inference_mode would not record)
         leaves = _leaves(primals, "params")
-        vs = tuple(plain(t).to(p.dtype) for t, p in zip(vs, primals))
+        vs = tuple(as_tangent(t, p, f"tt.hvp: v[{i}]", f"params[{i}]", "tt.hvp")
+                   for i, (t, p) in enumerate(zip(vs, primals)))
         first_node = next_sequence_nr()
         products, passes = hvp_at(lambda: f(*leaves), leaves, vs, method)
     anchor = reads_a_gradient(primals, leaves, [passes.loss], first_node)  # (a result torch.func would differentiate)

@@ -83,13 +83,25 @@ def _checked_tangents(primals: Any, tangents: Any) -> List[torch.Tensor]:
     for i, (p, t) in enumerate(zip(primals, tangents)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"tangents[{i}] is a {type(t).__name__}; pass a tensor shaped like primals[{i}]")
-        if not (t.is_floating_point() or t.is_complex()):  # (cast to the primal's dtype, 1 would stand for 1.0)
-            raise ValueError(f"tangents[{i}]: expected a floating-point tangent (as torch.func.jvp), got {t.dtype}")
         if isinstance(p, torch.Tensor) and t.shape != p.shape:
             raise ValueError(f"tangents[{i}] has shape {tuple(t.shape)}, primals[{i}] has {tuple(p.shape)}; "
                              "a tangent has its primal's shape")
-        checked.append(plain(t).to(p.dtype) if isinstance(p, torch.Tensor) else t)
+        checked.append(as_tangent(t, p, f"tangents[{i}]", f"primals[{i}]", "tt.jvp") if isinstance(p, torch.Tensor)
+                       else t)
     return checked
+
+
+def as_tangent(t: torch.Tensor, p: torch.Tensor, name: str, primal: str, tool: str) -> torch.Tensor:
+    """The tangent `t` (called `name`) of the primal `p` (called `primal`) as a plain tensor in p's dtype; an integer
+    tangent is refused (cast, 1 would stand for 1.0), as torch.func's, and a complex one for a real primal (cast, its
+    imaginary part would be dropped)."""
+    if not (t.is_floating_point() or t.is_complex()):
+        raise ValueError(f"{name}: expected a floating-point tangent (as torch.func.jvp), got {t.dtype}")
+    if t.is_complex() and not p.is_complex():
+        raise ValueError(f"{name} is complex ({t.dtype}) and {primal} is real ({p.dtype}): torchtrace's forward mode "
+                         f"carries real tangents: call {tool} with the real part and with the imaginary part (the "
+                         "result is linear in it: J (a + ib) = J a + i J b)")
+    return plain(t).to(p.dtype)
 
 
 def dual_pass(f: Callable, primals: Sequence[torch.Tensor], tangents: Sequence[torch.Tensor],
