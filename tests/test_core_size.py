@@ -92,7 +92,10 @@ cast; and tt.grad of a dict of inputs answered with a dict, as torch's: 1,779. R
 torch.inference_mode even under enable_grad, as torch (a crash reading an inference tensor's version), and a
 non-leaf's requires_grad attribute refused as torch refuses it: 1,783. A `.data` write handed to whoever follows it (a
 compiled call's saved aliases then read the new data, as torch's saved variable and eager's rules do; a silent wrong
-gradient before), with autocast's promote list folded into one expression: 1,785.
+gradient before), with autocast's promote list folded into one expression: 1,785. A plain torch module's parameter
+that a rule saved, seen in a backward with create_graph as a tracer of its own leaf (a second derivative, or
+tt.jvp(method="transpose"), through a torch GroupNorm / BatchNorm / InstanceNorm raised: the rule's reshape of the
+parameter went to torch autograd): 1,792.
 """
 import ast
 import pathlib
@@ -102,7 +105,7 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1785
+BUDGET = 1792
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
 # 340 when the lanes came; then calls with keywords placed as run_rule places them (every torch.nn.functional call),

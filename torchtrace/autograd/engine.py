@@ -305,7 +305,7 @@ def _call_rule(node: Node, grads: List[Any], create_graph: bool, tracer_type: ty
     if not trusted:
         ownership.hand_out(grads)
     in_autocast = node.autocast is not None and node.autocast[2]
-    if in_autocast or (create_graph and node.saved_outputs):
+    if in_autocast or (create_graph and (node.saved_outputs or saves_torch_leaf(node.ctx, tracer_type))):
         result = _call_in_forward_state(node, grads, create_graph, tracer_type)
     elif trusted:
         result = node.rule.backward(node.ctx, *grads)
@@ -328,9 +328,9 @@ def _call_in_forward_state(node: Node, grads: List[Any], create_graph: bool, tra
         raise RuntimeError(f"{node.name}: create_graph=True through tensors saved under "
                            "torch's saved_tensors_hooks is not followed by torchtrace (a saved result "
                            "would lose its second derivative): compute the forward outside the hooks")
-    relink = create_graph and node.saved_outputs
-    if relink:  # the node's saved outputs become tracers produced by this node
-        saved = list(node.ctx._saved)
+    relink = create_graph and (node.saved_outputs or saves_torch_leaf(node.ctx, tracer_type))
+    if relink:  # the node's saved outputs become tracers produced by this node, a saved torch leaf a tracer of it
+        saved = with_torch_leaves_linked(node.ctx._saved, tracer_type)
         for i, nr in node.saved_outputs:
             saved[i] = link_output(saved[i], node, nr, tracer_type)
         node.ctx.use_graph_saved(tuple(saved))
@@ -341,6 +341,22 @@ def _call_in_forward_state(node: Node, grads: List[Any], create_graph: bool, tra
     finally:
         if relink:
             node.ctx.use_graph_saved(None)
+
+
+def _is_torch_leaf(t: Any, tracer_type: type) -> bool:
+    return isinstance(t, torch.Tensor) and not isinstance(t, tracer_type) and t.requires_grad
+
+
+def saves_torch_leaf(ctx: Any, tracer_type: type) -> bool:
+    return ctx._packed is None and any(_is_torch_leaf(t, tracer_type) for t in ctx._saved)
+
+
+def with_torch_leaves_linked(saved: Tuple[Any, ...], tracer_type: type) -> List[Any]:
+    """A rule's saved tensors for a backward with create_graph: a plain tensor with torch's requires_grad (a torch
+    module's parameter) as a tracer of its own leaf node, else the rule's ops on it alone (w.reshape) would go to
+    torch autograd's graph, which tracers cannot follow."""
+    return [link_output(t.detach(), leaf_accumulator(t), 0, tracer_type) if _is_torch_leaf(t, tracer_type) else t
+            for t in saved]
 
 
 def _as_tuple(node: Node, result: Any) -> tuple:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from torchtrace.autograd.dispatch import DATA_WRITES
+from torchtrace.autograd.engine import saves_torch_leaf, with_torch_leaves_linked
 from torchtrace.autograd.grad_fn_hooks import run_post_hooks, run_pre_hooks
 from torchtrace.autograd.hooks import output_hooks
 from torchtrace.autograd.node import Context, Edge, Node, contributions, leaf_accumulator, link_output
@@ -266,7 +267,7 @@ class Segment:
                     f"Trying to backward through the graph a second time ({step.rule.__name__}Backward, inside a "
                     "compiled call): its saved tensors were freed after the first backward. Pass retain_graph=True "
                     "to the first backward().")
-            if create_graph and (step.saved_outputs or step.saved_inputs):  # what it saved plain, linked again
+            if create_graph and (step.saved_outputs or step.saved_inputs or saves_torch_leaf(step.ctx, tracer)):
                 out = self._with_saved_outputs_linked(step, gs)
             else:
                 out = step.rule.backward(step.ctx, *gs)
@@ -330,7 +331,7 @@ class Segment:
     def _with_saved_outputs_linked(self, step: Step, gs: List[Any]) -> Any:
         """rule.backward with the results the step saved as tracers made by this node (output nr each), so that a
         second derivative flows back through them (as the engine re-links a node's saved outputs)."""
-        saved = list(step.ctx._saved)
+        saved = with_torch_leaves_linked(step.ctx._saved, tracer)
         for index, nr in step.saved_outputs:
             saved[index] = link_output(saved[index], self.node, nr, tracer)
         for index, ref, nr in step.saved_inputs:
