@@ -171,3 +171,34 @@ def test_jvp_refuses_an_integer_tangent_as_torch_func():
         tt.jvp(torch.sin, (torch.rand(3),), (torch.ones(3, dtype=torch.long),))
     with pytest.raises(ValueError, match="Expected tangent to be floating point"):
         torch.func.jvp(torch.sin, (torch.rand(3),), (torch.ones(3, dtype=torch.long),))
+
+
+@pytest.mark.parametrize("method", ["auto", "transpose"])
+@pytest.mark.parametrize("make, shape", [(lambda: torch.nn.GroupNorm(2, 4), (2, 4, 3)),
+                                         (lambda: torch.nn.BatchNorm1d(4).eval(), (3, 4)),
+                                         (lambda: torch.nn.InstanceNorm1d(4, affine=True), (2, 4, 5))],
+                         ids=["group_norm", "batch_norm_eval", "instance_norm"])
+def test_jvp_through_a_plain_torch_norm_layer_whose_parameters_require_grad(method, make, shape):
+    """method="transpose" records a backward with create_graph, where the rule's saved torch parameter met a tracer
+    after an op of torch autograd's (it raised)."""
+    torch.manual_seed(0)
+    module, x = make().double(), torch.randn(*shape, dtype=torch.float64)
+    v = torch.randn_like(x)
+    ours = tt.jvp(module, (x,), (v,), method=method)[1]
+    torch.testing.assert_close(ours.detach().as_subclass(torch.Tensor), torch.func.jvp(module, (x,), (v,))[1])
+    numeric = (module(x + 1e-6 * v) - module(x - 1e-6 * v)) / 2e-6
+    torch.testing.assert_close(ours.detach().as_subclass(torch.Tensor), numeric.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["auto", "transpose"])
+def test_jvp_of_a_function_that_changes_its_input_in_place(method):
+    """transpose ran f on the leaves themselves: an in-place change of one was refused; f gets copies, as auto's."""
+    def f(a):
+        a.mul_(2)
+        a.diagonal().add_(1)
+        return a.sin()
+    x, v = torch.randn(3, 3, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)
+    ours = tt.jvp(f, (x.clone(),), (v,), method=method)[1]
+    torch.testing.assert_close(ours, torch.func.jvp(f, (x.clone(),), (v.clone(),))[1])  # (it changes v in place)
+    numeric = (f(x + 1e-6 * v) - f(x - 1e-6 * v)) / 2e-6
+    torch.testing.assert_close(ours, numeric, rtol=1e-5, atol=1e-6)

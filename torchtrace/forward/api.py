@@ -155,7 +155,7 @@ def jvp(f: Callable, primals: Tuple[torch.Tensor, ...], tangents: Tuple[torch.Te
         first_node = next_sequence_nr()
         if method == "transpose":
             leaves = _leaves(primals, "primals")
-            outputs, _ = _outputs(flat(*leaves))
+            outputs, _ = _outputs(flat(*[x.clone() for x in leaves]))  # (copies f may change in place, as auto's)
             products = Linearised(leaves, outputs).jvp(tangents_plain)
             methods = {"f": TRANSPOSED}
         else:
