@@ -271,6 +271,11 @@ TERNARY = [
     case("addcdiv-value", lambda x, a, b: torch.addcdiv(x, a, b, value=-0.5), randn(4), randn(3, 1), pos(3, 4)),
     case("addcdiv-method", lambda x, a, b: x.addcdiv(a, b, value=3), randn(), randn(3), pos(3, nc=True)),
     case("addcdiv-twice", lambda x: torch.addcdiv(x, x, x + 3), pos(5)),
+    # in place, self also the operand whose gradient only a constant would need: the rule saved it anyway, and
+    # raised as changed (torch saves what a gradient reads)
+    case("addcmul_-self-operand", lambda x: (lambda v: v.addcmul_(v, LOW_T.to(x.dtype), value=0.5))(x * 2), randn(4)),
+    case("addcdiv_-self-operand", lambda x: (lambda v: v.addcdiv_(v, 1 - LOW_T.to(x.dtype), value=0.3))(x * 2),
+         randn(4)),
 ]
 
 

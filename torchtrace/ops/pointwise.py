@@ -198,10 +198,14 @@ class Addcmul(Function):
 
     op = staticmethod(torch.addcmul)
 
+    divides = False  # Addcdiv: t2 is read for both gradients
+
     @staticmethod
     def forward(ctx, input, tensor1, tensor2, value=1):
         ctx.value = value
-        ctx.save_for_backward(tensor1, tensor2)
+        need = ctx.needs_input_grad  # only what a gradient reads, as torch (x.addcmul_(x, c): x is changed, not read)
+        ctx.save_for_backward(tensor1 if need[2] else None, tensor2 if need[1] or (need[2] and ctx._rule.divides)
+                              else None)
         return ctx._rule.op(input, tensor1, tensor2, value=value)
 
     @staticmethod
@@ -217,6 +221,7 @@ class Addcdiv(Addcmul):
     """z = x + v t1 / t2  ->  dz/dx = 1, dz/dt1 = v / t2, dz/dt2 = -v t1 / t2^2"""
 
     op = staticmethod(torch.addcdiv)
+    divides = True
 
     @staticmethod
     def backward(ctx, g):
