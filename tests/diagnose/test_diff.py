@@ -1,4 +1,5 @@
 """tt.diff: two backward passes aligned rule by rule; the first divergence, the largest ones, and the player."""
+import pytest
 import torch
 from doctor_models import WrongTanh, batch, build, line_of, loss_fn
 
@@ -160,3 +161,16 @@ def line_of_relu():
     import inspect
     source, start = inspect.getsourcelines(test_an_op_only_one_pass_ran_is_where_the_forwards_first_differ)
     return start + next(i for i, text in enumerate(source) if "the op b adds" in text)
+
+
+def test_the_same_math_in_another_graph_is_no_divergence_and_a_real_difference_is_found_at_the_leaves():
+    """y ** 2 against y * y: Pow sends one gradient where Mul sends two, and each of b's two tanh steps gets half of
+    what a's one gets. Those halves were reported as errors of 0.5 (and Pow against Mul as inf)."""
+    x, w = tt.randn(4), tt.randn(4, requires_grad=True)
+    squared = lambda x, w: ((x * w).tanh() ** 2).sum()  # noqa: E731
+    same = tt.diff(squared, lambda x, w: ((x * w).tanh() * (x * w).tanh()).sum(), x, w)
+    assert same.same and same.divergences == [] and same.leaf_divergences == [], str(same)
+    assert "part at Pow (b: Mul), which sends 1 gradient ((4,)) where b's sends 2 gradients" in str(same)
+    assert "no divergence" in str(same)
+    other = tt.diff(squared, lambda x, w: ((x * w).tanh() * (x * w).tanh() * 1.5).sum(), x, w)
+    assert other.first.leaf.startswith("argument") and other.first.error == pytest.approx(1 / 3, rel=1e-5), str(other)

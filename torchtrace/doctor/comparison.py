@@ -6,8 +6,10 @@
     print(r)
 
 Steps are aligned by (rule, module) with difflib's sequence matching, so an extra cast or a renamed rule
-does not shift everything after it; a replaced rule is paired with the one in its place. When the two
-passes have no steps in common (a compiled replay runs as one node), the leaf gradients are compared.
+does not shift everything after it; a replaced rule is paired with the one in its place. Where two paired steps
+send other numbers or shapes of gradients (the graphs part: `y ** 2` against `y * y`), the steps from there on are
+not compared one to one, the leaf gradients are. When the two passes have no steps in common (a compiled replay
+runs as one node), the leaf gradients are compared.
 The error of a pair is max |a - b| / max(max |a|, max |b|, atol): relative to the larger of the two.
 """
 import difflib
@@ -87,6 +89,39 @@ def _aligned(a: List[Any], b: List[Any]) -> List[Tuple[int, int]]:
     return pairs
 
 
+def _signature(step: Any) -> Tuple[Any, ...]:
+    """The shapes of what a step sent, None where it sent nothing: two steps with other signatures are not one step
+    of two versions of a graph (x.tanh() ** 2 against x.tanh() * x.tanh(): Pow sends one gradient, Mul two)."""
+    return tuple(None if g is None else tuple(g.shape) for g in step.sent)
+
+
+def _passes_through(step: Any) -> bool:
+    """One gradient in, one of its shape out (a cast, a view, a scaling): an extra one does not change the graph."""
+    sent = [g for g in step.sent if g is not None]
+    return len(step.incoming) == 1 and len(sent) == 1 and _signature(step) == (
+        None if step.incoming[0] is None else tuple(step.incoming[0].shape),)
+
+
+def _parting(a: List[Any], b: List[Any]) -> Optional[Tuple[int, Optional[int], Optional[int]]]:
+    """Where the two backward graphs part: (place in a's order, the step of a, the step of b; None for the side
+    that has no step there): paired steps of other signatures, or a step only one pass ran that does more than pass
+    its gradient through."""
+    matcher = difflib.SequenceMatcher(a=[s.key for s in a], b=[s.key for s in b], autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
+            for i, j in zip(range(i1, i2), range(j1, j2)):
+                if _signature(a[i]) != _signature(b[j]):
+                    return i, i, j
+            continue
+        for i in range(i1, i2):
+            if not _passes_through(a[i]):
+                return i, i, None
+        for j in range(j1, j2):
+            if not _passes_through(b[j]):
+                return i1, None, j
+    return None
+
+
 def _only_in_one(a: List[Any], b: List[Any]) -> List[Tuple[int, Any]]:
     """The forward ops that only one pass ran (an op inserted or removed, not replaced by one in its place), each with
     its place in pass a's order (where it would have been, for an op of b)."""
@@ -119,6 +154,11 @@ def _leaf_pairs(a: Pass, b: Pass) -> List[Tuple[Any, Any]]:
     return pairs
 
 
+def _sent(step: Any) -> str:
+    sent = [g for g in step.sent if g is not None]
+    return f"{len(sent)} gradient{'s' if len(sent) != 1 else ''} ({', '.join(str(tuple(g.shape)) for g in sent)})"
+
+
 class DiffReport:
     """Two passes aligned: `first` (the first divergence beyond rtol, or None), `top(k)`, `divergences`."""
 
@@ -128,7 +168,10 @@ class DiffReport:
         self._rerun = rerun
         self.pairs = _aligned(a.steps, b.steps)
         self.divergences: List[Divergence] = []
+        self.parted = _parting(a.steps, b.steps)
         for i, j in self.pairs:
+            if self.parted is not None and i >= self.parted[0]:
+                break  # (from there on a step's gradient is one share of a sum the other graph splits otherwise)
             sa, sb = a.steps[i], b.steps[j]
             error = _errors(sa.sent, sb.sent, atol)
             if error > rtol:
@@ -188,8 +231,17 @@ class DiffReport:
                 f"{len(self.a.steps)}/{len(self.b.steps)} rule steps aligned, {len(self.divergences)} differ and "
                 f"{len(self.leaf_divergences)} of {len(self.a.leaf_order)} leaf gradients differ beyond {self.rtol:g}")
         forward = self.first_forward
-        forward_line = (f"forward: the values first differ at {forward}" if forward is not None else
+        forward_line = (f"forward: the values first differ at {forward}" if forward is not None and not forward.only
+                        else f"forward: the graphs differ first at {forward}" if forward is not None else
                         "forward: the same values (what differs is the backward)")
+        if self.parted is not None:
+            place, i, j = self.parted
+            sa, sb = (self.a.steps[i] if i is not None else None), (self.b.steps[j] if j is not None else None)
+            where = (f"{sa.rule} (b: {sb.rule}), which sends {_sent(sa)} where b's sends {_sent(sb)}" if sa and sb
+                     else f"{(sa or sb).rule}, a step only {'a' if sa else 'b'} ran, which sends {_sent(sa or sb)}")
+            forward_line += (f"\nstructure: the backward graphs part at {where}: the {len(self.a.steps) - place} steps "
+                             "of a from there on are not compared one to one (a gradient there can be a share of a sum "
+                             "the other graph splits otherwise); the leaf gradients are")
         if self.first is None:
             return f"{head}\n{forward_line}\nno divergence"
         follows = " (the forwards already differ, above: the gradients of the ops after it differ with them)"
