@@ -144,6 +144,7 @@ def _run_backward(loss: Any, watch: Watch, models: List[torch.nn.Module], arg_le
             findings.append(watch.backward_first)
         if not findings:
             findings += _from_outside(forward, params, unrecorded, watch.names)
+    findings += watch.custom_rule_findings()
     findings += watch.gated_findings()
     findings += _zero_by_construction(order, watch)
     findings += _zero_by_structure(models, watch, set(by_construction(order)))

@@ -11,7 +11,7 @@ from torchtrace.inspect.explore import Explorer, side_by_side
 from torchtrace.inspect.explore.side_by_side import SideBySide
 
 SEVERITY = {"nonfinite": "error", "killed": "warn", "saturated": "warn", "no_path": "warn", "exploding": "warn",
-            "underflow": "warn", "zero_by_construction": "info", "diverges": "error"}
+            "underflow": "warn", "zero_by_construction": "info", "diverges": "error", "wrong_rule": "error"}
 
 
 def _annotate(explorer: Explorer, node: Any, kind: str, message: str) -> bool:

@@ -14,6 +14,7 @@ from torchtrace.autograd.node import AccumulateGrad, Node, edge_gradient
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.doctor import gates, normalisation  # noqa: F401  (registers the normalisations' causes)
 from torchtrace.doctor.causes import INF_MADE_NAN
+from torchtrace.doctor.custom_rules import CustomRules
 from torchtrace.doctor.findings import Finding
 from torchtrace.doctor.nonfinite import backward_cause, forward_cause
 from torchtrace.doctor.origins import DEAD_RULES, with_origins, zero_share
@@ -44,6 +45,7 @@ class Watch:
         self.leaf_grads: Dict[int, torch.Tensor] = {}
         self.dead: Dict[Node, Tuple[int, float]] = {}  # each ReLU -> (its place in the recording, share of zeros)
         self.ran = 0
+        self.custom = CustomRules()  # a user's own rules, checked against their forward once both passes ran
 
     def finding(self, node: Node, kind: str, phase: str, message: str, advice: str,
                 share: Optional[float] = None) -> Finding:
@@ -56,6 +58,7 @@ class Watch:
     def on_record(self, node: Node, args: tuple, kwargs: dict, result: Any) -> None:
         self.recorded += 1
         self.lines[node] = user_line()
+        self.custom.on_record(node, args, kwargs, result)
         if node.rule.__name__ in DEAD_RULES:
             self.dead[node] = (self.recorded, zero_share(result))
         self.note_values(node, args, kwargs, result, forward_cause)
@@ -93,6 +96,17 @@ class Watch:
         self.inf_from_outside = first_inf is None and first_nan in self.fed_inf
         return [self.finding(n, "nonfinite", "forward", *self.origins[n][1]) for n in chosen]
 
+    def custom_rule_findings(self) -> List[Finding]:
+        """The user's rules whose backward disagrees with finite differences of their forward (custom_rules.py)."""
+        disagreeing = self.custom.disagreements()
+        return [self.finding(node, "wrong_rule", "backward", f"the backward of {node.rule.__name__} is not the "
+                             f"derivative of its forward: along a random direction v of its inputs, <u, J v> (u the "
+                             f"gradient it received) is {by_backward:.6g} by its backward and {by_forward:.6g} by "
+                             "central differences of its forward (float64)",
+                             f"check {node.rule.__name__}.backward's formula against its forward: "
+                             f"tt.gradcheck({node.rule.__name__}.apply, inputs) checks it alone, tt.check(fn, *args) "
+                             "names the first wrong step") for node, by_backward, by_forward in disagreeing]
+
     def gated_findings(self) -> List[Finding]:
         """The killed and saturated rules, each dead layer that follows from an earlier one marked as its
         consequence (and the earlier one added when no gradient reached it)."""
@@ -104,6 +118,7 @@ class Watch:
 
     def on_backward(self, node: Node, grads: List[Any], result: tuple) -> None:
         self.ran += 1
+        self.custom.on_backward(node, grads, result)
         for edge in node.edges:
             if type(edge.node) is AccumulateGrad:
                 g = edge_gradient(edge, result)
