@@ -1,4 +1,4 @@
-"""A user's own rules (tt.Function, torch.autograd.Function) checked against their own forward, from values.
+"""A user's own rules (tt.Function, a subclass of torch's Function) checked against their own forward, from values.
 
 While tt.diagnose watches, each call of a rule that is not torchtrace's keeps its arguments, and its backward step
 keeps the gradient u it received and the gradients it sent, one per input. Afterwards the forward runs again in

@@ -5,10 +5,10 @@ it receives: a dead ReLU, a clamp outside its range), "saturated" (tanh/sigmoid 
 "zero_by_construction" (a gradient that is exactly zero because of the model's structure, such as a bias
 before a batch normalisation: not a training problem), "no_path" (a parameter the loss does not depend on),
 "unversioned_write" (a value changed through .data or shared memory after an op made or saved it: computed
-with, silently, as if an op had made it), "wrong_rule" (a user's tt.Function / torch.autograd.Function whose backward
-disagrees with finite differences of its forward: doctor/custom_rules.py), "exploding" / "vanishing" (the relative
-gradient of the weight matrices grows or shrinks by over 1e4 from the layer nearest the loss to the farthest:
-doctor/depth.py).
+with, silently, as if an op had made it), "wrong_rule" (a user's tt.Function or torch Function subclass whose
+backward disagrees with finite differences of its forward: doctor/custom_rules.py), "exploding" / "vanishing" (the
+relative gradient of the weight matrices grows or shrinks by over 1e4 from the layer nearest the loss to the
+farthest: doctor/depth.py).
 """
 import html
 from dataclasses import dataclass, field
