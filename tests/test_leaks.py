@@ -202,3 +202,21 @@ def test_a_compiled_graph_with_a_hook_on_an_intermediates_grad_fn_is_freed_by_re
         finally:
             gc.enable()
     assert len(seen) == (3 if backward else 0)
+
+
+def test_a_compiled_functions_recording_call_frees_its_graph_once_it_is_done():
+    """A float refusal kept from judging a rule held, by its traceback, every frame of the recording call: its
+    loss, inputs, activations and saved tensors lived until the next rule was judged (never, on a steady path)."""
+    torch.manual_seed(0)
+    model = tt.port(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+    target = torch.randint(0, 4, (16,))
+    run = tt.compile(lambda x, y: torch.nn.functional.cross_entropy(model(x), y), (tt.randn(16, 8), target))
+    first_input = tt.randn(16, 8)
+    loss = run(first_input, target)  # the recording call (cross_entropy's rule branches on a float: refused)
+    loss.backward()
+    alive = [weakref.ref(first_input), weakref.ref(loss)]
+    del loss, first_input
+    for _ in range(3):
+        run(tt.randn(16, 8), target).backward()
+    gc.collect()
+    assert [ref() for ref in alive] == [None, None]

@@ -160,6 +160,13 @@ def run_rule_recorded(rule: type, args: tuple, kwargs: dict, mask: int, numbers:
 def trace_rule(rule: type, args: tuple, kwargs: dict, mask: int, seed: int = 0) -> Verdict:
     """Judge one call of `rule` (its arguments as the engine hands them to forward; `mask`: bit i set when argument
     i needs a gradient). Never raises for what the rule does; the verdict says it."""
+    try:
+        return _judged(rule, args, kwargs, mask, seed)
+    finally:  # a refusal kept in the thread's list holds, by its traceback, every frame of the call being recorded
+        steered().clear()  # (the user's step, its activations and saved tensors) until the next rule is judged
+
+
+def _judged(rule: type, args: tuple, kwargs: dict, mask: int, seed: int) -> Verdict:
     floats = _floats((args, kwargs))
     runs: List[Trace] = []
     for label, numbers in (("", floats),
