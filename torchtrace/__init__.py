@@ -17,6 +17,7 @@ from torchtrace.curvature import hessian, hvp, landscape, spectrum
 from torchtrace.errors import GradientMismatch, UnsupportedOperationError
 from torchtrace.factories import (
     arange,
+    as_tracer,
     eye,
     from_numpy,
     full,
@@ -33,7 +34,7 @@ from torchtrace.import_heap import freeze_import_heap
 from torchtrace.ops.listing import supported_ops
 from torchtrace.port import port
 from torchtrace.second_order_check import gradgradcheck
-from torchtrace.tracer import as_tracer, tracer
+from torchtrace.tracer import tracer
 
 # The tools that walk the graph load on first use, so the engine never imports them.
 _INSPECT = {"AnomalyError": "anomaly", "detect_anomaly": "anomaly", "draw": "dot", "recording": "values",

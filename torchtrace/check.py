@@ -9,10 +9,10 @@ from torchtrace.autograd.node import Context, Node, gradient_for
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.errors import GradientMismatch
+from torchtrace.factories import as_tracer
 from torchtrace.naming import callable_name
 from torchtrace.nested import flatten
 from torchtrace.reference import PlainCopies, finite_differences
-from torchtrace.tracer import as_tracer
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:

@@ -32,8 +32,8 @@ import torch
 from torchtrace.autograd.engine import grad as tt_grad
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.factories import as_tracer
 from torchtrace.nested import flatten
-from torchtrace.tracer import as_tracer
 
 PASS, UNSUPPORTED, WRONG, SKIPPED = "PASS", "unsupported", "WRONG", "skipped"
 RTOL, ATOL = 1e-6, 1e-7

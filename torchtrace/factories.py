@@ -5,7 +5,27 @@ import numpy as np
 import torch
 
 from torchtrace.autograd.plain import plain_torch
-from torchtrace.tracer import as_tracer, tracer
+from torchtrace.tracer import check_flag, tracer
+
+
+def as_tracer(tensor: torch.Tensor, requires_grad: bool = False) -> tracer:
+    """Wrap `tensor` as a tracer without copying (the storage is shared): a new leaf. A tensor that requires grad in
+    torch autograd (a torch leaf, or one it computed) is refused: no gradient would reach it or its leaves."""
+    check_flag(requires_grad, "tt.as_tracer(): argument 'requires_grad'")
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tt.as_tracer wraps a torch.Tensor without copying it, not a {type(tensor).__name__}: for "
+                        "lists, numbers or numpy arrays use tt.tracer(data)")
+    if not isinstance(tensor, tracer) and tensor.requires_grad:
+        made = "a torch leaf" if tensor.grad_fn is None else f"grad_fn={tensor.grad_fn.name()}"
+        raise RuntimeError(f"tt.as_tracer: the tensor requires grad in torch autograd ({made}); a tracer made of it "
+                           "would be a new leaf, and no gradient would reach the tensor or its leaves. Make those "
+                           "leaves tracers (tt.as_tracer(x.detach(), requires_grad=True)) and compute with them, or "
+                           "pass tensor.detach() to start a new leaf here.")
+    with plain_torch():
+        t = tensor.detach().as_subclass(tracer)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
 
 
 def _factory(torch_factory: Callable) -> Callable[..., tracer]:

@@ -4,11 +4,12 @@ from typing import Callable, Dict, TypeVar
 import torch
 
 from torchtrace.autograd.plain import plain_torch
+from torchtrace.factories import as_tracer
 from torchtrace.nn.attention import MultiheadAttention
 from torchtrace.nn.local_response_norm import CrossMapLRN2d
 from torchtrace.nn.module import ForwardInModule, Module, Parameter
 from torchtrace.nn.recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
-from torchtrace.tracer import as_tracer, tracer
+from torchtrace.tracer import tracer
 
 M = TypeVar("M", bound=torch.nn.Module)
 

@@ -16,8 +16,8 @@ from torchtrace.autograd import engine
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.check import _differentiable, _plain, gradcheck
 from torchtrace.errors import GradientMismatch
+from torchtrace.factories import as_tracer
 from torchtrace.nested import flatten
-from torchtrace.tracer import as_tracer
 
 
 def gradgradcheck(fn: Callable, *inputs: Any, eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3,

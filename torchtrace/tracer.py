@@ -69,7 +69,7 @@ class tracer(TensorProtocols, torch.Tensor):
     backward = engine.tensor_backward  # y.backward(gradient, retain_graph, create_graph, inputs, show=False)
 
     def __new__(cls, data: Any = (), requires_grad: bool = False, dtype: Any = None, device: Any = None) -> "tracer":
-        _check_flag(requires_grad, "tt.tracer(): argument 'requires_grad'")
+        check_flag(requires_grad, "tt.tracer(): argument 'requires_grad'")
         t = _to_tensor(data, dtype, device).as_subclass(cls)
         if requires_grad:
             t.requires_grad_(True)
@@ -100,7 +100,7 @@ class tracer(TensorProtocols, torch.Tensor):
 
     def requires_grad_(self, requires_grad: bool = True) -> "tracer":
         """Make this leaf record gradients (torch's own autograd flag stays False underneath)."""
-        _check_flag(requires_grad, "requires_grad_(): argument 'requires_grad'")
+        check_flag(requires_grad, "requires_grad_(): argument 'requires_grad'")
         if self._tt_node is not None and not requires_grad:
             raise RuntimeError("you can only change requires_grad of leaf tracers; use .detach() on a non-leaf")
         if requires_grad:
@@ -212,20 +212,7 @@ LANE_SWITCHES.append(_use_lanes)
 _use_lanes(LANES_ON[0])
 
 
-def _check_flag(value: Any, argument: str) -> None:
+def check_flag(value: Any, argument: str) -> None:
     """requires_grad is a bool, as torch insists ('yes', 1 or None are refused in torch's words)."""
     if type(value) is not bool:
         raise TypeError(f"{argument} must be bool, not {type(value).__name__}")
-
-
-def as_tracer(tensor: torch.Tensor, requires_grad: bool = False) -> tracer:
-    """Wrap `tensor` as a tracer without copying (the storage is shared)."""
-    _check_flag(requires_grad, "tt.as_tracer(): argument 'requires_grad'")
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"tt.as_tracer wraps a torch.Tensor without copying it, not a {type(tensor).__name__}: for "
-                        "lists, numbers or numpy arrays use tt.tracer(data)")
-    with plain_torch():
-        t = tensor.detach().as_subclass(tracer)
-    if requires_grad:
-        t.requires_grad_(True)
-    return t

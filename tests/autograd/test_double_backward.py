@@ -86,3 +86,17 @@ def test_double_backward_through_a_plain_torch_modules_parameters(name, compiled
     eps = 1e-6
     numeric = (first(x + eps * v) - first(x - eps * v)) / (2 * eps)
     torch.testing.assert_close((ours[0] * v).sum(), numeric, rtol=1e-5, atol=1e-6)
+
+
+def test_a_gradient_seed_that_is_a_torch_leaf_gets_its_gradient_under_create_graph():
+    """backward(gradient=v, create_graph=True) / tt.grad(grad_outputs=v): d(x.grad)/dv = exp(x) reached v when v was a
+    tracer, and was silently None when v was a plain tensor with torch's requires_grad (a torch leaf)."""
+    import torchtrace as tt
+    x0 = torch.tensor([0.3, -1.2, 0.7], dtype=torch.float64)
+    x, v = tt.tracer(x0, requires_grad=True), torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    x.exp().backward(gradient=v, create_graph=True)
+    x.grad.sum().backward()
+    torch.testing.assert_close(v.grad, x0.exp())
+    x, v = tt.tracer(x0, requires_grad=True), torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    (g,) = tt.grad(x.exp(), x, grad_outputs=v, create_graph=True)
+    torch.testing.assert_close(tt.grad(g.sum(), v)[0], x0.exp())

@@ -250,6 +250,18 @@ def test_as_tracer_refuses_what_is_not_a_tensor_and_names_tt_tracer():
             tt.as_tracer(data)
 
 
+def test_as_tracer_refuses_a_tensor_that_requires_grad_in_torch_autograd():
+    """It detached it silently: no gradient reached a torch leaf, or the leaves of a tensor torch computed (a
+    Jacobian of a function wrapping its input came back all zeros)."""
+    leaf = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    for tensor, says in ((leaf, "a torch leaf"), (leaf * 2, "grad_fn=MulBackward0")):
+        with pytest.raises(RuntimeError, match=f"requires grad in torch autograd \\({says}\\).*tensor.detach\\(\\)"):
+            tt.as_tracer(tensor)
+    wrapped = tt.as_tracer(leaf.detach(), requires_grad=True)
+    (wrapped * wrapped).sum().backward()
+    assert wrapped.grad.tolist() == [2.0, 4.0, 6.0] and leaf.grad is None
+
+
 @pytest.mark.parametrize("flag", ["yes", 1, None])
 def test_requires_grad_must_be_a_bool_as_torch(flag):
     """'yes', 1 or None were taken as a truth value; torch refuses each (TypeError for the argument, RuntimeError for

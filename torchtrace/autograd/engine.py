@@ -167,6 +167,8 @@ def _root_gradient(t: torch.Tensor, g: Optional[torch.Tensor], create_graph: boo
                            if g is None else f"gradient has shape {tuple(g.shape)} and dtype {g.dtype}, but the "
                            f"output has shape {tuple(t.shape)} and dtype {t.dtype}: pass a real gradient of the "
                            "output's shape")
+    if create_graph and _is_torch_leaf(g, tracer_type):  # a torch leaf: d/d(gradient) reaches it too, as torch's
+        g = with_torch_leaves_linked((g,), tracer_type)[0]
     g = torch.ones_like(t) if g is None else g.to(t.dtype)
     return g if create_graph and isinstance(g, tracer_type) else g.as_subclass(
         tracer_type if create_graph else torch.Tensor)
@@ -352,11 +354,17 @@ def saves_torch_leaf(ctx: Any, tracer_type: type) -> bool:
 
 
 def with_torch_leaves_linked(saved: Tuple[Any, ...], tracer_type: type) -> List[Any]:
-    """A rule's saved tensors for a backward with create_graph: a plain tensor with torch's requires_grad (a torch
-    module's parameter) as a tracer of its own leaf node, else the rule's ops on it alone (w.reshape) would go to
-    torch autograd's graph, which tracers cannot follow."""
-    return [link_output(t.detach(), leaf_accumulator(t), 0, tracer_type) if _is_torch_leaf(t, tracer_type) else t
-            for t in saved]
+    """Tensors for a backward with create_graph: a plain tensor with torch's requires_grad (a torch module's parameter
+    a rule saved, a gradient= seed) as a leaf tracer whose gradient goes to that tensor's own node, else the rule's
+    ops on it alone (w.reshape) would go to torch autograd's graph, which tracers cannot follow."""
+    return [_leaf_alias(t, tracer_type) if _is_torch_leaf(t, tracer_type) else t for t in saved]
+
+
+def _leaf_alias(t: torch.Tensor, tracer_type: type) -> torch.Tensor:
+    alias = t.detach().as_subclass(tracer_type)
+    alias._tt_requires_grad = True
+    alias._tt_acc = lambda node=leaf_accumulator(t): node  # (held strongly: what reaches alias sums into t.grad)
+    return alias
 
 
 def _as_tuple(node: Node, result: Any) -> tuple:

@@ -12,12 +12,12 @@ from torchtrace.autograd.node import _next_sequence_nr as next_sequence_nr
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.factories import as_tracer
 from torchtrace.forward.constant_results import constant_results, reads_a_gradient
 from torchtrace.forward.dual import TRANSPOSED, DualPass
 from torchtrace.forward.pass_state import PassState
 from torchtrace.forward.transpose import Linearised, plain
 from torchtrace.nested import flatten
-from torchtrace.tracer import as_tracer
 from torchtrace.tracer import tracer as TRACER
 
 Tensors = Union[torch.Tensor, Tuple[torch.Tensor, ...]]

@@ -109,8 +109,8 @@ def decomposed(fn: Callable[..., Any]) -> Callable[[Call], Any]:
     """The tangent of `fn(*args, **kwargs)`, a composition of ops with tangent rules, by a nested dual pass."""
 
     def rule(call: Call) -> Any:
+        from torchtrace.factories import as_tracer
         from torchtrace.forward.dual import DualPass, NoTangentError
-        from torchtrace.tracer import as_tracer
 
         inner = DualPass()
         inner.strict = True

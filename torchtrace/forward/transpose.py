@@ -19,8 +19,8 @@ from torchtrace.autograd.engine import grad
 from torchtrace.autograd.node import Edge, Node, leaf_accumulator, link_output
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.errors import UnsupportedOperationError
+from torchtrace.factories import as_tracer
 from torchtrace.forward.call import Call
-from torchtrace.tracer import as_tracer
 from torchtrace.tracer import tracer as TRACER
 
 
