@@ -254,3 +254,30 @@ def test_a_block_returning_a_dict_or_nested_lists_returns_them_with_the_checkpoi
         lambda t: t.requires_grad_(True))
     assert n_ours == n_theirs == 3
     torch.testing.assert_close(g_ours, g_theirs)
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_an_unported_torch_modules_parameters_get_their_gradients_through_a_checkpoint(reentrant, create_graph):
+    """The block's reads were watched for leaf tracers only: a plain torch module's parameters (torch's
+    requires_grad) got no gradient, silently (.grad None), and second derivatives through them were wrong."""
+    torch.manual_seed(4)
+    block = Block().double()  # plain torch: not ported
+    x0 = torch.randn(3, 6, dtype=torch.float64)
+
+    def gradients(x, checkpointed, grad):
+        y = ckpt.checkpoint(block, x, use_reentrant=reentrant) if checkpointed else block(x)
+        params = [block.lin.weight, block.norm.bias]
+        first = grad((y ** 2).sum(), [x, *params], create_graph=create_graph)
+        if not create_graph:
+            return first
+        return grad(sum((g * g).sum() for g in first), [x, *params])
+
+    ours = gradients(tt.tracer(x0, requires_grad=True), True, tt.grad)
+    theirs = gradients(x0.clone().requires_grad_(), False, torch.autograd.grad)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.detach().as_subclass(torch.Tensor), b)
+    block.zero_grad(set_to_none=True)
+    (ckpt.checkpoint(block, tt.tracer(x0, requires_grad=True), use_reentrant=reentrant) ** 2).sum().backward()
+    torch.testing.assert_close(block.lin.weight.grad, theirs[1] if not create_graph else
+                               torch.autograd.grad((block(x0) ** 2).sum(), block.lin.weight)[0])

@@ -1,7 +1,8 @@
 """torch.utils.checkpoint on tracers: the block's activations are not kept; backward recomputes them.
 
 forward runs the block once with recording on detached copies of its inputs, only to learn which leaf tracers
-(parameters) it reads, then drops that graph: the checkpoint node keeps the block's inputs and nothing inside.
+(parameters) it reads, and which plain tensors with torch's requires_grad (an unported torch module's parameters),
+then drops that graph: the checkpoint node keeps the block's inputs and nothing inside.
 backward re-runs the block (with the saved RNG and torch.autocast state) on fresh detached copies and
 differentiates that small graph with tt.grad, for the inputs and the parameters alike, so parameter gradients flow
 through the node's edges (hooks, tt.grad and create_graph behave as for any node). A block that reads a non-leaf
@@ -142,6 +143,10 @@ class Checkpoint(Function):
         return (None, *input_grads, *found)
 
 
+def _torch_leaf(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and not isinstance(t, TRACER) and t.requires_grad and t.grad_fn is None
+
+
 class _Opaque:
     def __init__(self, value: Any):
         self.value = value
@@ -164,15 +169,15 @@ def checkpoint(function: Callable, *args: Any, use_reentrant: Any = None, preser
             return
         recorded.add(node)
         for t in list(a) + list(kw.values()) + [e for x in a if isinstance(x, (list, tuple)) for e in x]:
-            if isinstance(t, TRACER) and t._tt_requires_grad:
+            if isinstance(t, TRACER) and t._tt_requires_grad or _torch_leaf(t):  # (a torch module's parameter too)
                 read[id(t)] = t
 
     with observing(on_record=watch):
         out = function(*copies, **kwargs)
     own = {id(c) for c in copies}
-    outside = [t for i, t in read.items() if i not in own and t._tt_node not in recorded]
-    if any(t._tt_node is not None for t in outside):  # a closure reads a non-leaf tracer: keep the plain graph
-        torch.set_rng_state(start)  # (of a second run from where the first began: its draws, dropout's masks, once)
+    outside = [t for i, t in read.items() if i not in own and getattr(t, "_tt_node", None) not in recorded]
+    if any(getattr(t, "_tt_node", None) is not None for t in outside):  # a closure reads a non-leaf tracer: keep
+        torch.set_rng_state(start)  # the plain graph (of a second run from where the first began: its draws once)
         return function(*args, **kwargs)
     leaves = list({id(t): t for t in outside}.values())
     if not leaves and not any(isinstance(a, TRACER) and a._tt_requires_grad for a in args):
