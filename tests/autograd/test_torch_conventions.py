@@ -595,3 +595,38 @@ def test_grad_of_a_dict_of_inputs_is_a_dict_of_the_same_keys_as_torchs():
     assert list(got) == list(expected) == ["weight", "bias"]
     for name in expected:
         torch.testing.assert_close(got[name].as_subclass(torch.Tensor), expected[name])
+
+
+@pytest.mark.parametrize("leaf", ["tracer", "torch leaf"])
+def test_a_post_accumulate_grad_hook_that_returns_a_tensor_is_refused_as_torch(leaf):
+    """The returned tensor was ignored silently (a student expecting it to become .grad got no signal)."""
+    x = tt.ones(2, requires_grad=True) if leaf == "tracer" else torch.ones(2, requires_grad=True)
+    x.register_post_accumulate_grad_hook(lambda t: torch.zeros(2))
+    with pytest.raises(RuntimeError, match="post accumulate grad hooks should return None"):
+        (x * tt.ones(2)).sum().backward()
+    plain = torch.ones(2, requires_grad=True)
+    plain.register_post_accumulate_grad_hook(lambda t: torch.zeros(2))
+    with pytest.raises(RuntimeError, match="post accumulate grad hooks should return None"):
+        (plain * 1).sum().backward()
+
+
+def test_grad_fn_saved_tensors_as_torchs_and_refused_once_freed():
+    class Double(tt.Function):
+        """y = 2 a  ->  dy/da = 2"""
+
+        @staticmethod
+        def forward(ctx, a):
+            ctx.save_for_backward(a)
+            return a * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    x = tt.ones(2, requires_grad=True)
+    y = Double.apply(x)
+    assert len(y.grad_fn.saved_tensors) == 1 and y.grad_fn.saved_tensors[0] is x
+    assert len((x * x).grad_fn.saved_tensors) == 2
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.grad_fn.saved_tensors

@@ -434,7 +434,8 @@ def accumulate(acc: AccumulateGrad, g: Any, create_graph: bool, captured: Option
         leaf._tt_grad = current
     post = leaf._post_accumulate_grad_hooks if acc.torch_leaf else leaf._tt_post_hooks
     for fn in list((post.values() if acc.torch_leaf else post) if post else ()):
-        fn(leaf)
+        if fn(leaf) is not None:  # (a returned tensor would not become the .grad: refused, as torch)
+            raise RuntimeError("Tensor post accumulate grad hooks should return None: change leaf.grad in place")
     for hook in list(acc.post_hooks or ()):
         hook((), (g,))
 

@@ -224,6 +224,11 @@ class Node(GradFnHooks):
         return self.ctx._saved
 
     @property
+    def saved_tensors(self) -> Tuple[Any, ...]:
+        """What the rule saved, as torch's grad_fn.saved_tensors (raises once a backward freed them)."""
+        return self.ctx.saved_tensors
+
+    @property
     def released(self) -> bool:
         """Did a backward free this node's saved tensors?"""
         return self.ctx._released
