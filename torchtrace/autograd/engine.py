@@ -133,7 +133,9 @@ def _edge_of(t: Any, what: str) -> Tuple[Any, int]:
     if isinstance(t, torch.Tensor) and not hasattr(type(t), "_tt_node") and t.requires_grad and t.grad_fn is None:
         return leaf_accumulator(t), 0  # a plain torch leaf that met tracers
     raise RuntimeError(f"{what} does not require grad and has no grad_fn: make a leaf tracer it depends on "
-                       "require grad (tt.tracer(..., requires_grad=True) or x.requires_grad_()).")
+                       "require grad (tt.tracer(..., requires_grad=True) or x.requires_grad_()), and compute it "
+                       "outside tt.no_grad() / torch.no_grad(), with ops that have a gradient (not argmax, a "
+                       "comparison, .detach()).")
 
 
 def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool,
