@@ -134,8 +134,7 @@ def _edge_of(t: Any, what: str) -> Tuple[Any, int]:
         return leaf_accumulator(t), 0  # a plain torch leaf that met tracers
     raise RuntimeError(f"{what} does not require grad and has no grad_fn: make a leaf tracer it depends on "
                        "require grad (tt.tracer(..., requires_grad=True) or x.requires_grad_()), and compute it "
-                       "outside tt.no_grad() / torch.no_grad(), with ops that have a gradient (not argmax, a "
-                       "comparison, .detach()).")
+                       "outside no_grad, through ops with a gradient (not argmax, comparisons or .detach()).")
 
 
 def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool,
@@ -363,9 +362,8 @@ def with_torch_leaves_linked(saved: Tuple[Any, ...], tracer_type: type) -> List[
 
 
 def _leaf_alias(t: torch.Tensor, tracer_type: type) -> torch.Tensor:
-    alias = t.detach().as_subclass(tracer_type)
-    alias._tt_requires_grad = True
-    alias._tt_acc = lambda node=leaf_accumulator(t): node  # (held strongly: what reaches alias sums into t.grad)
+    alias = t.detach().as_subclass(tracer_type)  # its node held strongly: what reaches alias sums into t.grad
+    alias._tt_requires_grad, alias._tt_acc = True, (lambda node=leaf_accumulator(t): node)
     return alias
 
 
