@@ -263,6 +263,18 @@ class TorchSquare(torch.autograd.Function):
         return 2 * g * x
 
 
+class RoundSTE(torch.autograd.Function):
+    """Straight-through estimator: round forward, identity backward (a surrogate gradient on purpose)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
 class ExpSaveOutput(torch.autograd.Function):
     """y = exp(x), saving its output (torch's own Function API, run on tracers through the bridge)."""
 

@@ -3,28 +3,9 @@ of the forward in float64. A wrong backward is a `wrong_rule` finding; right one
 straight-through estimator) and a rule that draws random numbers are not."""
 import pytest
 import torch
+from helpers import Cube, RoundSTE, WrongSquare
 
 import torchtrace as tt
-
-
-class Square(tt.Function):
-    """y = x^2  ->  dy/dx = 2x (`half`: the planted fault, g x)"""
-
-    half = False
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * x if ctx._rule.half else 2 * g * x
-
-
-class HalfSquare(Square):
-    half = True
 
 
 class ScaledProduct(torch.autograd.Function):
@@ -43,18 +24,6 @@ class ScaledProduct(torch.autograd.Function):
     def backward(ctx, g):
         a, b = ctx.saved_tensors
         return g * ctx.s * b, g * a * (1 if ctx.wrong else ctx.s), None, None
-
-
-class RoundStraightThrough(tt.Function):
-    """y = round x  ->  dy/dx = 0 almost everywhere; the backward passes g on purpose (straight-through)"""
-
-    @staticmethod
-    def forward(ctx, x):
-        return torch.round(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
 
 
 class ScaledDropout(tt.Function):
@@ -80,12 +49,12 @@ def wrong_rules(fn, *args):
 def test_a_wrong_backward_is_named_with_both_numbers_and_a_right_one_is_not():
     torch.manual_seed(0)
     w, x = tt.randn(4, requires_grad=True), tt.randn(4)
-    (finding,), d = wrong_rules(lambda a: HalfSquare.apply(a * w).sum(), x)
-    assert finding.rule == "HalfSquare" and finding.line.startswith("test_custom_rules.py:")
+    (finding,), d = wrong_rules(lambda a: WrongSquare.apply(a * w).sum(), x)
+    assert finding.rule == "WrongSquare" and finding.line.startswith("test_custom_rules.py:")
     by_backward, by_forward = _numbers(finding.message)
     assert by_backward == pytest.approx(by_forward / 2, rel=1e-5)  # g x against 2 g x
-    assert "tt.gradcheck(HalfSquare.apply" in finding.advice and d.alarms == [finding]
-    assert wrong_rules(lambda a: Square.apply(a * w).sum(), x)[0] == []
+    assert "tt.gradcheck(WrongSquare.apply" in finding.advice and d.alarms == [finding]
+    assert wrong_rules(lambda a: Cube.apply(a * w).sum(), x)[0] == []
 
 
 def _numbers(message):
@@ -104,5 +73,5 @@ def test_a_torch_autograd_function_with_setup_context_and_number_arguments(wrong
 def test_a_straight_through_estimator_and_a_rule_drawing_random_numbers_raise_no_alarm():
     torch.manual_seed(0)
     w = tt.randn(6, requires_grad=True)
-    assert wrong_rules(lambda: RoundStraightThrough.apply(w * 3).pow(2).sum())[0] == []
+    assert wrong_rules(lambda: RoundSTE.apply(w * 3).pow(2).sum())[0] == []
     assert wrong_rules(lambda: ScaledDropout.apply(w).tanh().sum())[0] == []

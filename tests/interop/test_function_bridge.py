@@ -1,22 +1,10 @@
 """A torch autograd Function called on tracers runs its own forward/backward as a torchtrace node (vs torch)."""
 import pytest
 import torch
-from helpers import ExpSaveOutput, TorchSquare, double_backward_matches
+from helpers import ExpSaveOutput, RoundSTE, TorchSquare, double_backward_matches
 from torch.autograd.function import once_differentiable
 
 import torchtrace as tt
-
-
-class RoundSTE(torch.autograd.Function):
-    """Straight-through estimator: round forward, identity backward."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return torch.round(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g
 
 
 class GradReverse(torch.autograd.Function):
