@@ -202,3 +202,19 @@ def test_jvp_of_a_function_that_changes_its_input_in_place(method):
     torch.testing.assert_close(ours, torch.func.jvp(f, (x.clone(),), (v.clone(),))[1])  # (it changes v in place)
     numeric = (f(x + 1e-6 * v) - f(x - 1e-6 * v)) / 2e-6
     torch.testing.assert_close(ours, numeric, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name, f", [("sort", lambda x: x.sort(-1)), ("max_dim", lambda x: x.max(1)),
+                                     ("qr", lambda x: torch.linalg.qr(x)),
+                                     ("slogdet", lambda x: torch.linalg.slogdet(x[:, :3]))])
+def test_jvp_of_a_function_returning_torchs_return_types(name, f):
+    """torch.return_types results (sort, max(dim), qr, slogdet) crashed rebuilding them: they take one sequence, not
+    one argument per field as a named tuple does."""
+    torch.manual_seed(0)
+    x, v = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    out, ours = tt.jvp(f, (x,), (v,))
+    expected_out, theirs = torch.func.jvp(f, (x,), (v,))
+    assert type(out) is type(expected_out) and type(ours) is type(theirs)
+    for a, b, value in zip(ours, theirs, expected_out):
+        if value.is_floating_point():
+            torch.testing.assert_close(a, b)

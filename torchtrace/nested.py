@@ -15,7 +15,7 @@ def flatten(tree: Any) -> Tuple[List[Any], Callable[[List[Any]], Any]]:
             for (_, rebuild), size in zip(parts, sizes):
                 items.append(rebuild(leaves[start:start + size]))
                 start += size
-            return type(tree)(items) if type(tree) in (list, tuple) else type(tree)(*items)
+            return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)  # (torch.return_types too)
 
         return [leaf for leaves, _ in parts for leaf in leaves], rebuild_sequence
     if isinstance(tree, dict):
