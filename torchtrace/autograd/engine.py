@@ -347,7 +347,7 @@ def _call_in_forward_state(node: Node, grads: List[Any], create_graph: bool, tra
 
 
 def _is_torch_leaf(t: Any, tracer_type: type) -> bool:
-    return isinstance(t, torch.Tensor) and not isinstance(t, tracer_type) and t.requires_grad
+    return isinstance(t, torch.Tensor) and not isinstance(t, tracer_type) and t.requires_grad and t.grad_fn is None
 
 
 def saves_torch_leaf(ctx: Any, tracer_type: type) -> bool:
