@@ -1,4 +1,5 @@
 """The tracer: a torch.Tensor whose every torch call is intercepted and recorded for torchtrace's backward."""
+import functools
 import warnings
 import weakref
 from typing import Any, Callable, Optional
@@ -15,6 +16,7 @@ from torchtrace.autograd.state import LANE_SWITCHES, LANES_ON
 from torchtrace.errors import NON_LEAF_GRAD_WARNING
 from torchtrace.lanes import forward as lanes
 from torchtrace.lanes import walk as _walk_lane  # noqa: F401  (installs the walk's lane: engine.WALK_LANE)
+from torchtrace.lanes.operators import use_lanes
 from torchtrace.tensor_protocols import TensorProtocols
 
 
@@ -204,12 +206,8 @@ class tracer(TensorProtocols, torch.Tensor):
 tracer._tt_type = tracer  # what the dispatcher wraps results as (also for subclasses such as tt.nn.Parameter)
 
 
-def _use_lanes(on: bool) -> None:
-    tracer.__torch_function__ = classmethod(lanes.torch_function if on else dispatch.torch_function)
-
-
-LANE_SWITCHES.append(_use_lanes)
-_use_lanes(LANES_ON[0])
+LANE_SWITCHES.append(functools.partial(use_lanes, tracer))  # its entry points: the lanes' or the readable path's
+use_lanes(tracer, LANES_ON[0])
 
 
 def check_flag(value: Any, argument: str) -> None:

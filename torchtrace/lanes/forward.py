@@ -25,7 +25,17 @@ from torchtrace.autograd.function import INPLACE_FLAG, RULES
 from torchtrace.autograd.inplace import catch_up
 from torchtrace.autograd.kept_values import BUDGET, Kept
 from torchtrace.autograd.kept_values import THREAD as KEPT
-from torchtrace.autograd.node import AccumulateGrad, Context, Edge, Node, _next_sequence_nr, _top_hooks
+from torchtrace.autograd.node import (
+    _NEEDS,
+    _UNSAVED,
+    AccumulateGrad,
+    Context,
+    Edge,
+    Node,
+    _needs_flags,
+    _next_sequence_nr,
+    _top_hooks,
+)
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE
 
@@ -87,6 +97,7 @@ def _namespace(rule: type) -> Dict[str, Any]:
             "Tensor": torch.Tensor, "inference": torch.is_inference_mode_enabled,
             "containers": (list, tuple), "AccumulateGrad": AccumulateGrad, "Edge": Edge, "new_edge": tuple.__new__,
             "Context": Context, "Node": Node, "new_node": object.__new__, "STATE": STATE,
+            "UNSAVED": _UNSAVED, "NEEDS": _NEEDS, "needs_flags": _needs_flags,
             "next_sequence_nr": _next_sequence_nr,
             "KEPT": KEPT, "BUDGET": BUDGET, "Kept": Kept,
             "weak": weakref.ref, "finish": finish,
@@ -167,7 +178,9 @@ def lane_source(rule: type, n_args: int) -> Optional[str]:
         lines += _edge_lines(i) if i < inputs else _option_guard_lines(i)
     lines += ["        if not edges:  # nothing to record",
               "            return run_rule(T, RULE, func, args, {})",
-              "        ctx = Context(RULE, edges, needs)",
+              "        ctx = new_node(Context)  # Context.__init__, written out",
+              "        ctx._rule, ctx._edges, ctx._mask, ctx._saved, ctx._versions, ctx.needs_input_grad = (",
+              "            RULE, edges, needs, (), UNSAVED, NEEDS.get(needs) or needs_flags(needs))",
               "        node = new_node(Node)  # Node.__init__, written out (value_refs: set below)",
               "        node.rule, node.ctx, node.edges, node.func, node.module_path, node.sequence_nr = (",
               "            RULE, ctx, edges, func, STATE.module_stack, next_sequence_nr())",

@@ -1,0 +1,212 @@
+"""`a * b` and the other binary operators on tracers take their lanes without torch's __torch_function__ entry
+(lanes/operators.py): the same graph, values and gradients as the protocol gives, and the protocol itself wherever
+the common case does not hold (other operand types, modes, disabled dispatch, subclasses, the readable path)."""
+import operator
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import torchtrace as tt
+from torchtrace.autograd.plain import plain_torch
+from torchtrace.lanes.operators import OPERATORS
+
+OPS = {"__add__": operator.add, "__sub__": operator.sub, "__mul__": operator.mul, "__truediv__": operator.truediv,
+       "__matmul__": operator.matmul}
+# the other operand on the left: a number reaches the tracer's reflected operator, a plain tensor torch's own
+LEFT = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
+        "matmul": operator.matmul}
+
+
+def _operands(kind: str):
+    g = torch.Generator().manual_seed(3)
+    a = torch.rand(3, 3, generator=g, dtype=torch.float64) + 0.5
+    b = torch.rand(3, 3, generator=g, dtype=torch.float64) + 0.5
+    return a, {"tracer": b, "plain": b, "number": 1.75, "bool": True, "int": 3}[kind]
+
+
+def _run(name: str, kind: str, readable: bool):
+    """(result, a.grad, b.grad or None, grad_fn name, grad_fn.func) of `a <op> b`, a a leaf tracer."""
+    a, b = _operands(kind)
+    ta = tt.tracer(a, requires_grad=True)
+    tb = tt.tracer(b, requires_grad=True) if kind == "tracer" else b
+    with tt.readable() if readable else _nothing():
+        out = OPS[name](ta, tb)
+        node = out.grad_fn
+        (out * out).sum().backward()
+    return out, ta.grad, getattr(tb, "grad", None), node.name, node.func
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("kind", ["tracer", "plain", "number", "bool", "int"])
+@pytest.mark.parametrize("name", list(OPS))
+def test_an_operator_records_what_the_protocol_records(name, kind):
+    if name == "__matmul__" and kind not in ("tracer", "plain"):
+        pytest.skip("@ takes tensors only")
+    a, b = _operands(kind)
+    try:
+        OPS[name](a, b)
+    except RuntimeError as torch_refusal:  # (x - True: torch refuses; so must both paths, in torch's words)
+        for readable in (False, True):
+            with pytest.raises(RuntimeError) as refusal:
+                _run(name, kind, readable)
+            assert str(refusal.value) == str(torch_refusal)
+        return
+    fast, readable = _run(name, kind, False), _run(name, kind, True)
+    assert fast[3:] == readable[3:] and fast[4] is OPERATORS[name][0]
+    for f, r in zip(fast[:3], readable[:3]):
+        if r is None:
+            assert f is None
+        else:
+            torch.testing.assert_close(f.as_subclass(torch.Tensor), r.as_subclass(torch.Tensor), rtol=0, atol=0)
+    # against torch autograd, and against central differences of the same function
+    a = a.clone().requires_grad_()
+    b = b.clone().requires_grad_() if kind == "tracer" else b
+    (OPS[name](a, b) ** 2).sum().backward()
+    torch.testing.assert_close(fast[1].as_subclass(torch.Tensor), a.grad)
+    if kind == "tracer":
+        torch.testing.assert_close(fast[2].as_subclass(torch.Tensor), b.grad)
+    assert tt.gradcheck(lambda x: OPS[name](x, b.detach() if kind == "tracer" else b), a.detach())
+
+
+def test_an_operator_answers_not_implemented_where_torch_does():
+    class Other:
+        def __rmul__(self, x):
+            return "Other.__rmul__"
+
+        def __radd__(self, x):
+            return "Other.__radd__"
+
+    x = tt.tracer(torch.ones(2), requires_grad=True)
+    assert x * Other() == "Other.__rmul__" and x + Other() == "Other.__radd__"
+    with pytest.raises(TypeError) as ours:
+        x * "text"
+    with pytest.raises(TypeError) as theirs:
+        torch.ones(2) * "text"
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_a_torch_function_mode_sees_every_operator():
+    seen = []
+
+    class Watch(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = tt.tracer(torch.ones(2, 2), requires_grad=True)
+    with Watch():
+        y = (x * x + x - x / 2.0) @ x
+    assert seen[:5] == [torch.Tensor.mul, torch.Tensor.add, torch.Tensor.div, torch.Tensor.sub, torch.Tensor.matmul]
+    y.sum().backward()
+    t = torch.ones(2, 2, requires_grad=True)
+    ((t * t + t - t / 2.0) @ t).sum().backward()
+    torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), t.grad)
+
+
+def test_with_subclass_dispatch_disabled_an_operator_computes_plainly():
+    x = tt.tracer(torch.ones(2), requires_grad=True)
+    with plain_torch():
+        y = x * x + x
+    assert type(y) is torch.Tensor
+
+
+def test_the_readable_path_and_observers_remove_the_operators():
+    assert all(name in vars(tt.tracer) for name in OPERATORS)
+    with tt.readable():
+        assert not any(name in vars(tt.tracer) for name in OPERATORS)
+    recorded = []
+    from torchtrace.autograd.state import observing
+    x = tt.tracer(torch.ones(2), requires_grad=True)
+    with observing(on_record=lambda node, *rest: recorded.append(node.name)):
+        x * x
+    assert recorded == ["MulBackward"]
+    assert all(name in vars(tt.tracer) for name in OPERATORS)
+
+
+def test_parameters_take_the_lane_and_a_subclass_with_its_own_entry_is_asked():
+    calls = []
+
+    class Logged(tt.tracer):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            calls.append(func)
+            return super().__torch_function__(func, types, args, kwargs)
+
+    w = tt.nn.Parameter(torch.full((2,), 3.0))
+    x = tt.tracer(torch.ones(2), requires_grad=True)
+    (x * w).sum().backward()
+    torch.testing.assert_close(w.grad.as_subclass(torch.Tensor), torch.ones(2))
+    logged = torch.ones(2).as_subclass(Logged)
+    x * logged
+    logged * x
+    assert calls == [torch.Tensor.mul, torch.Tensor.mul]
+
+
+def test_a_numpy_scalar_or_complex_operand_takes_the_protocol():
+    import numpy as np
+
+    x = tt.tracer(torch.tensor([1.0, 2.0], dtype=torch.float64), requires_grad=True)
+    y = x * np.float64(2.0) + x
+    y.sum().backward()
+    torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), torch.full((2,), 3.0, dtype=torch.float64))
+
+
+def _graph_and_grads(fn, readable: bool):
+    """(node names newest first, their funcs, the leaf's gradient) of fn(a leaf tracer), on one path."""
+    x = tt.tracer(torch.tensor([[0.5, 1.5], [2.0, 3.0]], dtype=torch.float64), requires_grad=True)
+    with tt.readable() if readable else _nothing():
+        out = fn(x)
+        nodes, node = [], out.grad_fn
+        while node is not None and node.name != "AccumulateGrad":
+            nodes.append((node.name, node.func))
+            node = next((n for n, _ in node.next_functions if n is not None), None)
+        out.sum().backward()
+    return nodes, x.grad.as_subclass(torch.Tensor)
+
+
+@pytest.mark.parametrize("left", ["number", "plain"])
+@pytest.mark.parametrize("name", list(LEFT))
+def test_the_other_operand_on_the_left_records_what_the_protocol_records(name, left):
+    if name == "matmul" and left == "number":
+        pytest.skip("@ takes tensors only")
+    other = 1.5 if left == "number" else torch.tensor([[1.0, -2.0], [0.5, 4.0]], dtype=torch.float64)
+    fast, readable = (_graph_and_grads(lambda x: LEFT[name](other, x), r) for r in (False, True))
+    assert fast[0] == readable[0]
+    torch.testing.assert_close(fast[1], readable[1], rtol=0, atol=0)
+    x = torch.tensor([[0.5, 1.5], [2.0, 3.0]], dtype=torch.float64, requires_grad=True)
+    LEFT[name](other, x).sum().backward()
+    torch.testing.assert_close(fast[1], x.grad)
+    assert tt.gradcheck(lambda t: LEFT[name](other, t), x.detach())
+
+
+def test_negation_records_what_the_protocol_records():
+    fast, readable = (_graph_and_grads(lambda x: -(-x * x), r) for r in (False, True))
+    assert fast[0] == readable[0] and fast[0][0] == ("NegBackward", torch.Tensor.neg)
+    torch.testing.assert_close(fast[1], readable[1], rtol=0, atol=0)
+    x = torch.tensor([[0.5, 1.5], [2.0, 3.0]], dtype=torch.float64, requires_grad=True)
+    (-(-x * x)).sum().backward()
+    torch.testing.assert_close(fast[1], x.grad)
+
+
+def test_a_reflected_operator_with_a_tracer_or_an_unknown_type_takes_the_protocol():
+    class Other:
+        def __mul__(self, x):
+            return NotImplemented
+
+    x = tt.tracer(torch.ones(2), requires_grad=True)
+    with pytest.raises(TypeError) as ours:
+        Other() * x
+    with pytest.raises(TypeError) as theirs:
+        Other() * torch.ones(2)
+    assert str(ours.value).replace("tracer", "Tensor") == str(theirs.value)
+    w = tt.nn.Parameter(torch.full((2,), 2.0))
+    (w.__rmul__(x)).sum().backward()  # a tracer handed to a reflected operator: torch's own, as before
+    torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), torch.full((2,), 2.0))
