@@ -210,3 +210,26 @@ def test_a_reflected_operator_with_a_tracer_or_an_unknown_type_takes_the_protoco
     w = tt.nn.Parameter(torch.full((2,), 2.0))
     (w.__rmul__(x)).sum().backward()  # a tracer handed to a reflected operator: torch's own, as before
     torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), torch.full((2,), 2.0))
+
+
+def test_an_operand_class_made_in_a_loop_is_not_kept():
+    import gc
+    import weakref
+
+    x = tt.tracer(torch.ones(2), requires_grad=True)
+    refs = []
+    for _ in range(3):
+        class Other:  # an operand torch answers NotImplemented for
+            def __rmul__(self, t):
+                return "Other.__rmul__"
+
+        class Sub(tt.tracer):  # a tracer subclass that keeps the tracer's entry
+            pass
+
+        assert x * Other() == "Other.__rmul__"
+        (x * torch.ones(2).as_subclass(Sub)).sum().backward()
+        refs += [weakref.ref(Other), weakref.ref(Sub)]
+        del Other, Sub
+    gc.collect()
+    assert all(ref() is None for ref in refs)
+    torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), torch.full((2,), 3.0))

@@ -52,17 +52,16 @@ def use_lanes(tracer_type: type, on: bool) -> None:
 
 
 def _operator_methods(tracer_type: type) -> Dict[str, Callable]:
-    # the tracer classes of the common case: a subclass of the tracer that keeps its entry (tt.nn.Parameter) joins on
-    # first sight; any other type takes torch's protocol
+    # the tracer classes of the common case: a subclass of the tracer that keeps its entry (tt.nn.Parameter) joins;
+    # any other type takes torch's protocol. Only torchtrace's own classes are remembered (a class a user makes in a
+    # loop must be freed): a user's subclass is asked again at each call.
     tracers: Set[type] = {tracer_type}
-    refused: Set[type] = set()
 
     def joins(cls: type) -> bool:
-        if cls in refused:
-            return False
         shares = (issubclass(cls, tracer_type) and getattr(cls, "_tt_type", None) is tracer_type
                   and getattr(cls.__torch_function__, "__func__", None) is tracer_type.__torch_function__.__func__)
-        (tracers if shares else refused).add(cls)
+        if shares and cls.__module__.startswith("torchtrace."):
+            tracers.add(cls)
         return shares
 
     def operator(name: str, func: Callable, others: Optional[tuple]) -> Callable:
