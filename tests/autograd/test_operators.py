@@ -9,7 +9,7 @@ from torch.overrides import TorchFunctionMode
 
 import torchtrace as tt
 from torchtrace.autograd.plain import plain_torch
-from torchtrace.lanes.operators import OPERATORS
+from torchtrace.lanes.operators import MODES_CALLED_DIRECTLY, OPERATORS
 
 OPS = {"__add__": operator.add, "__sub__": operator.sub, "__mul__": operator.mul, "__truediv__": operator.truediv,
        "__matmul__": operator.matmul}
@@ -109,6 +109,65 @@ def test_a_torch_function_mode_sees_every_operator():
     t = torch.ones(2, 2, requires_grad=True)
     ((t * t + t - t / 2.0) @ t).sum().backward()
     torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), t.grad)
+
+
+class _Logging(TorchFunctionMode):
+    """Notes each call as its handler receives it, and whether it is still on the mode stack then."""
+
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        on_stack = torch._C._len_torch_function_stack()
+        self.seen.append((func, types, tuple(type(a) for a in args), kwargs, on_stack))
+        if isinstance(args[-1], float) and args[-1] == -7.0:
+            raise ValueError("refused")
+        return func(*args, **(kwargs or {}))
+
+
+_EXPRESSIONS = [lambda a, b: a * b, lambda a, b: a + 2, lambda a, b: a - a, lambda a, b: a / 3.0,
+                lambda a, b: a @ b, lambda a, b: -a, lambda a, b: 2 - a, lambda a, b: b @ a, lambda a, b: b - a,
+                lambda a, b: 2 * a, lambda a, b: a * True, lambda a, b: (a * b) @ a]
+
+
+def test_a_registered_mode_gets_from_an_operator_what_torch_would_hand_it():
+    """An operator calls a registered mode (tt.compile's) itself: the same callable, types, arguments and keywords
+    as torch's C entry hands it, with the mode off the stack while it runs, and the stack as before after a raise."""
+    a = tt.tracer(torch.rand(3, 3, dtype=torch.float64), requires_grad=True)
+    b = torch.rand(3, 3, dtype=torch.float64)
+    heard = {}
+    for direct in (False, True):
+        if direct:
+            MODES_CALLED_DIRECTLY.add(_Logging)
+        try:
+            for k, expression in enumerate(_EXPRESSIONS):
+                seen = []
+                with _Logging(seen):
+                    value = expression(a, b)
+                    with pytest.raises(ValueError, match="refused"):
+                        a * -7.0
+                    assert torch._C._len_torch_function_stack() == 1
+                heard.setdefault(k, []).append((seen, value.as_subclass(torch.Tensor)))
+        finally:
+            MODES_CALLED_DIRECTLY.discard(_Logging)
+    for k, ((seen_torch, value_torch), (seen_direct, value_direct)) in heard.items():
+        assert seen_direct == seen_torch, k
+        assert all(entry[-1] == 0 for entry in seen_direct)
+        assert torch.equal(value_direct, value_torch)
+
+
+def test_an_operator_calls_a_registered_mode_only_when_it_is_the_only_one():
+    seen_inner, seen_outer = [], []
+    a = tt.tracer(torch.rand(2, 2), requires_grad=True)
+    MODES_CALLED_DIRECTLY.add(_Logging)
+    try:
+        with _Logging(seen_outer), _Logging(seen_inner):
+            a * a
+    finally:
+        MODES_CALLED_DIRECTLY.discard(_Logging)
+    assert [e[0] for e in seen_inner] == [torch.Tensor.mul] and [e[0] for e in seen_outer] == [torch.Tensor.mul]
+    assert seen_inner[0][-1] == 1  # torch's entry: the outer mode still on the stack while the inner one runs
 
 
 def test_with_subclass_dispatch_disabled_an_operator_computes_plainly():

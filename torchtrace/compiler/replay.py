@@ -29,6 +29,7 @@ from torchtrace.compiler.segment import Segment, Step, output_meta
 from torchtrace.compiler.statement_replay import statement_replay
 from torchtrace.compiler.step_code import StepCode, step_code
 from torchtrace.compiler.tracing.judge import call_values
+from torchtrace.lanes.operators import MODES_CALLED_DIRECTLY
 from torchtrace.tracer import tracer
 
 _grad_enabled = torch.is_grad_enabled
@@ -659,3 +660,6 @@ class ReplayMode(TorchFunctionMode):
         if run.at_eager_mark():
             return run.go_eager(func, args, kwargs)
         return run.record(func, args, kwargs)
+
+
+MODES_CALLED_DIRECTLY.add(ReplayMode)  # a tracer's operators hand it their calls without torch's C entry

@@ -7,7 +7,9 @@ its arithmetic (counted with callgrind on the 200-op chain of bench/overhead.py:
 op). While the lanes are on, the tracer class defines these operators itself. In the common case (the other operand a
 tracer, a plain tensor or a Python number; no TorchFunctionMode; torch function dispatch not disabled) an operator
 calls its rule's lane with exactly what `__torch_function__` would have received: torch's method (`Tensor.mul`) and
-`(a, b)`. Every other case calls torch's own operator, which follows the protocol as before (and answers
+`(a, b)`. With one TorchFunctionMode on, of a type registered in MODES_CALLED_DIRECTLY (tt.compile's ReplayMode),
+the operator hands the call to that mode as torch's entry would (the mode off the stack while it runs), without that
+entry. Every other case calls torch's own operator, which follows the protocol as before (and answers
 NotImplemented where torch does, so `a * x` still reaches `type(x).__rmul__`). A reflected operator takes a number
 only; with a plain tensor on the left (`t - a`) it answers as that tensor's own operator (see below).
 """
@@ -36,6 +38,12 @@ OPERATORS: Dict[str, Tuple[Callable, Optional[tuple]]] = {
 # `torch.matmul(t, a)`. So a reflected operator given a tensor whose class keeps torch's operator answers as that
 # operator: `t - a` is `Tensor.__sub__(t, a)`, as before the tracer had operators. A number (`2 - a`) takes the lane.
 _dispatch_on, _mode_on = torch._C._is_torch_function_enabled, torch._C._is_torch_function_mode_enabled
+_stack_len, _stack_at = torch._C._len_torch_function_stack, torch._C._get_function_stack_at
+_pop_mode, _push_mode = torch._C._pop_torch_function_stack, torch._C._push_on_torch_function_stack
+# TorchFunctionModes an operator calls itself when it is the only mode (tt.compile's ReplayMode registers): the call
+# torch would make through its C entry, `mode.__torch_function__(func, types, args, {})` with the mode off the stack
+# while it runs, without that entry's cost
+MODES_CALLED_DIRECTLY: Set[type] = set()
 _MADE: Dict[type, Dict[str, Callable]] = {}  # tracer class -> its operators (made once)
 
 
@@ -49,6 +57,21 @@ def use_lanes(tracer_type: type, on: bool) -> None:
             setattr(tracer_type, name, method)
         elif name in vars(tracer_type):
             delattr(tracer_type, name)
+
+
+def _mode_called_directly() -> bool:
+    """The only mode on the stack is of a registered type: an operator calls it itself (`_call_mode`)."""
+    return _stack_len() == 1 and type(_stack_at(0)) in MODES_CALLED_DIRECTLY
+
+
+def _call_mode(func: Callable, types: tuple, args: tuple, kwargs: Optional[dict]) -> Any:
+    """What torch's C entry does with the mode: the call handed to it, with the mode off the stack while it runs (the
+    keywords as torch passes them: None for a method, {} for `__rsub__`)."""
+    mode = _pop_mode()
+    try:
+        return mode.__torch_function__(func, types, args, kwargs)
+    finally:
+        _push_mode(mode)
 
 
 def _operator_methods(tracer_type: type) -> Dict[str, Callable]:
@@ -71,8 +94,11 @@ def _operator_methods(tracer_type: type) -> Dict[str, Callable]:
         # lanes] after the first call (the rules register after the tracer class is made)
         if others is None:
             def unary(self: Any) -> Any:
-                if (type(self) in tracers or joins(type(self))) and _dispatch_on() and not _mode_on():
-                    return (found[0] if found else _lanes_of(func, found))[1](tracer_type, func, (self,))
+                if (type(self) in tracers or joins(type(self))) and _dispatch_on():
+                    if not _mode_on():
+                        return (found[0] if found else _lanes_of(func, found))[1](tracer_type, func, (self,))
+                    if _mode_called_directly():
+                        return _call_mode(func, (tracer_type,), (self,), None)
                 return torch_operator(self)
             return unary
         if name.startswith("__r"):
@@ -80,9 +106,11 @@ def _operator_methods(tracer_type: type) -> Dict[str, Callable]:
             torch_forward = getattr(torch.Tensor, forward)
 
             def reflected(self: Any, other: Any) -> Any:
-                if (type(other) in takes and (type(self) in tracers or joins(type(self))) and _dispatch_on()
-                        and not _mode_on()):
-                    return (found[0] if found else _lanes_of(func, found))[2](tracer_type, func, (self, other))
+                if type(other) in takes and (type(self) in tracers or joins(type(self))) and _dispatch_on():
+                    if not _mode_on():
+                        return (found[0] if found else _lanes_of(func, found))[2](tracer_type, func, (self, other))
+                    if _mode_called_directly():
+                        return _call_mode(func, (tracer_type,), (self, other), {})
                 if isinstance(other, torch.Tensor) and getattr(type(other), forward) is torch_forward:
                     return torch_forward(other, self)  # t - a: the left tensor's own operator, as without ours
                 return torch_operator(self, other)
@@ -90,8 +118,11 @@ def _operator_methods(tracer_type: type) -> Dict[str, Callable]:
 
         def binary(self: Any, other: Any) -> Any:
             if ((type(other) in tracers or type(other) in takes or joins(type(other)))
-                    and (type(self) in tracers or joins(type(self))) and _dispatch_on() and not _mode_on()):
-                return (found[0] if found else _lanes_of(func, found))[2](tracer_type, func, (self, other))
+                    and (type(self) in tracers or joins(type(self))) and _dispatch_on()):
+                if not _mode_on():
+                    return (found[0] if found else _lanes_of(func, found))[2](tracer_type, func, (self, other))
+                if _mode_called_directly():
+                    return _call_mode(func, (tracer_type,), (self, other), None)
             return torch_operator(self, other)
         return binary
 
