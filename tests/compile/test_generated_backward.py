@@ -113,6 +113,58 @@ def test_generated_matches_torch_autograd_and_finite_differences(name, generated
     assert generated_runs[0] >= 2
 
 
+def _mixed(x, w, b, s):
+    """float32 and float64 inputs, broadcast: the gradients of w, b and s are summed to their shapes and cast back."""
+    h = x * w + b
+    return (h * s).sin() + h.exp() * x
+
+
+def _mixed_inputs():
+    g = torch.Generator().manual_seed(5)
+    return [torch.rand(4, 3, generator=g), torch.rand(3, generator=g, dtype=torch.float64),
+            torch.rand(1, 3, generator=g), torch.rand((), generator=g)]
+
+
+def _mixed_grads(values, gradient, compiled=None):
+    leaves = [tt.tracer(v, requires_grad=True) for v in values]
+    for _ in range(3):  # the first call records, the others replay
+        for leaf in leaves:
+            leaf.grad = None
+        (compiled or _mixed)(*leaves).backward(gradient)
+    return [leaf.grad for leaf in leaves]
+
+
+@pytest.mark.parametrize("gradient_dtype", [torch.float64, torch.float32])
+def test_gradients_summed_and_cast_where_the_trace_knows_their_shapes_and_dtypes(gradient_dtype, monkeypatch,
+                                                                                generated_runs):
+    """The generated backward sums and casts by what the trace knows of each gradient (no shape or dtype read): bit
+    for bit eager's and the step-by-step path's, torch autograd's and finite differences', whatever dtype the
+    gradient backward starts from (the engine gives each node gradients of its outputs' dtypes)."""
+    values = _mixed_inputs()
+    gradient = torch.linspace(-1, 1, 12, dtype=gradient_dtype).reshape(4, 3)
+    compiled = tt.compile(_mixed, tuple(values))
+    generated = _mixed_grads(values, gradient, compiled)
+    assert generated_runs[0] >= 2
+    assert "_g.shape" not in compiled.backward_code and "sum_to_size" in compiled.backward_code
+    eager = _mixed_grads(values, gradient)
+    interpreted(monkeypatch)
+    stepped = _mixed_grads(values, gradient, tt.compile(_mixed, tuple(values)))
+    leaves = [v.clone().requires_grad_() for v in values]
+    _mixed(*leaves).backward(gradient)
+    for got, e, s, leaf in zip(generated, eager, stepped, leaves):
+        assert got.dtype == leaf.dtype and got.shape == leaf.shape
+        assert torch.equal(got, e) and torch.equal(got, s)
+        torch.testing.assert_close(got.as_subclass(torch.Tensor), leaf.grad)
+    wide = [v.double() for v in values]  # central differences of <gradient, f> in float64
+    for i, got in enumerate(generated):
+        for j in range(got.numel()):
+            up, down = [v.clone() for v in wide], [v.clone() for v in wide]
+            up[i].view(-1)[j] += 1e-6
+            down[i].view(-1)[j] -= 1e-6
+            numeric = ((_mixed(*up) - _mixed(*down)) * gradient.double()).sum().item() / 2e-6
+            assert abs(got.reshape(-1)[j].item() - numeric) <= 1e-4 * max(1.0, abs(numeric))
+
+
 @pytest.mark.parametrize("name", ["lenet", "gpt"])
 def test_models_generated_equals_interpreted_and_torch(name, monkeypatch, generated_runs):
     def grads_of_three_steps():

@@ -21,7 +21,7 @@ Gradients meet in the interpreter's order, so the results are the same bits. `Co
 import linecache
 import math
 import os
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
@@ -149,15 +149,22 @@ def _traced_lines(k: int, step: Any, code: StepCode, writer: CodeWriter) -> List
         item = result[position] if type(position) is int else result[position[0]][position[1]]
         if item is None:  # the traced backward returns no gradient there, on every call
             continue
-        lines += [f"_g = {writer.value(item)}", *_send(shape, dtype, local, where, writer, checked=False)]
+        known = code.result_metas.get(item.name) if isinstance(item, TensorRef) else None
+        lines += [f"_g = {writer.value(item)}", *_send(shape, dtype, local, where, writer, checked=False, known=known)]
     return lines
 
 
-def _send(shape: torch.Size, dtype: torch.dtype, local: bool, where: int, writer: CodeWriter,
-          checked: bool) -> List[str]:
-    """edge_gradient, written out: summed to the input's shape, cast to its dtype, added where it goes."""
+def _send(shape: torch.Size, dtype: torch.dtype, local: bool, where: int, writer: CodeWriter, checked: bool,
+          known: Optional[Tuple[torch.Size, torch.dtype]] = None) -> List[str]:
+    """edge_gradient, written out: summed to the input's shape, cast to its dtype, added where it goes. Where the
+    trace `known` the gradient's shape and dtype (the engine hands every node gradients of its outputs' shapes and
+    dtypes, so the traced backward's results have the traced ones), only the sum and the cast it needs are lines."""
     shape_k, dtype_k = writer.constant(shape), writer.constant(dtype)
-    body = [f"if _g.shape != {shape_k}:", f"    _g = _g.sum_to_size({shape_k})",
-            f"if _g.dtype != {dtype_k}:", f"    _g = _g.to({dtype_k})",
-            f"_v{where} = _g if _v{where} is None else _v{where} + _g" if local else f"_e{where}.append(_g)"]
+    if known is None:
+        body = [f"if _g.shape != {shape_k}:", f"    _g = _g.sum_to_size({shape_k})",
+                f"if _g.dtype != {dtype_k}:", f"    _g = _g.to({dtype_k})"]
+    else:
+        body = ([f"_g = _g.sum_to_size({shape_k})"] if known[0] != shape else []) + (
+            [f"_g = _g.to({dtype_k})"] if known[1] != dtype else [])
+    body.append(f"_v{where} = _g if _v{where} is None else _v{where} + _g" if local else f"_e{where}.append(_g)")
     return ["if _g is not None:", *("    " + line for line in body)] if checked else body

@@ -68,6 +68,8 @@ class StepCode(NamedTuple):
     forward_source: str
     fixed_floats: Optional[tuple]  # the trace holds for these floats only (their values are literals in its code)
     saves_result: Tuple[int, ...]  # where the forward's Context keeps its result (saved index)
+    result_metas: Dict[str, Tuple[torch.Size, torch.dtype]]  # shape and dtype of each tensor backward returns, as
+    # traced: what the generated backward knows without reading them (segment_code._send)
 
 
 _CACHE: Dict[tuple, Union[StepCode, str]] = {}  # (rule, key, mask, layout of the tensors) -> its code, or why not
@@ -134,14 +136,15 @@ def _from_trace(trace: Trace, fixed_floats: Optional[tuple]) -> Union[StepCode, 
         return f"its backward reads {', '.join(missing)}, which its Context does not hold"
     checked = tuple(i for i, item in enumerate(trace.ctx_saved) if isinstance(item, TensorRef))
     reads = [(name, where[name]) for name in sorted(needed, key=lambda n: (n[0], int(n[1:])))]
+    metas = {name: trace.metas[name] for name in names_in(trace.backward_result) if name in trace.metas}
     if fixed_floats is not None:  # the forward stays the rule's: it takes any float
         return StepCode(reads, checked, backward, list(trace.gradients), trace.backward_result, 0, None, "",
-                        fixed_floats, ())
+                        fixed_floats, (), metas)
     source = _forward_source(trace)
     saves_result = tuple(i for i, item in enumerate(trace.ctx_saved) if item == trace.forward_result)
     return StepCode(reads, checked, backward, list(trace.gradients), trace.backward_result, len(trace.floats),
                     _compiled_forward(trace.rule, source) if source else None, source[0] if source else "", None,
-                    saves_result)
+                    saves_result, metas)
 
 
 def _forward_source(trace: Trace) -> Optional[Tuple[str, list]]:

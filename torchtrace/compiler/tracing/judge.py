@@ -15,7 +15,7 @@ as `math.sqrt(p)`, is a plain number that changes in run 3).
 """
 import math
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -48,6 +48,9 @@ class Trace:
     # backward finds each tensor it reads, when the code runs on a Context the rule's own forward filled
     ctx_saved: Any = ()
     ctx_attributes: Any = field(default_factory=dict)
+    # the shape and dtype of each named tensor once the backward returned (of the call's layout: the same on every
+    # call the trace serves, whose arguments and incoming gradients have the recorded shapes and dtypes)
+    metas: Dict[str, Tuple[torch.Size, torch.dtype]] = field(default_factory=dict)
 
 
 @dataclass
@@ -154,6 +157,7 @@ def run_rule_recorded(rule: type, args: tuple, kwargs: dict, mask: int, numbers:
     with torch.no_grad(), recorder:
         result = rule.backward(ctx, *grads)
     trace.backward_result = recorder.template(result)
+    trace.metas = recorder.metas()
     return trace, recorder
 
 

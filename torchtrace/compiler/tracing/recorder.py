@@ -8,7 +8,7 @@ nested `Function.apply` (another rule's own machinery). Reads of what a tensor *
 device, contiguity) are allowed: each becomes a `read` statement whose value the generated code checks.
 """
 import threading
-from typing import Any, Callable, Dict, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -136,6 +136,10 @@ class RuleRecorder(TorchFunctionMode):
         """Name a tensor the rule receives (an argument `x0`, an incoming gradient `g0`); its first name stays."""
         self._alive.append(t)
         return self._names.setdefault(id(t), name)
+
+    def metas(self) -> Dict[str, Tuple[torch.Size, torch.dtype]]:
+        """The shape and dtype of every tensor the record named, as they are now."""
+        return {self._names[id(t)]: (t.shape, t.dtype) for t in self._alive if isinstance(t, torch.Tensor)}
 
     def template(self, tree: Any, strict: bool = True) -> Any:
         """The arguments or results as the record holds them; a tensor it does not know is refused (UNKNOWN when not
