@@ -11,11 +11,13 @@ written out once per sequence and run on every call that makes the same node:
         ...
         t3 = torch.mul(g0, x1)                  # the rule's torch calls, as traced
         _g = t3                                 # what the rule returns for the edge to value 11
-        if _g.shape != K[4]: _g = _g.sum_to_size(K[4])
-        if _g.dtype != K[5]: _g = _g.to(K[5])
+        _g = _g.sum_to_size(K[4])               # (only where the trace's shape of t3 is not value 11's)
         _v11 = _g if _v11 is None else _v11 + _g
 
-A statement that is not clean is one line, `_o = S[k].rule.backward(S[k].ctx, *_gs)` (`_gs`: its gradients).
+The engine hands a node gradients of its outputs' shapes and dtypes, so the trace knows the shape and dtype of what
+each traced backward returns: an edge's sum (and cast) is a line only where they differ from the input's. A statement
+that is not clean is one line, `_o = S[k].rule.backward(S[k].ctx, *_gs)` (`_gs`: its gradients), whose gradients are
+checked (`if _g.shape != K[4]: ...`).
 Gradients meet in the interpreter's order, so the results are the same bits. `Compiled.backward_code` shows the source.
 """
 import linecache
