@@ -41,8 +41,8 @@ _dispatch_on, _mode_on = torch._C._is_torch_function_enabled, torch._C._is_torch
 _stack_len, _stack_at = torch._C._len_torch_function_stack, torch._C._get_function_stack_at
 _pop_mode, _push_mode = torch._C._pop_torch_function_stack, torch._C._push_on_torch_function_stack
 # TorchFunctionModes an operator calls itself when it is the only mode (tt.compile's ReplayMode registers): the call
-# torch would make through its C entry, `mode.__torch_function__(func, types, args, {})` with the mode off the stack
-# while it runs, without that entry's cost
+# torch would make through its C entry, `mode.__torch_function__(func, types, args, kwargs)` with the mode off the
+# stack while it runs, without that entry's cost
 MODES_CALLED_DIRECTLY: Set[type] = set()
 _MADE: Dict[type, Dict[str, Callable]] = {}  # tracer class -> its operators (made once)
 
