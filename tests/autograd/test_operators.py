@@ -3,6 +3,7 @@
 the common case does not hold (other operand types, modes, disabled dispatch, subclasses, the readable path)."""
 import operator
 
+import numpy as np
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
@@ -91,6 +92,19 @@ def test_an_operator_answers_not_implemented_where_torch_does():
     with pytest.raises(TypeError) as theirs:
         torch.ones(2) * "text"
     assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("readable", [False, True])
+@pytest.mark.parametrize("left", [1.5, 1 + 2j, "numpy"])
+def test_matmul_with_a_non_tensor_on_the_left_is_torchs_type_error(left, readable):
+    x = tt.tracer(torch.ones(2, 2), requires_grad=True)
+    other = np.ones((2, 2)) if left == "numpy" else left
+    with tt.readable() if readable else _nothing():
+        with pytest.raises(TypeError) as ours:
+            other @ x
+    with pytest.raises(TypeError) as theirs:
+        other @ torch.ones(2, 2, requires_grad=True)
+    assert str(ours.value) == str(theirs.value).replace("'Tensor'", "'tracer'")
 
 
 def test_a_torch_function_mode_sees_every_operator():
@@ -210,7 +224,6 @@ def test_parameters_take_the_lane_and_a_subclass_with_its_own_entry_is_asked():
 
 
 def test_a_numpy_scalar_or_complex_operand_takes_the_protocol():
-    import numpy as np
 
     x = tt.tracer(torch.tensor([1.0, 2.0], dtype=torch.float64), requires_grad=True)
     y = x * np.float64(2.0) + x

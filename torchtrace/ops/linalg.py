@@ -208,10 +208,11 @@ class Matmul(Function):
     @staticmethod
     def forward(ctx, a, b):
         _real_only("torch.matmul", a, b)
+        out = torch.matmul(a, b)  # first: an operand that is no tensor gets torch's TypeError (`2 @ x`: NotImplemented)
         need_a, need_b = ctx.needs_input_grad[:2]
         ctx.vectors = a.dim() == 1, b.dim() == 1
         ctx.save_for_backward(a if need_b else None, b if need_a else None)
-        return torch.matmul(a, b)
+        return out
 
     @staticmethod
     def backward(ctx, g):
