@@ -95,7 +95,9 @@ compiled call's saved aliases then read the new data, as torch's saved variable 
 gradient before), with autocast's promote list folded into one expression: 1,785. A plain torch module's parameter
 that a rule saved, seen in a backward with create_graph as a tracer of its own leaf (a second derivative, or
 tt.jvp(method="transpose"), through a torch GroupNorm / BatchNorm / InstanceNorm raised: the rule's reshape of the
-parameter went to torch autograd): 1,792.
+parameter went to torch autograd): 1,792. `c / x` with c a numpy scalar (np.float32, np.int64) computed as torch's
+Tensor.__rdiv__ computes it, the reciprocal times c, NotImplemented where that multiplication is a TypeError (it was a
+TypeError for every number that is not a Python int, float or complex): 1,795.
 """
 import ast
 import pathlib
@@ -105,7 +107,7 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1792
+BUDGET = 1795
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
 # 340 when the lanes came; then calls with keywords placed as run_rule places them (every torch.nn.functional call),

@@ -59,10 +59,14 @@ class TensorProtocols:
         """c / x as torch's Tensor.__rdiv__ computes it: x.reciprocal() * c, two nodes as in torch's graph, so that in
         a second derivative the gradients meeting at 1/x are summed before the reciprocal's rule scales them (one
         fused node would multiply a zero gradient by an infinite -1/x^2 at x = 0 and give NaN where torch gives inf).
-        A tensor on the left is divided by it with `div`, as Python would do without this method."""
-        if isinstance(other, (int, float, complex)):
+        A tensor on the left is divided by it with `div`, as Python would do without this method; anything else
+        (a number, a numpy scalar) is what torch's multiplies by, NotImplemented where that is a TypeError."""
+        if isinstance(other, torch.Tensor):
+            return torch.Tensor.__truediv__(other, self)
+        try:
             return self.reciprocal() * other
-        return torch.Tensor.__truediv__(other, self) if isinstance(other, torch.Tensor) else NotImplemented
+        except TypeError:
+            return NotImplemented
 
     __rdiv__ = __rtruediv__
 

@@ -107,6 +107,18 @@ def test_matmul_with_a_non_tensor_on_the_left_is_torchs_type_error(left, readabl
     assert str(ours.value) == str(theirs.value).replace("'Tensor'", "'tracer'")
 
 
+@pytest.mark.parametrize("left", [np.float32(2.5), np.int64(3), np.float64(-1.5)])
+def test_a_numpy_scalar_over_a_tracer_is_torchs_quotient_and_gradient(left):
+    values = torch.tensor([[0.5, -1.5], [2.0, 3.0]], dtype=torch.float64)
+    x, t = tt.tracer(values.clone(), requires_grad=True), values.clone().requires_grad_()
+    ours, theirs = left / x, left / t
+    assert ours.dtype == theirs.dtype and torch.equal(ours.as_subclass(torch.Tensor), theirs.detach())
+    (ours * ours).sum().backward()
+    (theirs * theirs).sum().backward()
+    torch.testing.assert_close(x.grad.as_subclass(torch.Tensor), t.grad)
+    assert tt.gradcheck(lambda v: left / v, values.clone())
+
+
 def test_a_torch_function_mode_sees_every_operator():
     seen = []
 

@@ -43,6 +43,10 @@ def test_multi_head_attention_forward_points_at_the_module():
     lambda x, w: x.round().unique(sorted=True, return_counts=True)[0],
     lambda x, w: torch.unique_consecutive(x.round()),
     lambda x, w: x.round().unique_consecutive(return_inverse=True)[0],
+    lambda x, w: x // 0.5,
+    lambda x, w: 2.0 // (x.abs() + 0.25),
+    lambda x, w: torch.floor_divide(x, w + 0.5),
+    lambda x, w: x.floor_divide(3),
 ])
 def test_ops_torch_does_not_differentiate_run_and_refuse_backward_as_torch(op):
     """A histogram of an activation for a log runs, as in torch; a backward through it raises, as in torch."""

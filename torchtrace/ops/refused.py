@@ -63,6 +63,8 @@ def forward_only(op: Callable, *spellings: Callable) -> type:
     return register(op, *spellings, rule=type(f"NotDifferentiable_{op.__name__}", (Function,), members))
 
 
+forward_only(torch.floor_divide, torch.Tensor.floor_divide, torch.Tensor.__floordiv__)  # (derivatives.yaml: none)
+forward_only(torch.Tensor.__rfloordiv__)  # `2 // x`: its own forward (the operands arrive swapped)
 forward_only(torch.histogram, torch.Tensor.histogram)
 forward_only(torch.histogramdd)
 forward_only(torch.bincount, torch.Tensor.bincount)
