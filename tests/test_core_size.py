@@ -97,7 +97,10 @@ that a rule saved, seen in a backward with create_graph as a tracer of its own l
 tt.jvp(method="transpose"), through a torch GroupNorm / BatchNorm / InstanceNorm raised: the rule's reshape of the
 parameter went to torch autograd): 1,792. `c / x` with c a numpy scalar (np.float32, np.int64) computed as torch's
 Tensor.__rdiv__ computes it, the reciprocal times c, NotImplemented where that multiplication is a TypeError (it was a
-TypeError for every number that is not a Python int, float or complex): 1,795.
+TypeError for every number that is not a Python int, float or complex): 1,795. The pieces of split, chunk and
+unbind (several views one op returns, and views of them) refused as torch refuses them: changed in place where that
+records a gradient, or used with grad mode on after their base changed in place (each ran before, where torch
+raises that one backward serves all the pieces): 1,820.
 """
 import ast
 import pathlib
@@ -107,7 +110,7 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1795
+BUDGET = 1820
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
 # 340 when the lanes came; then calls with keywords placed as run_rule places them (every torch.nn.functional call),

@@ -64,6 +64,7 @@ class tracer(TensorProtocols, torch.Tensor):
     _tt_base: Optional["tracer"] = None  # the tracer a view shares memory with (None: not a view, or not known)
     _tt_no_grad_view = False  # a view taken with grad mode off: not to be changed in place with it on (as torch)
     _tt_custom_view = ""  # "Output i of F": a user Function's output sharing an input's memory (no in-place, as torch)
+    _tt_piece = ""  # "Output i of Split": one of several views an op returned, or a view of one (inplace.mark_piece)
 
     # a rule's common call takes its generated lane (torchtrace/lanes), every other call dispatch.torch_function;
     # everything dispatch.torch_function while the lanes are off (tt.readable(), a tool observing calls)

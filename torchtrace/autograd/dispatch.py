@@ -9,8 +9,10 @@ from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
 from torchtrace.autograd.function_contract import returned_outputs
 from torchtrace.autograd.inplace import (
     RESHAPING,
+    UNRECORDED_PIECE,
     catch_up,
     inplace_requested,
+    mark_piece,
     overlapping,
     record_inplace,
     record_inplace_flag,
@@ -75,7 +77,10 @@ def run_rule(tracer_type: type, rule: type, func: Optional[Callable], args: tupl
         if not edges:
             out = func(*call[0], **call[1]) if func is not None and not rule.forward_when_not_recording else \
                 rule.forward(Context(rule), *args, **kwargs)
-            return _as_tracers(out, tracer_type, args)
+            result = _as_tracers(out, tracer_type, args)
+            for t in result if rule.several_views and _grad_enabled() else ():  # (mark_piece)
+                t._tt_piece = UNRECORDED_PIECE
+            return result
         node = Node(rule, Context(rule, edges, needs), edges, func, STATE.module_stack)
         if func is None:  # Function.apply: backward must return one gradient per argument, as torch checks, and
             n = node.ctx._n_inputs = len(args) + len(kwargs)  # a user's forward reads one flag per argument
@@ -207,6 +212,7 @@ def _linked(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
         keep_values(node, (value,), (t,))
         if t._tt_view:
             remember_base(t, args)
+            mark_piece(t, node.rule, 0, args)
         return t
     if not isinstance(out, _containers) or not any(isinstance(o, torch.Tensor) for o in out):
         return out  # not a tensor result (e.g. x.type() returns a string): nothing to record
@@ -219,9 +225,10 @@ def _linked(out: Any, node: Node, tracer_type: type, args: tuple) -> Any:
     linked = [_link_result(o, id(o) in kept, node, nr, tracer_type, args)
               if isinstance(o, torch.Tensor) else o for nr, o in enumerate(outputs)]
     keep_values(node, values, linked)
-    for t in linked:
+    for nr, t in enumerate(linked):
         if isinstance(t, torch.Tensor) and t._tt_view:
             remember_base(t, args)
+            mark_piece(t, node.rule, nr, args)
     return _rebuild(out, linked)
 
 

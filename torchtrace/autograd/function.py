@@ -36,6 +36,7 @@ class Function:
     # lends its shape only, and joins no graph, as in torch); None: any argument can
     forward_when_not_recording = False  # forward runs (on a throwaway ctx) even when no gradient is recorded
     draws_random = False  # forward draws from torch's random generator: its in-place form must not draw twice
+    several_views = False  # forward returns several views of one input (split, chunk, unbind): no in-place on them
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -34,13 +34,36 @@ def remember_base(view: torch.Tensor, args: tuple) -> None:
     view._tt_base = bases[0] if bases else None
 
 
+# a piece (Tensor._tt_piece) made while nothing it came from required a gradient: torch's words for it
+UNRECORDED_PIECE = "A view was created in no_grad mode"
+_SEVERAL_VIEWS = ("This view is the output of a function that returns multiple views. Such functions do not allow the "
+                  "output views to be modified inplace. You should replace the inplace operation by an out-of-place "
+                  "one.")
+
+
+def mark_piece(view: torch.Tensor, rule: type, nr: int, args: tuple) -> None:
+    """torch's CreationMeta.MULTI_OUTPUT_NODE: output nr of a rule returning several views of one input (split, chunk,
+    unbind), or a view of such a piece, is a piece: one backward serves all the pieces, which a write into one would
+    bypass, so it may not be changed in place, nor used with grad mode on after its base changed in place (checked in
+    record_inplace and catch_up). Called for each recorded view; pieces that record nothing are marked by run_rule
+    (UNRECORDED_PIECE: torch refuses their in-place change only where that change records a gradient)."""
+    with plain_torch():
+        if rule.several_views or any(getattr(a, "_tt_piece", "") and a._tt_view and base_root(a) is base_root(view)
+                                     for a in args if isinstance(a, torch.Tensor)):
+            view._tt_piece = f"Output {nr} of {rule.__name__}"
+
+
 def catch_up(view: torch.Tensor, tracer_type: type, record: Record, always: bool = False) -> None:
     """If the base of `view` changed in place after the view was taken, the view is now ViewOfBase(base)
-    (`always`: before an op writes into the view, which then reads its value from the base, as torch)."""
+    (`always`: before an op writes into the view, which then reads its value from the base, as torch). A piece that
+    requires grad (mark_piece) has no such new value: torch's error."""
     with plain_torch():
         version, base = view._version, view._tt_base
         if (version == view._tt_version and not always) or not _grad_enabled():
             return
+        if view._tt_piece not in ("", UNRECORDED_PIECE) and view._tt_requires_grad:
+            raise RuntimeError(f"{view._tt_piece} is a view and its base or another view of its base has been "
+                               f"modified inplace. {_SEVERAL_VIEWS}")
         if view._tt_node is None and view._tt_requires_grad and base is not None and not base._tt_requires_grad:
             view._tt_version = version  # a leaf view of a tensor without gradient (requires_grad_() on it) stays a
             return  # leaf, its values read from the memory it shares, as torch's
@@ -116,6 +139,10 @@ def record_inplace(tracer_type: type, target: Any, name: str, compute: Callable,
                            "to handle view+inplace would override the custom backward associated with the custom "
                            "Function, leading to incorrect gradients. This behavior is forbidden. You can fix this by "
                            "cloning the output of the custom Function.")
+    if target._tt_piece:  # a piece (mark_piece), in torch's words
+        lead = target._tt_piece if target._tt_piece == UNRECORDED_PIECE else f"{target._tt_piece} is a view"
+        grad_mode = " with grad mode enabled" if target._tt_piece == UNRECORDED_PIECE else ""
+        raise RuntimeError(f"{lead} and is being modified inplace{grad_mode}. {_SEVERAL_VIEWS}")
     if target._tt_requires_grad and target._tt_node is None:
         raise RuntimeError(f"{name}: a leaf tracer that requires grad is used in an in-place operation. Do it "
                            "under tt.no_grad() (as optimizers do), or use the out-of-place form.")

@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 from torchtrace.autograd.arguments import to_positions
 from torchtrace.autograd.dispatch import _fresh, _grad_edges, _link_outputs, _rebuild
 from torchtrace.autograd.function import INPLACE, INPLACE_FLAG, RULES, Function
-from torchtrace.autograd.inplace import inplace_requested, remember_base
+from torchtrace.autograd.inplace import inplace_requested, mark_piece, remember_base
 from torchtrace.autograd.node import Context, Edge, Node, _top_hooks, link_output, saved_tensor_hooks
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import STATE, observing
@@ -372,7 +372,7 @@ class Run:
         linked = []
         saved = ctx._saved
         kept = []  # (saved index, output nr) of each result the rule saved
-        for r in raw:
+        for k, r in enumerate(raw):
             value = self.n_values
             self.n_values += 1
             # a result no argument is and the rule did not save becomes the tracer itself (its class changes);
@@ -384,6 +384,7 @@ class Run:
             t = link_output(r, segment.node, nr, tracer, fresh)
             if t._tt_view:
                 remember_base(t, args)
+                mark_piece(t, rule, k, args)  # (a piece of split or chunk: no in-place change, as eager)
             self.values[id(t)] = value
             self.keep.append(t)
             values.append(value)

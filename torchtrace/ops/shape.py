@@ -267,11 +267,13 @@ def _dim_argument(x: torch.Tensor, *args: Any, **kwargs: Any) -> int:
     return kwargs["dim"] if "dim" in kwargs else (args[1] if len(args) > 1 else 0)
 
 
-def cut(name: str, targets: Sequence[Callable], cut_dim: Callable = _dim_argument) -> type:
+def cut(name: str, targets: Sequence[Callable], cut_dim: Callable = _dim_argument, several_views: bool = False) -> type:
     """(y_1, ..., y_n) = x cut into consecutive pieces along one dim  ->  dx = the pieces' gradients joined.
 
     cut_dim(x, *args, **kwargs) names that dim: the `dim` argument, or the fixed one of hsplit/vsplit/dsplit (not
-    guessed from the pieces' shapes: pieces of size 0 are as long as x in every dim)."""
+    guessed from the pieces' shapes: pieces of size 0 are as long as x in every dim). `several_views`: torch makes the
+    pieces in one op returning several views (split, chunk), which it forbids changing in place; tensor_split and
+    hsplit/vsplit/dsplit slice x one piece at a time (ordinary views)."""
     op = targets[0]
 
     def forward(ctx: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> Tuple[torch.Tensor, ...]:
@@ -281,13 +283,15 @@ def cut(name: str, targets: Sequence[Callable], cut_dim: Callable = _dim_argumen
     def backward(ctx: Any, *grads: torch.Tensor) -> torch.Tensor:
         return torch.cat(grads, ctx.dim)
 
-    return rule(name, "(y_1..y_n) = pieces of x along dim  ->  dx = cat(dy_1..dy_n, dim)", forward, backward,
-                     targets)
+    made = rule(name, "(y_1..y_n) = pieces of x along dim  ->  dx = cat(dy_1..dy_n, dim)", forward, backward,
+                targets)
+    made.several_views = several_views
+    return made
 
 
-cut("Split", [T.split, torch.split])
-cut("SplitWithSizes", [T.split_with_sizes, torch.split_with_sizes])
-cut("Chunk", [T.chunk, torch.chunk])
+cut("Split", [T.split, torch.split], several_views=True)
+cut("SplitWithSizes", [T.split_with_sizes, torch.split_with_sizes], several_views=True)
+cut("Chunk", [T.chunk, torch.chunk], several_views=True)
 cut("TensorSplit", [T.tensor_split, torch.tensor_split])
 cut("Hsplit", [T.hsplit, torch.hsplit], lambda x, sections: 1 if x.dim() > 1 else 0)
 cut("Vsplit", [T.vsplit, torch.vsplit], lambda x, sections: 0)
@@ -300,6 +304,8 @@ cut("UnsafeChunk", [T.unsafe_chunk, torch.unsafe_chunk])
 @register(T.unbind, torch.unbind)
 class Unbind(Function):
     """(y_1, ..., y_n) = the slices x[..., i, ...]  ->  dx = stack(dy_1, ..., dy_n)"""
+
+    several_views = True
 
     @staticmethod
     def forward(ctx, x, dim=0):
