@@ -647,3 +647,15 @@ def test_a_complex_vector_norms_gradient_is_torchs_and_finite_differences(p, spe
             slope = (norm(z0 + step) - norm(z0 - step)) / (2 * eps)
             finite[i] += slope * direction
     torch.testing.assert_close(ours.grad.as_subclass(torch.Tensor), finite, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("p", ["x", "inf", "max"])
+def test_torch_norm_of_an_order_torch_does_not_know_raises_torchs_error(p):
+    """An order torch.norm does not take is torch's RuntimeError, word for word, on a tracer that needs a gradient
+    (it was torchtrace's own 'no gradient rule' before torch could say what is wrong)."""
+    x = torch.rand(3, 4)
+    with pytest.raises(RuntimeError) as theirs:
+        x.clone().requires_grad_().norm(p=p)
+    with pytest.raises(RuntimeError) as ours:
+        tt.tracer(x, requires_grad=True).norm(p=p)
+    assert str(ours.value) == str(theirs.value)

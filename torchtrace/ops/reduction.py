@@ -393,6 +393,7 @@ class Norm(VectorNorm):
     @staticmethod
     def forward(ctx, x, p="fro", dim=None, keepdim=False, dtype=None, *, out=None):
         if isinstance(p, str) and p != "fro":
+            torch.norm(x, p, dim, keepdim, dtype=dtype)  # an order torch does not know: torch's own error
             raise UnsupportedOperationError(f"torch.norm: p={p!r} has no gradient rule here — use p='fro' or a number")
         ord = 2 if p in ("fro", None) else p
         return VectorNorm.forward(ctx, x, ord, dim, keepdim, dtype, out=out)
