@@ -6,8 +6,8 @@ import torch
 import torchtrace as tt
 
 CALLS = {
-    "torch.autograd.grad": (lambda x: torch.autograd.grad((x * 2).sum(), x), "tt.grad"),
-    "torch.autograd.backward": (lambda x: torch.autograd.backward((x * 2).sum()), "y.backward()"),
+    "torch.autograd.gradcheck": (lambda x: torch.autograd.gradcheck(torch.sin, (x,)), "tt.gradcheck"),
+    "torch.autograd.gradgradcheck": (lambda x: torch.autograd.gradgradcheck(torch.sin, (x,)), "tt.gradgradcheck"),
     "torch.autograd.graph.register_multi_grad_hook": (  # (an AssertionError from inside torch's engine before)
         lambda x: torch.autograd.graph.register_multi_grad_hook((x, x * 1), lambda grads: None), "t.register_hook"),
 }

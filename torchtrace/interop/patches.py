@@ -6,9 +6,13 @@ none go to torch's original untouched.
   (torch.utils.checkpoint's reentrant CheckpointFunction becomes a recomputing torchtrace checkpoint instead); a
   TorchFunctionMode that asks for them (`sees_function_apply`: tt.compile's, which records the call as a statement)
   sees the call first, as it sees every torch call.
-- torch.autograd.grad / torch.autograd.backward on tracers: a clear error naming tt.grad / y.backward(), and
-  torch.autograd.functional's jacobian, hessian, vjp, jvp, hvp, vhp one naming torchtrace's own;
-  torch.autograd.graph.register_multi_grad_hook on tracers (an AssertionError from torch's engine): one too.
+- torch.autograd.grad / torch.autograd.backward on tracers: answered by torchtrace's engine (tt.grad / tt.backward,
+  the arguments bound as torch binds them), so torch code that calls them (a gradient penalty, torch's own
+  torch.autograd.functional jacobian, hessian, vjp, jvp, hvp, vhp, written on torch.autograd.grad) runs on tracers.
+  What still cannot serve tracers refuses them by name: functional's forward-mode strategy (torch's forward AD),
+  torch.autograd.gradcheck / gradgradcheck (their undefined-gradient check applies one of torch's C++ Functions;
+  tt.gradcheck is torchtrace's), torch.autograd.graph.register_multi_grad_hook (an AssertionError from torch's
+  engine).
 - torch.distributed's collectives, which write their tensors in place below torch's dispatch (no rule sees them), on a
   tracer of the graph (a result that requires grad) with grad mode on: a clear error naming
   torch.distributed.nn.functional (differentiable) or t.detach(). Unrecorded, backward took them for the identity
@@ -17,6 +21,8 @@ none go to torch's original untouched.
   tt.nn.parallel.DistributedDataParallel (torch's C++ reducer hooks torch autograd's gradient accumulators, which
   tracers do not have: its construction crashed the process).
 """
+import inspect
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -26,6 +32,7 @@ import torch.distributed
 import torch.utils.checkpoint
 from torch.overrides import _get_current_function_mode_stack as _current_function_mode_stack
 
+from torchtrace.autograd import engine
 from torchtrace.errors import UnsupportedOperationError
 from torchtrace.interop.detect import has_tracer, tensors_in
 from torchtrace.interop.function_bridge import apply_on_tracers
@@ -59,6 +66,57 @@ def _refuse_on_tracers(original: Callable, name: str, instead: str) -> Callable:
         if has_tracer(args) or has_tracer(kwargs.values()):
             raise UnsupportedOperationError(f"{name}: torch's autograd does not see tracers (torchtrace records "
                                             f"their graph itself) — {instead}")
+        return original(*args, **kwargs)
+
+    wrapper.__wrapped__, wrapper._torchtrace = original, True
+    wrapper.__name__, wrapper.__doc__ = original.__name__, original.__doc__
+    return wrapper
+
+
+def _answer_on_tracers(original: Callable, answer: Callable) -> Callable:
+    """torch's `original`, except that a call with a tracer among its arguments goes to `answer`, given the arguments
+    as torch's signature binds them (by name: what the caller passed, positionally or not)."""
+    signature = inspect.signature(original)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if has_tracer(args) or has_tracer(kwargs.values()):
+            return answer(**signature.bind(*args, **kwargs).arguments)
+        return original(*args, **kwargs)
+
+    wrapper.__wrapped__, wrapper._torchtrace = original, True
+    wrapper.__name__, wrapper.__doc__ = original.__name__, original.__doc__
+    return wrapper
+
+
+def _grad(only_inputs: bool = True, **arguments: Any) -> Any:
+    """torch.autograd.grad on tracers: tt.grad (only_inputs, deprecated, is ignored as torch ignores it)."""
+    if not only_inputs:
+        warnings.warn("only_inputs argument is deprecated and is ignored now (defaults to True). To accumulate "
+                      "gradient for other parts of the graph, please use torch.autograd.backward.", FutureWarning,
+                      stacklevel=3)
+    return engine.grad(**arguments)
+
+
+def _backward(grad_variables: Any = None, **arguments: Any) -> None:
+    """torch.autograd.backward on tracers: tt.backward (grad_variables, deprecated, is grad_tensors, as in torch)."""
+    if grad_variables is not None:
+        warnings.warn("`grad_variables` is deprecated. Use `grad_tensors` instead.", FutureWarning, stacklevel=3)
+        if arguments.get("grad_tensors") is not None:
+            raise RuntimeError("`grad_tensors` and `grad_variables` (deprecated) arguments both passed to "
+                               "`backward()`. Please only use `grad_tensors`.")
+        arguments["grad_tensors"] = grad_variables
+    return engine.backward(**arguments)
+
+
+def _refuse_forward_mode(original: Callable, name: str) -> Callable:
+    """torch.autograd.functional's jacobian / hessian: torch's own on tracers (on torch.autograd.grad, which
+    torchtrace answers), except the forward-mode strategy, which runs torch's forward AD."""
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if (has_tracer(args) or has_tracer(kwargs.values())) and "forward-mode" in (
+                kwargs.get("strategy"), kwargs.get("outer_jacobian_strategy")):
+            raise UnsupportedOperationError(
+                f"torch.autograd.functional.{name}: its forward-mode strategy runs torch's forward AD, which does "
+                f"not see tracers — use tt.jacobian(f, x, mode='forward'), or strategy='reverse-mode'")
         return original(*args, **kwargs)
 
     wrapper.__wrapped__, wrapper._torchtrace = original, True
@@ -101,28 +159,24 @@ COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_in
                "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "scatter", "gather", "send", "recv",
                "isend", "irecv")
 
-FUNCTIONAL = {  # torch.autograd.functional's entry points, and torchtrace's own to use on tracers
-    "jacobian": "use tt.jacobian(f, inputs)", "hessian": "use tt.hessian(f, x)",
-    "vjp": "use tt.grad(f(x), x, grad_outputs=v)", "jvp": "use tt.jvp(f, primals, tangents)",
-    "hvp": "use tt.hvp(f, params, v)", "vhp": "use tt.hvp(f, params, v) (the Hessian is symmetric: vhp = hvp)"}
-
-
 def install() -> None:
     """Wrap torch's entry points once (idempotent)."""
     apply = _Function.__dict__["apply"]
     if not getattr(apply.__func__, "_torchtrace", False):
         _Function.apply = _apply(apply.__func__)
     if not getattr(torch.autograd.grad, "_torchtrace", False):
-        torch.autograd.grad = _refuse_on_tracers(
-            torch.autograd.grad, "torch.autograd.grad", "use tt.grad(outputs, inputs, ...) (same arguments)")
+        torch.autograd.grad = _answer_on_tracers(torch.autograd.grad, _grad)
     if not getattr(torch.autograd.backward, "_torchtrace", False):
-        torch.autograd.backward = _refuse_on_tracers(
-            torch.autograd.backward, "torch.autograd.backward", "use y.backward() or tt.backward(tensors, ...)")
-    for name, instead in FUNCTIONAL.items():  # (they call torch.autograd.grad, whose refusal would name that)
+        torch.autograd.backward = _answer_on_tracers(torch.autograd.backward, _backward)
+    for name in ("jacobian", "hessian"):
         original = getattr(torch.autograd.functional, name)
         if not getattr(original, "_torchtrace", False):
-            setattr(torch.autograd.functional, name,
-                    _refuse_on_tracers(original, f"torch.autograd.functional.{name}", instead))
+            setattr(torch.autograd.functional, name, _refuse_forward_mode(original, name))
+    for name in ("gradcheck", "gradgradcheck"):
+        original = getattr(torch.autograd, name)
+        if not getattr(original, "_torchtrace", False):
+            setattr(torch.autograd, name, _refuse_on_tracers(
+                original, f"torch.autograd.{name}", f"use tt.{name}(fn, *inputs), torchtrace's own"))
     if torch.distributed.is_available():
         for name in COLLECTIVES:
             original = getattr(torch.distributed, name)
