@@ -415,3 +415,30 @@ def test_the_same_model_is_drawn_the_same_in_every_process():
     source = sources.pop()
     assert source.index("label=\"0 (Linear)\"") < source.index("label=\"1 (Tanh)\"") < source.index(
         "label=\"2 (Linear)\"")
+
+
+def test_a_leaf_whose_grad_sums_two_backwards_shows_the_last_backwards_gradient_beside_the_sum():
+    """After two backwards without zeroing, a leaf's .grad is the sum of both; the drawing's `grad` is the gradient
+    of the output with respect to the tensor (the last backward's, as for every op), and `.grad Σ` the sum, each
+    compared with torch autograd's. After zeroing, the next backward's drawing shows one grad again."""
+    data = torch.tensor([1.0, -2.0])
+    x = tt.tracer(data, requires_grad=True)
+    y = (x * x * x).sum()
+    theirs = data.clone().requires_grad_()
+    one = torch.autograd.grad((theirs * theirs * theirs).sum(), theirs)[0].tolist()
+    (theirs * theirs * theirs).sum().backward()
+    (theirs * theirs * theirs).sum().backward()
+    summed = theirs.grad.tolist()
+    y.backward(retain_graph=True)
+    y.backward()
+    label = next(line for line in draw(y).source.splitlines() if "x (2)" in line)
+
+    def numbers(values):
+        return "[" + ", ".join(f"{v:g}" for v in values) + "]"
+    assert f"grad {numbers(one)}" in label and f".grad {numbers(summed)} Σ" in label
+    assert ".grad Σ: the leaf's .grad, which sums the gradients of every backward" in draw(y).source
+    x.grad = None
+    z = (x * 2).sum()
+    z.backward()
+    fresh = next(line for line in draw(z).source.splitlines() if "x (2)" in line)
+    assert "grad [2, 2]" in fresh and "Σ" not in fresh

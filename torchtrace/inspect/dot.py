@@ -213,9 +213,9 @@ def _values_of(node: Any, nr: int, names: Names, outputs: Dict[Tuple[Any, int], 
     """(name, value, gradient, changed) of one output of a node, from what is known about it; None where unknown.
     A named or given result changed in place after its op (under no_grad) holds another value than the op made:
     `changed`, and its value is a copy noted when the op ran, or unknown."""
-    if isinstance(node, AccumulateGrad):
-        leaf = node.variable
-        return names.tensors.get(id(leaf)), summary(leaf), summary(leaf.grad), False
+    if isinstance(node, AccumulateGrad):  # (its grad: what the last backward added, where .grad summed more)
+        leaf, added = node.variable, (node.notes or {}).get("added")
+        return names.tensors.get(id(leaf)), summary(leaf), summary(leaf.grad if added is None else added), False
     notes = node.notes or {}
     name, tensor = names.results.get((node, nr), (None, outputs.get((node, nr))))
     changed = tensor is not None and tensor._version != tensor._tt_version
@@ -373,6 +373,9 @@ def _legend(builder: _Builder) -> str:
         lines.append("   ".join(missing))
     if "sums" in drawn:
         lines.append("⊕ sums N gradients: a tensor used N times receives one gradient per use, added up")
+    if "summed .grad" in drawn:
+        lines.append(".grad Σ: the leaf's .grad, which sums the gradients of every backward since it was last zeroed "
+                     "(grad: the last backward's)")
     return "\n".join(lines)
 
 
@@ -424,6 +427,9 @@ def _add_nodes(builder: _Builder, order: List[Any], roots: Set[Any], shapes: Dic
             attrs.update(color="red", penwidth="2")
             builder.drawn.add("flagged")
         label = _label(builder, header, shape, value, grad, uses.get(node, 0))
+        if leaf and builder.values and (node.notes or {}).get("added") is not None:  # .grad sums earlier backwards
+            label += " | " + _record_field(text(summary(node.variable.grad), ".grad") + " Σ")
+            builder.drawn.add("summed .grad")
         builder.ids[node] = builder.add_node(path, label, COLOURS[kind], **attrs)
         if show_saved and not leaf:
             _add_saved(builder, node, path)

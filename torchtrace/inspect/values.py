@@ -11,8 +11,10 @@ a graph nobody looks at:
 A hooked node notes the gradient that reaches it in every later backward (a plain `backward()`,
 anywhere), the last one winning. A plain backward through a tiny graph (`tiny_graph`: micrograd's
 examples) notes every node's gradient, and the values its rules saved, without either. Tensors of at
-most VALUE_LIMIT elements are kept as copies, larger ones as their 2-norm. Leaves need none of this:
-their value is the leaf and their gradient `.grad`.
+most VALUE_LIMIT elements are kept as copies, larger ones as their 2-norm. A leaf's value is the leaf and
+its gradient `.grad`, which sums every backward since it was last zeroed: a plain backward through a tiny
+graph notes on a leaf whose `.grad` held a gradient already what this backward added (`added`), so that
+the drawing shows this backward's gradient beside the sum.
 """
 import contextlib
 import functools
@@ -21,7 +23,8 @@ from typing import Any, Iterator, Optional, Union
 
 import torch
 
-from torchtrace.autograd.node import Node, gradient_for
+from torchtrace.autograd.engine import topological_order
+from torchtrace.autograd.node import AccumulateGrad, Node, gradient_for
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.inspect.scope import module_scope
@@ -169,8 +172,27 @@ def noting_tiny_graphs(output: Any, create_graph: bool) -> Any:
     it with the tracer's backward (torchtrace/__init__.py), so the engine itself never looks."""
     if create_graph or not tiny_graph(output):
         return contextlib.nullcontext()
-    return observing(on_backward=_note_everything)
+    return _noting(output)
 
+
+@contextlib.contextmanager
+def _noting(output: Any) -> Iterator[None]:
+    """The observed backward of a tiny graph, and on each leaf whose .grad held a gradient before it, what it added
+    (a leaf's .grad is the sum; the ops' notes hold this backward's gradients)."""
+    held = {}
+    with plain_torch():
+        for node in topological_order([output._tt_node]):
+            if isinstance(node, AccumulateGrad):
+                node.notes = {k: v for k, v in (node.notes or {}).items() if k != "added"}  # (an earlier backward's)
+                if node.variable.grad is not None and node.variable.grad.count_nonzero() > 0:
+                    held[node] = node.variable.grad.detach().clone()
+    with observing(on_backward=_note_everything):
+        yield
+    with plain_torch():
+        for node, before in held.items():
+            after = node.variable.grad
+            if after is not None and after.shape == before.shape:
+                node.notes = {**node.notes, "added": after.detach() - before}
 
 
 @contextlib.contextmanager
