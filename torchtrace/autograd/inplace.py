@@ -47,6 +47,8 @@ def mark_piece(view: torch.Tensor, rule: type, nr: int, args: tuple) -> None:
     bypass, so it may not be changed in place, nor used with grad mode on after its base changed in place (checked in
     record_inplace and catch_up). Called for each recorded view; pieces that record nothing are marked by run_rule
     (UNRECORDED_PIECE: torch refuses their in-place change only where that change records a gradient)."""
+    if not (rule.several_views or any(getattr(a, "_tt_piece", "") for a in args)):
+        return  # (the common case, decided first: this runs for every recorded view)
     with plain_torch():
         if rule.several_views or any(getattr(a, "_tt_piece", "") and a._tt_view and base_root(a) is base_root(view)
                                      for a in args if isinstance(a, torch.Tensor)):
