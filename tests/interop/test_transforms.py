@@ -155,6 +155,9 @@ def test_torch_autograd_functional_forward_mode_refuses_tracers_naming_torchtrac
     strategy = {"strategy": "forward-mode"} if name == "jacobian" else {"outer_jacobian_strategy": "forward-mode"}
     with pytest.raises(tt.UnsupportedOperationError, match=rf"^torch.autograd.functional.{name}: .* tt.jacobian"):
         fn(lambda t: t.sin().sum() if name == "hessian" else t.sin(), x(), vectorize=True, **strategy)
+    with pytest.raises(tt.UnsupportedOperationError, match=rf"^torch.autograd.functional.{name}: .* tt.jacobian"):
+        # the same strategy passed by position (func, inputs, create_graph, strict, vectorize, strategy)
+        fn(lambda t: t.sin().sum() if name == "hessian" else t.sin(), x(), False, False, True, "forward-mode")
     plain = torch.randn(3, dtype=torch.float64)  # plain tensors: torch's own, untouched
     torch.testing.assert_close(torch.autograd.functional.jacobian(torch.sin, plain, vectorize=True,
                                                                   strategy="forward-mode"), torch.diag(plain.cos()))

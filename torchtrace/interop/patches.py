@@ -42,6 +42,13 @@ _Function = torch.autograd.function.Function
 _base_setup_context = torch.autograd.function._SingleLevelFunction.setup_context
 
 
+def _wrapping(original: Callable, wrapper: Callable) -> Callable:
+    """`wrapper` marked as torchtrace's wrapper of `original` (install() stays idempotent), under its name and doc."""
+    wrapper.__wrapped__, wrapper._torchtrace = original, True
+    wrapper.__name__, wrapper.__doc__ = original.__name__, original.__doc__
+    return wrapper
+
+
 def _apply(original: Callable) -> classmethod:
     def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
         if not has_tracer(args) and not has_tracer(kwargs.values()):
@@ -56,7 +63,7 @@ def _apply(original: Callable) -> classmethod:
             return checkpoint(function, *inputs, preserve_rng_state=preserve_rng_state)
         return apply_on_tracers(cls, cls.setup_context is not _base_setup_context, args, kwargs)
 
-    apply.__wrapped__, apply._torchtrace = original, True
+    _wrapping(original, apply)
     apply.__doc__ = "torch's Function.apply; on tracers the Function runs as a torchtrace node (torchtrace.interop)."
     return classmethod(apply)
 
@@ -68,9 +75,7 @@ def _refuse_on_tracers(original: Callable, name: str, instead: str) -> Callable:
                                             f"their graph itself) — {instead}")
         return original(*args, **kwargs)
 
-    wrapper.__wrapped__, wrapper._torchtrace = original, True
-    wrapper.__name__, wrapper.__doc__ = original.__name__, original.__doc__
-    return wrapper
+    return _wrapping(original, wrapper)
 
 
 def _answer_on_tracers(original: Callable, answer: Callable) -> Callable:
@@ -83,9 +88,7 @@ def _answer_on_tracers(original: Callable, answer: Callable) -> Callable:
             return answer(**signature.bind(*args, **kwargs).arguments)
         return original(*args, **kwargs)
 
-    wrapper.__wrapped__, wrapper._torchtrace = original, True
-    wrapper.__name__, wrapper.__doc__ = original.__name__, original.__doc__
-    return wrapper
+    return _wrapping(original, wrapper)
 
 
 def _grad(only_inputs: bool = True, **arguments: Any) -> Any:
@@ -110,18 +113,19 @@ def _backward(grad_variables: Any = None, **arguments: Any) -> None:
 
 def _refuse_forward_mode(original: Callable, name: str) -> Callable:
     """torch.autograd.functional's jacobian / hessian: torch's own on tracers (on torch.autograd.grad, which
-    torchtrace answers), except the forward-mode strategy, which runs torch's forward AD."""
+    torchtrace answers), except the forward-mode strategy (by name or by position), which runs torch's forward AD."""
+    signature = inspect.signature(original)
+
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if (has_tracer(args) or has_tracer(kwargs.values())) and "forward-mode" in (
-                kwargs.get("strategy"), kwargs.get("outer_jacobian_strategy")):
+                (bound := signature.bind(*args, **kwargs).arguments).get("strategy"),
+                bound.get("outer_jacobian_strategy")):
             raise UnsupportedOperationError(
                 f"torch.autograd.functional.{name}: its forward-mode strategy runs torch's forward AD, which does "
                 f"not see tracers — use tt.jacobian(f, x, mode='forward'), or strategy='reverse-mode'")
         return original(*args, **kwargs)
 
-    wrapper.__wrapped__, wrapper._torchtrace = original, True
-    wrapper.__name__, wrapper.__doc__ = original.__name__, original.__doc__
-    return wrapper
+    return _wrapping(original, wrapper)
 
 
 def _refuse_on_graph(original: Callable, name: str) -> Callable:
@@ -135,9 +139,7 @@ def _refuse_on_graph(original: Callable, name: str) -> Callable:
                 "or run it under tt.no_grad()")
         return original(*args, **kwargs)
 
-    collective.__wrapped__, collective._torchtrace = original, True
-    collective.__name__, collective.__doc__ = original.__name__, original.__doc__
-    return collective
+    return _wrapping(original, collective)
 
 
 def _refuse_tracer_module(original: Callable) -> Callable:
@@ -150,9 +152,7 @@ def _refuse_tracer_module(original: Callable) -> Callable:
                 "torchtrace's backward")
         original(self, module, *args, **kwargs)
 
-    __init__.__wrapped__, __init__._torchtrace = original, True
-    __init__.__doc__ = original.__doc__
-    return __init__
+    return _wrapping(original, __init__)
 
 
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
