@@ -166,16 +166,17 @@ class Segment:
         tensor of the graph): it is saved as a plain alias instead (the same memory and version counter), and a
         create_graph backward reads the tracer itself again while it lives (else links the alias back as the node's
         output, as the results a rule saved)."""
-        saved, node, plain = step.ctx._saved, self._node or self.node, None
-        for i, t in enumerate(saved):
+        node = self._node or self.node
+        for i, t in enumerate(step.ctx._saved):
             if getattr(t, "_tt_node", None) is node:
-                if plain is None:
-                    plain, made = list(saved), []
                 with plain_torch():
-                    plain[i] = torch.Tensor.detach(t)  # (a plain tensor: subclass dispatch is off)
-                made.append((i, weakref.ref(t), t._tt_nr))
-        if plain is not None:
-            step.ctx._saved, step.saved_inputs = tuple(plain), tuple(made)
+                    self.plain_saved_input(step, i, t)
+
+    def plain_saved_input(self, step: Step, index: int, t: torch.Tensor) -> None:
+        """Saved tensor `index` of the step, a tracer of this node, kept as a plain alias (under plain_torch)."""
+        saved = list(step.ctx._saved)
+        saved[index] = torch.Tensor.detach(t)  # (a plain tensor: subclass dispatch is off)
+        step.ctx._saved, step.saved_inputs = tuple(saved), (*step.saved_inputs, (index, weakref.ref(t), t._tt_nr))
 
     def follow_data(self, t: torch.Tensor) -> None:
         """`t.data = v` on a value this segment made: the statements that saved t read its new data, as eager's rules

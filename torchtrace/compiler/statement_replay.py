@@ -207,6 +207,22 @@ def _output_lines(st: Any, names: List[str], saving: Optional[Tuple[int, ...]], 
         f"step = Step(RULE, ctx, [value], None, targets, local, kept, st, ({floats}{',' if floats else ''}))",
         "segment.steps.append(step)",
         "segment.producer[value] = step",
-        "if ctx._saved:",
-        "    segment.plain_saved_inputs(step)",
+        *_plain_saved_lines(st, names),
         "return out"]
+
+
+def _plain_saved_lines(st: Any, names: List[str]) -> List[str]:
+    """Segment.plain_saved_inputs written out, where the trace says what the Context keeps: a saved argument that is
+    a leaf slot is never a tracer of this node, one that is a value of this call may be; a tensor the forward made
+    is checked too (an op such as contiguous() may have returned its argument itself)."""
+    if st.traced_forward is None:
+        return ["if ctx._saved:", "    segment.plain_saved_inputs(step)"]
+    lines: List[str] = []
+    for index, k in st.code.saved_from:
+        if k is not None and (st.checks[k][0] is not TENSOR or st.checks[k][1] < 0):
+            continue
+        name = names[k] if k is not None else f"ctx._saved[{index}]"
+        lines += [f"if getattr({name}, '_tt_node', None) is node:  # saved {index}: a tracer of this node, kept as a "
+                  "plain alias (no cycle node -> Context -> tracer -> node)",
+                  f"    segment.plain_saved_input(step, {index}, {name})"]
+    return lines

@@ -68,6 +68,9 @@ class StepCode(NamedTuple):
     forward_source: str
     fixed_floats: Optional[tuple]  # the trace holds for these floats only (their values are literals in its code)
     saves_result: Tuple[int, ...]  # where the forward's Context keeps its result (saved index)
+    saved_from: Tuple[Tuple[int, Optional[int]], ...]  # (saved index, argument index or None): each tensor the
+    # Context keeps other than the result, the argument it is (None: made by the forward, or returned unchanged by an
+    # op such as contiguous(): only a run can tell)
     result_metas: Dict[str, Tuple[torch.Size, torch.dtype]]  # shape and dtype of each tensor backward returns, as
     # traced: what the generated backward knows without reading them (segment_code._send)
 
@@ -139,12 +142,15 @@ def _from_trace(trace: Trace, fixed_floats: Optional[tuple]) -> Union[StepCode, 
     metas = {name: trace.metas[name] for name in names_in(trace.backward_result) if name in trace.metas}
     if fixed_floats is not None:  # the forward stays the rule's: it takes any float
         return StepCode(reads, checked, backward, list(trace.gradients), trace.backward_result, 0, None, "",
-                        fixed_floats, (), metas)
+                        fixed_floats, (), (), metas)
     source = _forward_source(trace)
     saves_result = tuple(i for i, item in enumerate(trace.ctx_saved) if item == trace.forward_result)
+    arguments = [item if isinstance(item, TensorRef) else None for item in trace.args]
+    saved_from = tuple((i, arguments.index(item) if item in arguments else None) for i, item in
+                       enumerate(trace.ctx_saved) if isinstance(item, TensorRef) and i not in saves_result)
     return StepCode(reads, checked, backward, list(trace.gradients), trace.backward_result, len(trace.floats),
                     _compiled_forward(trace.rule, source) if source else None, source[0] if source else "", None,
-                    saves_result, metas)
+                    saves_result, saved_from, metas)
 
 
 def _forward_source(trace: Trace) -> Optional[Tuple[str, list]]:
