@@ -340,6 +340,23 @@ def test_backward_and_grad_refuse_gradients_that_do_not_fit_as_torch():
             grad(y.sum(), [])
 
 
+def test_gradients_beyond_the_outputs_are_ignored_as_torch_ignores_them():
+    """torch.autograd.grad / backward given more gradients than outputs use the first ones (torch's engine zips
+    them); torchtrace raised. Both against torch autograd and the analytic gradient (d/dx sum(x * 3) * 0.5 = 1.5)."""
+    answers = []
+    for make, backward, grad in [(lambda: tt.tracer([1.0, 2.0, 3.0], requires_grad=True), tt.backward, tt.grad),
+                                 (lambda: torch.tensor([1.0, 2.0, 3.0], requires_grad=True), torch.autograd.backward,
+                                  torch.autograd.grad)]:
+        for entry in (grad, torch.autograd.grad):
+            x = make()
+            (g,) = entry([(x * 3).sum()], [x], grad_outputs=[torch.tensor(0.5), torch.tensor(7.0)])
+            answers.append(g.tolist())
+        x = make()
+        backward([(x * 3).sum()], [torch.tensor(0.5), torch.tensor(7.0)])
+        answers.append(x.grad.tolist())
+    assert answers == [[1.5, 1.5, 1.5]] * 6
+
+
 LAYOUTS = {
     "transposed": lambda: torch.randn(4, 3, dtype=torch.float64).t(),
     "channels_last": lambda: torch.randn(2, 3, 4, 5, dtype=torch.float64).to(memory_format=torch.channels_last),

@@ -146,7 +146,7 @@ def _roots(tensors: Tensors, grads: Optional[Tensors], create_graph: bool,
     for g in grads:
         if g is not None and not isinstance(g, torch.Tensor):
             raise TypeError(f"{grads_name} can be either Tensors or None, but got {type(g).__name__}")
-    if len(grads) != len(tensors):
+    if len(grads) < len(tensors):  # (more gradients than tensors: the extra ones are ignored, as torch's engine does)
         raise RuntimeError(f"{grads_name}: got {len(tensors)} tensors and {len(grads)} gradients (one each, None for "
                            "a scalar)")
     tracer_type = next((t._tt_type for t in tensors if hasattr(type(t), "_tt_type")), None)
