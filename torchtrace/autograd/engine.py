@@ -26,7 +26,7 @@ from torchtrace.autograd.node import (
     leaf_accumulator,
     link_output,
 )
-from torchtrace.autograd.plain import plain_torch
+from torchtrace.autograd.plain import modes_aside, plain_torch
 from torchtrace.autograd.state import STATE
 
 Tensors = Union[torch.Tensor, Sequence[torch.Tensor]]
@@ -58,13 +58,16 @@ def backward(tensors: Tensors, grad_tensors: Optional[Tensors] = None, retain_gr
     non-leaf's too, as torch), running only the nodes that lead to them."""
     roots, tracer_type = _roots(tensors, grad_tensors, create_graph)
     if inputs is None:
-        return WALK[0](roots, create_graph if retain_graph is None else retain_graph, create_graph, None, tracer_type)
+        with modes_aside(not create_graph):
+            return WALK[0](roots, create_graph if retain_graph is None else retain_graph, create_graph, None,
+                           tracer_type)
     inputs = _as_list(inputs)
     if not inputs:
         raise RuntimeError("`inputs` argument to `backward()` cannot be empty.")
     targets = [_edge_of(t, f"inputs[{i}]") for i, t in enumerate(inputs)]
     captured = {edge: INTO_GRAD if type(edge[0]) is AccumulateGrad else None for edge in targets}
-    _walk(roots, create_graph if retain_graph is None else retain_graph, create_graph, captured, tracer_type)
+    with modes_aside(not create_graph):
+        _walk(roots, create_graph if retain_graph is None else retain_graph, create_graph, captured, tracer_type)
     for t, (node, nr) in zip(inputs, targets):  # a non-leaf input's gradient, captured, summed into its .grad
         g = captured.pop((node, nr), None)
         if g is not None and g is not INTO_GRAD and not (node.retained and nr in node.retained):
@@ -98,7 +101,8 @@ def grad(outputs: Tensors, inputs: Tensors, grad_outputs: Optional[Tensors] = No
     targets = [_edge_of(t, f"input {i}") for i, t in enumerate(inputs)]
     captured: Dict[Tuple[Any, int], Any] = {edge: None for edge in targets}
     roots, tracer_type = _roots(outputs, grad_outputs, create_graph, "grad_outputs")
-    _walk(roots, create_graph if retain_graph is None else retain_graph, create_graph, captured, tracer_type)
+    with modes_aside(not create_graph):
+        _walk(roots, create_graph if retain_graph is None else retain_graph, create_graph, captured, tracer_type)
     result = tuple(captured[edge] for edge in targets)
     if not allow_unused and any(g is None for g in result):
         raise RuntimeError("One of the differentiated tracers was not used to compute the outputs. "

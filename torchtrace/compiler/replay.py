@@ -619,6 +619,8 @@ class ReplayMode(TorchFunctionMode):
     """Every torch call of one compiled call comes here first (a user autograd Function's apply on tracers too)."""
 
     sees_function_apply = True
+    idle_without_grad = True  # a call with grad mode off runs as without it: a region that records nothing may take
+    # it off the stack (grad_mode.modes_aside: a backward, an optimizer's update)
 
     def __init__(self, run: Run):
         super().__init__()

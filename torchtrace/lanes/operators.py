@@ -19,6 +19,7 @@ import torch
 
 from torchtrace.autograd import dispatch
 from torchtrace.autograd.function import RULES
+from torchtrace.autograd.plain import _pop_mode, _push_mode, _stack_at, _stack_len
 from torchtrace.lanes.forward import LANES, MOST_ARGUMENTS, _FirstUse
 from torchtrace.lanes.forward import torch_function as lanes_torch_function
 
@@ -38,8 +39,6 @@ OPERATORS: Dict[str, Tuple[Callable, Optional[tuple]]] = {
 # `torch.matmul(t, a)`. So a reflected operator given a tensor whose class keeps torch's operator answers as that
 # operator: `t - a` is `Tensor.__sub__(t, a)`, as before the tracer had operators. A number (`2 - a`) takes the lane.
 _dispatch_on, _mode_on = torch._C._is_torch_function_enabled, torch._C._is_torch_function_mode_enabled
-_stack_len, _stack_at = torch._C._len_torch_function_stack, torch._C._get_function_stack_at
-_pop_mode, _push_mode = torch._C._pop_torch_function_stack, torch._C._push_on_torch_function_stack
 # TorchFunctionModes an operator calls itself when it is the only mode (tt.compile's ReplayMode registers): the call
 # torch would make through its C entry, `mode.__torch_function__(func, types, args, kwargs)` with the mode off the
 # stack while it runs, without that entry's cost

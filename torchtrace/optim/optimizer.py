@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 import torch
 
 from torchtrace.autograd.grad_mode import enable_grad, no_grad
-from torchtrace.autograd.plain import plain_torch
+from torchtrace.autograd.plain import modes_aside, plain_torch
 from torchtrace.errors import UnsupportedOperationError
 
 Params = Union[Iterable[torch.Tensor], Iterable[Dict[str, Any]]]
@@ -89,7 +89,7 @@ class Optimizer(torch.optim.Optimizer):
             with enable_grad():
                 loss = closure()
         state = self.state
-        with no_grad():
+        with no_grad(), modes_aside():
             for group in self.param_groups:
                 with plain_torch():  # one guard for all the aliases of a group (this loop runs every step)
                     pairs = [(p, _plain_alias(p), _plain_alias(grad))
