@@ -174,3 +174,38 @@ def test_calls_with_keywords_take_the_generated_replay(monkeypatch):
         if call >= 2:  # (the first call records, the second plans each statement and generates its replay)
             assert general == [], general
     assert compiled.replayed == compiled.calls - 1
+
+
+def test_the_written_out_context_and_step_equal_their_classes_own_construction():
+    """The generated replay builds each Context and Step without calling __init__ (one Python frame fewer per op):
+    every slot it fills must be what `Context(rule, (), mask)` and `Step(...)` fill, so the two cannot drift apart."""
+    from torchtrace.autograd.node import Context
+    from torchtrace.compiler.segment import Step
+
+    def slots(obj: Any, cls: type) -> dict:
+        names = [n for klass in cls.__mro__ for n in getattr(klass, "__slots__", ()) if n != "__dict__"]
+        return {n: getattr(obj, n, "<unset>") for n in names} | dict(getattr(obj, "__dict__", {}))
+
+    w = tt.tracer(torch.rand(3, 3, dtype=torch.float64), requires_grad=True)
+    v = tt.tracer(torch.rand(3, 3, dtype=torch.float64), requires_grad=True)
+    x = torch.rand(3, 3, dtype=torch.float64)
+    compiled = tt.compile(_two_new_leaves, (x, w, v))
+    for _ in range(3):
+        compiled(x, w, v)
+    steps = _steps_of(compiled, x, w, v)
+    assert steps and all(step.statement.replay is not None for step in steps)
+    for step in steps:
+        ctx = step.ctx
+        made = Context(ctx._rule, (), ctx._mask)
+        made._saved, made._versions = ctx._saved, ctx._versions  # (what the rule's forward set afterwards: its
+        made.__dict__.update(ctx.__dict__)  # saves, and attributes of its own such as ctx.alpha)
+        assert slots(ctx, Context) == slots(made, Context)
+        again = Step(step.rule, ctx, step.outputs, step.metas, step.targets, step.local, step.saved_outputs,
+                     step.statement, step.floats)
+        again.saved_inputs = step.saved_inputs  # (set by Segment.plain_saved_input afterwards)
+        assert slots(step, Step) == slots(again, Step)
+
+
+def _steps_of(compiled: Any, *args: Any) -> list:
+    """The steps of one replayed call: those of its result's node (whose ctx is the segment)."""
+    return list(compiled(*args)._tt_node.ctx.steps)

@@ -19,12 +19,13 @@ For `torch.mul(h, w)` recorded with h value 3 and w leaf slot 0 first read there
             slot_of[id(a1)] = L1             # bound once every argument fits: nothing to undo on a miss
             slots.append(a1)
             ...                              # the trie moves on
-            ctx = Context(RULE, (), MASK)
+            ctx = new(Context)               # Context(RULE, (), MASK), its __init__ written out
+            ...
             out = forward(ctx, a0, a1)       # the rule's forward as traced (step_code.py): its torch calls
             if out._is_view() or out is a0 or out is a1:
                 return run.relink(...)       # the general linking (views, a returned argument)
             ...                              # value number, output nr of the open node, retagged as a tracer
-            step = Step(RULE, ctx, [value], None, targets, local, (), st, ())
+            step = new(Step)                 # Step(RULE, ctx, [value], None, targets, local, (), st, ()), written out
         return replay
 
 The form's code is compiled once (statements that differ only in their numbers, rule, forward and constants share
@@ -41,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from torchtrace.autograd.node import Context
+from torchtrace.autograd.node import _NEEDS, _UNSAVED, Context, _needs_flags
 from torchtrace.compiler.ir import NUMBER, TENSOR
 from torchtrace.compiler.segment import Segment, Step
 from torchtrace.compiler.step_code import GENERATED_DIR
@@ -59,7 +60,8 @@ def statement_replay(st: Any, miss: object) -> Callable[[Any, Any, tuple], Any]:
     forward, shapes and structural values (`K`) — is bound per statement; the code itself is compiled once per
     form (the chain's 100 multiplications share one), so a long path runs a few hot functions, not one per call."""
     writer = CodeWriter()
-    bound: Dict[str, Any] = {"MASK": st.mask, "RULE": st.rule, "forward": st.traced_forward}
+    bound: Dict[str, Any] = {"MASK": st.mask, "RULE": st.rule, "forward": st.traced_forward,
+                             "FLAGS": _NEEDS.get(st.mask) or _needs_flags(st.mask)}
     n = len(st.checks)
     names = [f"a{i}" for i in range(n)]
     lines = ["    def replay(run, st, args):",
@@ -69,7 +71,10 @@ def statement_replay(st: Any, miss: object) -> Callable[[Any, Any, tuple], Any]:
     if n:
         lines.append(f"        {', '.join(names)}{',' if n == 1 else ''} = args")
     body = _check_lines(st, names, writer, bound)
-    body += ["run.at += 1  # the trie moves on", "run.path.append(st)", "ctx = Context(RULE, (), MASK)"]
+    body += ["run.at += 1  # the trie moves on", "run.path.append(st)",
+             "ctx = new(Context)  # Context(RULE, (), MASK), its __init__ written out",
+             "ctx._rule, ctx._edges, ctx._mask, ctx._saved, ctx._versions, ctx.needs_input_grad = (",
+             "    RULE, (), MASK, (), UNSAVED, FLAGS)"]
     body += _forward_lines(st, names, writer)
     body += _output_lines(st, names, st.code.saves_result if st.traced_forward is not None else None, bound)
     lines += ["        " + line for line in body]
@@ -82,11 +87,13 @@ def statement_replay(st: Any, miss: object) -> Callable[[Any, Any, tuple], Any]:
             _FORMS.clear()
         filename = os.path.join(GENERATED_DIR, f"replay_form_{len(_FORMS)}.py")
         linecache.cache[filename] = (len(form), None, form.splitlines(True), filename)
-        namespace = {"tracer": tracer, "T": torch.Tensor, "Segment": Segment, "Step": Step, "Context": Context}
+        namespace = {"tracer": tracer, "T": torch.Tensor, "Segment": Segment, "Step": Step, "Context": Context,
+                     "new": object.__new__, "UNSAVED": _UNSAVED}
         exec(compile(form, filename, "exec"), namespace)  # noqa: S102 (our own generated code)
         factory = _FORMS[form] = namespace["make"]
     replay = factory(miss, *(bound[name] for name in parameters))
-    values = ", ".join(f"{name} = {_shown(bound[name])}" for name in parameters)
+    values = ", ".join(f"{name} = {'needs_input_grad of MASK' if name == 'FLAGS' else _shown(bound[name])}"
+                       for name in parameters)
     replay.source = f"# {st.describe()}\n# bound: {values}\n{form}"  # shown by Compiled.replay_code
     return replay
 
@@ -204,7 +211,11 @@ def _output_lines(st: Any, names: List[str], saving: Optional[Tuple[int, ...]], 
         "targets, local, _, first = st.plan",
         f"if first != segment.first_value{opening}:  # (the edges this statement opens, made for this call)",
         "    targets, local, _, _ = run._plan(st, segment, args, {}, RULE)",
-        f"step = Step(RULE, ctx, [value], None, targets, local, kept, st, ({floats}{',' if floats else ''}))",
+        "step = new(Step)  # Step(RULE, ctx, [value], None, targets, local, kept, st, floats), written out",
+        "step.rule, step.ctx, step.outputs, step.metas, step.targets, step.local, step.saved_outputs = (",
+        "    RULE, ctx, [value], None, targets, local, kept)",
+        f"step.statement, step.floats = st, ({floats}{',' if floats else ''})",
+        "step.released, step.saved_inputs, step.node, step.shown_ref = False, (), None, None",
         "segment.steps.append(step)",
         "segment.producer[value] = step",
         *_plain_saved_lines(st, names),
