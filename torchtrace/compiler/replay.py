@@ -620,7 +620,7 @@ class ReplayMode(TorchFunctionMode):
 
     sees_function_apply = True
     idle_without_grad = True  # a call with grad mode off runs as without it: a region that records nothing may take
-    # it off the stack (grad_mode.modes_aside: a backward, an optimizer's update)
+    # it off the stack (plain.modes_aside: a backward, an optimizer's update)
 
     def __init__(self, run: Run):
         super().__init__()
