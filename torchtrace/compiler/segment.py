@@ -194,12 +194,15 @@ class Segment:
         """The edge position of an outside tensor that needs a gradient (one per tensor, however often it is read)."""
         position = self.outside.get(key)
         if position is None:
-            node = t._tt_node if hasattr(type(t), "_tt_node") else None
-            target = (node, t._tt_nr) if node is not None else (leaf_accumulator(t), 0)
-            if target[0].sequence_nr > self.node.sequence_nr:  # a leaf's AccumulateGrad made just now: the node
-                self.node.sequence_nr = next_sequence_nr()  # stays newer than what it sends to, as an eager op's
-            position = self.outside[key] = len(self.node.edges)
-            self.node.edges.append(_new_edge(Edge, (position, target[0], target[1], t.shape, t.dtype)))
+            node = self._node or self.node
+            target = t._tt_node if hasattr(type(t), "_tt_node") else None
+            nr = t._tt_nr if target is not None else 0
+            if target is None:
+                target = leaf_accumulator(t)
+            if target.sequence_nr > node.sequence_nr:  # a leaf's AccumulateGrad made just now: the node stays
+                node.sequence_nr = next_sequence_nr()  # newer than what it sends to, as an eager op's
+            position = self.outside[key] = len(node.edges)
+            node.edges.append(_new_edge(Edge, (position, target, nr, t.shape, t.dtype)))
         return position
 
     def grad_fn_of(self, nr: int) -> Node:

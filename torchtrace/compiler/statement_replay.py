@@ -194,12 +194,12 @@ def _output_lines(st: Any, names: List[str], saving: Optional[Tuple[int, ...]], 
         pairs = "".join(f"({i}, nr), " for i in saving)
         retag = [f"kept = ({pairs.rstrip()})", as_alias[1]] if saving else as_itself
     return [
-        "segment = run.segment",
+        "segment = run._segment  # (Run.segment, read without its property: the open segment holds its node)",
         "if segment is None or segment.sealed:",
         "    segment = run.segment = Segment(run.n_values)",
         "value = run.n_values",
         "run.n_values = value + 1",
-        "node, outputs = segment.node, segment.outputs",
+        "node, outputs = segment._node, segment.outputs",
         "nr = len(outputs)",
         "outputs.append(value)",
         "segment.nr_of[value] = nr",
