@@ -11,6 +11,7 @@ from typing import Any, List, Tuple
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import needs_lanes
 
 import torchtrace as tt
 from torchtrace import coverage
@@ -120,6 +121,7 @@ def test_fast_lanes_equal_the_readable_path_on_module_samples(info: Any) -> None
     _assert_identical(_run_module(info, readable=False), _run_module(info, readable=True), info.name)
 
 
+@needs_lanes
 def test_the_common_call_takes_a_generated_lane():
     x, w = tt.randn(3, 4, requires_grad=True), tt.randn(5, 4, requires_grad=True)
     y = torch.nn.functional.linear(torch.tanh(x * 2 + x), w).relu().sum()
@@ -141,6 +143,7 @@ def test_inside_readable_every_call_takes_the_readable_path(monkeypatch):
     assert torch.Tensor.mul in seen and torch.Tensor.sum in seen
 
 
+@needs_lanes
 def test_a_lane_is_python_source_with_a_filename_inside_the_package():
     source = lane_source(RULES[torch.mul], 2)  # a hand-written rule: its own forward runs
     assert source.startswith("def record_Mul_2(T, func, args):") and "forward(ctx, a0, a1)" in source

@@ -6,6 +6,7 @@ import operator
 import numpy as np
 import pytest
 import torch
+from helpers import needs_lanes
 from torch.overrides import TorchFunctionMode
 
 import torchtrace as tt
@@ -203,6 +204,7 @@ def test_with_subclass_dispatch_disabled_an_operator_computes_plainly():
     assert type(y) is torch.Tensor
 
 
+@needs_lanes
 def test_the_readable_path_and_observers_remove_the_operators():
     assert all(name in vars(tt.tracer) for name in OPERATORS)
     with tt.readable():
