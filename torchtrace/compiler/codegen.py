@@ -56,6 +56,25 @@ def callable_source(func: Callable) -> str:
         "function, or write it with torch operations")
 
 
+# torch's loss kernels, which the pointwise losses' rules call directly: written as the torch.nn.functional call that
+# ends in them (their reduction an enum: 0 'none', 1 'mean', 2 'sum'; then their option)
+_LOSS_KERNELS = {torch._C._nn.mse_loss: ("mse_loss", ()), torch._C._nn.l1_loss: ("l1_loss", ()),
+                 torch._C._nn.smooth_l1_loss: ("smooth_l1_loss", ("beta",)),
+                 torch._C._nn.huber_loss: ("huber_loss", ("delta",))}
+
+
+def _loss_source(func: Callable, args: tuple, kwargs: Dict[str, Any], tensor_name: Callable) -> Optional[str]:
+    """`torch.nn.functional.mse_loss(x, t, reduction='mean')` for `torch._C._nn.mse_loss(x, t, 1)` (same-shaped x and
+    t: what F.mse_loss computes then); None for any other call."""
+    name, options = _LOSS_KERNELS.get(func, (None, ()))
+    if name is None or kwargs or len(args) != 3 + len(options) or type(args[2]) is not int or not 0 <= args[2] <= 2:
+        return None
+    reduction = ("none", "mean", "sum")[args[2]]
+    rendered = [value_source(a, tensor_name) for a in args[:2]] + [f"reduction={reduction!r}"]
+    rendered += [f"{option}={value_source(v, tensor_name)}" for option, v in zip(options, args[3:])]
+    return f"torch.nn.functional.{name}({', '.join(rendered)})"
+
+
 def is_property(func: Callable) -> bool:
     return getattr(func, "__name__", "") == "__get__" and hasattr(func, "__self__")
 
@@ -109,6 +128,9 @@ def call_source(func: Callable, args: tuple, kwargs: Dict[str, Any], tensor_name
         return f"{right} {symbol} {left}" if reflected else f"{left} {symbol} {right}"
     if name in ("__neg__", "__invert__") and len(args) == 1:
         return ("-" if name == "__neg__" else "~") + value_source(args[0], tensor_name)
+    loss = _loss_source(func, args, kwargs, tensor_name)
+    if loss is not None:
+        return loss
     if func is torch.Tensor.__getitem__ and not kwargs and len(args) == 2:
         return f"{value_source(args[0], tensor_name)}[{index_source(args[1], tensor_name)}]"
     rendered = [value_source(a, tensor_name, device_name) for a in args]

@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch.nn._reduction import get_enum as reduction_enum
 from torch.overrides import TorchFunctionMode
 
 from torchtrace.autograd.function import Function, register
@@ -109,11 +110,14 @@ def _dropped_weight(fn: Callable) -> Optional[torch.Tensor]:
     return None
 
 
-def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mean_over_weights: bool) -> type:
+def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mean_over_weights: bool,
+                   kernel: Callable) -> type:
     """Rule for a loss of d = input - target, elementwise times an optional weight w, then reduced.
 
     slope(d, **options) is dl/dd. 'mean' divides by the summed weights when mean_over_weights
-    (mse_loss, l1_loss), else by the element count.
+    (mse_loss, l1_loss), else by the element count. kernel(input, target, reduction's enum, *options) is the torch
+    function fn itself ends in for input and target of one shape, no weight and no legacy flags: the rule calls it
+    directly there (the same kernel on the same tensors, without fn's Python around it).
     """
     defaults = {name: p.default for name, p in inspect.signature(fn).parameters.items()}  # read once, not per call
     names = list(defaults)
@@ -122,12 +126,20 @@ def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mea
     if drops_weight:
         DROPS_WEIGHT.add(fn)
     option_names = [name for name in names if name in ("beta", "delta")]  # what the slope reads besides d
+    legacy = [names.index(flag) for flag in ("size_average", "reduce") if flag in names]
 
     def forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
         if drops_weight and len(args) <= weight_position:  # the caller's weight, which fn did not hand on
             kwargs = with_dropped_weight(fn, kwargs)
-        out = fn(*args, **kwargs)  # fn checks the arguments (too many, unknown, missing) before anything is noted
         arguments = {**defaults, **dict(zip(names, args)), **kwargs}
+        input, target = arguments["input"], arguments["target"]
+        if (len(args) + len(kwargs) <= len(names) and kwargs.keys() <= defaults.keys() - names[:len(args)]
+                and all(arguments[names[k]] is None for k in legacy) and arguments.get("weight") is None and
+                isinstance(input, torch.Tensor) and isinstance(target, torch.Tensor) and input.shape == target.shape):
+            out = kernel(input, target, reduction_enum(arguments["reduction"]),
+                         *[arguments[name] for name in option_names])
+        else:  # fn checks the arguments (too many, unknown, missing) before anything is noted
+            out = fn(*args, **kwargs)
         if weight_position is not None:
             _refuse_grad(ctx, weight_position, fn.__name__, "weight")
         ctx.reduction = _reduction(arguments.get("size_average"), arguments.get("reduce"), arguments["reduction"])
@@ -152,17 +164,26 @@ def pointwise_loss(name: str, fn: Callable, math_line: str, slope: Callable, mea
     return register(fn, rule=type(name, (Function,), body))
 
 
+def _smooth_l1_kernel(input: torch.Tensor, target: torch.Tensor, reduction: int, beta: float) -> torch.Tensor:
+    """What F.smooth_l1_loss ends in: l1_loss's kernel for beta 0, else smooth_l1_loss's."""
+    if beta == 0.0:
+        return torch._C._nn.l1_loss(input, target, reduction)
+    return torch._C._nn.smooth_l1_loss(input, target, reduction, beta)
+
+
 pointwise_loss("MseLoss", F.mse_loss, "l = (x - t)^2  ->  dl/dx = 2 (x - t), dl/dt = -2 (x - t)",
-               lambda d: 2 * d, mean_over_weights=True)
+               lambda d: 2 * d, mean_over_weights=True, kernel=torch._C._nn.mse_loss)
 pointwise_loss("L1Loss", F.l1_loss, "l = |x - t|  ->  dl/dx = sign(x - t), dl/dt = -sign(x - t)",
-               torch.sign, mean_over_weights=True)
+               torch.sign, mean_over_weights=True, kernel=torch._C._nn.l1_loss)
 pointwise_loss("SmoothL1Loss", F.smooth_l1_loss,
                "l = d^2 / 2b if |d| < b else |d| - b/2, d = x - t  ->  dl/dx = clamp(d / b, -1, 1), dl/dt = -dl/dx",
                lambda d, beta: torch.where(d.abs() < beta, d / beta, torch.sign(d)) if beta > 0 else torch.sign(d),
-               mean_over_weights=False)  # (where, not clamp: no second derivative at |d| = b, as torch's)
+               mean_over_weights=False, kernel=_smooth_l1_kernel)  # (where, not clamp: no second derivative at
+# |d| = b, as torch's)
 pointwise_loss("HuberLoss", F.huber_loss,
                "l = d^2 / 2 if |d| <= delta else delta (|d| - delta/2), d = x - t  ->  dl/dx = clamp(d, -delta, delta)",
-               lambda d, delta: torch.where(d.abs() < delta, d, delta * torch.sign(d)), mean_over_weights=False)
+               lambda d, delta: torch.where(d.abs() < delta, d, delta * torch.sign(d)), mean_over_weights=False,
+               kernel=torch._C._nn.huber_loss)
 
 
 def _class_coefficients(x: torch.Tensor, target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
