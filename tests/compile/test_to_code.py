@@ -118,8 +118,9 @@ def test_the_teaching_form_reads_as_the_chain_rule_and_gives_the_fast_forms_numb
         outputs, saved = namespace["forward"](x, target, params, (0.5,))  # `* 0.5`: a number of the call
         results.append([*outputs, *(g for g in namespace["backward"](params, saved, torch.ones(())) if g is not None)])
     assert len(results[0]) == len(results[1]) == 7  # the loss and six parameter gradients
-    for a, b in zip(*results):
-        assert torch.equal(a, b)
+    assert "(1 - h_3 * h_3)" in body and "torch.ops.aten.tanh_backward" in fast  # Tanh's the same way
+    for a, b in zip(*results):  # (tanh_backward rounds g (1 - y^2) once, with a fused multiply-add: the last bit)
+        torch.testing.assert_close(a, b, rtol=2e-7, atol=1e-9)
 
 
 def test_the_compiler_package_imports_at_the_top_of_its_modules():

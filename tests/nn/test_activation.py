@@ -185,6 +185,57 @@ def test_unknown_gelu_approximation_is_refused():
         F.gelu(tt.tracer(X, requires_grad=True), approximate="cubic")
 
 
+SMOOTH = {  # activation -> (its VJP op, what that op reads: the input x or the output y, the op's options)
+    "gelu": (F.gelu, torch.ops.aten.gelu_backward, "x", {}),
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), torch.ops.aten.gelu_backward, "x", {"approximate": "tanh"}),
+    "silu": (F.silu, torch.ops.aten.silu_backward, "x", {}),
+    "tanh": (torch.tanh, torch.ops.aten.tanh_backward, "y", {}),
+    "sigmoid": (torch.sigmoid, torch.ops.aten.sigmoid_backward, "y", {}),
+}
+
+
+@pytest.mark.parametrize("name", SMOOTH)
+def test_smooth_activation_gradient_is_torchs_kernel_and_its_derivatives_are_hand_derived(name):
+    """A smooth activation's gradient is torch's VJP kernel (the same bits as torch autograd, float32 and float64);
+    that op's own rule (smooth_vjp) gives the second and third derivatives: torch autograd's, and finite
+    differences of the op in both its inputs."""
+    fn, op, reads, options = SMOOTH[name]
+    for dtype in (torch.float32, torch.float64):
+        x = torch.linspace(-6, 6, 41, dtype=dtype)
+        ours, theirs = tt.tracer(x, requires_grad=True), x.clone().requires_grad_()
+        fn(ours).sum().backward()
+        fn(theirs).sum().backward()
+        assert torch.equal(ours.grad, theirs.grad)
+
+    def derivatives(grad, leaf):
+        first = grad(fn(leaf).pow(2).sum(), leaf, create_graph=True)[0]
+        second = grad(first.sum(), leaf, create_graph=True)[0]
+        return first, second, grad(second.sum(), leaf)[0]
+
+    x = torch.linspace(-6, 6, 41, dtype=torch.float64)
+    for a, b in zip(derivatives(tt.grad, tt.tracer(x, requires_grad=True)),
+                    derivatives(torch.autograd.grad, x.clone().requires_grad_())):
+        torch.testing.assert_close(a.as_subclass(torch.Tensor), b, rtol=1e-10, atol=1e-12)
+    h, v = torch.randn(41, dtype=torch.float64), x if reads == "x" else fn(x) * 0.99
+    assert tt.gradcheck(lambda h, v: op(h, v, **options), h, v)
+
+
+@pytest.mark.parametrize("name", SMOOTH)
+def test_smooth_activation_hessian_vector_product_needs_no_transposed_backward(name, recwarn):
+    """Forward over reverse through the activation's gradient: its VJP op has a tangent rule (no transposition)."""
+    fn = SMOOTH[name][0]
+    w, v = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 4, dtype=torch.float64)
+    x = torch.randn(5, 6, dtype=torch.float64)
+
+    def loss(w):
+        return fn(x @ w).pow(2).sum()
+
+    expected = torch.func.jvp(torch.func.grad(loss), (w,), (v,))[1]
+    (ours,) = tt.hvp(loss, (tt.tracer(w, requires_grad=True),), (v,))
+    torch.testing.assert_close(ours.as_subclass(torch.Tensor), expected, rtol=1e-10, atol=1e-12)
+    assert not [w for w in recwarn if "transposed" in str(w.message)]
+
+
 # --- selu, celu, glu, hardswish, hardsigmoid, logsigmoid, softsign, tanhshrink, softshrink, hardshrink, threshold
 
 NEW_ACTIVATIONS = [

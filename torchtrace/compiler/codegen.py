@@ -142,15 +142,41 @@ def call_source(func: Callable, args: tuple, kwargs: Dict[str, Any], tensor_name
     return f"{source}({', '.join(rendered)})"
 
 
+def _gelu_reading(g: str, x: str, approximate: str = "none") -> str:
+    """g (Phi(x) + x phi(x)); the tanh form: g (1/2 (1 + t) + 1/2 x (1 - t^2) u'), t = tanh u."""
+    if approximate == "tanh":
+        b, k = math.sqrt(2 / math.pi), 0.044715
+        t = f"torch.tanh({b!r} * ({x} + {k!r} * {x} ** 3))"
+        return f"{g} * (0.5 * (1 + {t}) + 0.5 * {x} * (1 - {t} ** 2) * {b!r} * (1 + {3 * k!r} * {x} * {x}))"
+    return (f"{g} * (0.5 * (1 + torch.erf({x} * {math.sqrt(0.5)!r})) + {x} * torch.exp({x} * {x} * -0.5) * "
+            f"{1 / math.sqrt(2 * math.pi)!r})")
+
+
+_READINGS = {  # aten VJP kernel -> its chain-rule reading, from the sources of its arguments
+    "threshold_backward": lambda g, y, threshold: f"torch.where({y} <= {threshold}, 0.0, {g})",
+    "tanh_backward": lambda g, y: f"{g} * (1 - {y} * {y})",
+    "sigmoid_backward": lambda g, y: f"{g} * (1 - {y}) * {y}",
+    "gelu_backward": _gelu_reading,
+    "silu_backward": lambda g, x: f"{g} * torch.sigmoid({x}) * (1 + {x} * (1 - torch.sigmoid({x})))",
+}
+
+
 def plain_form(func: Callable, args: tuple, kwargs: Dict[str, Any], tensor_name: Callable) -> Optional[str]:
     """The chain-rule reading of an aten-internal kernel a rule calls for speed (None if it has none).
 
-    threshold_backward(g, y, c) is g where y > c and 0 elsewhere (a NaN in y passes g): torch.where(y <= c, 0.0, g).
+    threshold_backward(g, y, c) is g where y > c and 0 elsewhere (a NaN in y passes g): torch.where(y <= c, 0.0, g);
+    tanh_backward(g, y) is g (1 - y^2), sigmoid_backward(g, y) g (1 - y) y, gelu_backward(g, x) g (Phi(x) + x phi(x)),
+    silu_backward(g, x) g s (1 + x (1 - s)), s = sigmoid(x).
     """
-    if func in (torch.ops.aten.threshold_backward, torch.ops.aten.threshold_backward.default) and not kwargs:
-        g, y, threshold = (value_source(a, tensor_name) for a in args)
-        return f"torch.where({y} <= {threshold}, 0.0, {g})"
-    return None
+    if isinstance(func, torch._ops.OpOverload):
+        func = func.overloadpacket
+    if not isinstance(func, torch._ops.OpOverloadPacket) or func.__name__ not in _READINGS or \
+            getattr(torch.ops.aten, func.__name__, None) is not func:
+        return None
+    strings = {k: v for k, v in kwargs.items() if isinstance(v, str)}  # (gelu_backward's approximate=)
+    if len(strings) != len(kwargs):
+        return None
+    return _READINGS[func.__name__](*(value_source(a, tensor_name) for a in args), **strings)
 
 
 def index_source(index: Any, tensor_name: Callable) -> str:

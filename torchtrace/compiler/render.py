@@ -2,8 +2,9 @@
 
 * the **teaching** form (`to_code()`): each forward block under a comment naming its rule and module, each
   backward block under the rule's math (`# Tanh: y = tanh(x) -> dy/dx = 1 - y^2`), aten-internal kernels in
-  their chain-rule reading (`torch.where(y <= 0, 0.0, g)` for threshold_backward), and, for a function whose
-  calls took several paths, every path and where it leaves the others;
+  their chain-rule reading (`torch.where(y <= 0, 0.0, g)` for threshold_backward, `g * (1 - y * y)` for tanh_backward:
+  the same numbers, but for the last bit where a kernel rounds once with a fused multiply-add), and, for a function
+  whose calls took several paths, every path and where it leaves the others;
 * the **fast** form (`.code`): the same Ops with aten kernels as the rules call them, `del` after each value's
   last use, and elementwise arithmetic writing into a dying gradient's memory (`g1.mul_(g2)`).
 

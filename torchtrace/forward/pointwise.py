@@ -148,3 +148,20 @@ def _prelu(call: Call) -> torch.Tensor:
     return torch.where(x > 0, dx, negative)
 
 
+
+
+@tangent("TanhBackward SigmoidBackward GeluBackward SiluBackward",
+         "r = h f'(v) (an activation's VJP op)  ->  ṙ = ḣ f'(v) + h f''(v) v̇")
+def _smooth_vjp(call: Call) -> torch.Tensor:
+    call.only(0, 1)
+    h, v = call.args[:2]
+    rule = call.rule
+    options = {name: call.arg(2 + k, name) for k, name in enumerate(rule.option_names)
+               if call.arg(2 + k, name) is not None}
+    dh, dv = call.dot(0), call.dot(1)
+    total = torch.zeros_like(call.out)
+    if dh is not None:
+        total = total + rule.op(dh, v, **options)
+    if dv is not None:
+        total = total + (h * rule.curvature(v, **options) * dv).to(call.out.dtype)
+    return total

@@ -2,8 +2,10 @@
 aten.slice, aten._safe_softmax, the VJP ops aten._softmax_backward_data / threshold_backward / leaky_relu_backward /
 hardtanh_backward / hardshrink_backward / softshrink_backward / hardsigmoid_backward / native_dropout_backward /
 max_pool2d_with_indices_backward (the activations' rules write their gradients with them, as torch's formulas do, so a
-second derivative through them is zeros, not absent); and torch.dist, torch.nextafter."""
+second derivative through them is zeros, not absent), the smooth activations' VJP ops (smooth_vjp: tanh_backward,
+sigmoid_backward, gelu_backward, silu_backward, each with its second derivative); and torch.dist, torch.nextafter."""
 from types import SimpleNamespace
+from typing import Any, Callable, Tuple
 
 import torch
 
@@ -113,6 +115,32 @@ masked_vjp("HardtanhBackward", aten.hardtanh_backward, "r = h where lo < x < hi,
 masked_vjp("HardshrinkBackward", aten.hardshrink_backward, "r = h where |x| > l, else 0 (hardshrink's VJP)")
 masked_vjp("SoftshrinkBackward", aten.softshrink_backward, "r = h where |x| > l, else 0 (softshrink's VJP)")
 masked_vjp("HardsigmoidBackward", aten.hardsigmoid_backward, "r = h / 6 where -3 < x < 3, else 0 (its VJP)")
+
+
+def smooth_vjp(name: str, op: Any, math: str, curvature: Callable, options: Tuple[str, ...] = ()) -> type:
+    """The rule of a smooth activation's VJP op r = op(h, v, *options) = h f'(v), which the activation's rule calls for
+    speed (torch's one-pass kernel of its formula). v is what f' reads: the activation's input (gelu, silu) or its
+    output (tanh, sigmoid). Linear in h: dh = op(g, v, *options); dv = g h curvature(v, *options), curvature = d f'/dv
+    (its math: the docstring of each). `options` name op's keyword arguments (gelu_backward's approximate)."""
+
+    def forward(ctx, grad_output, value, *args, **kwargs):
+        ctx.options = {**dict(zip(options, args)), **kwargs}
+        ctx.save_for_backward(grad_output, value)
+        return op(grad_output, value, **ctx.options)
+
+    def backward(ctx, g):
+        h, v = ctx.saved_tensors
+        need_h, need_v = ctx.needs_input_grad[:2]
+        dh = op(g, v, **ctx.options) if need_h else None
+        dv = (g * h * curvature(v, **ctx.options)).to(v.dtype) if need_v else None
+        return (dh, dv, *(None,) * len(options))
+
+    body = {"__doc__": math, "_param_names": ["grad_output", "value", *options], "op": staticmethod(op),
+            "curvature": staticmethod(curvature), "option_names": options, "forward": staticmethod(forward),
+            "backward": staticmethod(backward), "__module__": __name__}
+    rule = type(name, (Function,), body)
+    register(op, op.default, rule=rule)
+    return rule
 
 
 @register(aten.native_dropout_backward, aten.native_dropout_backward.default)

@@ -6,10 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from torchtrace.autograd.function import Function, register
-from torchtrace.ops.opmath import in_float32
+from torchtrace.ops.aten_forms import smooth_vjp
 from torchtrace.ops.rule_tables import binary, reordered, unary
 
 T = torch.Tensor
+aten = torch.ops.aten
 LN2, LN10 = math.log(2.0), math.log(10.0)
 
 # ---- one line of math per rule ------------------------------------------------------------------------------------
@@ -47,10 +48,29 @@ unary("Cos", [torch.cos, T.cos], "y = cos x  ->  dy/dx = -sin x",
       lambda g, x, y: -g * torch.sin(x), uses=("x",))
 unary("Tan", [torch.tan, T.tan], "y = tan x  ->  dy/dx = 1 + y^2",
       lambda g, x, y: g * (1 + y * y), uses=("y",))
+# tanh and sigmoid: g dy/dx by torch's one-pass kernels of that product (tanh_backward: g (1 - y^2); sigmoid_backward:
+# g (1 - y) y; in float32 for float16 / bfloat16), as torch's formulas: the same bits, one op instead of three. Their
+# own derivatives: the TanhBackward and SigmoidBackward rules below.
 unary("Tanh", [torch.tanh, T.tanh, F.tanh], "y = tanh x  ->  dy/dx = 1 - y^2",
-      in_float32(lambda g, x, y: g * (1 - y * y)), uses=("y",))  # (in float32 for float16 / bfloat16, as torch)
+      lambda g, x, y: aten.tanh_backward(g, y), uses=("y",))
 unary("Sigmoid", [torch.sigmoid, T.sigmoid, torch.special.expit, F.sigmoid], "y = 1/(1 + e^-x)  ->  dy/dx = y (1 - y)",
-      in_float32(lambda g, x, y: g * (1 - y) * y, (torch.bfloat16,)), uses=("y",))  # (torch's order and precision)
+      lambda g, x, y: aten.sigmoid_backward(g, y), uses=("y",))
+
+
+def _tanh_curvature(y: torch.Tensor) -> torch.Tensor:
+    """d(1 - y^2)/dy = -2y"""
+    return y * -2
+
+
+def _sigmoid_curvature(y: torch.Tensor) -> torch.Tensor:
+    """d((1 - y) y)/dy = 1 - 2y"""
+    return 1 - 2 * y
+
+
+smooth_vjp("TanhBackward", aten.tanh_backward, "r = h (1 - y^2) (tanh's VJP at its output y)  ->  dh = g (1 - y^2);  "
+           "dy = -2 g h y", _tanh_curvature)
+smooth_vjp("SigmoidBackward", aten.sigmoid_backward, "r = h (1 - y) y (sigmoid's VJP at its output y)  ->  "
+           "dh = g (1 - y) y;  dy = g h (1 - 2y)", _sigmoid_curvature)
 
 
 def _flat(g: torch.Tensor, x: Any, y: Any) -> torch.Tensor:
