@@ -176,6 +176,37 @@ def test_functional_training_updates_running_stats_like_torch(momentum):
     assert x.grad is not None
 
 
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("spelling", ["F.batch_norm", "torch.batch_norm"])
+def test_batch_norm_first_order_is_torch_autograds_bits(training, dtype, layout, spelling):
+    """The first-order backward runs torch's batch norm backward kernel on the statistics the forward's kernel kept:
+    the output, the running statistics, and the input, weight and bias gradients are torch autograd's, bit for bit
+    (create_graph keeps the formulas written out: test_double_backward)."""
+    torch.manual_seed(0)
+    x, g = torch.randn(8, 6, 5, 5).to(dtype), torch.randn(8, 6, 5, 5).to(dtype)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    w, b, mean, var = torch.randn(6), torch.randn(6), torch.randn(6), torch.rand(6) + 0.5
+
+    def run(x, w, b, mean, var):
+        if spelling == "F.batch_norm":
+            return F.batch_norm(x, mean, var, w, b, training, 0.1, 1e-5)
+        return torch.batch_norm(x, w, b, mean, var, training, 0.1, 1e-5, False)
+
+    ours = [tt.tracer(t, requires_grad=True) for t in (x, w, b)]
+    theirs = [t.clone().requires_grad_() for t in (x, w, b)]
+    stats = [(mean.clone(), var.clone()) for _ in range(2)]
+    out, expected = run(*ours, *stats[0]), run(*theirs, *stats[1])
+    out.backward(g)
+    expected.backward(g)
+    assert torch.equal(out.as_subclass(torch.Tensor), expected.detach())
+    assert all(torch.equal(a, c) for a, c in zip(*stats))
+    for a, c in zip(ours, theirs):
+        assert torch.equal(a.grad, c.grad)
+
+
 def test_running_stats_that_require_grad_are_refused():
     x, mean = tt.tracer(X2, requires_grad=True), tt.tracer(RUNNING_MEAN, requires_grad=True)
     with pytest.raises(RuntimeError, match="batch_norm is not differentiable with respect to running_mean"):
