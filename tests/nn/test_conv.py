@@ -377,3 +377,28 @@ def test_each_convolution_function_has_its_rule_named_as_torchs(fn, w_shape):
     y = fn(tt.tracer(x, requires_grad=True), tt.tracer(w, requires_grad=True))
     assert y.grad_fn.name() == ("ConvolutionBackward" if "transpose" not in fn.__name__ else "ConvTransposeBackward")
     check_op(fn, x, w)
+
+
+@pytest.mark.parametrize("fn, x_shape, w_shape, options", [
+    (F.conv2d, (4, 6, 9, 9), (8, 3, 3, 3), {"stride": 2, "padding": 1, "groups": 2}),
+    (F.conv2d, (6, 9, 9), (8, 6, 3, 3), {"padding": "same", "dilation": 2}),  # unbatched
+    (F.conv1d, (3, 4, 10), (5, 4, 3), {"padding": 2, "dilation": 2}),
+    (F.conv3d, (2, 2, 5, 5, 5), (3, 2, 3, 3, 3), {"stride": (1, 2, 1)}),
+    (F.conv_transpose2d, (4, 6, 5, 5), (6, 4, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}),
+    (F.conv_transpose1d, (4, 6, 5), (6, 2, 3), {"stride": 3, "output_padding": 2, "groups": 3}),
+])
+def test_first_order_is_torch_autograds_bits(fn, x_shape, w_shape, options):
+    """A first-order backward runs torch's convolution_backward: input, weight and bias gradients are torch autograd's
+    bit for bit (create_graph keeps the convolutions with roles swapped: test_double_backward)."""
+    torch.manual_seed(0)
+    x, w = torch.randn(x_shape), torch.randn(w_shape)
+    b = torch.randn(w_shape[1] * options.get("groups", 1) if "transpose" in fn.__name__ else w_shape[0])
+    ours = [tt.tracer(t, requires_grad=True) for t in (x, w, b)]
+    theirs = [t.clone().requires_grad_() for t in (x, w, b)]
+    out, expected = fn(*ours, **options), fn(*theirs, **options)
+    g = torch.randn(expected.shape)
+    out.backward(g)
+    expected.backward(g)
+    assert torch.equal(out.as_subclass(torch.Tensor), expected.detach())
+    for a, c in zip(ours, theirs):
+        assert torch.equal(a.grad, c.grad)
