@@ -1,6 +1,7 @@
 """Whole training steps of ported torch models: torchtrace vs torch autograd, in one process, interleaved, medians.
 
-    python bench/models.py [--repeats 30] [--device cpu] [--threads N] [--clock wall|thread] [--cases mlp,wide,cnn,gpt]
+    python bench/models.py [--repeats 30] [--device cpu] [--threads N] [--clock wall|thread]
+                           [--cases mlp,wide,cnn,convbn,gpt]
 
 The ratio is given of medians and of means (the mean keeps the steps in which Python's garbage collector scans its
 oldest generation, a cost a training run pays).
@@ -10,6 +11,8 @@ GPT are the classes tests/test_port.py checks gradient by gradient against torch
   * MLP: a 2-16-16-1 tanh MLP on a batch of 32, MSE loss, SGD (Python per-op overhead dominates);
   * wide: a 784-1024-1024-10 ReLU MLP on a batch of 256, cross-entropy, SGD (the arithmetic dominates);
   * CNN: LeNet-5 on a batch of 64 1x28x28 images, float32, cross-entropy over 10 classes;
+  * conv-BN: three 3x3 convolutions (32 channels) each with batch norm and ReLU, average pooling and a linear layer,
+    on a batch of 16 3x32x32 images, cross-entropy, SGD (the backward kernels of convolution and batch norm dominate);
   * GPT: a 2-layer GPT-style transformer (vocab 64, d 64, 4 heads, causal self-attention written with
     masked_fill + softmax, GELU MLP, tied lm head), batch 16 x 32 tokens, float32, next-token cross-entropy; Adam.
 A third contender is the interception floor: the torch model whose parameters are a subclass that records nothing
@@ -59,6 +62,15 @@ def wide_case(device: str) -> Tuple[torch.nn.Module, torch.Tensor, torch.Tensor,
 def lenet_case(device: str) -> Tuple[torch.nn.Module, torch.Tensor, torch.Tensor, Callable]:
     images = torch.randn(64, 1, 28, 28, device=device)
     return LeNet().to(device), images, torch.randint(0, 10, (64,), device=device), F.cross_entropy
+
+
+def conv_bn_case(device: str) -> Tuple[torch.nn.Module, torch.Tensor, torch.Tensor, Callable]:
+    def block(c_in: int, c_out: int) -> List[torch.nn.Module]:
+        return [torch.nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c_out), torch.nn.ReLU()]
+
+    model = torch.nn.Sequential(*block(3, 32), *block(32, 32), *block(32, 32), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(32, 10)).to(device)
+    return model, torch.randn(16, 3, 32, 32, device=device), torch.randint(0, 10, (16,), device=device), F.cross_entropy
 
 
 def gpt_case(device: str) -> Tuple[torch.nn.Module, torch.Tensor, torch.Tensor, Callable]:
@@ -131,7 +143,9 @@ def compare(name: str, case: Callable, optimizer_kind: str, repeats: int, device
 
 CASES = {"mlp": ("MLP 2-16-16-1 b32 + SGD", mlp_case, "sgd"),
          "wide": ("wide MLP 784-1024-1024-10 b256 + SGD", wide_case, "sgd"),
-         "cnn": ("LeNet-5 b64 + Adam", lenet_case, "adam"), "gpt": ("GPT 2x64 b16x32 + Adam", gpt_case, "adam")}
+         "cnn": ("LeNet-5 b64 + Adam", lenet_case, "adam"),
+         "convbn": ("conv-BN-ReLU x3 b16 32x32 + SGD", conv_bn_case, "sgd"),
+         "gpt": ("GPT 2x64 b16x32 + Adam", gpt_case, "adam")}
 
 
 def main() -> None:
