@@ -332,3 +332,22 @@ def test_smooth_l1_and_huber_second_derivatives_at_their_kinks_are_torchs(loss, 
         results.append([g.detach().as_subclass(torch.Tensor) for g in (*first, *second)])
     for ours, theirs in zip(*results):
         assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("options", [{}, {"reduction": "sum"}, {"reduction": "none"}, {"ignore_index": 2},
+                                     {"weight": torch.rand(5)}, {"weight": torch.rand(5), "reduction": "none"}])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cross_entropy_first_order_is_torch_autograds_bits(options, dtype):
+    """Class indices without label smoothing: a first-order backward runs torch's kernels (nll_loss_backward, then
+    log_softmax's backward), so the gradient is torch autograd's bit for bit; with create_graph the coefficients
+    are written out (the double-backward tests)."""
+    torch.manual_seed(0)
+    x, target = torch.randn(6, 5, dtype=dtype), torch.tensor([0, 2, 4, 2, 1, 3])
+    options = {k: v.to(dtype) if isinstance(v, torch.Tensor) else v for k, v in options.items()}
+    ours, theirs = tt.tracer(x, requires_grad=True), x.clone().requires_grad_()
+    loss, expected = F.cross_entropy(ours, target, **options), F.cross_entropy(theirs, target, **options)
+    g = torch.rand(expected.shape, dtype=dtype)
+    loss.backward(g)
+    expected.backward(g)
+    assert torch.equal(loss.as_subclass(torch.Tensor), expected.detach())
+    assert torch.equal(ours.grad, theirs.grad)
