@@ -265,6 +265,50 @@ def test_a_second_backward_is_refused_and_retain_graph_allows_it(generated_runs)
     assert generated_runs[0] == 2
 
 
+def test_steps_that_save_nothing_run_again_and_the_others_are_freed_as_in_eager(generated_runs):
+    """The generated code frees each step's saved tensors as the engine frees a node's: a second backward through a
+    step that saved nothing (an add, a sum) runs again, as torch's; one through a step that saved is refused; a
+    statement's grad_fn shown to the user shows its saved tensors freed, as eager's."""
+    w = torch.randn(3, 4).requires_grad_()
+    tw = tt.as_tracer(w.detach().clone(), requires_grad=True)
+
+    def adds(x, v):
+        return (x + v).sum()
+
+    def saves(x, v):
+        h = x * v
+        return h, (h + 1.0).sum()
+
+    x = torch.randn(3, 4)
+    compiled_adds, compiled_saves = tt.compile(adds, (x, tw)), tt.compile(saves, (x, tw))
+    for f in (compiled_adds, compiled_saves):
+        f(x, tw)  # recorded: the calls below are replayed
+    for f, g in ((compiled_adds, adds), (adds, adds)):
+        tw.grad, w.grad = None, None
+        loss = f(x, tw)
+        loss.backward()
+        loss.backward()  # nothing saved: runs again
+        expected = g(x, w)
+        expected.backward()
+        expected.backward()
+        torch.testing.assert_close(tt_plain(tw.grad), w.grad, rtol=0, atol=0)
+    for f in (compiled_saves, saves):
+        tw.grad = None
+        h, loss = f(x, tw)
+        loss.backward()
+        assert h.grad_fn.saved == () and h.grad_fn.name == "MulBackward"
+        with pytest.raises(RuntimeError, match="second time"):
+            loss.backward()
+        w.grad = None
+        saves(x, w)[1].backward()
+        torch.testing.assert_close(tt_plain(tw.grad), w.grad, rtol=0, atol=0)
+    assert generated_runs[0] == 3
+
+
+def tt_plain(t):
+    return t.as_subclass(torch.Tensor).detach()
+
+
 def test_a_layout_the_trace_did_not_see_goes_step_by_step(monkeypatch):
     compiled, x, w, b = _compiled_mlp()
     compiled(x, w, b).backward()

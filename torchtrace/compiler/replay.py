@@ -633,10 +633,6 @@ class ReplayMode(TorchFunctionMode):
         if run.eager_from or STATE.on_record or (_top_hooks(False) is not None and saved_tensor_hooks() is not None):
             return run.go_eager(func, args, kwargs or {})  # watched op by op (a checkpoint's discovery run), or
             # saved_tensors_hooks entered inside the function (each op's saves pass through them): eagerly from here
-        if func in METADATA:  # (never a statement: read first, as torch.nn's modules read them on every call)
-            return _disabled(func, types, args, kwargs or {})
-        if func in AUTOGRAD_READS:  # answered as eager answers them: a tracer's own, a plain tensor's torch's
-            return func(*args, **(kwargs or {}))
         # the common call: the program's next statement is a REPLAY of func, called with positional arguments of one
         # key entry each (keywords moved to their positions, as the statement's were); its generated replay checks
         # them and runs it
@@ -653,6 +649,10 @@ class ReplayMode(TorchFunctionMode):
                         found = st.replay(run, st, positional)
                     if found is not MISS:
                         return found
+        if func in METADATA:  # (never a statement: read as torch.nn's modules read them on every call)
+            return _disabled(func, types, args, kwargs or {})
+        if func in AUTOGRAD_READS:  # answered as eager answers them: a tracer's own, a plain tensor's torch's
+            return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
         if not _may_record(func, args, kwargs) or not _wants_gradient(args, kwargs):
             return func(*args, **kwargs)  # records nothing (x > 0, .item()): it simply runs

@@ -40,10 +40,11 @@ class SegmentCode:
 
     __slots__ = ("source", "function", "targets", "outputs", "n_edges", "frees_inline")
 
-    def __init__(self, source: str, function: Callable, targets: list, outputs: tuple, n_edges: int):
+    def __init__(self, source: str, function: Callable, targets: list, outputs: tuple, n_edges: int,
+                 frees_inline: bool):
         self.source, self.function, self.targets, self.outputs, self.n_edges = (
             source, function, targets, outputs, n_edges)
-        self.frees_inline = "free(S[" in source  # each step frees its saved tensors as it runs (no layout checks)
+        self.frees_inline = frees_inline  # each step frees its saved tensors as it runs (no layout checks)
 
     def fits(self, steps: list, outputs: list, n_edges: int) -> bool:
         return n_edges == self.n_edges and len(steps) == len(self.targets) and tuple(outputs) == self.outputs and \
@@ -82,7 +83,7 @@ def _generate(steps: list, outputs: list, n_edges: int, frees: bool = True) -> S
             "" if isinstance(code, StepCode) else " (its rule: " + (code or "not traced") + ")"))
         lines += ["        " + line for line in _step_lines(k, step, code, writer)]
         if frees:  # its saved tensors, as the engine frees a node's after it ran (unless retain_graph)
-            lines += ["        if free is not None:", f"            free(S[{k}])"]
+            lines += ["        " + line for line in _free_lines(k, code)]
     edges = ", ".join(f"contributions(_e{e})" for e in range(n_edges))
     lines.append(f"    return ({edges}{',' if n_edges == 1 else ''}), _ran")
     source = "\n".join(lines) + "\n"
@@ -93,7 +94,19 @@ def _generate(steps: list, outputs: list, n_edges: int, frees: bool = True) -> S
     namespace = {"K": writer.constants, "torch": torch, "expect": expect, "_zeros": _zeros,
                  "_same_floats": _same_floats, "contributions": contributions}
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 (our own generated code)
-    return SegmentCode(source, namespace["backward"], [s.targets for s in steps], tuple(outputs), n_edges)
+    return SegmentCode(source, namespace["backward"], [s.targets for s in steps], tuple(outputs), n_edges, frees)
+
+
+def _free_lines(k: int, code: Any) -> List[str]:
+    """`free(S[k])` (segment._free), written out for a traced step: one whose forward saves nothing has nothing to
+    free (it can run again, as an eager node that saved nothing can); one whose grad_fn was shown frees through the
+    call, which releases that node's Context too."""
+    if not isinstance(code, StepCode):
+        return ["if free is not None:", f"    free(S[{k}])"]
+    if not code.saves:
+        return []
+    return ["if free is not None:", f"    _st = S[{k}]", "    if _st.shown_ref is None and _st.ctx is not None:",
+            "        _st.released, _st.ctx = True, None", "    else:", "        free(_st)"]
 
 
 def _step_lines(k: int, step: Any, code: Any, writer: CodeWriter) -> List[str]:

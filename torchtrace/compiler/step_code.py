@@ -73,6 +73,7 @@ class StepCode(NamedTuple):
     # op such as contiguous(): only a run can tell)
     result_metas: Dict[str, Tuple[torch.Size, torch.dtype]]  # shape and dtype of each tensor backward returns, as
     # traced: what the generated backward knows without reading them (segment_code._send)
+    saves: bool  # the forward's Context keeps something (a step that keeps nothing has nothing to free)
 
 
 _CACHE: Dict[tuple, Union[StepCode, str]] = {}  # (rule, key, mask, layout of the tensors) -> its code, or why not
@@ -142,7 +143,7 @@ def _from_trace(trace: Trace, fixed_floats: Optional[tuple]) -> Union[StepCode, 
     metas = {name: trace.metas[name] for name in names_in(trace.backward_result) if name in trace.metas}
     if fixed_floats is not None:  # the forward stays the rule's: it takes any float
         return StepCode(reads, checked, backward, list(trace.gradients), trace.backward_result, 0, None, "",
-                        fixed_floats, (), (), metas)
+                        fixed_floats, (), (), metas, bool(trace.ctx_saved))
     source = _forward_source(trace)
     saves_result = tuple(i for i, item in enumerate(trace.ctx_saved) if item == trace.forward_result)
     arguments = [item if isinstance(item, TensorRef) else None for item in trace.args]
@@ -150,7 +151,7 @@ def _from_trace(trace: Trace, fixed_floats: Optional[tuple]) -> Union[StepCode, 
                        enumerate(trace.ctx_saved) if isinstance(item, TensorRef) and i not in saves_result)
     return StepCode(reads, checked, backward, list(trace.gradients), trace.backward_result, len(trace.floats),
                     _compiled_forward(trace.rule, source) if source else None, source[0] if source else "", None,
-                    saves_result, saved_from, metas)
+                    saves_result, saved_from, metas, bool(trace.ctx_saved))
 
 
 def _forward_source(trace: Trace) -> Optional[Tuple[str, list]]:
