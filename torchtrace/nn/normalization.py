@@ -90,9 +90,10 @@ def normalize_keeping_stats(ctx, x, weight, bias, running_mean, running_var, mom
     """Batch norm with batch statistics on the CPU, as torch.batch_norm runs it there (torch.native_batch_norm: the same
     numbers, the running statistics updated the same way), keeping the batch's mean and invstd it computed for the
     first-order backward (ctx.stats, as torch's autograd keeps them). None where that is not the call: eval mode,
-    instance norm's dims, another device (whose torch.batch_norm may take another kernel), one value per channel."""
+    instance norm's dims, another device (whose torch.batch_norm may take another kernel), one value per channel
+    (F.batch_norm raises, as called) and none (torch's kernel refuses an empty input that torch.batch_norm accepts)."""
     if not ctx.batch_stats or x.device.type != "cpu" or ctx.dims != all_but_channel(x) or \
-            math.prod(x.shape[:1] + x.shape[2:]) == 1:  # (one value per channel: F.batch_norm raises, as called)
+            math.prod(x.shape[:1] + x.shape[2:]) <= 1:
         return None
     y, mean, invstd = torch.native_batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
     ctx.stats = (mean, invstd)
@@ -105,7 +106,7 @@ def batch_norm_backward(ctx, g) -> tuple:
     torch's kernel does: dw and db are sums over the whole batch, and their terms rounded to 8 bits would lose them."""
     x, w, *running = ctx.saved_tensors
     need_x, need_w, need_b = (ctx.needs_input_grad[i] for i in ctx._rule.affine_at)
-    if not torch.is_grad_enabled() and ctx.dims == all_but_channel(x) and (ctx.batch_stats or running):
+    if not torch.is_grad_enabled() and ctx.dims == all_but_channel(x) and (ctx.batch_stats or running) and x.numel():
         return _batch_norm_kernel(ctx, g, x, w, running, [need_x, need_w, need_b])
     if x.dtype in (torch.float16, torch.bfloat16):
         x, g = x.float(), g.float()
@@ -125,18 +126,22 @@ def _batch_norm_kernel(ctx, g: torch.Tensor, x: torch.Tensor, w: Optional[torch.
     """batch_norm_backward's first order (no graph recorded) by torch's one-pass kernel of the same formulas: on the
     batch's mean and invstd (those the forward's kernel computed, ctx.stats; else recomputed from x), or on the
     running statistics in eval mode. Several times faster than the dozen elementwise ops on a conv's activations;
-    equal to them up to rounding (torch autograd's bits where the forward kept its statistics)."""
+    equal to them up to rounding (torch autograd's bits where the forward kept its statistics). Not for an empty
+    input: the kernel divides by its size (the formulas above give an empty dx and zero dw, db)."""
     if ctx.batch_stats:
-        mean, invstd = ctx.stats or _batch_stats(x, ctx.dims, ctx.eps)
+        mean, invstd = ctx.stats or _batch_stats(x, w, ctx.dims, ctx.eps)
         return torch.ops.aten.native_batch_norm_backward(g, x, w, None, None, mean, invstd, True, ctx.eps, needs)
     return torch.ops.aten.native_batch_norm_backward(g, x, w, running[0], running[1], None, None, False, ctx.eps,
                                                      needs)
 
 
-def _batch_stats(x: torch.Tensor, dims: Tuple[int, ...], eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The batch's mean and invstd over dims, in float32 for float16 / bfloat16 (as torch's kernel keeps them)."""
+def _batch_stats(x: torch.Tensor, w: Optional[torch.Tensor], dims: Tuple[int, ...],
+                 eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The batch's mean and invstd over dims, computed in float32 for float16 / bfloat16 and kept in the dtype torch's
+    kernel keeps them in: the weight's (float32 beside a half-precision input under autocast), else the input's."""
     var, mean = torch.var_mean(opmath(x)[0], dims, correction=0)
-    return mean, torch.rsqrt(var + eps)
+    dtype = x.dtype if w is None else w.dtype
+    return mean.to(dtype), torch.rsqrt(var + eps).to(dtype)
 
 
 @register(F.batch_norm)  # what nn.BatchNorm1d/2d/3d call
