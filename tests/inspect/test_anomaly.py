@@ -68,3 +68,34 @@ def test_torchs_anomaly_mode_raises_on_a_nan_gradient_as_torchs_engine(readable)
             assert torch.isnan(x.grad).any()  # sqrt'(-0) = inf, sqrt'(-1) = NaN
     assert messages[0].startswith("Function 'SqrtBackward' returned nan values in its 0th output.")
     assert messages[1].startswith("Function 'SqrtBackward0' returned nan values in its 0th output.")
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_torchs_anomaly_mode_checks_a_gradient_summed_back_over_broadcast_dims(compiled):
+    """y = a + b with b broadcast over rows: b's gradient is g summed over the rows, where inf and -inf make NaN
+    (finite differences have no say here: the gradient is a sum of infinities). torch's engine checks each gradient
+    after that sum and raises naming AddBackward0's output 1; so does torchtrace, eagerly and in a compiled call
+    (whose node sums inside), and without anomaly mode both give b.grad NaN silently."""
+    import warnings
+
+    g = torch.tensor([[float("inf")], [-float("inf")]], dtype=torch.float64)
+
+    def loss(a, b):
+        return ((a + b) * g).sum()
+
+    messages = []
+    for make in (tt.tracer, torch.tensor):
+        a, b = make(torch.ones(2, 3).double(), requires_grad=True), make(torch.zeros(3).double(), requires_grad=True)
+        run = tt.compile(loss, (a, b)) if compiled and make is tt.tracer else loss
+        run(a, b)  # (a compiled function's first call records its path; the calls below replay it)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns that anomaly mode slows it down
+            with torch.autograd.set_detect_anomaly(True):
+                with pytest.raises(RuntimeError, match="returned nan values") as error:
+                    run(a, b).backward()
+        messages.append(str(error.value))
+        run(a, b).backward()
+        assert torch.isnan(b.grad).all() and torch.isinf(a.grad).all()
+    assert messages[1].startswith("Function 'AddBackward0' returned nan values in its 1th output.")
+    assert messages[0].startswith("Function 'CompiledCallBackward'" if compiled else
+                                  "Function 'AddBackward' returned nan values in its 1th output.")

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import torch
 
-from torchtrace.autograd.node import Node
+from torchtrace.autograd.node import Contributions, Node
 from torchtrace.autograd.plain import plain_torch
 from torchtrace.autograd.state import observing
 from torchtrace.inspect.scope import module_names, module_scope, path_name
@@ -79,14 +79,27 @@ class detect_anomaly:
 
 def refuse_nan(node: Node, grads: Any, result: Any) -> None:
     """Under torch's anomaly mode, set_detect_anomaly(True) (with its check_nan), a rule that returns NaN raises,
-    as torch's engine does, naming it and the output."""
+    as torch's engine does, naming it and the output. Each gradient is checked as its edge receives it, summed over
+    the dimensions forward broadcast (torch checks after that sum: inf and -inf summed there are NaN), and each of a
+    compiled node's contributions on its own (each is an eager node's)."""
     if not torch.is_anomaly_check_nan_enabled():
         return
+    shapes = {edge[0]: edge[3] for edge in node.edges}
     with plain_torch():
         for i, g in enumerate(result if type(result) is tuple else (result,)):
-            if isinstance(g, torch.Tensor) and g.is_floating_point() and g.isnan().any():
-                raise RuntimeError(f"Function '{node.name}' returned nan values in its {i}th output. "
-                                   "(tt.detect_anomaly() names the module and the source line that made the op)")
+            for each in g if type(g) is Contributions else (g,):
+                if isinstance(each, torch.Tensor) and each.is_floating_point() and _received_nan(each, shapes.get(i)):
+                    raise RuntimeError(f"Function '{node.name}' returned nan values in its {i}th output. "
+                                       "(tt.detect_anomaly() names the module and the source line that made the op)")
+
+
+def _received_nan(g: torch.Tensor, shape: Optional[torch.Size]) -> bool:
+    if shape is not None and g.shape != shape:
+        try:
+            g = g.sum_to_size(shape)
+        except RuntimeError:  # a shape no sum gives: the engine names that mistake
+            pass
+    return bool(g.isnan().any())
 
 
 def _op(node: Node) -> str:
