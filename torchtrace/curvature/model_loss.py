@@ -28,7 +28,8 @@ LossFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 def _batches(data: Any) -> Sequence[Any]:
     """A tensor, tuple or dict is one batch; a list, a DataLoader or any re-iterable is a sequence of batches. A list
-    of tensors that differ in dtype or in shape past the first dimension is one batch: a DataLoader's [x, y]."""
+    of tensors that differ in dtype or in shape past the first dimension is one batch: a DataLoader's [x, y] (one
+    whose tensors all agree is ambiguous: refused)."""
     if isinstance(data, (torch.Tensor, tuple, dict)) or _one_collated_batch(data):
         return [data]
     if isinstance(data, (str, bytes)) or not hasattr(data, "__iter__"):
@@ -43,9 +44,15 @@ def _batches(data: Any) -> Sequence[Any]:
 
 
 def _one_collated_batch(data: Any) -> bool:
+    """A list of tensors that differ in dtype or trailing shape is a DataLoader's batch [x, y]; one whose tensors all
+    agree could be that batch or a list of one-tensor batches, and a wrong guess gives another loss: refused."""
     if type(data) is not list or len(data) < 2 or not all(isinstance(t, torch.Tensor) for t in data):
         return False
-    return len({(t.dtype, tuple(t.shape[1:])) for t in data}) > 1
+    if len({(t.dtype, tuple(t.shape[1:])) for t in data}) > 1:
+        return True
+    raise ValueError(f"data is a list of {len(data)} tensors of one dtype and shape: it may be one DataLoader batch "
+                     "[x, y] or a list of batches of one tensor each. Pass one batch as a tuple, tuple(data), or the "
+                     "batches as a list of tuples, [(t,) for t in data] (loss_fn then receives each tuple)")
 
 
 def _size(batch: Any) -> Optional[int]:

@@ -24,7 +24,7 @@ class ForwardModeResult(Function):
     """y = v, a value forward mode computed outside the graph  ->  no gradient flows back through it: refused"""
 
     @staticmethod
-    def forward(ctx: Any, value: torch.Tensor, graph: torch.Tensor, what: str) -> torch.Tensor:
+    def forward(ctx: Any, value: torch.Tensor, what: str, *graph: torch.Tensor) -> torch.Tensor:
         ctx.what = what
         return value.detach().clone()
 
@@ -38,24 +38,27 @@ class ForwardModeResult(Function):
 
 
 def reads_a_gradient(primals: Sequence[Any], leaves: Sequence[torch.Tensor], outputs: Sequence[Any],
-                     first_node: int) -> Optional[torch.Tensor]:
-    """A tracer of the pass that shows f read a tensor requiring grad (a primal, a leaf or a node recorded before the
-    pass began at sequence number `first_node`), while grad mode is on; None: torch.func's result would be constant
-    too."""
+                     first_node: int) -> Optional[List[torch.Tensor]]:
+    """What the results' refusing node hangs on where the pass shows f read a tensor requiring grad (a primal, a leaf
+    or a node recorded before the pass began at sequence number `first_node`) while grad mode is on: a tracer of the
+    pass, and the caller's primals that require grad (the pass ran on fresh leaves of them: a backward aimed at a
+    primal must meet the refusal, not find the result unused). None: torch.func's result would be constant too."""
     if not torch.is_grad_enabled():
         return None
     anchors = [o for o in outputs if isinstance(o, TRACER) and o._tt_requires_grad]
-    if any(isinstance(p, torch.Tensor) and p.requires_grad for p in primals) and anchors:
-        return anchors[0]
+    read = [p for p in primals if isinstance(p, torch.Tensor) and p.requires_grad]
+    if read and anchors:
+        return anchors[:1] + read
     for node in topological_order([o.grad_fn for o in anchors if o.grad_fn is not None]):
         outer_leaf = type(node) is AccumulateGrad and not any(node.variable is leaf for leaf in leaves)
         if outer_leaf or node.sequence_nr < first_node:
-            return anchors[0]
+            return anchors[:1] + read
     return None
 
 
-def constant_results(values: List[torch.Tensor], anchor: Optional[torch.Tensor], what: str) -> List[torch.Tensor]:
-    """values as they are (anchor None), else each a tracer whose backward refuses (ForwardModeResult)."""
-    if anchor is None:
+def constant_results(values: List[torch.Tensor], graph: Optional[List[torch.Tensor]], what: str) -> List[torch.Tensor]:
+    """values as they are (graph None), else each a tracer whose backward refuses (ForwardModeResult), its edges to
+    the tensors of `graph`."""
+    if graph is None:
         return values
-    return [run_rule(TRACER, ForwardModeResult, None, (v, anchor, what), {}) for v in values]
+    return [run_rule(TRACER, ForwardModeResult, None, (v, what, *graph), {}) for v in values]
