@@ -82,26 +82,44 @@ def console_errors(browser):
 
 
 def step_through(browser, player, ex, expected_after, expected_upstream):
-    """Press → once per step; at each step compare what the panel shows with torch's numbers."""
+    """Press → once per step; at each step compare what the panel shows with torch's numbers (read once the page
+    shows that step: the panel is drawn anew on each keypress, so an element found before may be replaced)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
 
     checked = 0
     for i, step in enumerate(ex.steps):
         if i:
             player.send_keys(Keys.ARROW_RIGHT)
-        panel = browser.find_element(By.CSS_SELECTOR, ".tt-panel")
-        assert panel.find_element(By.TAG_NAME, "h3").text.startswith(f"step {i + 1}: {step.name}")
-        assert browser.find_element(By.CSS_SELECTOR, ".tt-count").text == f"step {i + 1} / {len(ex.steps)}"
-        if step.kind == "accumulate":
-            assert_shows(panel.find_element(By.CSS_SELECTOR, ".tt-after").text, expected_after[step.name], step.name)
-            checked += 1
-        elif step.name in expected_upstream:
-            assert_shows(panel.find_element(By.CSS_SELECTOR, ".tt-up").text, expected_upstream[step.name], step.name)
-            checked += 1
-        current = browser.find_elements(By.CSS_SELECTOR, ".tt-node.tt-current")
-        assert len(current) == 1
+        count = f"step {i + 1} / {len(ex.steps)}"
+        WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda b: b.find_element(By.CSS_SELECTOR, ".tt-count").text == count)
+        for attempt in range(5):
+            try:
+                checked += check_step(browser, i, step, expected_after, expected_upstream)
+                break
+            except StaleElementReferenceException:
+                if attempt == 4:
+                    raise
     return checked
+
+
+def check_step(browser, i, step, expected_after, expected_upstream) -> int:
+    """The panel of step i against torch's numbers: 1 where a number was compared, else 0."""
+    from selenium.webdriver.common.by import By
+
+    panel = browser.find_element(By.CSS_SELECTOR, ".tt-panel")
+    assert panel.find_element(By.TAG_NAME, "h3").text.startswith(f"step {i + 1}: {step.name}")
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".tt-node.tt-current")) == 1
+    if step.kind == "accumulate":
+        assert_shows(panel.find_element(By.CSS_SELECTOR, ".tt-after").text, expected_after[step.name], step.name)
+        return 1
+    if step.name in expected_upstream:
+        assert_shows(panel.find_element(By.CSS_SELECTOR, ".tt-up").text, expected_upstream[step.name], step.name)
+        return 1
+    return 0
 
 
 def micrograd_graph():
