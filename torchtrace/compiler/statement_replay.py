@@ -38,6 +38,7 @@ reading a tracer's attributes does not enter torchtrace.
 """
 import linecache
 import os
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -88,7 +89,8 @@ def statement_replay(st: Any, miss: object) -> Callable[[Any, Any, tuple], Any]:
         filename = os.path.join(GENERATED_DIR, f"replay_form_{len(_FORMS)}.py")
         linecache.cache[filename] = (len(form), None, form.splitlines(True), filename)
         namespace = {"tracer": tracer, "T": torch.Tensor, "Segment": Segment, "Step": Step, "Context": Context,
-                     "new": object.__new__, "UNSAVED": _UNSAVED}
+                     "new": object.__new__, "UNSAVED": _UNSAVED,
+                     "ref": weakref.ref}
         exec(compile(form, filename, "exec"), namespace)  # noqa: S102 (our own generated code)
         factory = _FORMS[form] = namespace["make"]
     replay = factory(miss, *(bound[name] for name in parameters))
@@ -233,7 +235,10 @@ def _plain_saved_lines(st: Any, names: List[str]) -> List[str]:
         if k is not None and (st.checks[k][0] is not TENSOR or st.checks[k][1] < 0):
             continue
         name = names[k] if k is not None else f"ctx._saved[{index}]"
-        lines += [f"if getattr({name}, '_tt_node', None) is node:  # saved {index}: a tracer of this node, kept as a "
-                  "plain alias (no cycle node -> Context -> tracer -> node)",
-                  f"    segment.plain_saved_input(step, {index}, {name})"]
+        lines += [f"_t = {name}",
+                  f"if getattr(_t, '_tt_node', None) is node:  # saved {index}: a tracer of this node, kept as a plain "
+                  "alias (no cycle node -> Context -> tracer -> node): Segment.plain_saved_input written out",
+                  "    _s = ctx._saved",
+                  f"    ctx._saved = (*_s[:{index}], T.detach(_t), *_s[{index + 1}:])",
+                  f"    step.saved_inputs = (*step.saved_inputs, ({index}, ref(_t), _t._tt_nr))"]
     return lines
