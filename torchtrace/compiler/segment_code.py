@@ -20,6 +20,7 @@ that is not clean is one line, `_o = S[k].rule.backward(S[k].ctx, *_gs)` (`_gs`:
 checked (`if _g.shape != K[4]: ...`).
 Gradients meet in the interpreter's order, so the results are the same bits. `Compiled.backward_code` shows the source.
 """
+import collections
 import linecache
 import math
 import os
@@ -73,7 +74,10 @@ def _generate(steps: list, outputs: list, n_edges: int, frees: bool = True) -> S
     lines = ["def backward(S, G, free):",
              f'    """The backward of {len(steps)} compiled statements, newest first."""']
     lines += [f"    _v{value} = G[{nr}]" for nr, value in enumerate(outputs)]
-    lines += [f"    _e{e} = []" for e in range(n_edges)]  # what each edge sends, newest first (engine: in turn)
+    sends = collections.Counter(where for step in steps for *_, local, where in step.targets if not local)
+    gathered = frozenset(e for e, n in sends.items() if n > 1)  # edges that several statements send to
+    lines += [f"    _e{e} = []" if e in gathered else f"    _e{e} = None" for e in range(n_edges)]  # what each edge
+    # sends: the gradients of several statements newest first (the engine adds them in turn), else one or None
     lines.append("    _ran = []")
     for k in reversed(range(len(steps))):
         step = steps[k]
@@ -81,10 +85,10 @@ def _generate(steps: list, outputs: list, n_edges: int, frees: bool = True) -> S
         code = step.statement.code
         lines.append(f"    if {reached}:  # {step.rule.__name__}" + (
             "" if isinstance(code, StepCode) else " (its rule: " + (code or "not traced") + ")"))
-        lines += ["        " + line for line in _step_lines(k, step, code, writer)]
+        lines += ["        " + line for line in _step_lines(k, step, code, writer, gathered)]
         if frees:  # its saved tensors, as the engine frees a node's after it ran (unless retain_graph)
             lines += ["        " + line for line in _free_lines(k, code)]
-    edges = ", ".join(f"contributions(_e{e})" for e in range(n_edges))
+    edges = ", ".join(f"contributions(_e{e})" if e in gathered else f"_e{e}" for e in range(n_edges))
     lines.append(f"    return ({edges}{',' if n_edges == 1 else ''}), _ran")
     source = "\n".join(lines) + "\n"
     if frees and "expect(" in source:  # a layout check may send the call to the interpreter: nothing freed before
@@ -109,7 +113,7 @@ def _free_lines(k: int, code: Any) -> List[str]:
             "        _st.released, _st.ctx = True, None", "    else:", "        free(_st)"]
 
 
-def _step_lines(k: int, step: Any, code: Any, writer: CodeWriter) -> List[str]:
+def _step_lines(k: int, step: Any, code: Any, writer: CodeWriter, gathered: frozenset) -> List[str]:
     if len(step.outputs) == 1:
         gradients = [f"_v{step.outputs[0]}"]
     else:  # as the engine: zeros for the outputs no gradient reached
@@ -117,16 +121,16 @@ def _step_lines(k: int, step: Any, code: Any, writer: CodeWriter) -> List[str]:
                      for i, v in enumerate(step.outputs)]
     reset = "; ".join(f"_v{v} = None" for v in step.outputs)
     if not isinstance(code, StepCode):
-        lines = [f"_gs = [{', '.join(gradients)}]", reset, *_rule_lines(k, step, writer)]
+        lines = [f"_gs = [{', '.join(gradients)}]", reset, *_rule_lines(k, step, writer, gathered)]
     elif code.fixed_floats is None:  # the traced lines read each gradient by its name
         lines = [f"{name} = {g}" for name, g in zip(code.gradients, gradients) if name is not None]
-        lines += [reset, *_traced_lines(k, step, code, writer)]
+        lines += [reset, *_traced_lines(k, step, code, writer, gathered)]
     else:  # traced with the floats it had: while they are the same
         names = [f"{name} = _gs[{i}]" for i, name in enumerate(code.gradients) if name is not None]
         lines = [f"_gs = [{', '.join(gradients)}]", reset,
                  f"if _same_floats(S[{k}].floats, {writer.constant(code.fixed_floats)}):",
-                 *("    " + line for line in names + _traced_lines(k, step, code, writer)),
-                 "else:", *("    " + line for line in _rule_lines(k, step, writer))]
+                 *("    " + line for line in names + _traced_lines(k, step, code, writer, gathered)),
+                 "else:", *("    " + line for line in _rule_lines(k, step, writer, gathered))]
     lines.append(f"_ran.append({k})")
     return lines
 
@@ -137,15 +141,15 @@ def _same_floats(these: tuple, traced: tuple) -> bool:
         a == b and math.copysign(1.0, a) == math.copysign(1.0, b) for a, b in zip(these, traced))
 
 
-def _rule_lines(k: int, step: Any, writer: CodeWriter) -> List[str]:
+def _rule_lines(k: int, step: Any, writer: CodeWriter, gathered: frozenset) -> List[str]:
     lines = [f"_o = S[{k}].rule.backward(S[{k}].ctx, *_gs)", "if type(_o) is not tuple:", "    _o = (_o,)"]
     for position, shape, dtype, local, where in step.targets:
         at = f"[{position}]" if type(position) is int else f"[{position[0]}][{position[1]}]"
-        lines += [f"_g = _o{at}", *_send(shape, dtype, local, where, writer, checked=True)]
+        lines += [f"_g = _o{at}", *_send(shape, dtype, local, where, writer, gathered, checked=True)]
     return lines
 
 
-def _traced_lines(k: int, step: Any, code: StepCode, writer: CodeWriter) -> List[str]:
+def _traced_lines(k: int, step: Any, code: StepCode, writer: CodeWriter, gathered: frozenset) -> List[str]:
     """The traced backward on the step's Context (its gradients already bound to their names)."""
     paths = [path for _, path in code.reads]
     lines = [f"_c = S[{k}].ctx"] if code.checked or paths else []
@@ -165,12 +169,13 @@ def _traced_lines(k: int, step: Any, code: StepCode, writer: CodeWriter) -> List
         if item is None:  # the traced backward returns no gradient there, on every call
             continue
         known = code.result_metas.get(item.name) if isinstance(item, TensorRef) else None
-        lines += [f"_g = {writer.value(item)}", *_send(shape, dtype, local, where, writer, checked=False, known=known)]
+        lines += [f"_g = {writer.value(item)}",
+                  *_send(shape, dtype, local, where, writer, gathered, checked=False, known=known)]
     return lines
 
 
-def _send(shape: torch.Size, dtype: torch.dtype, local: bool, where: int, writer: CodeWriter, checked: bool,
-          known: Optional[Tuple[torch.Size, torch.dtype]] = None) -> List[str]:
+def _send(shape: torch.Size, dtype: torch.dtype, local: bool, where: int, writer: CodeWriter, gathered: frozenset,
+          checked: bool, known: Optional[Tuple[torch.Size, torch.dtype]] = None) -> List[str]:
     """edge_gradient, written out: summed to the input's shape, cast to its dtype, added where it goes. Where the
     trace `known` the gradient's shape and dtype (the engine hands every node gradients of its outputs' shapes and
     dtypes, so the traced backward's results have the traced ones), only the sum and the cast it needs are lines."""
@@ -181,5 +186,6 @@ def _send(shape: torch.Size, dtype: torch.dtype, local: bool, where: int, writer
     else:
         body = ([f"_g = _g.sum_to_size({shape_k})"] if known[0] != shape else []) + (
             [f"_g = _g.to({dtype_k})"] if known[1] != dtype else [])
-    body.append(f"_v{where} = _g if _v{where} is None else _v{where} + _g" if local else f"_e{where}.append(_g)")
+    body.append(f"_v{where} = _g if _v{where} is None else _v{where} + _g" if local else
+                f"_e{where}.append(_g)" if where in gathered else f"_e{where} = _g")
     return ["if _g is not None:", *("    " + line for line in body)] if checked else body
