@@ -174,10 +174,27 @@ def record_inplace(tracer_type: type, target: Any, name: str, compute: Callable,
         if after._tt_node is not None:
             changed._tt_node, changed._tt_nr, changed._tt_requires_grad = after._tt_node, after._tt_nr, True
         changed._tt_version = changed._version
+        if base is None and result is not target:
+            _saved_as_written(result, target)
     _move_retained(*previous, changed)
     if base is not None and old_node is not None and old_nr in (old_node.retained or {}):
         catch_up(target, tracer_type, record)  # a retained view: .grad is now that of its new value, a view of the base
     return target
+
+
+def _saved_as_written(result: torch.Tensor, target: torch.Tensor) -> None:
+    """A rule that saved its result (tanh_, exp_, sigmoid_: their backward reads it) keeps the tensor the op wrote
+    instead (a plain alias, its version counter shared, under plain_torch), as torch's saves the result itself: a
+    later in-place change of it is refused at backward, a write through .data is read there."""
+    node = result._tt_node
+    if node is None or not node.saved_outputs or node.ctx._packed is not None:
+        return
+    ctx = node.ctx
+    saved, versions = list(ctx._saved), list(ctx._versions)
+    for i, nr in node.saved_outputs:
+        if nr == result._tt_nr:
+            saved[i], versions[i] = torch.Tensor.detach(target), target._version
+    ctx._saved, ctx._versions = tuple(saved), versions
 
 
 def overlapping(t: torch.Tensor) -> bool:

@@ -5,7 +5,10 @@ from torchtrace.autograd.function import INPLACE, Function
 
 
 def copied(x: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    """Out-of-place `x.copy_(src)`: src broadcast to x's shape, in x's dtype and on x's device."""
+    """Out-of-place `x.copy_(src)`: src (a tensor, or a number as torch 2.13 takes it) broadcast to x's shape, in x's
+    dtype and on x's device."""
+    if not isinstance(src, torch.Tensor):
+        return torch.full_like(x, src)
     return src.to(dtype=x.dtype, device=x.device, non_blocking=non_blocking).expand(x.shape).clone()
 
 
@@ -14,7 +17,7 @@ class CopyInto(Function):
 
     @staticmethod
     def forward(ctx, x, src, non_blocking=False):
-        ctx.src_device = src.device
+        ctx.src_device = src.device if isinstance(src, torch.Tensor) else None  # (a number gets no gradient)
         return copied(x, src, non_blocking)
 
     @staticmethod
