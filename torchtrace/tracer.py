@@ -83,14 +83,20 @@ class tracer(TensorProtocols, torch.Tensor):
             text = torch.Tensor.__repr__(self, **kwargs)
         return text.replace("grad_fn=<Node>", f"grad_fn=<{self.grad_fn.name}>") if self._tt_node else text
 
-    def _follow_base(self) -> None:
-        """A view whose base changed in place since is now a view of the new value (as torch rebases it)."""
+    def _follow_base(self, reading: bool = False) -> None:
+        """A view whose base changed in place since is now a view of the new value (as torch rebases it). A read of a
+        flag (`reading`) on a piece of a multi-output view, which cannot follow its base, answers from what the piece
+        was, as torch answers it; using the piece raises torch's error."""
         if self._tt_view:
-            catch_up(self, self._tt_type, dispatch.run_rule)
+            try:
+                catch_up(self, self._tt_type, dispatch.run_rule)
+            except RuntimeError:
+                if not (reading and self._tt_piece):
+                    raise
 
     @property
     def requires_grad(self) -> bool:
-        self._follow_base()
+        self._follow_base(reading=True)
         return self._tt_requires_grad
 
     @requires_grad.setter
@@ -116,7 +122,7 @@ class tracer(TensorProtocols, torch.Tensor):
 
     @property
     def is_leaf(self) -> bool:
-        self._follow_base()
+        self._follow_base(reading=True)
         return self._tt_node is None
 
     @property
@@ -164,7 +170,7 @@ class tracer(TensorProtocols, torch.Tensor):
 
     @property
     def retains_grad(self) -> bool:
-        self._follow_base()
+        self._follow_base(reading=True)
         return self._tt_node is not None and self._tt_nr in (self._tt_node.retained or {})
 
     def register_hook(self, hook: Callable) -> RemovableHandle:
