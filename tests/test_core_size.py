@@ -102,7 +102,10 @@ unbind (several views one op returns, and views of them) refused as torch refuse
 records a gradient, or used with grad mode on after their base changed in place (each ran before, where torch
 raises that one backward serves all the pieces): 1,822. A backward without create_graph (and an optimizer's update)
 takes tt.compile's replay mode off the stack while it runs (plain.modes_aside): inside a compiled training step each
-of their torch calls entered that mode only to be handed on (a fifth of the MLP step's instructions): 1,840.
+of their torch calls entered that mode only to be handed on (a fifth of the MLP step's instructions): 1,840. An
+in-place op whose backward reads its result (tanh_, exp_) keeping the tensor it wrote, as torch saves it (a later
+in-place change of it went unrefused, a .data write unread: a .grad that differed from torch's), and the flags of a
+piece whose base changed in place read as torch reads them (they raised): 1,848.
 """
 import ast
 import pathlib
@@ -112,7 +115,7 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1840
+BUDGET = 1848
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
 # 340 when the lanes came; then calls with keywords placed as run_rule places them (every torch.nn.functional call),

@@ -152,10 +152,9 @@ class tracer(TensorProtocols, torch.Tensor):
         self._follow_base()
         if not self._tt_requires_grad:  # (a leaf that requires grad keeps its .grad anyway: nothing to do)
             raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
-        if self._tt_node is None:
-            return
-        retained = self._tt_node.retained = self._tt_node.retained or {}
-        retained[self._tt_nr] = weakref.ref(self)
+        if self._tt_node is not None:
+            self._tt_node.retained = self._tt_node.retained or {}
+            self._tt_node.retained[self._tt_nr] = weakref.ref(self)
 
     def set_(self, *args: Any, **kwargs: Any) -> "tracer":
         """torch's Tensor.set_ (a call torch never hands to __torch_function__): it has no derivative, so it is refused

@@ -87,10 +87,8 @@ def catch_up(view: torch.Tensor, tracer_type: type, record: Record, always: bool
 def refuse_no_grad_view(target: Any) -> None:
     """A view taken while grad mode was off (no_grad, inference_mode) of a tensor that requires grad may not be
     changed in place with grad mode on, as torch refuses it: which value should the base's graph record?"""
-    if not getattr(target, "_tt_no_grad_view", False) or not _grad_enabled():
-        return
-    base = target._tt_base
-    if base is not None and base._tt_requires_grad:
+    base = getattr(target, "_tt_base", None)
+    if getattr(target, "_tt_no_grad_view", False) and _grad_enabled() and base is not None and base._tt_requires_grad:
         raise RuntimeError("A view was created in no_grad mode and is being modified inplace with grad mode enabled. "
                            "Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify "
                            "your code by moving both the view and the inplace either both inside the no_grad block "
@@ -174,27 +172,23 @@ def record_inplace(tracer_type: type, target: Any, name: str, compute: Callable,
         if after._tt_node is not None:
             changed._tt_node, changed._tt_nr, changed._tt_requires_grad = after._tt_node, after._tt_nr, True
         changed._tt_version = changed._version
-        if base is None and result is not target:
-            _saved_as_written(result, target)
+        _saved_as_written(result, target, base)
     _move_retained(*previous, changed)
     if base is not None and old_node is not None and old_nr in (old_node.retained or {}):
         catch_up(target, tracer_type, record)  # a retained view: .grad is now that of its new value, a view of the base
     return target
 
 
-def _saved_as_written(result: torch.Tensor, target: torch.Tensor) -> None:
+def _saved_as_written(result: torch.Tensor, target: torch.Tensor, base: Optional[torch.Tensor]) -> None:
     """A rule that saved its result (tanh_, exp_, sigmoid_: their backward reads it) keeps the tensor the op wrote
     instead (a plain alias, its version counter shared, under plain_torch), as torch's saves the result itself: a
-    later in-place change of it is refused at backward, a write through .data is read there."""
+    later in-place change of it is refused at backward, a write through .data is read there. (Not for a view: its
+    base is what was written.)"""
     node = result._tt_node
-    if node is None or not node.saved_outputs or node.ctx._packed is not None:
-        return
-    ctx = node.ctx
-    saved, versions = list(ctx._saved), list(ctx._versions)
-    for i, nr in node.saved_outputs:
-        if nr == result._tt_nr:
-            saved[i], versions[i] = torch.Tensor.detach(target), target._version
-    ctx._saved, ctx._versions = tuple(saved), versions
+    if base is None and node is not None and node.saved_outputs and node.ctx._packed is None:
+        ctx, kept = node.ctx, [i for i, nr in node.saved_outputs if nr == result._tt_nr]
+        ctx._saved = tuple(torch.Tensor.detach(target) if i in kept else s for i, s in enumerate(ctx._saved))
+        ctx._versions = [target._version if i in kept else v for i, v in enumerate(ctx._versions)]
 
 
 def overlapping(t: torch.Tensor) -> bool:
