@@ -184,7 +184,7 @@ class Segment:
         too)."""
         for step in self.steps:
             for index, ref, _ in step.saved_inputs:
-                if ref() is t:
+                if ref() is t and step.ctx is not None:  # (a step freed by a backward saves nothing any more)
                     saved = list(step.ctx._saved)
                     with plain_torch():
                         saved[index] = torch.Tensor.detach(t)
@@ -233,7 +233,8 @@ class Segment:
         self.sealed = True
         node = self.node
         asked = node.hooks or node.retained or (captured is not None and any(n is node for n, _ in captured))
-        if not (create_graph or asked):
+        runs, seen = self._needed_steps(captured, needed)
+        if not (create_graph or asked) and (runs is None or len(runs) == len(self.steps)):
             result = self._run_generated(grads, retain)
             if result is not None:
                 return result
@@ -242,7 +243,6 @@ class Segment:
             if g is not None:
                 buffers[self.outputs[nr]] = g
         result: List[List[torch.Tensor]] = [[] for _ in self.node.edges]  # what each edge sends, newest first
-        runs, seen = self._needed_steps(captured, needed)
         for step in self._order(buffers):
             if len(step.outputs) == 1:
                 g = buffers.pop(step.outputs[0], None)
@@ -300,7 +300,9 @@ class Segment:
 
     def _run_generated(self, grads: tuple, retain: bool) -> Optional[tuple]:
         """The generated backward (segment_code.py), where it serves this call: no grad_fn hooks on a statement's
-        node, no step freed by an earlier backward, every layout as traced. None: the steps are interpreted."""
+        node, no step freed by an earlier backward, every layout as traced (and, checked by the caller, no
+        create_graph, no hook / retain_grad / capture on this node's values, every step needed). None: the steps are
+        interpreted."""
         steps = self.steps
         if not steps or any(s.released for s in steps) or (self.shown and any(
                 s.node is not None and (s.node.pre_hooks or s.node.post_hooks) for s in steps)):
