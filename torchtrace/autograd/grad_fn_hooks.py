@@ -2,6 +2,8 @@
 are built on them): Node mixes GradFnHooks in, and the engine runs the hooks around the node's rule."""
 from typing import Any, Callable, List, Optional
 
+import torch
+
 
 class NodeName(str):
     """A node's name, read as torch's grad_fn.name() or as the attribute grad_fn.name."""
@@ -52,16 +54,45 @@ def run_pre_hooks(node: Any, grads: List[Any]) -> List[Any]:
     return grads
 
 
-def run_post_hooks(node: Any, result: tuple, grads: List[Any]) -> tuple:
-    """grad_fn.register_hook hooks: each sees the gradients of forward's arguments (grad_inputs) and of the node's
-    outputs (grad_outputs), and may return new grad_inputs."""
+def run_post_hooks(node: Any, result: tuple, grads: List[Any], inputs: Optional[list] = None) -> tuple:
+    """grad_fn.register_hook hooks: each sees the gradients of forward's arguments (grad_inputs) as the inputs receive
+    them, and those of the node's outputs (grad_outputs), and may return new grad_inputs. `inputs`: (position, shape,
+    dtype) of each input that receives one (default: the node's edges)."""
     hidden = getattr(node.rule, "hidden_arguments", 0)  # leading arguments the user never passed (a bridge's own)
-    grad_inputs = tuple(result[hidden:])
+    if inputs is None:
+        inputs = [(edge.position, edge.shape, edge.dtype) for edge in node.edges]
+    grad_inputs = tuple(_as_received(inputs, result)[hidden:])
     for hook in list(node.post_hooks or ()):
         replaced = hook(grad_inputs, tuple(grads))
         if replaced is not None:
             grad_inputs = _checked_replacement(hook, replaced, len(grad_inputs), "grad_inputs")
     return tuple(result[:hidden]) + tuple(grad_inputs)
+
+
+def _as_received(inputs: list, result: tuple) -> list:
+    """The rule's gradients as the inputs receive them (summed over what forward broadcast, cast to each input's
+    dtype, as the engine sends them), as torch's hooks see them: a hook that clamps a bias's gradient clamps the sum."""
+    received = list(result)
+    for position, shape, dtype in inputs:
+        index, item = (position, None) if type(position) is int else position
+        entry = received[index] if index < len(received) else None
+        if item is not None:
+            if not isinstance(entry, (list, tuple)) or item >= len(entry):
+                continue
+            items = list(entry)
+            items[item] = _reduced(items[item], shape, dtype)
+            received[index] = type(entry)(items)
+        elif entry is not None:
+            received[index] = _reduced(entry, shape, dtype)
+    return received
+
+
+def _reduced(g: Any, shape: torch.Size, dtype: torch.dtype) -> Any:
+    if not isinstance(g, torch.Tensor):
+        return g
+    if g.shape != shape:
+        g = g.sum_to_size(shape)
+    return g if g.dtype == dtype else g.to(dtype)
 
 
 def _checked_replacement(hook: Callable, replaced: Any, expected: int, what: str) -> Any:

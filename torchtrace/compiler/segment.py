@@ -278,7 +278,7 @@ class Segment:
             if type(out) is not tuple:
                 out = (out,)
             if shown is not None and shown.post_hooks:  # grad_fn.register_hook: sees (and may replace) grad_inputs
-                out = run_post_hooks(shown, out, gs)
+                out = run_post_hooks(shown, out, gs, [target[:3] for target in step.targets])
             if not retain:  # freed at once, as the engine frees each node's: memory the next steps reuse
                 _free(step)
             for position, shape, dtype, local, where in step.targets:  # edge_gradient, written out
