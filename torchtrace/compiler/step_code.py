@@ -96,7 +96,7 @@ def step_code(rule: type, key: tuple, mask: int, args: tuple, kwargs: dict) -> U
     if found is None:
         if len(_CACHE) > 4096:  # programs of many shapes: trace again rather than grow without end
             _CACHE.clear()
-        with _random_streams_kept(tensors):
+        with _random_streams_kept(tensors, getattr(rule, "draws_random", False)):
             verdict = trace_rule(rule, args, kwargs, mask)
             fixed = None if verdict.clean else fixed_float_trace(rule, args, kwargs, mask, verdict)
         found = _from_trace(verdict.trace, None) if verdict.clean else \
@@ -108,17 +108,19 @@ def step_code(rule: type, key: tuple, mask: int, args: tuple, kwargs: dict) -> U
 
 
 @contextlib.contextmanager
-def _random_streams_kept(tensors: List[torch.Tensor]) -> Iterator[None]:
-    """A rule that draws random numbers (dropout) draws them while traced: then torch's generators are set back to
-    where they were, so the user's random stream goes on as in eager. A rule that draws nothing leaves them alone
-    (another thread drawing meanwhile keeps its numbers; one drawing while a drawing rule is traced does not)."""
+def _random_streams_kept(tensors: List[torch.Tensor], draws: bool) -> Iterator[None]:
+    """A rule that draws random numbers (dropout; `draws`: one whose draws the recorder does not see, as
+    fractional_max_pool2d's, made inside torch's own Python, or _standard_gamma's) draws them while traced: then
+    torch's generators are set back to where they were, so the user's random stream goes on as in eager. A rule that
+    draws nothing leaves them alone (another thread drawing meanwhile keeps its numbers; one drawing while a drawing
+    rule is traced does not)."""
     before = DRAWS.count
     cpu = torch.get_rng_state()
     cuda = {d: torch.cuda.get_rng_state(d) for d in {t.device for t in tensors if t.device.type == "cuda"}}
     try:
         yield
     finally:
-        if DRAWS.count != before:
+        if draws or DRAWS.count != before:
             torch.set_rng_state(cpu)
             for device, state in cuda.items():
                 torch.cuda.set_rng_state(state, device)

@@ -192,6 +192,8 @@ class FractionalMaxPool(MaxPool):
     """y_q = max of x over the pseudo-random window q  ->  dx_i = sum of g_q over the windows whose maximum is x_i
     (the windows are drawn once, in the forward, from torch's RNG or the samples given; backward reuses them)"""
 
+    draws_random = True  # (inside torch's Python, unseen by tt.compile's tracing: its generator is set back after)
+
     @staticmethod
     def forward(ctx, input, kernel_size, output_size=None, output_ratio=None, return_indices=False,
                 _random_samples=None):

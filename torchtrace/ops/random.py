@@ -79,6 +79,8 @@ class StandardGamma(Function):
     torch's derivatives.yaml gives it). Gamma(a, rate).rsample() and the distributions built on it (Chi2, StudentT)
     sample through this op."""
 
+    draws_random = True  # (a name tt.compile's tracing does not know as random: its generator is set back after)
+
     draws_random = True
 
     @staticmethod
