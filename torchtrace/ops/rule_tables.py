@@ -175,13 +175,21 @@ def reordered(name: str, rule: type, targets: Sequence[Callable], order: Sequenc
             bound.apply_defaults()
             args, kwargs = bound.args[1:], bound.kwargs
         flags = ctx.needs_input_grad
-        ctx.needs_input_grad = tuple(flags[k] for k in order) + tuple(flags[n:])  # the rule's order from now on
-        return rule.forward(ctx, *[args[k] for k in order], *args[n:], **kwargs)
+        ctx.needs_input_grad = tuple(flags[k] for k in order) + tuple(flags[n:])  # the rule's order while it runs
+        try:
+            return rule.forward(ctx, *[args[k] for k in order], *args[n:], **kwargs)
+        finally:  # the ctx keeps the call's flags: a compiled statement's traced forward (which makes its Context
+            ctx.needs_input_grad = flags  # from the call's mask and never replays this write) leaves the same ctx
 
     forward.__signature__ = signature  # keyword tensors are routed by this call's parameter names
 
     def backward(ctx: Any, g: Any) -> Any:
-        grads = rule.backward(ctx, g)
+        flags = ctx.needs_input_grad
+        ctx.needs_input_grad = tuple(flags[k] for k in order) + tuple(flags[n:])
+        try:
+            grads = rule.backward(ctx, g)
+        finally:
+            ctx.needs_input_grad = flags
         return (*(grads[k] for k in back), *grads[n:])
 
     return make_rule(name, math or f"{rule.__doc__} (arguments reordered)", forward, backward, targets,
