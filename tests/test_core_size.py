@@ -105,7 +105,11 @@ takes tt.compile's replay mode off the stack while it runs (plain.modes_aside): 
 of their torch calls entered that mode only to be handed on (a fifth of the MLP step's instructions): 1,840. An
 in-place op whose backward reads its result (tanh_, exp_) keeping the tensor it wrote, as torch saves it (a later
 in-place change of it went unrefused, a .data write unread: a .grad that differed from torch's), and the flags of a
-piece whose base changed in place read as torch reads them (they raised): 1,848.
+piece whose base changed in place read as torch reads them (they raised): 1,848. grad_fn.register_hook's hooks (and
+module full backward hooks) given each input's gradient as the input receives it, summed over what forward broadcast
+and cast to its dtype, as torch's (a hook that clamped a bias's gradient clamped each row, a .grad that differed), and
+a result its rule saves handed out as a detached alias, not a view of the saved tensor (`_is_view()` said True where
+torch says False): 1,873.
 """
 import ast
 import pathlib
@@ -115,7 +119,7 @@ from typing import Dict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from test_import_direction import PACKAGE, imported_modules  # noqa: E402
 
-BUDGET = 1848
+BUDGET = 1873
 START = ("torchtrace.tracer", "torchtrace.autograd.engine")
 LANES = "torchtrace.lanes"  # the generated fast lanes: code that writes code, beside the core, with its own budget
 # 340 when the lanes came; then calls with keywords placed as run_rule places them (every torch.nn.functional call),

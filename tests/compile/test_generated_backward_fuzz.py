@@ -137,16 +137,20 @@ SEEDS = range(0, 240)
 CHUNKS = [list(SEEDS[i::4]) for i in range(4)]
 
 
+def seeded_program(seed: int) -> tuple:
+    """The program of a seed as a loss function, its random stream, which leaves need a gradient, its generator."""
+    prog, outs, final = make_program(seed)
+    rng = random.Random(seed)
+    rg = [True] + [rng.random() < 0.6 for _ in range(N_LEAVES - 1)]
+    return loss_only(build(prog, outs, final)), rng, rg, torch.Generator().manual_seed(seed)
+
+
 # --- plain calls: changing values, shapes, floats, .data swaps; against eager and torch --------------------------
 @pytest.mark.parametrize("seeds", CHUNKS, ids=lambda c: f"seeds{c[0]}")
 def test_random_programs_match_eager_and_torch(seeds):
     replayed = checked = 0
     for seed in seeds:
-        prog, outs, final = make_program(seed)
-        fn = loss_only(build(prog, outs, final))
-        rng = random.Random(seed)
-        rg = [True] + [rng.random() < 0.6 for _ in range(N_LEAVES - 1)]
-        g = torch.Generator().manual_seed(seed)
+        fn, rng, rg, g = seeded_program(seed)
         vals0, *rest0 = inputs(g, 4)
         leaves = [tt.tracer(v, requires_grad=r) for v, r in zip(vals0, rg)]
         c = tt.compile(fn, (*leaves, *rest0))
@@ -166,7 +170,7 @@ def test_random_programs_match_eager_and_torch(seeds):
             eo.backward()
             to = fn(*tl, s, t, tf)
             to.backward()
-            what = f"seed {seed} call {k} {prog}"
+            what = f"seed {seed} call {k} (make_program(seed))"
             assert_same(out, eo, what=what + " value vs eager")
             torch.testing.assert_close(plain(out), to.detach(), rtol=1e-10, atol=1e-12)
             for i in range(N_LEAVES):
@@ -222,11 +226,7 @@ def test_dtypes_requires_grad_and_accumulation_change_between_calls(seeds):
 @pytest.mark.parametrize("seeds", [list(range(400, 520))], ids=["seeds400"])
 def test_kept_results_backward_in_any_order_and_second_backward_raises_as_eager(seeds):
     for seed in seeds:
-        prog, outs, final = make_program(seed)
-        fn = loss_only(build(prog, outs, final))
-        rng = random.Random(seed)
-        rg = [True] + [rng.random() < 0.6 for _ in range(N_LEAVES - 1)]
-        g = torch.Generator().manual_seed(seed)
+        fn, rng, rg, g = seeded_program(seed)
         calls = [inputs(g, 4) for _ in range(4)]
         order = list(range(4))
         rng.shuffle(order)

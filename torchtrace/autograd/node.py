@@ -291,8 +291,10 @@ def link_output(raw: torch.Tensor, node: Node, nr: int, tracer_type: type, fresh
         raise UnsupportedOperationError(f"{node.rule.__name__}: its result is complex, and torchtrace differentiates "
                                         "real tensors only: keep real and imaginary parts as separate real tracers, "
                                         "or run this call under tt.no_grad()")
-    t = raw if fresh else raw.as_subclass(tracer_type)
-    t.__class__ = tracer_type  # a fresh result becomes the tracer itself (an alias already is one)
+    t = raw
+    if not fresh:  # an alias: of a view, a view of the same base; else a detached one (not a view, as torch's result)
+        t = raw.as_subclass(tracer_type) if view or raw.requires_grad else torch.Tensor.detach(raw)
+    t.__class__ = tracer_type  # a fresh result becomes the tracer itself
     if floating:  # only what differs from the class defaults is set: the Python object is new
         t._tt_node, t._tt_requires_grad, t._tt_version = node, True, raw._version
         if nr:

@@ -187,14 +187,15 @@ def _output_lines(st: Any, names: List[str], saving: Optional[Tuple[int, ...]], 
         bound[f"E{k}"], bound[f"W{k}"] = source, where
         opening += f" or segment.edge_to(E{k}, {names[position]}) != W{k}"
     as_alias = ["kept = tuple((i, nr) for i in saving)",
-                "out = out.as_subclass(tracer)  # the Context keeps it plain: the caller gets a tracer alias"]
+                "out = T.detach(out)  # the Context keeps it plain: the caller gets a tracer alias (not a view, as",
+                "out.__class__ = tracer  # torch's result)"]
     as_itself = ["kept = ()", "out.__class__ = tracer  # no one else holds it: it becomes the tracer itself"]
     if saving is None:
         retag = ["if saving:", *("    " + line for line in as_alias), "else:",
                  *("    " + line for line in as_itself)]
     else:
         pairs = "".join(f"({i}, nr), " for i in saving)
-        retag = [f"kept = ({pairs.rstrip()})", as_alias[1]] if saving else as_itself
+        retag = [f"kept = ({pairs.rstrip()})", *as_alias[1:]] if saving else as_itself
     return [
         "segment = run._segment  # (Run.segment, read without its property: the open segment holds its node)",
         "if segment is None or segment.sealed:",
